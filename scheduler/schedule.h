@@ -1,0 +1,61 @@
+#pragma once
+// A schedule: where the model's chunks live, and one ordered instruction stream per worker.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "scheduler/instruction.h"
+
+namespace pf::sched {
+
+enum class ScheduleKind : std::uint8_t { kGPipe, kOneFOneB, kInterleaved, kChimera, kCustom };
+std::string_view to_string(ScheduleKind kind);          // "gpipe", "1f1b", "interleaved", ...
+ScheduleKind schedule_kind_from_string(std::string_view name);  // throws with the allowed names
+
+struct ScheduleParams {
+  ScheduleKind kind = ScheduleKind::kOneFOneB;
+  int workers = 1;            // p (or D): pipeline workers
+  int microbatches = 1;       // m (or N) per training step
+  int chunks_per_worker = 1;  // v: model chunks per worker and pipeline (interleaved)
+  int num_layers = 0;         // encoder layers to place; 0 means one per chunk
+  int data_parallel = 1;      // replicas of the whole pipeline (adds the DP gradient reduction)
+  bool split_backward = false;  // emit backward-input + backward-weight instead of backward
+  friend bool operator==(const ScheduleParams&, const ScheduleParams&) = default;
+};
+
+// One model chunk (virtual stage) of one pipeline and the layers it holds.
+struct ChunkPlacement {
+  int pipeline = 0;
+  int chunk = 0;          // index along its pipeline: 0 holds the embeddings
+  int worker = 0;
+  int first_layer = 0;    // encoder layers [first_layer, first_layer + num_layers)
+  int num_layers = 0;
+  bool has_embeddings = false;
+  bool has_head = false;  // pooler and the MLM/NSP heads
+  friend bool operator==(const ChunkPlacement&, const ChunkPlacement&) = default;
+};
+
+struct Placement {
+  int num_pipelines = 1;        // 2 for Chimera
+  int chunks_per_pipeline = 1;  // p * v
+  int num_layers = 0;
+  std::vector<ChunkPlacement> chunks;  // indexed pipeline * chunks_per_pipeline + chunk
+
+  const ChunkPlacement& at(int pipeline, int chunk) const;
+  int worker_of(int pipeline, int chunk) const { return at(pipeline, chunk).worker; }
+  friend bool operator==(const Placement&, const Placement&) = default;
+};
+
+struct Schedule {
+  ScheduleParams params;
+  Placement placement;
+  int num_steps = 1;  // >1 when the PipeFisher pass spreads one K-FAC refresh over k steps
+  std::vector<std::vector<Instruction>> streams;  // one per worker, in issue order
+
+  int num_workers() const { return static_cast<int>(streams.size()); }
+  std::size_t num_instructions() const;
+  friend bool operator==(const Schedule&, const Schedule&) = default;
+};
+
+}  // namespace pf::sched

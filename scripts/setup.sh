@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every system dependency of the project from Debian packages.
+# Idempotent: packages already present are not touched, and apt-get runs only when something
+# is missing. Usage: scripts/setup.sh [--with-torch]   (--with-torch adds PyTorch and OpenBLAS,
+# needed only to regenerate golden fixtures and to run the PyTorch comparison benchmarks).
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config ccache git
+  libeigen3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libopenmpi-dev openmpi-bin libutf8proc-dev clang-format
+  python3 python3.11-doc
+)
+if [[ "${1:-}" == "--with-torch" ]]; then
+  packages+=(python3-torch python3-numpy libopenblas0-pthread)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}"
+fi

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds the project twice (optimised, and with ASan + UBSan) and runs the whole test suite on
+# both. This is the README's test command and exactly what CI runs (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+source scripts/env.sh
+
+echo "== release build (CUDA targets compiled where nvcc exists)"
+cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${PF_LAUNCHER[@]}"
+cmake --build build/release -j "$PF_JOBS"
+ctest --test-dir build/release --output-on-failure -j "$PF_JOBS"
+
+echo "== sanitizer build (ASan + UBSan)"
+cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" -DPF_SANITIZE=ON \
+  -DPF_WITH_CUDA=OFF -DPF_BUILD_BENCHMARKS=OFF "${PF_LAUNCHER[@]}"
+cmake --build build/asan -j "$PF_JOBS"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build/asan --output-on-failure -j "$PF_JOBS" -LE no_sanitizer
