@@ -8,7 +8,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config ccache git
   libeigen3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libopenmpi-dev openmpi-bin libutf8proc-dev clang-format
+  libopenmpi-dev openmpi-bin libutf8proc-dev libcli11-dev clang-format
   python3 python3.11-doc
 )
 if [[ "${1:-}" == "--with-torch" ]]; then
