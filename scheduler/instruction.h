@@ -41,7 +41,11 @@ inline constexpr int kNumLinearKinds = 6;
 struct Instruction {
   OpKind kind = OpKind::kForward;
   std::int8_t pipeline = 0;       // 0, or 1 for Chimera's second (up) pipeline
-  std::int16_t step = 0;          // training step within a multi-step schedule (PipeFisher's k)
+  // Training step (within a multi-step schedule, PipeFisher's k) whose data this instruction
+  // works on. For compute and communication that is also the step it runs in; a K-FAC task may
+  // run in a later step's bubble (its position in the stream says when) while still referring
+  // to the micro-batch of the step it was taken from.
+  std::int16_t step = 0;
   std::int32_t chunk = -1;        // model chunk (virtual stage) within its pipeline
   std::int32_t microbatch = -1;   // -1 where the instruction covers the whole step
   std::int32_t peer = -1;         // worker at the other end of a send/receive or reduction
