@@ -25,12 +25,12 @@ enum class OpKind : std::uint8_t {
   kReduceGradDataParallel,  // all-reduce across data-parallel replicas
   kOptimizerStep,
   // K-FAC work inserted by the PipeFisher pass.
-  kCurvatureA,      // A = a^T a for one micro-batch
-  kCurvatureB,      // B = g^T g for one micro-batch
-  kCurvatureSync,   // all-reduce of the factors across replicas
+  kCurvatureA,     // A = a^T a for one micro-batch
+  kCurvatureB,     // B = g^T g for one micro-batch
+  kCurvatureSync,  // all-reduce of the factors across replicas
   kInvertA,
   kInvertB,
-  kPrecondition,    // dW = B^-1 G A^-1
+  kPrecondition,  // dW = B^-1 G A^-1
 };
 inline constexpr int kNumOpKinds = static_cast<int>(OpKind::kPrecondition) + 1;
 
@@ -40,18 +40,18 @@ inline constexpr int kNumLinearKinds = 6;
 
 struct Instruction {
   OpKind kind = OpKind::kForward;
-  std::int8_t pipeline = 0;       // 0, or 1 for Chimera's second (up) pipeline
+  std::int8_t pipeline = 0;  // 0, or 1 for Chimera's second (up) pipeline
   // Training step (within a multi-step schedule, PipeFisher's k) whose data this instruction
   // works on. For compute and communication that is also the step it runs in; a K-FAC task may
   // run in a later step's bubble (its position in the stream says when) while still referring
   // to the micro-batch of the step it was taken from.
   std::int16_t step = 0;
-  std::int32_t chunk = -1;        // model chunk (virtual stage) within its pipeline
-  std::int32_t microbatch = -1;   // -1 where the instruction covers the whole step
-  std::int32_t peer = -1;         // worker at the other end of a send/receive or reduction
-  std::int64_t pair_id = -1;      // equal on a send and its matching receive
-  std::int64_t bytes = 0;         // payload of communication instructions
-  std::int32_t layer = -1;        // K-FAC kinds: encoder layer index (global)
+  std::int32_t chunk = -1;                 // model chunk (virtual stage) within its pipeline
+  std::int32_t microbatch = -1;            // -1 where the instruction covers the whole step
+  std::int32_t peer = -1;                  // worker at the other end of a send/receive or reduction
+  std::int64_t pair_id = -1;               // equal on a send and its matching receive
+  std::int64_t bytes = 0;                  // payload of communication instructions
+  std::int32_t layer = -1;                 // K-FAC kinds: encoder layer index (global)
   LinearKind linear = LinearKind::kQuery;  // K-FAC kinds: which Linear of that layer
 
   friend bool operator==(const Instruction&, const Instruction&) = default;
@@ -62,12 +62,12 @@ std::optional<OpKind> op_kind_from_string(std::string_view name);
 std::string_view to_string(LinearKind kind);
 std::optional<LinearKind> linear_kind_from_string(std::string_view name);
 
-bool is_compute(OpKind kind);        // forward / backward / backward-input / backward-weight
-bool is_backward(OpKind kind);       // backward / backward-input / backward-weight
-bool is_point_to_point(OpKind kind); // the four send/receive kinds
+bool is_compute(OpKind kind);         // forward / backward / backward-input / backward-weight
+bool is_backward(OpKind kind);        // backward / backward-input / backward-weight
+bool is_point_to_point(OpKind kind);  // the four send/receive kinds
 bool is_send(OpKind kind);
 bool is_receive(OpKind kind);
-bool is_reduction(OpKind kind);      // gradient reductions and curvature sync
+bool is_reduction(OpKind kind);  // gradient reductions and curvature sync
 bool is_kfac(OpKind kind);
 
 // Short human-readable form used by the grid and error messages, e.g. "F3", "B0.c1", "SA2->w1".

@@ -10,16 +10,16 @@
 namespace pf::sched {
 
 enum class ScheduleKind : std::uint8_t { kGPipe, kOneFOneB, kInterleaved, kChimera, kCustom };
-std::string_view to_string(ScheduleKind kind);          // "gpipe", "1f1b", "interleaved", ...
+std::string_view to_string(ScheduleKind kind);  // "gpipe", "1f1b", "interleaved", ...
 ScheduleKind schedule_kind_from_string(std::string_view name);  // throws with the allowed names
 
 struct ScheduleParams {
   ScheduleKind kind = ScheduleKind::kOneFOneB;
-  int workers = 1;            // p (or D): pipeline workers
-  int microbatches = 1;       // m (or N) per training step
-  int chunks_per_worker = 1;  // v: model chunks per worker and pipeline (interleaved)
-  int num_layers = 0;         // encoder layers to place; 0 means one per chunk
-  int data_parallel = 1;      // replicas of the whole pipeline (adds the DP gradient reduction)
+  int workers = 1;              // p (or D): pipeline workers
+  int microbatches = 1;         // m (or N) per training step
+  int chunks_per_worker = 1;    // v: model chunks per worker and pipeline (interleaved)
+  int num_layers = 0;           // encoder layers to place; 0 means one per chunk
+  int data_parallel = 1;        // replicas of the whole pipeline (adds the DP gradient reduction)
   bool split_backward = false;  // emit backward-input + backward-weight instead of backward
   friend bool operator==(const ScheduleParams&, const ScheduleParams&) = default;
 };
@@ -27,9 +27,9 @@ struct ScheduleParams {
 // One model chunk (virtual stage) of one pipeline and the layers it holds.
 struct ChunkPlacement {
   int pipeline = 0;
-  int chunk = 0;          // index along its pipeline: 0 holds the embeddings
+  int chunk = 0;  // index along its pipeline: 0 holds the embeddings
   int worker = 0;
-  int first_layer = 0;    // encoder layers [first_layer, first_layer + num_layers)
+  int first_layer = 0;  // encoder layers [first_layer, first_layer + num_layers)
   int num_layers = 0;
   bool has_embeddings = false;
   bool has_head = false;  // pooler and the MLM/NSP heads

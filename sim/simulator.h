@@ -5,6 +5,19 @@
 // CONTRACT (first draft, written before the implementation so that the simulator, the PipeFisher
 // pass and the traces can be built in parallel): the names below may gain members but should not
 // lose or change the ones listed.
+//
+// Semantics (docs/simulator.md has the full description):
+// - Every worker has a compute lane, a send lane and a receive lane. Collectives (gradient
+//   reductions, curvature sync) occupy both communication lanes. With overlap off, everything
+//   runs on the compute lane.
+// - An instruction starts at the latest of: the start of the previous instruction of its stream
+//   (in-order issue), the end of the previous instruction on each of its lanes, and the end of
+//   each data dependency (plus the transfer time where data crosses workers without an explicit
+//   send/receive pair).
+// - A receive ends at max(its start, the end of its matching send): the send occupies the
+//   sender's lane for the transfer time and the data is there when it ends.
+// - A collective with a peer is a rendezvous: all participants start together, when the last
+//   one is ready, and end after the cost model's (ring all-reduce) duration.
 #include <vector>
 
 #include "scheduler/schedule.h"
@@ -14,6 +27,7 @@ namespace pf::sim {
 
 struct SimOptions {
   bool overlap_communication = true;  // false: sends and receives occupy the compute lane
+  bool track_memory = true;           // false: skip the memory counters (faster in loops)
 };
 
 // When one instruction ran. Parallel to Schedule::streams: times[worker][position].
@@ -27,24 +41,31 @@ struct MemorySample {
   double bytes = 0.0;
 };
 
+// busy_s, idle_s and exposed_communication_s are per training step (totals / num_steps), so
+// that utilization = busy_s / step_time_s.
 struct WorkerReport {
-  double busy_s = 0.0;        // compute lane busy time (forward, backward, K-FAC compute)
-  double idle_s = 0.0;        // step_time_s - busy_s
-  double utilization = 0.0;   // busy_s / step_time_s
-  double exposed_communication_s = 0.0;
+  double busy_s = 0.0;       // compute lane busy time (forward, backward, K-FAC compute)
+  double idle_s = 0.0;       // step_time_s - busy_s
+  double utilization = 0.0;  // busy_s / step_time_s
+  double exposed_communication_s = 0.0;  // communication not hidden behind compute
   double peak_memory_bytes = 0.0;
-  std::vector<MemorySample> memory;  // the counter track
+  double static_memory_bytes = 0.0;    // weights + gradients + optimizer state
+  double peak_activation_bytes = 0.0;  // largest stash of activations
+  int peak_stashed_microbatches = 0;   // largest number of stashed (chunk, micro-batch)s
+  std::vector<MemorySample> memory;    // the counter track
 };
 
 struct SimResult {
-  double makespan_s = 0.0;    // whole schedule (all of its num_steps steps)
-  double step_time_s = 0.0;   // makespan_s / num_steps
-  double bubble_fraction = 0.0;
+  double makespan_s = 0.0;       // whole schedule (all of its num_steps steps)
+  double step_time_s = 0.0;      // makespan_s / num_steps
+  double bubble_fraction = 0.0;  // 1 - sum(busy) / (workers * makespan)
+  int num_steps = 1;
   std::vector<std::vector<Timing>> times;
   std::vector<WorkerReport> workers;
 };
 
-// Throws std::invalid_argument when the schedule cannot finish (e.g. a receive with no send).
+// Throws std::invalid_argument when the schedule cannot finish (e.g. a receive with no send, a
+// dependency on an instruction that no worker runs, a cycle) or a cost is negative or NaN.
 SimResult simulate(const sched::Schedule& schedule, const CostModel& costs,
                    const SimOptions& options = {});
 

@@ -40,6 +40,10 @@ void BertConfig::validate() const {
                                 " is not divisible by num_attention_heads " +
                                 std::to_string(num_heads));
   }
+  if (pad_token_id < -1 || pad_token_id >= vocab_size) {
+    throw std::invalid_argument("BERT config: pad_token_id " + std::to_string(pad_token_id) +
+                                " is outside the vocabulary (or -1 for none)");
+  }
   if (!(layer_norm_eps > 0.0F)) {
     throw std::invalid_argument("BERT config: layer_norm_eps must be positive");
   }
@@ -96,6 +100,11 @@ BertConfig bert_config_from_hf_json(const nlohmann::json& json, std::string_view
   read_int("intermediate_size", config.intermediate_size, false);
   read_int("max_position_embeddings", config.max_position_embeddings, false);
   read_int("type_vocab_size", config.type_vocab_size, false);
+  if (auto it = json.find("pad_token_id"); it != json.end() && it->is_null()) {
+    config.pad_token_id = -1;  // no padding row
+  } else {
+    read_int("pad_token_id", config.pad_token_id, false);
+  }
   read_float("layer_norm_eps", config.layer_norm_eps);
   read_float("hidden_dropout_prob", config.hidden_dropout);
   read_float("attention_probs_dropout_prob", config.attention_dropout);
@@ -138,7 +147,8 @@ nlohmann::json bert_config_to_hf_json(const BertConfig& config) {
           {"attention_probs_dropout_prob", config.attention_dropout},
           {"initializer_range", config.initializer_range},
           {"hidden_act", "gelu"},
-          {"pad_token_id", 0}};
+          {"pad_token_id", config.pad_token_id < 0 ? nlohmann::json(nullptr)
+                                                    : nlohmann::json(config.pad_token_id)}};
 }
 
 BertConfig resolve_bert_config(std::string_view preset_or_path) {

@@ -24,6 +24,9 @@ struct BertConfig {
   float hidden_dropout = 0.1F;
   float attention_dropout = 0.1F;
   float initializer_range = 0.02F;
+  // Hugging Face's word embedding has padding_idx = pad_token_id: that row starts at zero and
+  // receives no gradient from the embedding lookup (the tied decoder still updates it).
+  int pad_token_id = 0;
 
   int head_dim() const { return hidden_size / num_heads; }
   // Throws std::invalid_argument naming the field when the sizes are impossible.

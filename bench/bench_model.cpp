@@ -1,0 +1,73 @@
+// Forward + backward of one BERT pretraining batch (sequence 128, 20 masked positions, NSP),
+// dropout on, fp32, as a training step does it (gradients accumulate; no optimizer). Reports
+// sequences per second (items_per_second). Threads: --threads=N (default 2) sets OpenMP and
+// Eigen.
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <Eigen/Core>
+#include <benchmark/benchmark.h>
+
+#include "runtime/model/bert_chunk.h"
+#include "runtime/tensor/cpu_backend.h"
+
+namespace {
+
+using pf::model::BertChunk;
+
+void train_step(benchmark::State& state, const std::string& preset) {
+  const auto config = pf::model::bert_preset(preset);
+  const std::int64_t batch_size = state.range(0);
+  pf::tensor::CpuBackend backend;
+  BertChunk<float> model(config, pf::model::whole_model(config), backend);
+  model.init_weights(1);
+  const auto batch = pf::model::make_random_batch(config, batch_size, 128, 20, 7);
+  pf::model::ForwardOptions options;
+  std::uint64_t seed = 0;
+  // Warm-up step outside the timing: sizes the arenas and touches every page once.
+  model.forward(0, batch, {}, options);
+  model.backward(0, {}, {});
+  for (auto _ : state) {
+    options.seed = ++seed;
+    const auto result = model.forward(0, batch, {}, options);
+    benchmark::DoNotOptimize(result.losses->total());
+    model.backward(0, {}, {});
+  }
+  state.SetItemsProcessed(state.iterations() * batch_size);
+  state.counters["threads"] = Eigen::nbThreads();
+}
+
+void BM_TrainStepTiny(benchmark::State& state) { train_step(state, "tiny"); }
+void BM_TrainStepMini(benchmark::State& state) { train_step(state, "mini"); }
+
+}  // namespace
+
+BENCHMARK(BM_TrainStepTiny)->Name("train_step/tiny")->ArgName("batch")->Arg(2)->Arg(32)
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_TrainStepMini)->Name("train_step/mini")->ArgName("batch")->Arg(32)
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
+
+int main(int argc, char** argv) {
+  int threads = 2;
+  std::vector<char*> rest;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--threads=", 10) == 0) {
+      threads = std::atoi(argv[i] + 10);
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  if (threads < 1) threads = 1;
+  omp_set_num_threads(threads);
+  Eigen::setNbThreads(threads);
+  int count = static_cast<int>(rest.size());
+  benchmark::Initialize(&count, rest.data());
+  if (benchmark::ReportUnrecognizedArguments(count, rest.data())) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,97 @@
+#include "kfac/precondition.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace pf::kfac {
+
+namespace {
+
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+void check_sizes(Eigen::Index a_rows, Eigen::Index a_cols, Eigen::Index b_rows, Eigen::Index b_cols,
+                 std::int64_t d_out, std::int64_t d_in, const float* grad_w, const float* out_w,
+                 const float* grad_b, const float* out_b) {
+  if (a_rows != d_in || a_cols != d_in || b_rows != d_out || b_cols != d_out) {
+    throw std::invalid_argument(
+        "precondition: gradient is " + std::to_string(d_out) + " x " + std::to_string(d_in) +
+        " but A's inverse is " + std::to_string(a_rows) + " x " + std::to_string(a_cols) +
+        " and B's is " + std::to_string(b_rows) + " x " + std::to_string(b_cols));
+  }
+  if (d_out > 0 && d_in > 0 && (grad_w == nullptr || out_w == nullptr)) {
+    throw std::invalid_argument("precondition: null weight gradient or output");
+  }
+  if ((grad_b == nullptr) != (out_b == nullptr)) {
+    throw std::invalid_argument("precondition: bias gradient and bias output must both be given");
+  }
+}
+
+}  // namespace
+
+void precondition(const Eigen::Ref<const Eigen::MatrixXf>& a_inv,
+                  const Eigen::Ref<const Eigen::MatrixXf>& b_inv, const float* grad_w,
+                  const float* grad_b, std::int64_t d_out, std::int64_t d_in, float* out_w,
+                  float* out_b) {
+  check_sizes(a_inv.rows(), a_inv.cols(), b_inv.rows(), b_inv.cols(), d_out, d_in, grad_w, out_w,
+              grad_b, out_b);
+  const Eigen::Map<const RowMatrix> grad(grad_w, d_out, d_in);
+  // G A_inv first: A_inv is symmetric, and the temporary lets out alias grad.
+  const RowMatrix right = grad * a_inv;
+  Eigen::Map<RowMatrix>(out_w, d_out, d_in).noalias() = b_inv * right;
+  if (grad_b != nullptr) {
+    const Eigen::VectorXf bias = Eigen::Map<const Eigen::VectorXf>(grad_b, d_out);
+    Eigen::Map<Eigen::VectorXf>(out_b, d_out).noalias() = b_inv * bias;
+  }
+}
+
+void precondition_eigen_exact(const EigenFactor& a, const EigenFactor& b, float lambda,
+                              const float* grad_w, const float* grad_b, std::int64_t d_out,
+                              std::int64_t d_in, float* out_w, float* out_b) {
+  check_sizes(a.vectors.rows(), a.vectors.cols(), b.vectors.rows(), b.vectors.cols(), d_out, d_in,
+              grad_w, out_w, grad_b, out_b);
+  if (a.values.size() != d_in || b.values.size() != d_out) {
+    throw std::invalid_argument("precondition_eigen_exact: eigenvalue counts do not match");
+  }
+  if (!(lambda >= 0.0F)) throw std::invalid_argument("precondition_eigen_exact: lambda < 0");
+  const Eigen::Map<const RowMatrix> grad(grad_w, d_out, d_in);
+  RowMatrix rotated = b.vectors.transpose() * (grad * a.vectors);
+  const Eigen::ArrayXXf denominator = (b.values * a.values.transpose()).array() + lambda;
+  if ((denominator <= 0.0F).any()) {
+    throw std::invalid_argument("precondition_eigen_exact: singular factors need lambda > 0");
+  }
+  rotated.array() /= denominator;
+  const RowMatrix right = rotated * a.vectors.transpose();
+  Eigen::Map<RowMatrix>(out_w, d_out, d_in).noalias() = b.vectors * right;
+  if (grad_b != nullptr) {
+    Eigen::VectorXf bias = b.vectors.transpose() * Eigen::Map<const Eigen::VectorXf>(grad_b, d_out);
+    bias.array() /= b.values.array() + lambda;
+    Eigen::Map<Eigen::VectorXf>(out_b, d_out).noalias() = b.vectors * bias;
+  }
+}
+
+double kl_clip_dot(const float* preconditioned, const float* grad, std::size_t size) {
+  double sum = 0.0;
+#pragma omp parallel for reduction(+ : sum) schedule(static) if (size > (1U << 16))
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(size); ++i) {
+    sum += double{preconditioned[i]} * grad[i];
+  }
+  return sum;
+}
+
+float kl_clip_scale(double total_dot, float learning_rate, float kappa) {
+  if (!(kappa > 0.0F)) {
+    throw std::invalid_argument("kl_clip_scale: kappa must be > 0, got " + std::to_string(kappa));
+  }
+  const double denominator = std::abs(total_dot) * double{learning_rate} * learning_rate;
+  if (denominator == 0.0) return 1.0F;
+  return static_cast<float>(std::min(1.0, std::sqrt(double{kappa} / denominator)));
+}
+
+double precondition_flops(std::int64_t d_out, std::int64_t d_in) {
+  return 2.0 * static_cast<double>(d_out) * static_cast<double>(d_in) *
+         static_cast<double>(d_in + d_out);
+}
+
+}  // namespace pf::kfac

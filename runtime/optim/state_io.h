@@ -1,0 +1,58 @@
+#pragma once
+// Naming and checking of optimizer-state records shared by the optimizers:
+// "<prefix>.step" (I64 [1]) and "<prefix>.<param name>.<buffer>" (F32, the parameter's shape).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/checkpoint/safetensors.h"
+#include "runtime/optim/param_view.h"
+
+namespace pf::optim {
+
+std::string state_record_name(std::string_view prefix, std::string_view param,
+                              std::string_view buffer);
+ckpt::TensorRecord step_record(std::string_view prefix, std::int64_t steps);
+std::int64_t read_step(const ckpt::SafetensorsFile& file, std::string_view prefix);
+// Throws std::runtime_error naming the record when it is missing or does not match the shape.
+std::vector<float> read_state_buffer(const ckpt::SafetensorsFile& file, std::string_view prefix,
+                                     const ParamView& param, std::string_view buffer);
+
+// Runs body(begin, end) over [0, size) split across the OpenMP threads; small sizes run inline
+// so that tiny tensors (biases, LayerNorm) do not pay for a parallel region.
+template <typename Body>
+void parallel_chunks(std::size_t size, Body&& body) {
+  constexpr std::size_t kMinParallel = 1 << 15;
+  if (size < kMinParallel) {
+    body(std::size_t{0}, size);
+    return;
+  }
+  const auto chunks = static_cast<std::int64_t>((size + kMinParallel / 2 - 1) / (kMinParallel / 2));
+#pragma omp parallel for schedule(static)
+  for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const auto begin = static_cast<std::size_t>(chunk) * (kMinParallel / 2);
+    const auto end = std::min(size, begin + kMinParallel / 2);
+    body(begin, end);
+  }
+}
+
+// The same with a double sum reduced over the chunks (norms).
+template <typename Body>
+double parallel_sum(std::size_t size, Body&& body) {
+  constexpr std::size_t kMinParallel = 1 << 15;
+  if (size < kMinParallel) return body(std::size_t{0}, size);
+  const auto chunks = static_cast<std::int64_t>((size + kMinParallel / 2 - 1) / (kMinParallel / 2));
+  double total = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : total)
+  for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const auto begin = static_cast<std::size_t>(chunk) * (kMinParallel / 2);
+    const auto end = std::min(size, begin + kMinParallel / 2);
+    total += body(begin, end);
+  }
+  return total;
+}
+
+}  // namespace pf::optim

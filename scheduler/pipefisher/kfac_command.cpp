@@ -1,0 +1,144 @@
+#include "scheduler/pipefisher/kfac_command.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <ostream>
+#include <sstream>
+#include <stdexcept>
+
+namespace pf::pipefisher {
+namespace {
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::stringstream stream(text);
+  std::string part;
+  while (std::getline(stream, part, separator)) parts.push_back(part);
+  return parts;
+}
+
+int parse_index(const std::string& text, const std::string& flag) {
+  std::size_t used = 0;
+  int value = -1;
+  try {
+    value = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (text.empty() || used != text.size() || value < 0) {
+    throw std::invalid_argument(flag + ": '" + text + "' is not a layer index");
+  }
+  return value;
+}
+
+std::string format(const char* pattern, double a, double b = 0.0, double c = 0.0,
+                   double d = 0.0, double e = 0.0, double f = 0.0, double g = 0.0) {
+  char buffer[256];
+  std::snprintf(buffer, sizeof buffer, pattern, a, b, c, d, e, f, g);
+  return buffer;
+}
+
+}  // namespace
+
+void add_kfac_options(CLI::App& app, KfacCommandOptions& options) {
+  app.add_flag("--kfac", options.enabled,
+               "Run the PipeFisher pass: fill the bubbles with K-FAC curvature, sync, inversion "
+               "and preconditioning, and report utilization before/after, the refresh interval "
+               "k and the step-time overhead");
+  app.add_option("--kfac-policy", options.policy,
+                 "Bubble packing: first_fit (PipeFisher), best_fit, best_of_both")
+      ->check(CLI::IsMember({"first_fit", "best_fit", "best_of_both"}));
+  app.add_option("--kfac-margin", options.safety_margin,
+                 "Safety margin: a task fits when duration * (1 + margin) fits")
+      ->check(CLI::Range(0.0, 10.0));
+  app.add_option("--kfac-refresh", options.refresh_steps,
+                 "Fixed refresh interval k in steps; 0 = as few steps as the bubbles allow")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--kfac-curvature", options.curvature,
+                 "Curvature from the refresh's first step (first_step, PipeFisher) or from "
+                 "every step (every_step)")
+      ->check(CLI::IsMember({"first_step", "every_step"}));
+  app.add_option("--kfac-linears", options.linears,
+                 "Linear layers to precondition: all, or a comma list of query, key, value, "
+                 "attention_out, ffn_in, ffn_out");
+  app.add_option("--kfac-layers", options.layers,
+                 "Encoder layers to precondition: all, or a comma list of indices and ranges "
+                 "(e.g. 0-3,8)");
+}
+
+KfacOptions to_kfac_options(const KfacCommandOptions& command) {
+  KfacOptions options;
+  options.policy = packing_policy_from_string(command.policy);
+  options.safety_margin = command.safety_margin;
+  options.refresh_steps = command.refresh_steps;
+  options.curvature = curvature_source_from_string(command.curvature);
+  if (command.linears != "all") {
+    options.linears.clear();
+    for (const auto& name : split(command.linears, ',')) {
+      const auto linear = sched::linear_kind_from_string(name);
+      if (!linear) {
+        throw std::invalid_argument("--kfac-linears: unknown Linear '" + name +
+                                    "' (allowed: query, key, value, attention_out, ffn_in, "
+                                    "ffn_out, or all)");
+      }
+      options.linears.push_back(*linear);
+    }
+  }
+  if (command.layers != "all") {
+    for (const auto& item : split(command.layers, ',')) {
+      const auto dash = item.find('-');
+      if (dash == std::string::npos) {
+        options.layers.push_back(parse_index(item, "--kfac-layers"));
+        continue;
+      }
+      const int first = parse_index(item.substr(0, dash), "--kfac-layers");
+      const int last = parse_index(item.substr(dash + 1), "--kfac-layers");
+      if (last < first) {
+        throw std::invalid_argument("--kfac-layers: range '" + item + "' is empty");
+      }
+      for (int layer = first; layer <= last; ++layer) options.layers.push_back(layer);
+    }
+  }
+  options.validate();
+  return options;
+}
+
+std::string format_kfac_report(const KfacReport& report) {
+  std::string text = "K-FAC bubble filling (" + report.policy + ", curvature " +
+                     report.curvature + ", margin " + format("%.0f%%", 100 * report.safety_margin) +
+                     ")\n";
+  text += "worker  util before  util after  K-FAC/step  spilled/step  sync/step  K-FAC memory\n";
+  for (std::size_t w = 0; w < report.workers.size(); ++w) {
+    const auto& worker = report.workers[w];
+    text += format("%6.0f  %10.1f%%  %9.1f%%  %7.3f ms  %9.3f ms  %6.3f ms  %8.1f MiB\n",
+                   static_cast<double>(w), 100 * worker.utilization_before,
+                   100 * worker.utilization_after, 1e3 * worker.kfac_compute_s,
+                   1e3 * worker.spilled_s, 1e3 * worker.kfac_sync_s,
+                   worker.kfac_memory_bytes / (1024.0 * 1024.0));
+  }
+  text += format("refresh interval k = %.0f steps", report.refresh_steps);
+  if (report.first_fit_refresh_steps >= 0 && report.best_fit_refresh_steps >= 0) {
+    text += format(" (first-fit %.0f, best-fit %.0f)", report.first_fit_refresh_steps,
+                   report.best_fit_refresh_steps);
+  }
+  text += report.fixed_interval ? " [fixed]\n" : "\n";
+  text += format("utilization %.1f%% -> %.1f%%; step time %.3f ms -> %.3f ms (overhead %+.2f%%)\n",
+                 100 * report.utilization_before, 100 * report.utilization_after,
+                 1e3 * report.step_time_before_s, 1e3 * report.step_time_after_s,
+                 100 * report.step_time_overhead);
+  text += format("K-FAC tasks per refresh %.0f; spilled after a flush %.0f; preconditioning in "
+                 "bubbles %.0f, after the flush %.0f; pass %.3f s\n",
+                 report.tasks, report.spilled_tasks, report.preconditions_in_bubbles,
+                 report.preconditions_after_flush, report.pass_seconds);
+  return text;
+}
+
+PassResult run_kfac_command(const sched::Schedule& compiled, const sim::CostModel& costs,
+                            const KfacCommandOptions& options, std::ostream& out,
+                            const sim::SimOptions& sim_options) {
+  PassResult result = run_pipefisher(compiled, costs, to_kfac_options(options), sim_options);
+  out << format_kfac_report(result.report);
+  return result;
+}
+
+}  // namespace pf::pipefisher

@@ -1,0 +1,43 @@
+#pragma once
+// The --kfac part of pipefisher_sim: its flags, and running the PipeFisher pass on a compiled
+// schedule with a cost model, printing a per-worker table and returning the report's JSON (the
+// `kfac` object of --report).
+#include <iosfwd>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "scheduler/pipefisher/pass.h"
+
+namespace CLI {
+class App;  // CLI11; only the .cpp includes it
+}  // namespace CLI
+
+namespace pf::pipefisher {
+
+struct KfacCommandOptions {
+  bool enabled = false;                 // --kfac
+  std::string policy = "best_of_both";  // --kfac-policy
+  double safety_margin = 0.05;          // --kfac-margin
+  int refresh_steps = 0;                // --kfac-refresh (0: automatic)
+  std::string curvature = "first_step"; // --kfac-curvature
+  std::string linears = "all";          // --kfac-linears: all, or e.g. query,key,ffn_in
+  std::string layers = "all";           // --kfac-layers: all, or e.g. 0-3,8
+};
+
+// Registers --kfac and its options on app.
+void add_kfac_options(CLI::App& app, KfacCommandOptions& options);
+
+// Parses the flag values; throws std::invalid_argument naming the flag and the bad value.
+KfacOptions to_kfac_options(const KfacCommandOptions& options);
+
+// Runs the pass on `compiled` (one step, with communication) and writes a table of per-worker
+// utilization before/after, K-FAC time, memory, then the totals, to `out`.
+PassResult run_kfac_command(const sched::Schedule& compiled, const sim::CostModel& costs,
+                            const KfacCommandOptions& options, std::ostream& out,
+                            const sim::SimOptions& sim_options = {});
+
+// The table printed by run_kfac_command.
+std::string format_kfac_report(const KfacReport& report);
+
+}  // namespace pf::pipefisher

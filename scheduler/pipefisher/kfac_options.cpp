@@ -1,0 +1,65 @@
+#include "scheduler/pipefisher/kfac_options.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace pf::pipefisher {
+
+std::string_view to_string(PackingPolicy policy) {
+  switch (policy) {
+    case PackingPolicy::kFirstFit:
+      return "first_fit";
+    case PackingPolicy::kBestFit:
+      return "best_fit";
+    case PackingPolicy::kBestOfBoth:
+      return "best_of_both";
+  }
+  return "?";
+}
+
+PackingPolicy packing_policy_from_string(std::string_view name) {
+  for (PackingPolicy policy :
+       {PackingPolicy::kFirstFit, PackingPolicy::kBestFit, PackingPolicy::kBestOfBoth}) {
+    if (to_string(policy) == name) return policy;
+  }
+  throw std::invalid_argument("unknown packing policy '" + std::string(name) +
+                              "' (allowed: first_fit, best_fit, best_of_both)");
+}
+
+std::string_view to_string(CurvatureSource source) {
+  return source == CurvatureSource::kFirstStep ? "first_step" : "every_step";
+}
+
+CurvatureSource curvature_source_from_string(std::string_view name) {
+  if (name == "first_step") return CurvatureSource::kFirstStep;
+  if (name == "every_step") return CurvatureSource::kEveryStep;
+  throw std::invalid_argument("unknown curvature source '" + std::string(name) +
+                              "' (allowed: first_step, every_step)");
+}
+
+void KfacOptions::validate() const {
+  if (!std::isfinite(safety_margin) || safety_margin < 0.0 || safety_margin > 10.0) {
+    throw std::invalid_argument("KfacOptions.safety_margin must be in [0, 10], got " +
+                                std::to_string(safety_margin));
+  }
+  if (refresh_steps < 0) {
+    throw std::invalid_argument("KfacOptions.refresh_steps must be >= 0 (0 = automatic), got " +
+                                std::to_string(refresh_steps));
+  }
+  if (max_refresh_steps < 1) {
+    throw std::invalid_argument("KfacOptions.max_refresh_steps must be >= 1, got " +
+                                std::to_string(max_refresh_steps));
+  }
+  if (linears.empty()) {
+    throw std::invalid_argument("KfacOptions.linears is empty: nothing to precondition");
+  }
+  for (int layer : layers) {
+    if (layer < 0) {
+      throw std::invalid_argument("KfacOptions.layers holds a negative layer index " +
+                                  std::to_string(layer));
+    }
+  }
+}
+
+}  // namespace pf::pipefisher

@@ -1,0 +1,42 @@
+#pragma once
+// Options of the PipeFisher pass: how K-FAC work is chosen and packed into pipeline bubbles.
+#include <string_view>
+#include <vector>
+
+#include "scheduler/instruction.h"
+
+namespace pf::pipefisher {
+
+enum class PackingPolicy : unsigned char {
+  kFirstFit,   // PipeFisher: each task in priority order into the earliest bubble that fits it
+  kBestFit,    // earliest step that fits, and in that step the bubble it leaves least room in
+  kBestOfBoth  // run both, keep the better plan (fewer refresh steps, then less spilled work)
+};
+std::string_view to_string(PackingPolicy policy);
+PackingPolicy packing_policy_from_string(std::string_view name);  // throws with allowed names
+
+enum class CurvatureSource : unsigned char {
+  kFirstStep,  // curvature from the micro-batches of the refresh's first step (PipeFisher)
+  kEveryStep   // curvature from every micro-batch of every step of the refresh
+};
+std::string_view to_string(CurvatureSource source);
+CurvatureSource curvature_source_from_string(std::string_view name);
+
+struct KfacOptions {
+  PackingPolicy policy = PackingPolicy::kBestOfBoth;
+  // A task fits a bubble when duration * (1 + margin) fits, and reserves that much of it, so
+  // that K-FAC durations up to (1 + margin) times the cost model's never delay pipeline work.
+  double safety_margin = 0.05;
+  int refresh_steps = 0;         // 0: as few steps as the bubbles allow; >0: fixed interval k
+  int max_refresh_steps = 4096;  // automatic search gives up (with an error) beyond this
+  CurvatureSource curvature = CurvatureSource::kFirstStep;
+  std::vector<sched::LinearKind> linears = {
+      sched::LinearKind::kQuery,        sched::LinearKind::kKey,   sched::LinearKind::kValue,
+      sched::LinearKind::kAttentionOut, sched::LinearKind::kFfnIn, sched::LinearKind::kFfnOut};
+  std::vector<int> layers;  // encoder layers to precondition; empty: all of them
+
+  // Throws std::invalid_argument naming the bad field.
+  void validate() const;
+};
+
+}  // namespace pf::pipefisher

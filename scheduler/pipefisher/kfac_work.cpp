@@ -1,0 +1,279 @@
+#include "scheduler/pipefisher/kfac_work.h"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+namespace pf::pipefisher {
+namespace {
+
+using sched::Instruction;
+using sched::OpKind;
+
+bool produces_weight_gradient(OpKind kind) {
+  return kind == OpKind::kBackward || kind == OpKind::kBackwardWeight;
+}
+
+bool produces_output_gradient(OpKind kind) {
+  return kind == OpKind::kBackward || kind == OpKind::kBackwardInput;
+}
+
+void check_base(const sched::Schedule& base) {
+  if (base.num_steps != 1) {
+    throw std::invalid_argument("PipeFisher pass: the base schedule must be a one-step schedule, got "
+                                "num_steps = " + std::to_string(base.num_steps));
+  }
+  for (int w = 0; w < base.num_workers(); ++w) {
+    const auto& stream = base.streams[static_cast<std::size_t>(w)];
+    for (std::size_t x = 0; x < stream.size(); ++x) {
+      if (stream[x].step != 0) {
+        throw std::invalid_argument("PipeFisher pass: base stream of worker " + std::to_string(w) +
+                                    ", position " + std::to_string(x) + " has step " +
+                                    std::to_string(stream[x].step) + " (expected 0)");
+      }
+      if (sched::is_kfac(stream[x].kind)) {
+        throw std::invalid_argument("PipeFisher pass: base stream of worker " + std::to_string(w) +
+                                    ", position " + std::to_string(x) +
+                                    " already holds K-FAC work (" + sched::short_label(stream[x]) +
+                                    ")");
+      }
+    }
+  }
+}
+
+std::vector<char> selected_layers(const sched::Schedule& base, const KfacOptions& options) {
+  const int num_layers = base.placement.num_layers;
+  std::vector<char> selected(static_cast<std::size_t>(std::max(num_layers, 0)),
+                             options.layers.empty() ? 1 : 0);
+  for (int layer : options.layers) {
+    if (layer < 0 || layer >= num_layers) {
+      throw std::invalid_argument("KfacOptions.layers: layer " + std::to_string(layer) +
+                                  " is out of range (the model has " + std::to_string(num_layers) +
+                                  " encoder layers)");
+    }
+    selected[static_cast<std::size_t>(layer)] = 1;
+  }
+  return selected;
+}
+
+// The preconditioned (layer, linear) pairs of one chunk.
+std::vector<HeldLinear> chunk_linears(const sched::ChunkPlacement& chunk,
+                                      const std::vector<char>& selected,
+                                      const KfacOptions& options) {
+  std::vector<HeldLinear> out;
+  for (int layer = chunk.first_layer; layer < chunk.first_layer + chunk.num_layers; ++layer) {
+    if (layer < 0 || layer >= static_cast<int>(selected.size())) {
+      throw std::invalid_argument("placement: chunk " + std::to_string(chunk.chunk) +
+                                  " of pipeline " + std::to_string(chunk.pipeline) +
+                                  " holds layer " + std::to_string(layer) + " outside [0, " +
+                                  std::to_string(selected.size()) + ")");
+    }
+    if (!selected[static_cast<std::size_t>(layer)]) continue;
+    for (sched::LinearKind linear : options.linears) out.push_back({layer, linear});
+  }
+  return out;
+}
+
+const sched::ChunkPlacement& chunk_of(const sched::Schedule& base, const Instruction& in, int w,
+                                      std::size_t x) {
+  if (in.pipeline < 0 || in.pipeline >= base.placement.num_pipelines || in.chunk < 0 ||
+      in.chunk >= base.placement.chunks_per_pipeline) {
+    throw std::invalid_argument("PipeFisher pass: worker " + std::to_string(w) + ", position " +
+                                std::to_string(x) + ": " + sched::short_label(in) +
+                                " names a chunk the placement does not have");
+  }
+  return base.placement.at(in.pipeline, in.chunk);
+}
+
+Instruction kfac_instruction(OpKind kind, int pipeline, int chunk, int step, int microbatch,
+                             const HeldLinear& held) {
+  Instruction in;
+  in.kind = kind;
+  in.pipeline = static_cast<std::int8_t>(pipeline);
+  in.chunk = chunk;
+  in.step = static_cast<std::int16_t>(step);
+  in.microbatch = microbatch;
+  in.layer = held.layer;
+  in.linear = held.linear;
+  return in;
+}
+
+// (worker, layer, linear): one factor pair held on one worker.
+using FactorKey = std::tuple<int, int, int>;
+FactorKey key(int worker, const HeldLinear& held) {
+  return {worker, held.layer, static_cast<int>(held.linear)};
+}
+
+}  // namespace
+
+std::vector<std::vector<HeldLinear>> preconditioned_linears(const sched::Schedule& base,
+                                                            const KfacOptions& options) {
+  const auto selected = selected_layers(base, options);
+  std::vector<std::vector<HeldLinear>> held(static_cast<std::size_t>(base.num_workers()));
+  for (const auto& chunk : base.placement.chunks) {
+    if (chunk.worker < 0 || chunk.worker >= base.num_workers()) {
+      throw std::invalid_argument("placement: chunk " + std::to_string(chunk.chunk) +
+                                  " of pipeline " + std::to_string(chunk.pipeline) +
+                                  " is on worker " + std::to_string(chunk.worker) +
+                                  " but the schedule has " + std::to_string(base.num_workers()) +
+                                  " workers");
+    }
+    for (const auto& linear : chunk_linears(chunk, selected, options)) {
+      held[static_cast<std::size_t>(chunk.worker)].push_back(linear);
+    }
+  }
+  return held;
+}
+
+KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options,
+                         int refresh_steps, const DurationFn& duration) {
+  options.validate();
+  check_base(base);
+  if (refresh_steps < 1) {
+    throw std::invalid_argument("build_kfac_work: refresh_steps must be >= 1, got " +
+                                std::to_string(refresh_steps));
+  }
+  const auto selected = selected_layers(base, options);
+  const int curvature_steps =
+      options.curvature == CurvatureSource::kFirstStep ? 1 : refresh_steps;
+  const int last_curvature_step = curvature_steps - 1;
+
+  KfacWork work;
+  work.refresh_steps = refresh_steps;
+  auto add = [&](int worker, Instruction in, std::vector<BaseRef> base_deps,
+                 std::vector<int> task_deps, int step_bound) {
+    KfacTask task;
+    task.workers = {worker};
+    task.duration_s = duration(worker, in);
+    task.instructions = {in};
+    task.base_deps = std::move(base_deps);
+    task.task_deps = std::move(task_deps);
+    task.step_bound = step_bound;
+    work.tasks.push_back(std::move(task));
+    return static_cast<int>(work.tasks.size()) - 1;
+  };
+
+  // Curvature: A after each forward, B after each backward that yields output gradients.
+  std::map<FactorKey, std::vector<int>> curvature_a, curvature_b;
+  for (OpKind kind : {OpKind::kCurvatureA, OpKind::kCurvatureB}) {
+    for (int step = 0; step < curvature_steps; ++step) {
+      for (int w = 0; w < base.num_workers(); ++w) {
+        const auto& stream = base.streams[static_cast<std::size_t>(w)];
+        for (std::size_t x = 0; x < stream.size(); ++x) {
+          const Instruction& in = stream[x];
+          const bool source = kind == OpKind::kCurvatureA ? in.kind == OpKind::kForward
+                                                          : produces_output_gradient(in.kind);
+          if (!source) continue;
+          const auto& chunk = chunk_of(base, in, w, x);
+          for (const auto& held : chunk_linears(chunk, selected, options)) {
+            const int id = add(w,
+                               kfac_instruction(kind, in.pipeline, in.chunk, step, in.microbatch,
+                                                held),
+                               {BaseRef{w, static_cast<int>(x), step}}, {}, -1);
+            (kind == OpKind::kCurvatureA ? curvature_a : curvature_b)[key(w, held)].push_back(id);
+          }
+        }
+      }
+    }
+  }
+
+  // Where each (layer, linear) lives: its replicas (two for Chimera) and their chunks.
+  struct Replica {
+    int worker;
+    int pipeline;
+    int chunk;
+  };
+  std::map<std::pair<int, int>, std::vector<Replica>> replicas;
+  for (const auto& chunk : base.placement.chunks) {
+    for (const auto& held : chunk_linears(chunk, selected, options)) {
+      replicas[{held.layer, static_cast<int>(held.linear)}].push_back(
+          {chunk.worker, chunk.pipeline, chunk.chunk});
+    }
+  }
+
+  // Curvature sync across the replicas (Chimera's two pipelines and/or data parallelism).
+  const bool needs_sync = base.placement.num_pipelines > 1 || base.params.data_parallel > 1;
+  std::map<FactorKey, int> sync_of;
+  if (needs_sync) {
+    for (const auto& [layer_linear, where] : replicas) {
+      const HeldLinear held{layer_linear.first, static_cast<sched::LinearKind>(layer_linear.second)};
+      KfacTask task;
+      for (std::size_t r = 0; r < where.size(); ++r) {
+        Instruction in = kfac_instruction(OpKind::kCurvatureSync, where[r].pipeline,
+                                          where[r].chunk, last_curvature_step, -1, held);
+        // Two replicas exchange with each other; data-parallel peers are outside the schedule.
+        if (where.size() == 2) in.peer = where[1 - r].worker;
+        task.workers.push_back(where[r].worker);
+        task.instructions.push_back(in);
+        task.duration_s = std::max(task.duration_s, duration(where[r].worker, in));
+        for (const auto* factor : {&curvature_a, &curvature_b}) {
+          auto it = factor->find(key(where[r].worker, held));
+          if (it != factor->end()) {
+            task.task_deps.insert(task.task_deps.end(), it->second.begin(), it->second.end());
+          }
+        }
+      }
+      if (where.size() > 2) {
+        throw std::invalid_argument("PipeFisher pass: layer " + std::to_string(held.layer) +
+                                    " is held by " + std::to_string(where.size()) +
+                                    " chunks; at most two replicas are supported");
+      }
+      work.tasks.push_back(std::move(task));
+      const int id = static_cast<int>(work.tasks.size()) - 1;
+      for (const auto& replica : where) sync_of[key(replica.worker, held)] = id;
+    }
+  }
+
+  // Inversions on every replica (each holds the synced factors), then preconditions.
+  std::map<FactorKey, std::vector<int>> inversions;
+  for (OpKind kind : {OpKind::kInvertA, OpKind::kInvertB}) {
+    for (const auto& [layer_linear, where] : replicas) {
+      const HeldLinear held{layer_linear.first, static_cast<sched::LinearKind>(layer_linear.second)};
+      for (const auto& replica : where) {
+        std::vector<int> deps;
+        const FactorKey k = key(replica.worker, held);
+        if (auto it = sync_of.find(k); it != sync_of.end()) {
+          deps.push_back(it->second);
+        } else {
+          const auto& factor = kind == OpKind::kInvertA ? curvature_a : curvature_b;
+          if (auto f = factor.find(k); f != factor.end()) deps = f->second;
+        }
+        inversions[k].push_back(add(replica.worker,
+                                    kfac_instruction(kind, replica.pipeline, replica.chunk,
+                                                     last_curvature_step, -1, held),
+                                    {}, std::move(deps), -1));
+      }
+    }
+  }
+
+  // Preconditioning: after the step's last weight-gradient backward of the chunk. The refresh's
+  // last step uses the new inverses; earlier steps use the previous refresh's.
+  for (int step = 0; step < refresh_steps; ++step) {
+    for (int w = 0; w < base.num_workers(); ++w) {
+      const auto& stream = base.streams[static_cast<std::size_t>(w)];
+      std::map<std::pair<int, int>, int> last_backward;  // (pipeline, chunk) -> position
+      for (std::size_t x = 0; x < stream.size(); ++x) {
+        if (produces_weight_gradient(stream[x].kind)) {
+          chunk_of(base, stream[x], w, x);
+          last_backward[{stream[x].pipeline, stream[x].chunk}] = static_cast<int>(x);
+        }
+      }
+      for (const auto& [pipeline_chunk, position] : last_backward) {
+        const auto& chunk = base.placement.at(pipeline_chunk.first, pipeline_chunk.second);
+        for (const auto& held : chunk_linears(chunk, selected, options)) {
+          std::vector<int> deps;
+          if (step == refresh_steps - 1) deps = inversions[key(w, held)];
+          add(w,
+              kfac_instruction(OpKind::kPrecondition, pipeline_chunk.first,
+                               pipeline_chunk.second, step, -1, held),
+              {BaseRef{w, position, step}}, std::move(deps), step);
+        }
+      }
+    }
+  }
+  return work;
+}
+
+}  // namespace pf::pipefisher

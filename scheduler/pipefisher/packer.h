@@ -1,0 +1,60 @@
+#pragma once
+// Packing K-FAC tasks into per-worker idle intervals ("bubbles"). Abstract: knows nothing about
+// schedules, only intervals, durations, release times and dependencies, so that it can be tested
+// on synthetic intervals and reused on measured ones.
+#include <vector>
+
+#include "scheduler/pipefisher/kfac_options.h"
+
+namespace pf::pipefisher {
+
+struct Bubble {
+  int step = 0;        // the training step whose work precedes the bubble
+  double start = 0.0;  // usable window [start, end), seconds
+  double end = 0.0;
+  int slot = -1;       // caller's tag (e.g. where in the stream its tasks go)
+  bool accepts_bound = true;  // may hold items bound to `step` (false: after its deadline)
+  double bound_not_before = 0.0;   // items bound to `step` start no earlier than this here
+  bool accepts_collective = true;  // false where the communication lanes are already busy
+};
+
+struct PackItem {
+  std::vector<int> workers;  // one, or several that must run it at the same time (a collective)
+  double duration = 0.0;
+  double release = 0.0;     // earliest start (from the pipeline work it depends on)
+  std::vector<int> preds;   // indices of earlier items that must end first
+  int step_bound = -1;      // >= 0: only bubbles of this step; spills to this step's flush
+};
+
+struct ItemPlacement {
+  bool spilled = false;  // runs after the flush of `step` (extends that step)
+  int step = 0;
+  double start = 0.0;
+  double end = 0.0;            // start + duration
+  std::vector<int> bubbles;    // per participant: index into that worker's bubbles; -1 if spilled
+};
+
+struct PackProblem {
+  int num_steps = 1;
+  std::vector<std::vector<Bubble>> bubbles;      // per worker, in time order, disjoint
+  std::vector<std::vector<double>> flush_start;  // [worker][step]: when spilled work may start
+};
+
+struct PackResult {
+  std::vector<ItemPlacement> placements;  // parallel to the items
+  int spilled_items = 0;                  // items without a step bound that spilled
+  int spilled_bound_items = 0;            // items with a step bound (preconditions) that spilled
+  double reserved_s = 0.0;                // bubble time reserved (durations * (1 + margin))
+};
+
+// Places the items in the given order (it must be topological). kFirstFit: the earliest bubble
+// (in time) where duration * (1 + margin) fits after the item's release. kBestFit: the earliest
+// step where it fits, and within that step the fitting bubble that leaves the least room.
+// Collectives use the earliest common window under both policies. An item that fits nowhere (or
+// whose predecessor spilled) spills to the flush of its bound step or of the last step.
+// Throws std::invalid_argument on malformed input (unsorted or overlapping bubbles, bad worker
+// or predecessor indices, negative durations); kBestOfBoth is not accepted here.
+PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
+                PackingPolicy policy, double safety_margin);
+
+}  // namespace pf::pipefisher

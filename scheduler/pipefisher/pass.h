@@ -1,0 +1,63 @@
+#pragma once
+// The PipeFisher pass: fills the bubbles of a synchronous pipeline schedule with K-FAC
+// curvature, sync, inversion and preconditioning work, spreading one refresh of the curvature
+// and inverses over as few steps k as the bubbles allow (or a fixed k), and emits the
+// augmented k-step schedule.
+#include <string>
+#include <vector>
+
+#include "scheduler/pipefisher/kfac_options.h"
+#include "scheduler/schedule.h"
+#include "sim/cost_model.h"
+#include "sim/simulator.h"
+
+namespace pf::pipefisher {
+
+struct WorkerKfacReport {
+  double utilization_before = 0.0;
+  double utilization_after = 0.0;
+  double kfac_compute_s = 0.0;     // K-FAC compute per step (curvature, inversion, precondition)
+  double kfac_sync_s = 0.0;        // curvature sync per step (communication lanes)
+  double spilled_s = 0.0;          // of that, per step, run after the flush instead of in bubbles
+  double bubble_s = 0.0;           // idle compute time per step before filling (simulated)
+  double kfac_memory_bytes = 0.0;  // factors and inverses held
+  int tasks = 0;                   // K-FAC instructions per refresh
+};
+
+struct KfacReport {
+  int refresh_steps = 1;              // k
+  std::string policy;                 // the packing that produced the schedule
+  int first_fit_refresh_steps = -1;   // k under PipeFisher's first-fit (-1: not run)
+  int best_fit_refresh_steps = -1;    // k under best-fit (-1: not run)
+  double safety_margin = 0.0;
+  std::string curvature;              // first_step / every_step
+  bool fixed_interval = false;
+  double utilization_before = 0.0;    // 1 - bubble fraction of the base schedule over k steps
+  double utilization_after = 0.0;
+  double step_time_before_s = 0.0;
+  double step_time_after_s = 0.0;
+  double step_time_overhead = 0.0;    // after / before - 1
+  double kfac_memory_bytes = 0.0;     // the largest per-worker addition
+  int tasks = 0;                      // K-FAC instructions per refresh (all workers)
+  int spilled_tasks = 0;              // curvature / sync / inversion run after a flush
+  int preconditions_in_bubbles = 0;
+  int preconditions_after_flush = 0;
+  double pass_seconds = 0.0;          // wall time of the pass itself
+  std::vector<WorkerKfacReport> workers;
+};
+
+struct PassResult {
+  sched::Schedule schedule;  // the augmented k-step schedule
+  sim::SimResult before;     // the base schedule repeated k times
+  sim::SimResult after;      // the augmented schedule
+  KfacReport report;
+};
+
+// `base` is a compiled one-step schedule (with communication, as from sched::compile). Throws
+// std::invalid_argument on a bad schedule or options, std::runtime_error when the automatic
+// search finds no k within options.max_refresh_steps.
+PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& costs,
+                          const KfacOptions& options = {},
+                          const sim::SimOptions& sim_options = {});
+
+}  // namespace pf::pipefisher

@@ -1,0 +1,40 @@
+#include "scheduler/pipefisher/report_json.h"
+
+namespace pf::pipefisher {
+
+nlohmann::json to_json(const KfacReport& report) {
+  nlohmann::json workers = nlohmann::json::array();
+  for (std::size_t w = 0; w < report.workers.size(); ++w) {
+    const auto& worker = report.workers[w];
+    workers.push_back({{"worker", w},
+                       {"utilization_before", worker.utilization_before},
+                       {"utilization_after", worker.utilization_after},
+                       {"bubble_s", worker.bubble_s},
+                       {"kfac_compute_s", worker.kfac_compute_s},
+                       {"kfac_sync_s", worker.kfac_sync_s},
+                       {"spilled_s", worker.spilled_s},
+                       {"kfac_memory_bytes", worker.kfac_memory_bytes},
+                       {"tasks", worker.tasks}});
+  }
+  return {{"refresh_steps", report.refresh_steps},
+          {"policy", report.policy},
+          {"first_fit_refresh_steps", report.first_fit_refresh_steps},
+          {"best_fit_refresh_steps", report.best_fit_refresh_steps},
+          {"fixed_interval", report.fixed_interval},
+          {"curvature", report.curvature},
+          {"safety_margin", report.safety_margin},
+          {"utilization_before", report.utilization_before},
+          {"utilization_after", report.utilization_after},
+          {"step_time_before_s", report.step_time_before_s},
+          {"step_time_after_s", report.step_time_after_s},
+          {"step_time_overhead", report.step_time_overhead},
+          {"kfac_memory_bytes", report.kfac_memory_bytes},
+          {"tasks", report.tasks},
+          {"spilled_tasks", report.spilled_tasks},
+          {"preconditions_in_bubbles", report.preconditions_in_bubbles},
+          {"preconditions_after_flush", report.preconditions_after_flush},
+          {"pass_seconds", report.pass_seconds},
+          {"workers", std::move(workers)}};
+}
+
+}  // namespace pf::pipefisher

@@ -1,0 +1,37 @@
+#pragma once
+// Where the model lives: which worker holds each chunk (virtual stage) of each pipeline, and
+// which encoder layers each chunk holds.
+#include <vector>
+
+#include "scheduler/schedule.h"
+
+namespace pf::sched {
+
+// Pipelines the schedule kind runs side by side: 2 for Chimera, 1 otherwise.
+int num_pipelines(ScheduleKind kind);
+
+// Micro-batches each pipeline carries per step: m for one pipeline, m / 2 for Chimera (each
+// pipeline numbers its own micro-batches from 0).
+int microbatches_per_pipeline(const ScheduleParams& params);
+
+// Balanced layer counts for `num_chunks` chunks: every chunk gets floor(L / C); the remainder goes
+// to the chunks just before the last one (chunks C-1-r .. C-2), so that neither end chunk (which
+// also carries the embeddings or the heads) is heavier than a middle one.
+// 24/8 -> 3 each; 12/8 -> [1,1,1,2,2,2,2,1]. Throws when num_layers < num_chunks.
+std::vector<int> balanced_layer_counts(int num_layers, int num_chunks);
+
+// Chunk c of pipeline 0 lives on worker c mod p; Chimera's pipeline 1 puts chunk i on worker
+// D-1-i. Layers: balanced_layer_counts over the chunks of one pipeline (both Chimera pipelines
+// hold the whole model). Throws std::invalid_argument on non-positive counts or more chunks than
+// layers.
+Placement make_placement(const ScheduleParams& params);
+
+// The (pipeline, chunk) pairs held by each worker, in pipeline-then-chunk order.
+struct ChunkRef {
+  int pipeline = 0;
+  int chunk = 0;
+  friend bool operator==(const ChunkRef&, const ChunkRef&) = default;
+};
+std::vector<std::vector<ChunkRef>> chunks_by_worker(const Placement& placement, int num_workers);
+
+}  // namespace pf::sched

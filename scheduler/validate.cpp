@@ -1,0 +1,905 @@
+#include "scheduler/validate.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "scheduler/grid.h"
+#include "scheduler/key_space.h"
+#include "scheduler/placement.h"
+
+namespace pf::sched {
+namespace {
+
+constexpr std::int32_t kNone = -1;
+using Timings = std::vector<std::vector<traces::SpanTiming>>;
+
+std::string str(long long value) {
+  return std::to_string(value);
+}
+
+std::string describe_key(int step, int pipeline, int chunk, int microbatch) {
+  return "step " + str(step) + ", pipeline " + str(pipeline) + ", chunk " + str(chunk) +
+         ", micro-batch " + str(microbatch);
+}
+
+class Validator {
+ public:
+  explicit Validator(const Schedule& schedule) : s_(schedule) {}
+
+  void check() {
+    check_structure();
+    scan();
+    check_per_key();
+    check_reductions_and_steps();
+    if (has_kfac_) check_kfac();
+  }
+
+  // Blocking replay; fills timings when duration is given.
+  void replay(const DurationFn* duration, Timings* timings) {
+    const auto workers = static_cast<std::size_t>(workers_);
+    std::vector<std::int32_t> head(workers, 0);
+    std::vector<double> clock(workers, 0.0);
+    std::size_t remaining = s_.num_instructions();
+    const bool track_deps = !lowered_ || duration != nullptr;
+    if (track_deps) {
+      forward_end_.assign(keys_.size(), -1.0);
+      backward_end_.assign(keys_.size(), -1.0);
+    }
+    if (timings != nullptr) {
+      timings->assign(workers, {});
+      for (std::size_t w = 0; w < workers; ++w) timings->at(w).resize(s_.streams[w].size());
+    }
+    auto stream_size = [&](int w) {
+      return static_cast<std::int32_t>(s_.streams[static_cast<std::size_t>(w)].size());
+    };
+    auto record = [&](int w, std::int32_t pos, double start, double length) {
+      if (timings != nullptr) {
+        (*timings)[static_cast<std::size_t>(w)][static_cast<std::size_t>(pos)] = {start, length};
+      }
+    };
+    auto length_of = [&](int w, const Instruction& in) {
+      return duration != nullptr ? (*duration)(w, in) : 0.0;
+    };
+    // Tries to execute worker w's head; returns whether it ran.
+    // Without durations (validation): sends and receives rendezvous (blocking semantics).
+    // With durations (layouts): a send is posted when its worker reaches it and does not hold
+    // the worker; a receive completes once its send has been posted and does not hold the
+    // worker either (a posted irecv); the compute that needs the data waits for its arrival.
+    const bool timing = duration != nullptr;
+    if (timing) {
+      activation_arrival_.assign(lowered_ ? keys_.size() : 0, 0.0);
+      gradient_arrival_.assign(lowered_ ? keys_.size() : 0, 0.0);
+    }
+    auto try_execute = [&](int w) -> bool {
+      const auto wi = static_cast<std::size_t>(w);
+      const std::int32_t pos = head[wi];
+      const Instruction& in = s_.streams[wi][static_cast<std::size_t>(pos)];
+      if (timing && is_send(in.kind)) {
+        const double length = length_of(w, in);
+        record(w, pos, clock[wi], length);
+        ++head[wi];
+        --remaining;
+        return true;
+      }
+      if (timing && is_receive(in.kind)) {
+        const Cell partner = partner_of(in);
+        const auto pi = static_cast<std::size_t>(partner.worker);
+        if (head[pi] <= partner.position) return false;  // not sent yet
+        const traces::SpanTiming& sent = (*timings)[pi][static_cast<std::size_t>(partner.position)];
+        const double start = std::max(clock[wi], sent.start_us);
+        const double length = length_of(w, in);
+        record(w, pos, start, length);
+        const std::size_t key = keys_.index(in.step, in.pipeline, in.chunk, in.microbatch);
+        (in.kind == OpKind::kRecvActivation ? activation_arrival_ : gradient_arrival_)[key] =
+            std::max(start + length, sent.start_us + sent.duration_us);
+        ++head[wi];
+        --remaining;
+        return true;
+      }
+      if (is_point_to_point(in.kind) || in.kind == OpKind::kReduceGradPipelines) {
+        const Cell partner = partner_of(in);
+        const auto pi = static_cast<std::size_t>(partner.worker);
+        if (head[pi] != partner.position) return false;
+        const Instruction& other = s_.streams[pi][static_cast<std::size_t>(partner.position)];
+        const double start = std::max(clock[wi], clock[pi]);
+        const double mine = length_of(w, in);
+        const double theirs = length_of(partner.worker, other);
+        record(w, pos, start, mine);
+        record(partner.worker, partner.position, start, theirs);
+        clock[wi] = start + mine;
+        clock[pi] = start + theirs;
+        ++head[wi];
+        ++head[pi];
+        remaining -= 2;
+        return true;
+      }
+      double start = clock[wi];
+      if (is_compute(in.kind) && track_deps) {
+        const std::size_t key = keys_.index(in.step, in.pipeline, in.chunk, in.microbatch);
+        const auto m = static_cast<std::size_t>(keys_.microbatches);
+        double ready = 0;
+        auto need = [&](double end) {
+          if (end < 0) return false;
+          ready = std::max(ready, end);
+          return true;
+        };
+        bool ok = true;
+        switch (in.kind) {
+          case OpKind::kForward:
+            if (in.chunk > 0) ok = need(forward_end_[key - m]);
+            if (ok && timing && lowered_) ready = std::max(ready, activation_arrival_[key]);
+            break;
+          case OpKind::kBackward:
+          case OpKind::kBackwardInput:
+            ok = need(forward_end_[key]);
+            if (ok && in.chunk + 1 < keys_.chunks) ok = need(backward_end_[key + m]);
+            if (ok && timing && lowered_) ready = std::max(ready, gradient_arrival_[key]);
+            break;
+          default:
+            ok = need(backward_end_[key]);
+            break;
+        }
+        if (!ok) return false;
+        start = std::max(start, ready);
+        const double end = start + length_of(w, in);
+        if (in.kind == OpKind::kForward) forward_end_[key] = end;
+        if (in.kind == OpKind::kBackward || in.kind == OpKind::kBackwardInput) {
+          backward_end_[key] = end;
+        }
+      }
+      const double length = length_of(w, in);
+      record(w, pos, start, length);
+      clock[wi] = start + length;
+      ++head[wi];
+      --remaining;
+      return true;
+    };
+    int sweep = 0;
+    while (remaining > 0) {
+      bool progress = false;
+      for (int i = 0; i < workers_; ++i) {
+        // Alternate the sweep direction: activations flow up, gradients down.
+        const int w = (sweep % 2 == 0) ? i : workers_ - 1 - i;
+        while (head[static_cast<std::size_t>(w)] < stream_size(w) && try_execute(w)) {
+          progress = true;
+        }
+      }
+      if (!progress) report_deadlock(head);
+      ++sweep;
+    }
+  }
+
+ private:
+  struct Cell {
+    int worker = -1;
+    std::int32_t position = kNone;
+  };
+
+  [[noreturn]] void fail(int worker, std::int64_t position, const std::string& what) const {
+    std::string message = "invalid schedule: ";
+    if (worker >= 0) {
+      message += "worker " + str(worker) + " position " + str(position);
+      const auto& stream = s_.streams[static_cast<std::size_t>(worker)];
+      if (position >= 0 && static_cast<std::size_t>(position) < stream.size()) {
+        message += " (" + short_label(stream[static_cast<std::size_t>(position)]) + ")";
+      } else {
+        message += " (end of stream)";
+      }
+      message += ": ";
+    }
+    message += what;
+    if (worker >= 0) {
+      message += "\n" + render_grid_around(s_, worker, static_cast<int>(position));
+    }
+    throw ValidationError(message, worker, static_cast<int>(position));
+  }
+
+  void check_structure() {
+    const ScheduleParams& params = s_.params;
+    const Placement& placement = s_.placement;
+    workers_ = s_.num_workers();
+    if (workers_ != params.workers) {
+      fail(-1, -1,
+           "the schedule has " + str(workers_) + " streams but its parameters say " +
+               str(params.workers) + " workers");
+    }
+    if (workers_ < 1) fail(-1, -1, "the schedule has no workers");
+    if (s_.num_steps < 1 || s_.num_steps > std::numeric_limits<std::int16_t>::max()) {
+      fail(-1, -1, "num_steps must be in [1, 32767], got " + str(s_.num_steps));
+    }
+    if (placement.num_pipelines < 1 || placement.num_pipelines > 2) {
+      fail(-1, -1, "the placement must have 1 or 2 pipelines, got " + str(placement.num_pipelines));
+    }
+    if (placement.chunks_per_pipeline < 1) {
+      fail(-1, -1, "the placement must have at least one chunk per pipeline");
+    }
+    if (placement.chunks.size() !=
+        static_cast<std::size_t>(placement.num_pipelines * placement.chunks_per_pipeline)) {
+      fail(-1, -1,
+           "the placement lists " + str(static_cast<long long>(placement.chunks.size())) +
+               " chunks, expected " + str(placement.num_pipelines) + " x " +
+               str(placement.chunks_per_pipeline));
+    }
+    if (params.microbatches < 1 || params.microbatches % placement.num_pipelines != 0) {
+      fail(-1, -1,
+           str(params.microbatches) + " micro-batches cannot be split over " +
+               str(placement.num_pipelines) + " pipeline(s)");
+    }
+    num_layers_ = placement.num_layers;
+    layer_chunk_.assign(static_cast<std::size_t>(placement.num_pipelines) *
+                            static_cast<std::size_t>(std::max(num_layers_, 0)),
+                        kNone);
+    for (std::size_t i = 0; i < placement.chunks.size(); ++i) {
+      const ChunkPlacement& cp = placement.chunks[i];
+      const int expected_pipeline = static_cast<int>(i) / placement.chunks_per_pipeline;
+      const int expected_chunk = static_cast<int>(i) % placement.chunks_per_pipeline;
+      if (cp.pipeline != expected_pipeline || cp.chunk != expected_chunk) {
+        fail(-1, -1,
+             "placement entry " + str(static_cast<long long>(i)) + " is pipeline " +
+                 str(cp.pipeline) + " chunk " + str(cp.chunk) + ", expected pipeline " +
+                 str(expected_pipeline) + " chunk " + str(expected_chunk));
+      }
+      if (cp.worker < 0 || cp.worker >= workers_) {
+        fail(-1, -1,
+             "placement puts pipeline " + str(cp.pipeline) + " chunk " + str(cp.chunk) +
+                 " on worker " + str(cp.worker) + " (workers 0.." + str(workers_ - 1) + ")");
+      }
+      if (cp.num_layers < 0 || cp.first_layer < 0 || cp.first_layer + cp.num_layers > num_layers_) {
+        fail(-1, -1,
+             "placement gives pipeline " + str(cp.pipeline) + " chunk " + str(cp.chunk) +
+                 " layers [" + str(cp.first_layer) + ", " + str(cp.first_layer + cp.num_layers) +
+                 ") outside the model's " + str(num_layers_) + " layers");
+      }
+      for (int layer = cp.first_layer; layer < cp.first_layer + cp.num_layers; ++layer) {
+        layer_chunk_[static_cast<std::size_t>(cp.pipeline * num_layers_ + layer)] = cp.chunk;
+      }
+    }
+    keys_ = KeySpace{s_.num_steps, placement.num_pipelines, placement.chunks_per_pipeline,
+                     params.microbatches / placement.num_pipelines};
+    chunks_of_worker_ = chunks_by_worker(placement, workers_);
+  }
+
+  int worker_of(int pipeline, int chunk) const {
+    return s_.placement.chunks[static_cast<std::size_t>(pipeline * keys_.chunks + chunk)].worker;
+  }
+
+  // Records one position in a per-key array, refusing duplicates.
+  void put(std::vector<std::int32_t>& positions, std::size_t key, int w, std::int32_t pos,
+           const char* what) const {
+    if (positions[key] != kNone) {
+      fail(w, pos,
+           std::string("second ") + what + " of the same " + "(step, pipeline, chunk, " +
+               "micro-batch); the first is at position " + str(positions[key]));
+    }
+    positions[key] = pos;
+  }
+
+  void scan() {
+    for (const auto& stream : s_.streams) {
+      for (const Instruction& in : stream) {
+        lowered_ |= is_point_to_point(in.kind);
+        has_kfac_ |= is_kfac(in.kind);
+      }
+      if (stream.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
+        fail(-1, -1, "a stream is longer than 2^31 instructions");
+      }
+    }
+    const std::size_t n = keys_.size();
+    forward_pos_.assign(n, kNone);
+    backward_pos_.assign(n, kNone);
+    weight_pos_.assign(n, kNone);
+    split_.assign(n, 0);
+    if (lowered_) {
+      send_act_pos_.assign(n, kNone);
+      recv_act_pos_.assign(n, kNone);
+      send_grad_pos_.assign(n, kNone);
+      recv_grad_pos_.assign(n, kNone);
+    }
+    reduce_pipelines_pos_.assign(keys_.num_chunk_keys(), kNone);
+    reduce_dp_pos_.assign(keys_.num_chunk_keys(), kNone);
+    optimizer_pos_.assign(
+        static_cast<std::size_t>(workers_) * static_cast<std::size_t>(keys_.steps), kNone);
+    std::size_t pair_count = 0;
+    std::int64_t max_pair = -1;
+    for (int w = 0; w < workers_; ++w) {
+      const auto& stream = s_.streams[static_cast<std::size_t>(w)];
+      for (std::size_t i = 0; i < stream.size(); ++i) {
+        const Instruction& in = stream[i];
+        const auto pos = static_cast<std::int32_t>(i);
+        if (static_cast<int>(in.kind) >= kNumOpKinds) fail(w, pos, "unknown instruction kind");
+        if (in.step < 0 || in.step >= keys_.steps) {
+          fail(w, pos, "step " + str(in.step) + " outside [0, " + str(keys_.steps) + ")");
+        }
+        if (is_kfac(in.kind)) continue;  // checked in check_kfac
+        if (in.kind == OpKind::kOptimizerStep) {
+          put(optimizer_pos_,
+              static_cast<std::size_t>(w) * static_cast<std::size_t>(keys_.steps) +
+                  static_cast<std::size_t>(in.step),
+              w, pos, "optimizer step");
+          continue;
+        }
+        if (in.pipeline < 0 || in.pipeline >= keys_.pipelines || in.chunk < 0 ||
+            in.chunk >= keys_.chunks) {
+          fail(w, pos,
+               "pipeline " + str(in.pipeline) + " chunk " + str(in.chunk) +
+                   " is not in the placement (" + str(keys_.pipelines) + " pipeline(s) of " +
+                   str(keys_.chunks) + " chunks)");
+        }
+        const int owner = worker_of(in.pipeline, in.chunk);
+        if (owner != w) {
+          fail(w, pos,
+               "chunk " + str(in.chunk) + " of pipeline " + str(in.pipeline) + " lives on worker " +
+                   str(owner) + ", not here");
+        }
+        const std::size_t chunk_key = keys_.chunk_index(in.step, in.pipeline, in.chunk);
+        if (in.kind == OpKind::kReduceGradDataParallel) {
+          put(reduce_dp_pos_, chunk_key, w, pos, "data-parallel reduction");
+          continue;
+        }
+        if (in.kind == OpKind::kReduceGradPipelines) {
+          if (keys_.pipelines != 2) fail(w, pos, "a pipeline reduction needs two pipelines");
+          const int partner = worker_of(1 - in.pipeline, in.chunk);
+          if (in.peer != partner) {
+            fail(w, pos,
+                 "the other replica of chunk " + str(in.chunk) + " lives on worker " +
+                     str(partner) + ", but the reduction's peer is " + str(in.peer));
+          }
+          if (in.pair_id < 0) fail(w, pos, "a pipeline reduction needs a pair id >= 0");
+          put(reduce_pipelines_pos_, chunk_key, w, pos, "pipeline reduction");
+          if (in.pipeline == 0) {
+            ++pair_count;
+            max_pair = std::max(max_pair, in.pair_id);
+          }
+          continue;
+        }
+        if (in.microbatch < 0 || in.microbatch >= keys_.microbatches) {
+          fail(w, pos,
+               "micro-batch " + str(in.microbatch) + " outside [0, " + str(keys_.microbatches) +
+                   ") (micro-batches per pipeline)");
+        }
+        const std::size_t key = keys_.index(in.step, in.pipeline, in.chunk, in.microbatch);
+        switch (in.kind) {
+          case OpKind::kForward:
+            put(forward_pos_, key, w, pos, "forward");
+            break;
+          case OpKind::kBackward:
+            if (backward_pos_[key] != kNone && split_[key]) {
+              fail(w, pos,
+                   "full backward of a micro-batch that also has a backward-input at "
+                   "position " +
+                       str(backward_pos_[key]));
+            }
+            put(backward_pos_, key, w, pos, "backward");
+            break;
+          case OpKind::kBackwardInput:
+            if (backward_pos_[key] != kNone && !split_[key]) {
+              fail(w, pos,
+                   "backward-input of a micro-batch that also has a full backward at "
+                   "position " +
+                       str(backward_pos_[key]));
+            }
+            put(backward_pos_, key, w, pos, "backward-input");
+            split_[key] = 1;
+            break;
+          case OpKind::kBackwardWeight:
+            put(weight_pos_, key, w, pos, "backward-weight");
+            break;
+          default: {  // point-to-point
+            int expected_peer = -1;
+            std::vector<std::int32_t>* slot = nullptr;
+            const char* name = "";
+            switch (in.kind) {
+              case OpKind::kSendActivation:
+                if (in.chunk + 1 < keys_.chunks)
+                  expected_peer = worker_of(in.pipeline, in.chunk + 1);
+                slot = &send_act_pos_;
+                name = "activation send (the next chunk";
+                break;
+              case OpKind::kRecvActivation:
+                if (in.chunk > 0) expected_peer = worker_of(in.pipeline, in.chunk - 1);
+                slot = &recv_act_pos_;
+                name = "activation receive (the previous chunk";
+                break;
+              case OpKind::kSendGradient:
+                if (in.chunk > 0) expected_peer = worker_of(in.pipeline, in.chunk - 1);
+                slot = &send_grad_pos_;
+                name = "gradient send (the previous chunk";
+                break;
+              default:
+                if (in.chunk + 1 < keys_.chunks)
+                  expected_peer = worker_of(in.pipeline, in.chunk + 1);
+                slot = &recv_grad_pos_;
+                name = "gradient receive (the next chunk";
+                break;
+            }
+            if (expected_peer < 0) {
+              fail(w, pos, std::string(name) + " does not exist for chunk " + str(in.chunk) + ")");
+            }
+            if (expected_peer == w) {
+              fail(w, pos,
+                   std::string(name) +
+                       " is on this same worker: no communication is "
+                       "needed)");
+            }
+            if (in.peer != expected_peer) {
+              fail(w, pos,
+                   std::string(name) + " lives on worker " + str(expected_peer) +
+                       ", but the peer is " + str(in.peer) + ")");
+            }
+            if (in.pair_id < 0) fail(w, pos, "communication needs a pair id >= 0");
+            put(*slot, key, w, pos, std::string(to_string(in.kind)).c_str());
+            if (is_send(in.kind)) {
+              ++pair_count;
+              max_pair = std::max(max_pair, in.pair_id);
+            }
+            break;
+          }
+        }
+      }
+    }
+    check_unique_pair_ids(pair_count, max_pair);
+  }
+
+  // Each pair id names exactly one pair: count the sends (and pipeline-0 reductions).
+  void check_unique_pair_ids(std::size_t pair_count, std::int64_t max_pair) const {
+    if (pair_count == 0) return;
+    auto report = [&](std::int64_t id) {
+      for (int w = 0; w < workers_; ++w) {
+        const auto& stream = s_.streams[static_cast<std::size_t>(w)];
+        for (std::size_t i = 0; i < stream.size(); ++i) {
+          if (stream[i].pair_id == id &&
+              (is_send(stream[i].kind) ||
+               (stream[i].kind == OpKind::kReduceGradPipelines && stream[i].pipeline == 0))) {
+            fail(w, static_cast<std::int64_t>(i),
+                 "pair id " + str(id) + " is used by more than one send/receive pair");
+          }
+        }
+      }
+      fail(-1, -1, "pair id " + str(id) + " is used by more than one pair");
+    };
+    auto for_each_pair_id = [&](auto&& visit) {
+      for (const auto& stream : s_.streams) {
+        for (const Instruction& in : stream) {
+          if (is_send(in.kind) || (in.kind == OpKind::kReduceGradPipelines && in.pipeline == 0)) {
+            visit(in.pair_id);
+          }
+        }
+      }
+    };
+    if (static_cast<std::uint64_t>(max_pair) < 8 * pair_count + 1024) {
+      std::vector<std::uint8_t> seen(static_cast<std::size_t>(max_pair) + 1, 0);
+      for_each_pair_id([&](std::int64_t id) {
+        if (seen[static_cast<std::size_t>(id)]++) report(id);
+      });
+    } else {
+      std::vector<std::int64_t> ids;
+      ids.reserve(pair_count);
+      for_each_pair_id([&](std::int64_t id) { ids.push_back(id); });
+      std::sort(ids.begin(), ids.end());
+      const auto dup = std::adjacent_find(ids.begin(), ids.end());
+      if (dup != ids.end()) report(*dup);
+    }
+  }
+
+  const Instruction& at(int w, std::int32_t pos) const {
+    return s_.streams[static_cast<std::size_t>(w)][static_cast<std::size_t>(pos)];
+  }
+
+  void check_pair(int send_worker, std::int32_t send_pos, int recv_worker,
+                  std::int32_t recv_pos) const {
+    const Instruction& send = at(send_worker, send_pos);
+    const Instruction& recv = at(recv_worker, recv_pos);
+    if (send.pair_id != recv.pair_id) {
+      fail(send_worker, send_pos,
+           "its receive at worker " + str(recv_worker) + " position " + str(recv_pos) + " (" +
+               short_label(recv) + ") has pair id " + str(recv.pair_id) + ", the send has " +
+               str(send.pair_id));
+    }
+    if (send.bytes != recv.bytes) {
+      fail(send_worker, send_pos,
+           "sends " + str(send.bytes) + " bytes but its receive at worker " + str(recv_worker) +
+               " position " + str(recv_pos) + " expects " + str(recv.bytes));
+    }
+  }
+
+  void check_per_key() {
+    const int m = keys_.microbatches;
+    last_backward_.assign(keys_.num_chunk_keys(), kNone);
+    for (int step = 0; step < keys_.steps; ++step) {
+      for (int pl = 0; pl < keys_.pipelines; ++pl) {
+        for (int c = 0; c < keys_.chunks; ++c) {
+          const int w = worker_of(pl, c);
+          const std::int32_t end =
+              static_cast<std::int32_t>(s_.streams[static_cast<std::size_t>(w)].size());
+          std::int32_t last = kNone;
+          for (int mb = 0; mb < m; ++mb) {
+            const std::size_t key = keys_.index(step, pl, c, mb);
+            auto what = [&] { return describe_key(step, pl, c, mb); };
+            const std::int32_t f = forward_pos_[key];
+            const std::int32_t b = backward_pos_[key];
+            const std::int32_t wt = weight_pos_[key];
+            if (f == kNone) fail(w, end, "missing forward of " + what());
+            if (b == kNone) {
+              fail(w, end,
+                   std::string("missing ") + (wt == kNone ? "backward" : "backward-input") +
+                       " of " + what());
+            }
+            if (split_[key] && wt == kNone) fail(w, end, "missing backward-weight of " + what());
+            if (!split_[key] && wt != kNone) {
+              fail(w, wt,
+                   "backward-weight of a micro-batch that has a full backward at "
+                   "position " +
+                       str(b));
+            }
+            if (b < f) fail(w, b, "backward before its forward (position " + str(f) + ")");
+            if (wt != kNone && wt < b) {
+              fail(w, wt, "backward-weight before its backward-input (position " + str(b) + ")");
+            }
+            last = std::max(last, split_[key] ? wt : b);
+            // Dependencies on neighbouring chunks.
+            if (c > 0) check_boundary(step, pl, c - 1, mb);
+          }
+          last_backward_[keys_.chunk_index(step, pl, c)] = last;
+        }
+      }
+    }
+  }
+
+  // The boundary between chunk c and c + 1 of one micro-batch.
+  void check_boundary(int step, int pl, int c, int mb) const {
+    const auto m = static_cast<std::size_t>(keys_.microbatches);
+    const std::size_t lo = keys_.index(step, pl, c, mb);
+    const std::size_t hi = lo + m;
+    const int wlo = worker_of(pl, c);
+    const int whi = worker_of(pl, c + 1);
+    if (wlo == whi) {
+      if (forward_pos_[hi] < forward_pos_[lo]) {
+        fail(wlo, forward_pos_[hi],
+             "forward before the forward of the previous chunk it needs "
+             "(position " +
+                 str(forward_pos_[lo]) + ")");
+      }
+      if (backward_pos_[lo] < backward_pos_[hi]) {
+        fail(wlo, backward_pos_[lo],
+             "backward before the backward of the next chunk it needs "
+             "(position " +
+                 str(backward_pos_[hi]) + ")");
+      }
+      return;
+    }
+    if (!lowered_) return;  // compute-only: the replay checks cross-worker order
+    auto what = [&] { return describe_key(step, pl, c, mb); };
+    const std::int32_t sa = send_act_pos_[lo];
+    const std::int32_t ra = recv_act_pos_[hi];
+    const std::int32_t sg = send_grad_pos_[hi];
+    const std::int32_t rg = recv_grad_pos_[lo];
+    if (sa == kNone) fail(wlo, forward_pos_[lo], "no activation send after the forward of " + what());
+    if (ra == kNone) {
+      fail(whi, forward_pos_[hi],
+           "no activation receive before this forward (from worker " + str(wlo) + ")");
+    }
+    if (sg == kNone) {
+      fail(whi, backward_pos_[hi],
+           "no gradient send after this backward (to worker " + str(wlo) + ")");
+    }
+    if (rg == kNone) {
+      fail(wlo, backward_pos_[lo],
+           "no gradient receive before this backward (from worker " + str(whi) + ")");
+    }
+    if (sa < forward_pos_[lo]) {
+      fail(wlo, sa,
+           "activation sent before it is computed (forward at position " + str(forward_pos_[lo]) +
+               ")");
+    }
+    if (ra > forward_pos_[hi]) {
+      fail(whi, forward_pos_[hi],
+           "forward before its activation is received (position " + str(ra) + ")");
+    }
+    if (sg < backward_pos_[hi]) {
+      fail(whi, sg,
+           "gradient sent before it is computed (backward at position " + str(backward_pos_[hi]) +
+               ")");
+    }
+    if (rg > backward_pos_[lo]) {
+      fail(wlo, backward_pos_[lo],
+           "backward before its gradient is received (position " + str(rg) + ")");
+    }
+    check_pair(wlo, sa, whi, ra);
+    check_pair(whi, sg, wlo, rg);
+  }
+
+  void check_reductions_and_steps() const {
+    for (int step = 0; step < keys_.steps; ++step) {
+      for (int pl = 0; pl < keys_.pipelines; ++pl) {
+        for (int c = 0; c < keys_.chunks; ++c) {
+          const std::size_t ck = keys_.chunk_index(step, pl, c);
+          const int w = worker_of(pl, c);
+          const std::int32_t rp = reduce_pipelines_pos_[ck];
+          const std::int32_t rd = reduce_dp_pos_[ck];
+          if (rp != kNone) {
+            if (rp < last_backward_[ck]) {
+              fail(w, rp,
+                   "pipeline reduction before the last backward of its chunk (position " +
+                       str(last_backward_[ck]) + ")");
+            }
+            const std::int32_t other = reduce_pipelines_pos_[keys_.chunk_index(step, 1 - pl, c)];
+            if (other == kNone) {
+              fail(w, rp,
+                   "the other replica (worker " + str(worker_of(1 - pl, c)) +
+                       ") has no matching pipeline reduction");
+            }
+            if (pl == 0) check_pair(w, rp, worker_of(1, c), other);
+          }
+          if (rd != kNone && rd < last_backward_[ck]) {
+            fail(w, rd,
+                 "data-parallel reduction before the last backward of its chunk "
+                 "(position " +
+                     str(last_backward_[ck]) + ")");
+          }
+        }
+      }
+      for (int w = 0; w < workers_; ++w) {
+        const std::int32_t opt =
+            optimizer_pos_[static_cast<std::size_t>(w) * static_cast<std::size_t>(keys_.steps) +
+                           static_cast<std::size_t>(step)];
+        if (opt == kNone) continue;
+        for (const ChunkRef& ref : chunks_of_worker_[static_cast<std::size_t>(w)]) {
+          const std::size_t ck = keys_.chunk_index(step, ref.pipeline, ref.chunk);
+          const std::int32_t before =
+              std::max({last_backward_[ck], reduce_pipelines_pos_[ck], reduce_dp_pos_[ck]});
+          if (opt < before) {
+            fail(w, opt,
+                 "optimizer step before the backward or gradient reduction of chunk " +
+                     str(ref.chunk) + " at position " + str(before));
+          }
+        }
+      }
+    }
+  }
+
+  // Resolves the chunk a K-FAC instruction works on; fails when its layer is not there.
+  ChunkRef kfac_chunk(int w, std::int32_t pos, const Instruction& in) const {
+    if (in.layer < 0 || in.layer >= num_layers_) {
+      fail(w, pos, "layer " + str(in.layer) + " outside [0, " + str(num_layers_) + ")");
+    }
+    if (static_cast<int>(in.linear) >= kNumLinearKinds) fail(w, pos, "unknown Linear kind");
+    for (const ChunkRef& ref : chunks_of_worker_[static_cast<std::size_t>(w)]) {
+      const int chunk =
+          layer_chunk_[static_cast<std::size_t>(ref.pipeline * num_layers_ + in.layer)];
+      if (chunk != ref.chunk) continue;
+      if (in.chunk >= 0 && (in.chunk != ref.chunk || in.pipeline != ref.pipeline)) continue;
+      return ref;
+    }
+    std::string where;
+    for (int pl = 0; pl < keys_.pipelines; ++pl) {
+      const int chunk = layer_chunk_[static_cast<std::size_t>(pl * num_layers_ + in.layer)];
+      if (chunk == kNone) continue;
+      where += (where.empty() ? "" : ", ") + std::string("pipeline ") + str(pl) + " chunk " +
+               str(chunk) + " on worker " + str(worker_of(pl, chunk));
+    }
+    fail(w, pos,
+         "layer " + str(in.layer) +
+             (in.chunk >= 0 ? " is not in pipeline " + str(in.pipeline) + " chunk " +
+                                  str(in.chunk) + " on this worker"
+                            : " does not live on this worker") +
+             " (it lives in " + where + ")");
+  }
+
+  void check_kfac() const {
+    const std::size_t layer_keys = static_cast<std::size_t>(keys_.steps) *
+                                   static_cast<std::size_t>(keys_.pipelines) *
+                                   static_cast<std::size_t>(num_layers_) * kNumLinearKinds;
+    auto layer_key = [&](const Instruction& in, int pipeline) {
+      return ((static_cast<std::size_t>(in.step) * static_cast<std::size_t>(keys_.pipelines) +
+               static_cast<std::size_t>(pipeline)) *
+                  static_cast<std::size_t>(num_layers_) +
+              static_cast<std::size_t>(in.layer)) *
+                 kNumLinearKinds +
+             static_cast<std::size_t>(in.linear);
+    };
+    std::vector<std::int32_t> last_a(layer_keys, kNone);
+    std::vector<std::int32_t> last_b(layer_keys, kNone);
+    std::vector<std::int32_t> last_sync(layer_keys, kNone);
+    // Pass 1: last positions of curvature and sync per (step, pipeline, layer, linear).
+    for (int w = 0; w < workers_; ++w) {
+      const auto& stream = s_.streams[static_cast<std::size_t>(w)];
+      for (std::size_t i = 0; i < stream.size(); ++i) {
+        const Instruction& in = stream[i];
+        if (!is_kfac(in.kind)) continue;
+        const auto pos = static_cast<std::int32_t>(i);
+        const ChunkRef ref = kfac_chunk(w, pos, in);
+        const std::size_t lk = layer_key(in, ref.pipeline);
+        if (in.kind == OpKind::kCurvatureA) last_a[lk] = std::max(last_a[lk], pos);
+        if (in.kind == OpKind::kCurvatureB) last_b[lk] = std::max(last_b[lk], pos);
+        if (in.kind == OpKind::kCurvatureSync) last_sync[lk] = std::max(last_sync[lk], pos);
+      }
+    }
+    // Pass 2: ordering.
+    for (int w = 0; w < workers_; ++w) {
+      const auto& stream = s_.streams[static_cast<std::size_t>(w)];
+      for (std::size_t i = 0; i < stream.size(); ++i) {
+        const Instruction& in = stream[i];
+        if (!is_kfac(in.kind)) continue;
+        const auto pos = static_cast<std::int32_t>(i);
+        const ChunkRef ref = kfac_chunk(w, pos, in);
+        const std::size_t lk = layer_key(in, ref.pipeline);
+        const std::string layer_name =
+            "layer " + str(in.layer) + " " + std::string(to_string(in.linear));
+        switch (in.kind) {
+          case OpKind::kCurvatureA:
+          case OpKind::kCurvatureB: {
+            if (in.microbatch < 0 || in.microbatch >= keys_.microbatches) {
+              fail(w, pos,
+                   "curvature needs a micro-batch in [0, " + str(keys_.microbatches) + "), got " +
+                       str(in.microbatch));
+            }
+            const std::size_t key = keys_.index(in.step, ref.pipeline, ref.chunk, in.microbatch);
+            const bool is_a = in.kind == OpKind::kCurvatureA;
+            const std::int32_t needed = is_a ? forward_pos_[key] : backward_pos_[key];
+            if (needed > pos) {
+              fail(w, pos,
+                   std::string(is_a ? "curvature A before its forward"
+                                    : "curvature B before its backward") +
+                       " (position " + str(needed) + ")");
+            }
+            break;
+          }
+          case OpKind::kCurvatureSync: {
+            const std::int32_t last = std::max(last_a[lk], last_b[lk]);
+            if (last > pos) {
+              fail(w, pos,
+                   "curvature sync of " + layer_name +
+                       " before its curvature at "
+                       "position " +
+                       str(last));
+            }
+            break;
+          }
+          case OpKind::kInvertA:
+          case OpKind::kInvertB: {
+            const bool is_a = in.kind == OpKind::kInvertA;
+            const std::int32_t last = std::max(is_a ? last_a[lk] : last_b[lk], last_sync[lk]);
+            if (last > pos) {
+              fail(w, pos,
+                   std::string(is_a ? "inversion A" : "inversion B") + " of " + layer_name +
+                       " before its curvature or sync at position " + str(last));
+            }
+            break;
+          }
+          default: {  // precondition
+            const std::int32_t last =
+                last_backward_[keys_.chunk_index(in.step, ref.pipeline, ref.chunk)];
+            if (last > pos) {
+              fail(w, pos,
+                   "precondition of " + layer_name +
+                       " before the last backward of its chunk at position " + str(last));
+            }
+            const std::int32_t opt =
+                optimizer_pos_[static_cast<std::size_t>(w) * static_cast<std::size_t>(keys_.steps) +
+                               static_cast<std::size_t>(in.step)];
+            if (opt != kNone && opt < pos) {
+              fail(w, pos,
+                   "precondition of " + layer_name +
+                       " after its step's optimizer step "
+                       "at position " +
+                       str(opt));
+            }
+            break;
+          }
+        }
+      }
+    }
+  }
+
+  Cell partner_of(const Instruction& in) const {
+    const auto m = static_cast<std::size_t>(keys_.microbatches);
+    if (in.kind == OpKind::kReduceGradPipelines) {
+      const int other = 1 - in.pipeline;
+      return {worker_of(other, in.chunk),
+              reduce_pipelines_pos_[keys_.chunk_index(in.step, other, in.chunk)]};
+    }
+    const std::size_t key = keys_.index(in.step, in.pipeline, in.chunk, in.microbatch);
+    switch (in.kind) {
+      case OpKind::kSendActivation:
+        return {worker_of(in.pipeline, in.chunk + 1), recv_act_pos_[key + m]};
+      case OpKind::kRecvActivation:
+        return {worker_of(in.pipeline, in.chunk - 1), send_act_pos_[key - m]};
+      case OpKind::kSendGradient:
+        return {worker_of(in.pipeline, in.chunk - 1), recv_grad_pos_[key - m]};
+      default:
+        return {worker_of(in.pipeline, in.chunk + 1), send_grad_pos_[key + m]};
+    }
+  }
+
+  // Who worker w's blocked head waits for.
+  int waits_for(int w, std::int32_t pos) const {
+    const Instruction& in = at(w, pos);
+    if (is_point_to_point(in.kind) || in.kind == OpKind::kReduceGradPipelines) {
+      return partner_of(in).worker;
+    }
+    const std::size_t key = keys_.index(in.step, in.pipeline, in.chunk, in.microbatch);
+    const auto m = static_cast<std::size_t>(keys_.microbatches);
+    if (in.kind == OpKind::kForward) return worker_of(in.pipeline, in.chunk - 1);
+    if (forward_end_[key] < 0) return w;
+    if (in.kind != OpKind::kBackwardWeight && backward_end_[key + m] < 0) {
+      return worker_of(in.pipeline, in.chunk + 1);
+    }
+    return w;
+  }
+
+  [[noreturn]] void report_deadlock(const std::vector<std::int32_t>& head) const {
+    auto finished = [&](int w) {
+      return static_cast<std::size_t>(head[static_cast<std::size_t>(w)]) ==
+             s_.streams[static_cast<std::size_t>(w)].size();
+    };
+    int start = 0;
+    while (finished(start)) ++start;
+    std::vector<int> chain;
+    std::vector<int> seen(static_cast<std::size_t>(workers_), -1);
+    int w = start;
+    while (seen[static_cast<std::size_t>(w)] < 0 && !finished(w)) {
+      seen[static_cast<std::size_t>(w)] = static_cast<int>(chain.size());
+      chain.push_back(w);
+      w = waits_for(w, head[static_cast<std::size_t>(w)]);
+    }
+    auto describe = [&](int worker) {
+      const std::int32_t pos = head[static_cast<std::size_t>(worker)];
+      return "worker " + str(worker) + " at position " + str(pos) + " (" +
+             short_label(at(worker, pos)) + ")";
+    };
+    std::string message = lowered_ ? "deadlock under blocking send/receive semantics: "
+                                   : "the streams can never finish (a cyclic wait): ";
+    if (finished(w)) {
+      const int last = chain.back();
+      message += describe(last) + " waits for worker " + str(w) +
+                 ", which has finished its stream without reaching the matching instruction";
+      fail(last, head[static_cast<std::size_t>(last)], message.substr(0));
+    }
+    const int cycle_start = seen[static_cast<std::size_t>(w)];
+    std::string cycle;
+    for (std::size_t i = static_cast<std::size_t>(cycle_start); i < chain.size(); ++i) {
+      cycle += describe(chain[i]) + " waits for ";
+    }
+    cycle += "worker " + str(w) + " (cycle)";
+    const int first = chain[static_cast<std::size_t>(cycle_start)];
+    fail(first, head[static_cast<std::size_t>(first)], message + cycle);
+  }
+
+  const Schedule& s_;
+  int workers_ = 0;
+  int num_layers_ = 0;
+  KeySpace keys_;
+  bool lowered_ = false;
+  bool has_kfac_ = false;
+  std::vector<std::vector<ChunkRef>> chunks_of_worker_;
+  std::vector<std::int32_t> layer_chunk_;  // [pipeline * L + layer] -> chunk
+  std::vector<std::int32_t> forward_pos_, backward_pos_, weight_pos_;
+  std::vector<std::uint8_t> split_;
+  std::vector<std::int32_t> send_act_pos_, recv_act_pos_, send_grad_pos_, recv_grad_pos_;
+  std::vector<std::int32_t> reduce_pipelines_pos_, reduce_dp_pos_, optimizer_pos_;
+  std::vector<std::int32_t> last_backward_;  // per (step, pipeline, chunk)
+  std::vector<double> forward_end_, backward_end_;
+  std::vector<double> activation_arrival_, gradient_arrival_;  // layouts: data ready
+};
+
+}  // namespace
+
+void validate(const Schedule& schedule) {
+  Validator validator(schedule);
+  validator.check();
+  validator.replay(nullptr, nullptr);
+}
+
+std::vector<std::vector<traces::SpanTiming>> replay_timings(const Schedule& schedule,
+                                                            const DurationFn& duration) {
+  Validator validator(schedule);
+  validator.check();
+  Timings timings;
+  validator.replay(&duration, &timings);
+  return timings;
+}
+
+}  // namespace pf::sched

@@ -1,0 +1,139 @@
+#include "sim/bert_costs.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace pf::sim {
+
+int Workload::predictions() const {
+  if (max_predictions > 0) return max_predictions;
+  return std::max(1, static_cast<int>(std::lround(seq_len * 20.0 / 128.0)));
+}
+
+void Workload::validate() const {
+  config.validate();
+  if (seq_len <= 0 || seq_len > config.max_position_embeddings) {
+    throw std::invalid_argument("--seq-len " + std::to_string(seq_len) + " must lie in [1, " +
+                                std::to_string(config.max_position_embeddings) +
+                                "] (max_position_embeddings of model '" + config.name + "')");
+  }
+  if (micro_batch_size <= 0) {
+    throw std::invalid_argument("--micro-batch-size must be positive, got " +
+                                std::to_string(micro_batch_size));
+  }
+  if (predictions() > seq_len) {
+    throw std::invalid_argument("max_predictions " + std::to_string(predictions()) +
+                                " exceeds the sequence length " + std::to_string(seq_len));
+  }
+}
+
+PieceWork encoder_layer_work(const Workload& w) {
+  const auto& c = w.config;
+  const double T = w.tokens(), H = c.hidden_size, I = c.intermediate_size, a = c.num_heads;
+  const double b = w.micro_batch_size, S = w.seq_len, e = element_bytes(w.precision);
+  // Linear layers: Q, K, V and attention output 4 x 2H^2 per token, FFN 2 x 2HI per token.
+  const double linear_flops = T * (8.0 * H * H + 4.0 * H * I);
+  // Attention core: Q K^T and probabilities x V, 2 S H each per token.
+  const double attention_flops = 4.0 * b * S * S * H;
+  // Element-wise traffic (elements read + written): 22 hidden-sized passes per token (head
+  // reshapes of Q, K, V and the context 8, two dropout + residual + LayerNorm blocks 14), GELU
+  // over the intermediate (2 I), softmax + dropout over the a S x S scores (5 passes).
+  const double elementwise = e * (22.0 * T * H + 2.0 * T * I + 5.0 * b * a * S * S);
+  PieceWork work;
+  work.forward = {linear_flops + attention_flops, elementwise};
+  // Backward: input gradients of the linears and both operands of the attention products;
+  // weight gradients of the linears. Element-wise backward traffic is twice the forward's.
+  work.backward_input = {linear_flops + 2.0 * attention_flops, 2.0 * elementwise};
+  work.backward_weight = {linear_flops, 0.0};
+  return work;
+}
+
+PieceWork embeddings_work(const Workload& w) {
+  const double T = w.tokens(), H = w.config.hidden_size, e = element_bytes(w.precision);
+  // Three gathers, their sum, LayerNorm and dropout: 11 hidden-sized passes per token. The
+  // backward (scatter-add into the tables) is weight-gradient work.
+  PieceWork work;
+  work.forward = {0.0, e * 11.0 * T * H};
+  work.backward_weight = {0.0, 2.0 * e * 11.0 * T * H};
+  return work;
+}
+
+PieceWork heads_work(const Workload& w) {
+  const auto& c = w.config;
+  const double H = c.hidden_size, V = c.vocab_size, b = w.micro_batch_size;
+  const double P = b * w.predictions(), e = element_bytes(w.precision);
+  // MLM: transform dense 2 H^2 and decoder 2 H V per scored position; pooler 2 H^2 and NSP 4 H
+  // per sequence.
+  const double flops = P * (2.0 * H * H + 2.0 * H * V) + b * (2.0 * H * H + 4.0 * H);
+  // Gather of the scored positions, GELU and LayerNorm (7 passes of P x H), and the softmax
+  // cross-entropy over fp32 logits (3 passes of P x V x 4 bytes).
+  const double elementwise = e * 7.0 * P * H + 3.0 * 4.0 * P * V;
+  PieceWork work;
+  work.forward = {flops, elementwise};
+  work.backward_input = {flops, 2.0 * elementwise};
+  work.backward_weight = {flops, 0.0};
+  return work;
+}
+
+double encoder_layer_params(const model::BertConfig& c) {
+  const double H = c.hidden_size, I = c.intermediate_size;
+  return 4.0 * H * H + 2.0 * H * I + 9.0 * H + I;
+}
+
+double embeddings_params(const model::BertConfig& c) {
+  const double H = c.hidden_size;
+  return (double{1.0} * c.vocab_size + c.max_position_embeddings + c.type_vocab_size) * H + 2.0 * H;
+}
+
+double heads_params(const model::BertConfig& c, bool holds_tied_embeddings) {
+  const double H = c.hidden_size, V = c.vocab_size;
+  double params = (H * H + H) + (2.0 * H + 2.0) + (H * H + H) + 2.0 * H + V;
+  if (!holds_tied_embeddings) params += V * H;
+  return params;
+}
+
+double encoder_layer_activation_bytes(const Workload& w) {
+  const auto& c = w.config;
+  const double T = w.tokens(), H = c.hidden_size, I = c.intermediate_size, a = c.num_heads;
+  const double b = w.micro_batch_size, S = w.seq_len;
+  // Korthikanti et al.'s count for 16-bit training, generalised to any FFN width:
+  // attention 11 T H + 5 a b S^2, MLP 3 T H + 4 T I, LayerNorms 4 T H (with I = 4H this is
+  // T H (34 + 5 a S / H)). 32-bit elements double it (dropout masks included: an overestimate).
+  const double sixteen_bit = T * (18.0 * H + 4.0 * I) + 5.0 * a * b * S * S;
+  return sixteen_bit * element_bytes(w.precision) / 2.0;
+}
+
+double embeddings_activation_bytes(const Workload& w) {
+  const double T = w.tokens(), H = w.config.hidden_size, e = element_bytes(w.precision);
+  return T * H * (2.0 * e + 1.0);  // LayerNorm input and output, dropout mask
+}
+
+double heads_activation_bytes(const Workload& w) {
+  const double H = w.config.hidden_size, V = w.config.vocab_size, b = w.micro_batch_size;
+  const double P = b * w.predictions(), e = element_bytes(w.precision);
+  return e * 4.0 * P * H + 4.0 * P * V + e * 2.0 * b * H;  // transform, fp32 logits, pooler
+}
+
+double boundary_bytes(const Workload& w) {
+  return w.tokens() * w.config.hidden_size * element_bytes(w.precision);
+}
+
+LinearDims linear_dims(const model::BertConfig& c, sched::LinearKind linear) {
+  switch (linear) {
+    case sched::LinearKind::kFfnIn:
+      return {c.hidden_size, c.intermediate_size};
+    case sched::LinearKind::kFfnOut:
+      return {c.intermediate_size, c.hidden_size};
+    default:
+      return {c.hidden_size, c.hidden_size};
+  }
+}
+
+double model_flops_per_sequence(const Workload& w) {
+  const double forward = w.config.num_layers * encoder_layer_work(w).forward.matmul_flops +
+                         heads_work(w).forward.matmul_flops;
+  return 3.0 * forward / w.micro_batch_size;
+}
+
+}  // namespace pf::sim

@@ -1,0 +1,83 @@
+#pragma once
+// FLOPs, memory traffic, parameters and stashed activations of the pieces of BERT (an encoder
+// layer, the embeddings, the pooler + MLM/NSP heads) for one micro-batch. Every formula is
+// written out here and in docs/simulator.md. Notation: b micro-batch size, S sequence length,
+// T = b*S tokens, H hidden, I intermediate (FFN), a heads, V vocabulary, P = b * predictions
+// (masked positions the MLM head scores), e bytes per activation element.
+#include "runtime/model/bert_config.h"
+#include "scheduler/instruction.h"
+#include "sim/device.h"
+
+namespace pf::sim {
+
+struct Workload {
+  model::BertConfig config;
+  int seq_len = 128;
+  int micro_batch_size = 32;
+  Precision precision = Precision::kBf16;
+  // MLM positions scored per sequence; <= 0 means round(S * 20 / 128) (NVIDIA's recipe: 20 at
+  // S = 128, 80 at S = 512).
+  int max_predictions = 0;
+
+  int predictions() const;
+  double tokens() const { return double{1.0} * micro_batch_size * seq_len; }
+  // Throws std::invalid_argument naming the field (and the model's limit).
+  void validate() const;
+};
+
+// Work of one piece: matrix-product FLOPs (run at the precision's peak times the device's matmul
+// efficiency) and bytes moved by the memory-bound element-wise operations.
+struct Work {
+  double matmul_flops = 0.0;
+  double memory_bytes = 0.0;
+  Work& operator+=(const Work& other) {
+    matmul_flops += other.matmul_flops;
+    memory_bytes += other.memory_bytes;
+    return *this;
+  }
+  friend Work operator*(double k, const Work& w) {
+    return {k * w.matmul_flops, k * w.memory_bytes};
+  }
+};
+
+// Forward, backward-input and backward-weight work of one micro-batch. A full backward is
+// backward_input + backward_weight = 2x the forward matmul FLOPs and 2x its memory traffic.
+struct PieceWork {
+  Work forward;
+  Work backward_input;
+  Work backward_weight;
+};
+
+PieceWork encoder_layer_work(const Workload& w);
+PieceWork embeddings_work(const Workload& w);
+PieceWork heads_work(const Workload& w);
+
+// Parameter counts.
+double encoder_layer_params(const model::BertConfig& c);  // 4H^2 + 2HI + 9H + I
+double embeddings_params(const model::BertConfig& c);     // (V + positions + types) H + 2H
+// pooler H^2+H, NSP 2H+2, MLM transform H^2+H + LayerNorm 2H, decoder bias V, plus the decoder
+// weight V*H when it is not tied to embeddings held by the same chunk.
+double heads_params(const model::BertConfig& c, bool holds_tied_embeddings);
+
+// Bytes stashed per micro-batch until the backward has used them.
+double encoder_layer_activation_bytes(const Workload& w);
+double embeddings_activation_bytes(const Workload& w);
+double heads_activation_bytes(const Workload& w);
+// Hidden states crossing a chunk boundary (and their gradient): T * H * e.
+double boundary_bytes(const Workload& w);
+
+// Weights + gradients + optimizer state per parameter: 16 bytes in fp32 (w, g, m, v) and in
+// mixed precision (16-bit w and g, fp32 master w, m, v).
+inline constexpr double kStaticBytesPerParam = 16.0;
+
+// K-FAC on one Linear of an encoder layer (fp32 factors).
+struct LinearDims {
+  int in = 0;
+  int out = 0;
+};
+LinearDims linear_dims(const model::BertConfig& c, sched::LinearKind linear);
+
+// Model FLOPs of one sequence, forward + backward (3x the forward matmul FLOPs), for MFU.
+double model_flops_per_sequence(const Workload& w);
+
+}  // namespace pf::sim

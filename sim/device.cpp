@@ -1,0 +1,216 @@
+#include "sim/device.h"
+
+#include <cmath>
+#include <fstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+namespace pf::sim {
+namespace {
+
+std::string join(const std::vector<std::string>& names) {
+  std::string text;
+  for (const auto& name : names) text += (text.empty() ? "" : ", ") + name;
+  return text;
+}
+
+// Dense peaks from the vendors' data sheets (REFERENCE.md "Devices" for the bf16/fp16 and memory
+// figures). tf32/bf16 are absent (0) on V100 and P100; P100 is the PCIe card (18.7 TFLOP/s fp16).
+// Link: NVLink per direction (H100/H200 450 GB/s, A100 300 GB/s, V100 150 GB/s), PCIe 3.0 x16 for
+// P100. matmul_efficiency 0.7: with it the model reproduces NVIDIA's BERT-Large phase-1 anchor on
+// an A100 (317 seq/s TF32) within a few percent (docs/simulator.md, tests/sim).
+DeviceSpec make(std::string name, double fp32, double tf32, double bf16, double fp16, double memory,
+                double link, double latency) {
+  DeviceSpec d;
+  d.name = std::move(name);
+  d.peak_fp32_flops = fp32;
+  d.peak_tf32_flops = tf32;
+  d.peak_bf16_flops = bf16;
+  d.peak_fp16_flops = fp16;
+  d.matmul_efficiency = 0.7;
+  d.memory_bandwidth = memory;
+  d.link_bandwidth = link;
+  d.link_latency_s = latency;
+  return d;
+}
+
+}  // namespace
+
+std::string_view to_string(Precision precision) {
+  switch (precision) {
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kTf32:
+      return "tf32";
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp16:
+      return "fp16";
+  }
+  return "fp32";
+}
+
+Precision precision_from_string(std::string_view name) {
+  if (name == "fp32") return Precision::kFp32;
+  if (name == "tf32") return Precision::kTf32;
+  if (name == "bf16") return Precision::kBf16;
+  if (name == "fp16") return Precision::kFp16;
+  throw std::invalid_argument("unknown precision '" + std::string(name) +
+                              "' (allowed: fp32, tf32, bf16, fp16)");
+}
+
+int element_bytes(Precision precision) {
+  return precision == Precision::kBf16 || precision == Precision::kFp16 ? 2 : 4;
+}
+
+double DeviceSpec::peak_flops(Precision precision) const {
+  double peak = 0.0;
+  switch (precision) {
+    case Precision::kFp32:
+      peak = peak_fp32_flops;
+      break;
+    case Precision::kTf32:
+      peak = peak_tf32_flops;
+      break;
+    case Precision::kBf16:
+      peak = peak_bf16_flops;
+      break;
+    case Precision::kFp16:
+      peak = peak_fp16_flops;
+      break;
+  }
+  if (!(peak > 0.0)) {
+    throw std::invalid_argument(
+        "device '" + name + "' has no " + std::string(to_string(precision)) + " peak (peak_flops." +
+        std::string(to_string(precision)) + " missing): choose another --precision");
+  }
+  return peak;
+}
+
+double DeviceSpec::kfac_matmul_peak(Precision precision) const {
+  if (precision != Precision::kFp32 && peak_tf32_flops > 0.0) return peak_tf32_flops;
+  return peak_fp32_flops;
+}
+
+void DeviceSpec::validate(std::string_view source) const {
+  auto check = [&](double value, const char* field, bool may_be_zero) {
+    if (!std::isfinite(value) || value < 0.0 || (!may_be_zero && value == 0.0)) {
+      throw std::invalid_argument(std::string(source) + ": field '" + field +
+                                  "' = " + std::to_string(value) + " (must be finite and " +
+                                  (may_be_zero ? ">= 0" : "> 0") + ")");
+    }
+  };
+  check(peak_fp32_flops, "peak_flops.fp32", false);
+  check(peak_tf32_flops, "peak_flops.tf32", true);
+  check(peak_bf16_flops, "peak_flops.bf16", true);
+  check(peak_fp16_flops, "peak_flops.fp16", true);
+  check(matmul_efficiency, "matmul_efficiency", false);
+  if (matmul_efficiency > 1.0) {
+    throw std::invalid_argument(std::string(source) + ": field 'matmul_efficiency' = " +
+                                std::to_string(matmul_efficiency) + " (a fraction in (0, 1])");
+  }
+  check(memory_bandwidth, "memory_bandwidth", false);
+  check(link_bandwidth, "link_bandwidth", false);
+  check(link_latency_s, "link_latency_s", true);
+}
+
+std::vector<std::string> device_preset_names() {
+  return {"h100", "h200", "a100", "v100", "p100"};
+}
+
+DeviceSpec device_preset(std::string_view name) {
+  if (name == "h100") return make("h100", 67e12, 494.7e12, 989e12, 989e12, 3.35e12, 450e9, 5e-6);
+  if (name == "h200") return make("h200", 67e12, 494.7e12, 989e12, 989e12, 4.8e12, 450e9, 5e-6);
+  if (name == "a100") return make("a100", 19.5e12, 156e12, 312e12, 312e12, 2.0e12, 300e9, 5e-6);
+  if (name == "v100") return make("v100", 15.7e12, 0.0, 0.0, 125e12, 0.9e12, 150e9, 5e-6);
+  if (name == "p100") return make("p100", 9.3e12, 0.0, 0.0, 18.7e12, 0.732e12, 16e9, 10e-6);
+  throw std::invalid_argument("unknown device '" + std::string(name) + "' (presets: " +
+                              join(device_preset_names()) + ", or a path to a device JSON file)");
+}
+
+DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source) {
+  const std::string where(source);
+  if (!json.is_object()) throw std::invalid_argument(where + ": expected a JSON object");
+  auto number = [&](const nlohmann::json& object, const char* field, const std::string& path,
+                    bool required, double fallback) {
+    const auto it = object.find(field);
+    if (it == object.end()) {
+      if (required) {
+        throw std::invalid_argument(where + ": missing field '" + path + "'");
+      }
+      return fallback;
+    }
+    if (!it->is_number()) {
+      throw std::invalid_argument(where + ": field '" + path + "' must be a number, got " +
+                                  it->dump());
+    }
+    return it->get<double>();
+  };
+  DeviceSpec d;
+  d.name = json.value("name", where);
+  const auto peaks = json.find("peak_flops");
+  if (peaks == json.end()) throw std::invalid_argument(where + ": missing field 'peak_flops'");
+  if (!peaks->is_object()) {
+    throw std::invalid_argument(where +
+                                ": field 'peak_flops' must be an object of precision -> "
+                                "FLOP/s, got " +
+                                peaks->dump());
+  }
+  for (const auto& [key, value] : peaks->items()) {
+    if (key != "fp32" && key != "tf32" && key != "bf16" && key != "fp16") {
+      throw std::invalid_argument(where + ": unknown precision 'peak_flops." + key +
+                                  "' (allowed: fp32, tf32, bf16, fp16)");
+    }
+    (void)value;
+  }
+  d.peak_fp32_flops = number(*peaks, "fp32", "peak_flops.fp32", true, 0.0);
+  d.peak_tf32_flops = number(*peaks, "tf32", "peak_flops.tf32", false, 0.0);
+  d.peak_bf16_flops = number(*peaks, "bf16", "peak_flops.bf16", false, 0.0);
+  d.peak_fp16_flops = number(*peaks, "fp16", "peak_flops.fp16", false, 0.0);
+  d.matmul_efficiency = number(json, "matmul_efficiency", "matmul_efficiency", true, 0.0);
+  d.memory_bandwidth = number(json, "memory_bandwidth", "memory_bandwidth", true, 0.0);
+  d.link_bandwidth = number(json, "link_bandwidth", "link_bandwidth", true, 0.0);
+  d.link_latency_s = number(json, "link_latency_s", "link_latency_s", true, 0.0);
+  d.validate(where);
+  return d;
+}
+
+DeviceSpec device_from_json_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("cannot open device file " + path.string());
+  nlohmann::json json;
+  try {
+    in >> json;
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(path.string() + ": not valid JSON: " + e.what());
+  }
+  return device_from_json(json, path.string());
+}
+
+nlohmann::json device_to_json(const DeviceSpec& d) {
+  nlohmann::json peaks = {{"fp32", d.peak_fp32_flops}};
+  if (d.peak_tf32_flops > 0) peaks["tf32"] = d.peak_tf32_flops;
+  if (d.peak_bf16_flops > 0) peaks["bf16"] = d.peak_bf16_flops;
+  if (d.peak_fp16_flops > 0) peaks["fp16"] = d.peak_fp16_flops;
+  return {{"name", d.name},
+          {"peak_flops", peaks},
+          {"matmul_efficiency", d.matmul_efficiency},
+          {"memory_bandwidth", d.memory_bandwidth},
+          {"link_bandwidth", d.link_bandwidth},
+          {"link_latency_s", d.link_latency_s}};
+}
+
+DeviceSpec resolve_device(std::string_view name_or_path) {
+  const auto names = device_preset_names();
+  for (const auto& name : names) {
+    if (name == name_or_path) return device_preset(name);
+  }
+  const std::filesystem::path path(name_or_path);
+  if (path.extension() == ".json" || std::filesystem::exists(path)) {
+    return device_from_json_file(path);
+  }
+  return device_preset(name_or_path);  // throws with the list of presets
+}
+
+}  // namespace pf::sim

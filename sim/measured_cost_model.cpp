@@ -1,0 +1,328 @@
+#include "sim/measured_cost_model.h"
+
+#include <cmath>
+#include <fstream>
+#include <stdexcept>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "sim/communication.h"
+#include "sim/op_names.h"
+
+namespace pf::sim {
+namespace {
+
+using nlohmann::json;
+using sched::OpKind;
+
+class Reader {
+ public:
+  explicit Reader(const std::string& source) : source_(source) {}
+
+  [[noreturn]] void fail(const std::string& path, const std::string& what) const {
+    throw std::invalid_argument(source_ + ": field '" + path + "' " + what);
+  }
+
+  const json& object(const json& parent, const char* field, const std::string& path) const {
+    const auto it = parent.find(field);
+    if (it == parent.end()) fail(path, "is missing");
+    if (!it->is_object()) fail(path, "must be an object, got " + it->dump());
+    return *it;
+  }
+
+  double number(const json& parent, const char* field, const std::string& prefix,
+                std::optional<double> fallback = std::nullopt) const {
+    const std::string path = prefix + field;
+    const auto it = parent.find(field);
+    if (it == parent.end()) {
+      if (!fallback) fail(path, "is missing");
+      return *fallback;
+    }
+    if (!it->is_number()) fail(path, "must be a number, got " + it->dump());
+    const double value = it->get<double>();
+    if (!std::isfinite(value) || value < 0.0) {
+      fail(path, "= " + it->dump() + " (must be finite and >= 0)");
+    }
+    return value;
+  }
+
+  int integer(const json& parent, const char* field, const std::string& prefix,
+              std::optional<int> fallback = std::nullopt) const {
+    const std::string path = prefix + field;
+    const auto it = parent.find(field);
+    if (it == parent.end()) {
+      if (!fallback) fail(path, "is missing");
+      return *fallback;
+    }
+    if (!it->is_number_integer() || it->get<long long>() < 0 || it->get<long long>() > 1 << 30) {
+      fail(path, "must be a non-negative integer, got " + it->dump());
+    }
+    return it->get<int>();
+  }
+
+  LinkProfile link(const json& parent, const char* field, bool with_message) const {
+    const std::string prefix = std::string(field) + ".";
+    const json& node = object(parent, field, field);
+    LinkProfile link;
+    link.bandwidth = number(node, "bandwidth", prefix);
+    if (link.bandwidth <= 0.0) fail(prefix + "bandwidth", "must be > 0");
+    link.latency_s = number(node, "latency_s", prefix);
+    if (with_message) link.message_bytes = number(node, "message_bytes", prefix);
+    return link;
+  }
+
+ private:
+  std::string source_;
+};
+
+}  // namespace
+
+Profile profile_from_json(const json& root, const std::string& source) {
+  const Reader read(source);
+  if (!root.is_object()) throw std::invalid_argument(source + ": expected a JSON object");
+  const auto version = root.find("format_version");
+  if (version == root.end()) read.fail("format_version", "is missing");
+  if (!version->is_number_integer() || version->get<long long>() != kProfileFormatVersion) {
+    read.fail("format_version", "= " + version->dump() + " (this simulator reads version " +
+                                    std::to_string(kProfileFormatVersion) + ")");
+  }
+  Profile profile;
+  profile.description = root.value("description", std::string());
+  const auto chunks = root.find("chunks");
+  if (chunks == root.end()) read.fail("chunks", "is missing");
+  if (!chunks->is_array() || chunks->empty()) read.fail("chunks", "must be a non-empty array");
+  for (std::size_t i = 0; i < chunks->size(); ++i) {
+    const json& node = (*chunks)[i];
+    const std::string prefix = "chunks[" + std::to_string(i) + "].";
+    if (!node.is_object()) read.fail(prefix.substr(0, prefix.size() - 1), "must be an object");
+    ChunkProfile c;
+    c.pipeline = read.integer(node, "pipeline", prefix, -1);
+    c.chunk = read.integer(node, "chunk", prefix);
+    c.forward_s = read.number(node, "forward_s", prefix);
+    c.backward_s = read.number(node, "backward_s", prefix);
+    c.backward_input_s = read.number(node, "backward_input_s", prefix, c.backward_s / 2.0);
+    c.backward_weight_s = read.number(node, "backward_weight_s", prefix, c.backward_s / 2.0);
+    c.activation_bytes = read.number(node, "activation_bytes", prefix, 0.0);
+    c.static_bytes = read.number(node, "static_bytes", prefix, 0.0);
+    c.gradient_bytes = read.number(node, "gradient_bytes", prefix, 0.0);
+    profile.chunks.push_back(c);
+  }
+  profile.communication = read.link(root, "communication", true);
+  profile.reduction =
+      root.contains("reduction") ? read.link(root, "reduction", false) : profile.communication;
+  profile.optimizer_step_s = read.number(root, "optimizer_step_s", "", 0.0);
+  if (const auto kfac = root.find("kfac"); kfac != root.end()) {
+    if (!kfac->is_array()) read.fail("kfac", "must be an array");
+    for (std::size_t i = 0; i < kfac->size(); ++i) {
+      const json& node = (*kfac)[i];
+      const std::string prefix = "kfac[" + std::to_string(i) + "].";
+      if (!node.is_object()) read.fail(prefix.substr(0, prefix.size() - 1), "must be an object");
+      KfacProfile k;
+      k.layer = read.integer(node, "layer", prefix, -1);
+      if (const auto linear = node.find("linear"); linear != node.end()) {
+        if (!linear->is_string()) read.fail(prefix + "linear", "must be a string");
+        k.linear = linear_from_name(linear->get<std::string>());
+        if (!k.linear) {
+          read.fail(prefix + "linear", "= " + linear->dump() +
+                                           " (allowed: query, key, value, attention_out, "
+                                           "ffn_in, ffn_out)");
+        }
+      }
+      k.curvature_a_s = read.number(node, "curvature_a_s", prefix);
+      k.curvature_b_s = read.number(node, "curvature_b_s", prefix);
+      k.invert_a_s = read.number(node, "invert_a_s", prefix);
+      k.invert_b_s = read.number(node, "invert_b_s", prefix);
+      k.precondition_s = read.number(node, "precondition_s", prefix);
+      k.curvature_sync_s =
+          node.contains("curvature_sync_s") ? read.number(node, "curvature_sync_s", prefix) : -1.0;
+      k.bytes = read.number(node, "bytes", prefix, 0.0);
+      profile.kfac.push_back(k);
+    }
+  }
+  return profile;
+}
+
+Profile profile_from_json_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("cannot open profile file " + path.string());
+  json root;
+  try {
+    in >> root;
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(path.string() + ": not valid JSON: " + e.what());
+  }
+  return profile_from_json(root, path.string());
+}
+
+json profile_to_json(const Profile& profile) {
+  json chunks = json::array();
+  for (const ChunkProfile& c : profile.chunks) {
+    json node = {{"chunk", c.chunk},
+                 {"forward_s", c.forward_s},
+                 {"backward_s", c.backward_s},
+                 {"activation_bytes", c.activation_bytes},
+                 {"static_bytes", c.static_bytes},
+                 {"gradient_bytes", c.gradient_bytes}};
+    if (c.pipeline >= 0) node["pipeline"] = c.pipeline;
+    if (c.backward_input_s >= 0) node["backward_input_s"] = c.backward_input_s;
+    if (c.backward_weight_s >= 0) node["backward_weight_s"] = c.backward_weight_s;
+    chunks.push_back(node);
+  }
+  auto link = [](const LinkProfile& l, bool with_message) {
+    json node = {{"bandwidth", l.bandwidth}, {"latency_s", l.latency_s}};
+    if (with_message) node["message_bytes"] = l.message_bytes;
+    return node;
+  };
+  json root = {{"format_version", kProfileFormatVersion},
+               {"description", profile.description},
+               {"chunks", chunks},
+               {"communication", link(profile.communication, true)},
+               {"reduction", link(profile.reduction, false)},
+               {"optimizer_step_s", profile.optimizer_step_s}};
+  if (!profile.kfac.empty()) {
+    json kfac = json::array();
+    for (const KfacProfile& k : profile.kfac) {
+      json node = {{"curvature_a_s", k.curvature_a_s},   {"curvature_b_s", k.curvature_b_s},
+                   {"invert_a_s", k.invert_a_s},         {"invert_b_s", k.invert_b_s},
+                   {"precondition_s", k.precondition_s}, {"bytes", k.bytes}};
+      if (k.layer >= 0) node["layer"] = k.layer;
+      if (k.linear) node["linear"] = std::string(linear_name(*k.linear));
+      if (k.curvature_sync_s >= 0) node["curvature_sync_s"] = k.curvature_sync_s;
+      kfac.push_back(node);
+    }
+    root["kfac"] = kfac;
+  }
+  return root;
+}
+
+MeasuredCostModel::MeasuredCostModel(Profile profile, std::string source)
+    : profile_(std::move(profile)), source_(std::move(source)) {
+  for (const ChunkProfile& c : profile_.chunks) {
+    max_chunk_ = std::max(max_chunk_, c.chunk);
+    max_pipeline_ = std::max(max_pipeline_, c.pipeline);
+  }
+  for (const KfacProfile& k : profile_.kfac) max_layer_ = std::max(max_layer_, k.layer);
+  const int chunks = max_chunk_ + 1;
+  chunk_any_pipeline_.assign(chunks, -1);
+  chunk_exact_.assign(static_cast<std::size_t>(max_pipeline_ + 1) * chunks, -1);
+  for (std::size_t i = 0; i < profile_.chunks.size(); ++i) {
+    const ChunkProfile& c = profile_.chunks[i];
+    int& slot = c.pipeline < 0
+                    ? chunk_any_pipeline_[c.chunk]
+                    : chunk_exact_[static_cast<std::size_t>(c.pipeline) * chunks + c.chunk];
+    if (slot >= 0) {
+      throw std::invalid_argument(
+          source_ + ": chunks[" + std::to_string(i) + "] repeats chunks[" + std::to_string(slot) +
+          "] (pipeline " + std::to_string(c.pipeline) + ", chunk " + std::to_string(c.chunk) + ")");
+    }
+    slot = static_cast<int>(i);
+  }
+  kfac_table_.assign(static_cast<std::size_t>(max_layer_ + 2) * 7, -1);
+  for (std::size_t i = 0; i < profile_.kfac.size(); ++i) {
+    const KfacProfile& k = profile_.kfac[i];
+    const int linear = k.linear ? static_cast<int>(*k.linear) + 1 : 0;
+    int& slot = kfac_table_[static_cast<std::size_t>(k.layer + 1) * 7 + linear];
+    if (slot >= 0) {
+      throw std::invalid_argument(source_ + ": kfac[" + std::to_string(i) + "] repeats kfac[" +
+                                  std::to_string(slot) + "]");
+    }
+    slot = static_cast<int>(i);
+  }
+}
+
+const ChunkProfile& MeasuredCostModel::chunk(int pipeline, int chunk) const {
+  if (chunk >= 0 && chunk <= max_chunk_) {
+    const int chunks = max_chunk_ + 1;
+    if (pipeline >= 0 && pipeline <= max_pipeline_) {
+      const int exact = chunk_exact_[static_cast<std::size_t>(pipeline) * chunks + chunk];
+      if (exact >= 0) return profile_.chunks[exact];
+    }
+    if (chunk_any_pipeline_[chunk] >= 0) return profile_.chunks[chunk_any_pipeline_[chunk]];
+  }
+  throw std::invalid_argument(source_ + ": no entry in 'chunks' for pipeline " +
+                              std::to_string(pipeline) + " chunk " + std::to_string(chunk) +
+                              " (the profile does not match the schedule)");
+}
+
+const KfacProfile& MeasuredCostModel::kfac(int layer, sched::LinearKind linear) const {
+  const int l = static_cast<int>(linear) + 1;
+  for (int row : {layer + 1, 0}) {
+    if (row < 0 || row > max_layer_ + 1 || (row > 0 && layer < 0)) continue;
+    for (int column : {l, 0}) {
+      const int slot = kfac_table_[static_cast<std::size_t>(row) * 7 + column];
+      if (slot >= 0) return profile_.kfac[slot];
+    }
+  }
+  throw std::invalid_argument(source_ + ": no entry in 'kfac' for layer " + std::to_string(layer) +
+                              " " + std::string(linear_name(linear)) +
+                              " (profile K-FAC work to simulate it)");
+}
+
+double MeasuredCostModel::duration(const sched::Schedule& schedule, int /*worker*/,
+                                   const sched::Instruction& in) const {
+  switch (in.kind) {
+    case OpKind::kForward:
+      return chunk(in.pipeline, in.chunk).forward_s;
+    case OpKind::kBackward:
+      return chunk(in.pipeline, in.chunk).backward_s;
+    case OpKind::kBackwardInput:
+      return chunk(in.pipeline, in.chunk).backward_input_s;
+    case OpKind::kBackwardWeight:
+      return chunk(in.pipeline, in.chunk).backward_weight_s;
+    case OpKind::kSendActivation:
+    case OpKind::kRecvActivation:
+    case OpKind::kSendGradient:
+    case OpKind::kRecvGradient: {
+      const LinkProfile& link = profile_.communication;
+      const double bytes = in.bytes > 0 ? static_cast<double>(in.bytes) : link.message_bytes;
+      return transfer_seconds(bytes, link.bandwidth, link.latency_s);
+    }
+    case OpKind::kReduceGradPipelines:
+    case OpKind::kReduceGradDataParallel: {
+      const int participants =
+          in.kind == OpKind::kReduceGradPipelines ? 2 : std::max(1, schedule.params.data_parallel);
+      double bytes = static_cast<double>(in.bytes);
+      if (bytes <= 0.0 && in.chunk >= 0) bytes = chunk(in.pipeline, in.chunk).gradient_bytes;
+      return ring_allreduce_seconds(bytes, participants, profile_.reduction.bandwidth,
+                                    profile_.reduction.latency_s);
+    }
+    case OpKind::kOptimizerStep:
+      return profile_.optimizer_step_s;
+    case OpKind::kCurvatureA:
+      return kfac(in.layer, in.linear).curvature_a_s;
+    case OpKind::kCurvatureB:
+      return kfac(in.layer, in.linear).curvature_b_s;
+    case OpKind::kInvertA:
+      return kfac(in.layer, in.linear).invert_a_s;
+    case OpKind::kInvertB:
+      return kfac(in.layer, in.linear).invert_b_s;
+    case OpKind::kPrecondition:
+      return kfac(in.layer, in.linear).precondition_s;
+    case OpKind::kCurvatureSync: {
+      const KfacProfile& k = kfac(in.layer, in.linear);
+      if (k.curvature_sync_s >= 0.0) return k.curvature_sync_s;
+      const int replicas = std::max(1, schedule.placement.num_pipelines) *
+                           std::max(1, schedule.params.data_parallel);
+      const double bytes = in.bytes > 0 ? static_cast<double>(in.bytes) : k.bytes / 2.0;
+      return ring_allreduce_seconds(bytes, replicas, profile_.reduction.bandwidth,
+                                    profile_.reduction.latency_s);
+    }
+  }
+  return 0.0;
+}
+
+double MeasuredCostModel::activation_bytes(const sched::Schedule&, int pipeline, int c) const {
+  return chunk(pipeline, c).activation_bytes;
+}
+
+double MeasuredCostModel::static_bytes(const sched::Schedule&, int pipeline, int c) const {
+  return chunk(pipeline, c).static_bytes;
+}
+
+double MeasuredCostModel::kfac_bytes(const sched::Schedule&, int layer,
+                                     sched::LinearKind linear) const {
+  return kfac(layer, linear).bytes;
+}
+
+}  // namespace pf::sim

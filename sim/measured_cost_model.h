@@ -1,0 +1,107 @@
+#pragma once
+// Measured costs: a profile JSON of per-chunk durations, link rates and (optionally) K-FAC task
+// durations, as the runtime writes it after profiling a few steps. Format (version 1), every
+// time in seconds, every size in bytes; docs/simulator.md has the full description:
+// {
+//   "format_version": 1,
+//   "description": "optional free text",
+//   "chunks": [ {"pipeline": 0 (optional: all pipelines), "chunk": 0,
+//                "forward_s": ..., "backward_s": ...,
+//                "backward_input_s": ..., "backward_weight_s": ...   (optional: backward_s / 2),
+//                "activation_bytes": ..., "static_bytes": ..., "gradient_bytes": ... (optional: 0)}
+//             ],
+//   "communication": {"bandwidth": B/s, "latency_s": ..., "message_bytes": ...},
+//   "reduction": {"bandwidth": B/s, "latency_s": ...}      (optional: = communication),
+//   "optimizer_step_s": ...                                  (optional: 0),
+//   "kfac": [ {"layer": 0 (optional: all), "linear": "query" (optional: all),
+//              "curvature_a_s", "curvature_b_s", "invert_a_s", "invert_b_s", "precondition_s",
+//              "curvature_sync_s" (optional: ring all-reduce of "bytes" / 2),
+//              "bytes": factors + inverses (optional: 0)} ]     (optional)
+// }
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "sim/cost_model.h"
+
+namespace pf::sim {
+
+inline constexpr int kProfileFormatVersion = 1;
+
+struct ChunkProfile {
+  int pipeline = -1;  // -1: every pipeline
+  int chunk = 0;
+  double forward_s = 0.0;
+  double backward_s = 0.0;
+  double backward_input_s = -1.0;   // < 0: backward_s / 2
+  double backward_weight_s = -1.0;  // < 0: backward_s / 2
+  double activation_bytes = 0.0;
+  double static_bytes = 0.0;
+  double gradient_bytes = 0.0;
+};
+
+struct LinkProfile {
+  double bandwidth = 0.0;  // bytes/s
+  double latency_s = 0.0;
+  double message_bytes = 0.0;  // payload of a send whose instruction carries no byte count
+};
+
+struct KfacProfile {
+  int layer = -1;                           // -1: every layer
+  std::optional<sched::LinearKind> linear;  // empty: every Linear
+  double curvature_a_s = 0.0;
+  double curvature_b_s = 0.0;
+  double invert_a_s = 0.0;
+  double invert_b_s = 0.0;
+  double precondition_s = 0.0;
+  double curvature_sync_s = -1.0;  // < 0: ring all-reduce of bytes / 2 (the factors)
+  double bytes = 0.0;
+};
+
+struct Profile {
+  std::string description;
+  std::vector<ChunkProfile> chunks;
+  LinkProfile communication;
+  LinkProfile reduction;
+  double optimizer_step_s = 0.0;
+  std::vector<KfacProfile> kfac;
+};
+
+// Throws std::invalid_argument naming `source`, the field (e.g. "chunks[2].forward_s") and the
+// value when a field is missing, of the wrong type, negative, or not finite.
+Profile profile_from_json(const nlohmann::json& json, const std::string& source);
+Profile profile_from_json_file(const std::filesystem::path& path);
+nlohmann::json profile_to_json(const Profile& profile);
+
+class MeasuredCostModel final : public CostModel {
+ public:
+  MeasuredCostModel(Profile profile, std::string source);
+
+  double duration(const sched::Schedule& schedule, int worker,
+                  const sched::Instruction& instruction) const override;
+  double activation_bytes(const sched::Schedule& schedule, int pipeline, int chunk) const override;
+  double static_bytes(const sched::Schedule& schedule, int pipeline, int chunk) const override;
+  double kfac_bytes(const sched::Schedule& schedule, int layer,
+                    sched::LinearKind linear) const override;
+
+  const Profile& profile() const { return profile_; }
+
+ private:
+  const ChunkProfile& chunk(int pipeline, int chunk) const;
+  const KfacProfile& kfac(int layer, sched::LinearKind linear) const;
+
+  Profile profile_;
+  std::string source_;
+  int max_chunk_ = -1;
+  int max_pipeline_ = -1;
+  int max_layer_ = -1;
+  // Flat lookup tables: index of the profile entry or -1.
+  std::vector<int> chunk_any_pipeline_;  // [chunk]
+  std::vector<int> chunk_exact_;         // [pipeline * (max_chunk + 1) + chunk]
+  std::vector<int> kfac_table_;          // [(layer + 1) * 7 + linear + 1], 0 = any
+};
+
+}  // namespace pf::sim

@@ -1,0 +1,245 @@
+#include "sim/sim_command.h"
+
+#include <ostream>
+#include <stdexcept>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "runtime/model/bert_config.h"
+#include "scheduler/compile.h"
+#include "scheduler/grid.h"
+#include "sim/analytic_cost_model.h"
+#include "sim/measured_cost_model.h"
+#include "sim/simulator.h"
+#include "sim/uniform_cost_model.h"
+#include "traces/chrome_trace.h"
+
+namespace pf::cli {
+namespace {
+
+sim::Workload workload_of(const SimCommandOptions& options) {
+  sim::Workload workload;
+  workload.config = model::resolve_bert_config(options.model);
+  workload.seq_len = options.seq_len;
+  workload.micro_batch_size = options.micro_batch_size;
+  workload.precision = sim::precision_from_string(options.precision);
+  workload.validate();
+  return workload;
+}
+
+std::string workload_details(const sim::Workload& w, const sim::DeviceSpec& device) {
+  return "BERT " + w.config.name + ", S=" + std::to_string(w.seq_len) +
+         ", b=" + std::to_string(w.micro_batch_size) + ", " +
+         std::string(sim::to_string(w.precision)) + " on " + device.name;
+}
+
+sim::SimOptions sim_options(const SimCommandOptions& options) {
+  sim::SimOptions out;
+  out.overlap_communication = !options.no_overlap;
+  return out;
+}
+
+// The layers to place: the model's, unless --layers says otherwise (then they must agree).
+CompileCommandOptions with_model_layers(CompileCommandOptions compile, const CostSetup& setup) {
+  if (setup.model_layers > 0) {
+    if (compile.layers != 0 && compile.layers != setup.model_layers) {
+      throw std::invalid_argument("--layers " + std::to_string(compile.layers) +
+                                  " disagrees with --model (" + std::to_string(setup.model_layers) +
+                                  " encoder layers)");
+    }
+    compile.layers = setup.model_layers;
+  }
+  return compile;
+}
+
+void check_layers(const sched::Schedule& schedule, const CostSetup& setup) {
+  if (setup.model_layers > 0 && schedule.placement.num_layers != setup.model_layers) {
+    throw std::invalid_argument(
+        "the schedule places " + std::to_string(schedule.placement.num_layers) +
+        " encoder layers but --model has " + std::to_string(setup.model_layers));
+  }
+}
+
+int run_comparison(const CompileCommandOptions& compile, const SimCommandOptions& options,
+                   const CostSetup& setup, std::ostream& out) {
+  if (!compile.schedule_file.empty()) {
+    throw std::invalid_argument(
+        "--schedule all compares generated schedules; it cannot be combined with "
+        "--schedule-file");
+  }
+  if (!compile.out_trace.empty() || !compile.out_json.empty() || !compile.out_csv.empty()) {
+    throw std::invalid_argument(
+        "--schedule all writes no schedule or trace files (--out, --csv, --trace); pick one "
+        "schedule for those");
+  }
+  std::vector<sim::ComparisonRow> rows;
+  for (const char* name : {"gpipe", "1f1b", "interleaved", "chimera"}) {
+    sched::ScheduleParams params;
+    params.kind = sched::schedule_kind_from_string(name);
+    params.workers = compile.stages;
+    params.microbatches = compile.microbatches;
+    // Interleaved needs v >= 2 to differ from 1F1B; the others hold one chunk per worker.
+    params.chunks_per_worker =
+        params.kind == sched::ScheduleKind::kInterleaved ? std::max(2, compile.chunks) : 1;
+    params.num_layers = compile.layers;
+    params.data_parallel = compile.data_parallel;
+    params.split_backward = compile.split_backward;
+    sim::ComparisonRow row;
+    row.name = name;
+    row.workers = params.workers;
+    row.microbatches = params.microbatches;
+    row.chunks_per_worker = params.chunks_per_worker;
+    sched::Schedule schedule;
+    try {
+      sched::LoweringOptions lowering;
+      lowering.activation_bytes = compile.activation_bytes;
+      lowering.gradient_bytes = compile.gradient_bytes;
+      schedule = sched::compile(params, lowering);
+    } catch (const std::invalid_argument& error) {
+      row.skipped_reason = error.what();
+      rows.push_back(row);
+      continue;
+    }
+    const sim::SimResult result = sim::simulate(schedule, *setup.costs, sim_options(options));
+    row.figures = sim::headline(schedule, result, setup.run);
+    rows.push_back(row);
+  }
+  out << "costs: " << setup.run.cost_model
+      << (setup.run.details.empty() ? "" : " (" + setup.run.details + ")") << "\n"
+      << sim::comparison_table(rows);
+  if (!options.report.empty()) {
+    traces::write_json_file(options.report, sim::comparison_json(rows, setup.run));
+    out << "wrote " << options.report << "\n";
+  }
+  return 0;
+}
+
+// build_schedule, with errors about a schedule file always naming the file.
+sched::Schedule load_or_compile(const CompileCommandOptions& compile) {
+  try {
+    return build_schedule(compile);
+  } catch (const std::invalid_argument& error) {
+    const std::string& file = compile.schedule_file;
+    if (file.empty() || std::string(error.what()).find(file) != std::string::npos) throw;
+    throw std::invalid_argument(file + ": " + error.what());
+  }
+}
+
+}  // namespace
+
+void add_sim_options(CLI::App& app, SimCommandOptions& options) {
+  app.add_option("--model", options.model,
+                 "Simulate with the analytic cost model of this BERT: preset (tiny, mini, small, "
+                 "medium, base, large) or a Hugging Face config.json");
+  app.add_option("--seq-len", options.seq_len, "Sequence length (analytic model)")
+      ->capture_default_str();
+  app.add_option("--micro-batch-size", options.micro_batch_size,
+                 "Sequences per micro-batch (analytic model; throughput)")
+      ->capture_default_str();
+  app.add_option("--precision", options.precision,
+                 "Training precision (analytic model): fp32, tf32, bf16, fp16; K-FAC runs in fp32")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}))
+      ->capture_default_str();
+  app.add_option("--device", options.device,
+                 "Accelerator (analytic model): h100, h200, a100, v100, p100 or a device JSON "
+                 "file")
+      ->capture_default_str();
+  app.add_option("--uniform", options.uniform,
+                 "Simulate with uniform costs F,B[,COMM] in seconds: forward and backward of one "
+                 "micro-batch on one worker (a chunk takes F/v), and each hop's transfer");
+  app.add_option("--profile", options.profile,
+                 "Simulate with measured costs from a profile JSON (format_version 1, see "
+                 "docs/simulator.md)");
+  app.add_flag("--no-overlap", options.no_overlap,
+               "Communication occupies the compute lane (no compute/communication overlap)");
+  app.add_option("--report", options.report,
+                 "Write the simulation's figures (step time, bubble, per-worker utilization and "
+                 "memory) to FILE.json");
+}
+
+bool simulation_requested(const SimCommandOptions& options) {
+  return !options.model.empty() || !options.uniform.empty() || !options.profile.empty();
+}
+
+CostSetup make_cost_setup(const SimCommandOptions& options) {
+  CostSetup setup;
+  std::shared_ptr<const sim::AnalyticCostModel> analytic;
+  if (!options.model.empty()) {
+    const sim::Workload workload = workload_of(options);
+    analytic =
+        std::make_shared<sim::AnalyticCostModel>(workload, sim::resolve_device(options.device));
+    setup.model_layers = workload.config.num_layers;
+    setup.run.model_flops_per_sequence = sim::model_flops_per_sequence(workload);
+    setup.run.peak_flops_per_worker = analytic->device().peak_flops(workload.precision);
+    setup.run.details = workload_details(workload, analytic->device());
+  }
+  if (options.micro_batch_size <= 0) {
+    throw std::invalid_argument("--micro-batch-size must be positive, got " +
+                                std::to_string(options.micro_batch_size));
+  }
+  setup.run.micro_batch_size = options.micro_batch_size;
+  if (!options.profile.empty()) {
+    setup.costs = std::make_shared<sim::MeasuredCostModel>(
+        sim::profile_from_json_file(options.profile), options.profile);
+    setup.run.cost_model = "measured";
+    setup.run.details =
+        options.profile + (setup.run.details.empty() ? "" : "; " + setup.run.details);
+  } else if (!options.uniform.empty()) {
+    const sim::UniformCosts costs = sim::parse_uniform_costs(options.uniform);
+    setup.costs = std::make_shared<sim::UniformCostModel>(costs, analytic);
+    setup.run.cost_model = "uniform";
+    setup.run.details = "F,B,COMM = " + options.uniform + " s" +
+                        (analytic ? "; memory of " + setup.run.details : "");
+    // Uniform times carry no model FLOPs: no MFU.
+    setup.run.model_flops_per_sequence = 0.0;
+  } else if (analytic) {
+    setup.costs = analytic;
+    setup.run.cost_model = "analytic";
+  } else {
+    throw std::invalid_argument("simulating needs a cost model: --model, --uniform or --profile");
+  }
+  return setup;
+}
+
+int run_sim_command(const CompileCommandOptions& compile, const SimCommandOptions& options,
+                    std::ostream& out) {
+  if (!simulation_requested(options)) {
+    if (!options.report.empty() || options.no_overlap) {
+      throw std::invalid_argument(
+          "--report and --no-overlap need a simulation: give --model, --uniform or --profile");
+    }
+    if (compile.schedule == "all") {
+      throw std::invalid_argument(
+          "--schedule all compares simulated schedules: give --model, --uniform or --profile");
+    }
+    return run_compile_command(compile, out);
+  }
+  const CostSetup setup = make_cost_setup(options);
+  const CompileCommandOptions placed = with_model_layers(compile, setup);
+  if (placed.schedule == "all") return run_comparison(placed, options, setup, out);
+
+  const sched::Schedule schedule = load_or_compile(placed);
+  check_layers(schedule, setup);
+  const sim::SimResult result = sim::simulate(schedule, *setup.costs, sim_options(options));
+  if (placed.grid == "timeline") {
+    out << sched::render_timeline(schedule, 120) << "\n";
+  } else if (placed.grid == "positions") {
+    out << sched::render_grid(schedule) << "\n";
+  }
+  out << sim::summary_table(schedule, result, setup.run);
+  CompileCommandOptions files = placed;
+  files.out_trace.clear();  // the trace of a simulation shows the simulated times
+  write_outputs(schedule, files, out);
+  if (!placed.out_trace.empty()) {
+    traces::write_json_file(placed.out_trace, sim::simulated_trace(schedule, result));
+    out << "wrote " << placed.out_trace << "\n";
+  }
+  if (!options.report.empty()) {
+    traces::write_json_file(options.report, sim::report_json(schedule, result, setup.run));
+    out << "wrote " << options.report << "\n";
+  }
+  return 0;
+}
+
+}  // namespace pf::cli

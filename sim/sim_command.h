@@ -1,0 +1,53 @@
+#pragma once
+// The simulator part of pipefisher_sim: cost-model flags, simulating the compiled (or loaded)
+// schedule, the summary table, --report, the simulated --trace and the --schedule all
+// comparison. Builds on the compiler's flags (sim/cli/compile_command.h).
+#include <iosfwd>
+#include <memory>
+#include <string>
+
+#include "sim/cli/compile_command.h"
+#include "sim/cost_model.h"
+#include "sim/report.h"
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace pf::cli {
+
+struct SimCommandOptions {
+  std::string model;  // BERT preset or config.json: enables the analytic model
+  int seq_len = 128;
+  int micro_batch_size = 32;
+  std::string precision = "bf16";  // fp32, tf32, bf16, fp16
+  std::string device = "h100";     // preset or device JSON
+  std::string uniform;             // "F,B[,COMM]" seconds
+  std::string profile;             // measured profile JSON
+  bool no_overlap = false;
+  std::string report;  // --report FILE.json
+};
+
+// Registers the simulator flags (call with add_compile_options on the same app).
+void add_sim_options(CLI::App& app, SimCommandOptions& options);
+
+// Whether the flags ask for a simulation (a cost model: --model, --uniform or --profile).
+bool simulation_requested(const SimCommandOptions& options);
+
+// The cost model the flags choose: --profile, else --uniform (memory from --model when given),
+// else the analytic model of --model on --device. Throws std::invalid_argument on bad input.
+struct CostSetup {
+  std::shared_ptr<const sim::CostModel> costs;
+  sim::RunDescription run;
+  int model_layers = 0;  // encoder layers of --model (0 without one)
+};
+CostSetup make_cost_setup(const SimCommandOptions& options);
+
+// Everything pipefisher_sim does: without a cost model, the compiler's command unchanged; with
+// one, compile (or load) and simulate the schedule, print the summary table, and write --out,
+// --csv, --report and --trace (the simulated run); with --schedule all, compare GPipe, 1F1B,
+// interleaved and Chimera in one table. Returns the exit code.
+int run_sim_command(const CompileCommandOptions& compile, const SimCommandOptions& options,
+                    std::ostream& out);
+
+}  // namespace pf::cli

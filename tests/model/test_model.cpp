@@ -1,0 +1,276 @@
+// The BERT model: gradients against finite differences (double), chunked = unchunked, K-FAC
+// capture, the allocation-free steady state, and bad input.
+#include <cmath>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "runtime/model/bert_chunk.h"
+#include "runtime/tensor/cpu_backend.h"
+#include "tests/model/model_test_util.h"
+
+namespace pf::model {
+namespace {
+
+using testing::ChunkedModel;
+using testing::tiny_test_config;
+
+std::vector<ChunkSpec> split(const BertConfig& config, const std::vector<int>& layers_per_chunk) {
+  std::vector<ChunkSpec> specs;
+  int next = 0;
+  for (std::size_t i = 0; i < layers_per_chunk.size(); ++i) {
+    specs.push_back({next, layers_per_chunk[i], i == 0, i + 1 == layers_per_chunk.size()});
+    next += layers_per_chunk[i];
+  }
+  EXPECT_EQ(next, config.num_layers);
+  return specs;
+}
+
+TEST(BertModel, ParameterGradientsMatchFiniteDifferences) {
+  auto config = tiny_test_config();
+  config.num_layers = 2;
+  config.initializer_range = 0.3F;  // larger weights: a less linear, more telling model
+  tensor::CpuBackend backend;
+  ChunkedModel<double> model(config, {whole_model(config)}, backend, 5);
+  auto& chunk = *model.chunks.front();
+  // Non-trivial LayerNorm and bias values, so their gradients are exercised off the init.
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> noise(0.0, 0.1);
+  for (auto& p : chunk.parameters()) {
+    if (p.is_bias_or_layernorm) {
+      for (std::int64_t i = 0; i < p.size; ++i) p.value[i] += noise(rng);
+    }
+  }
+  const Batch batch = make_random_batch(config, 3, 6, 3, 11);
+  ForwardOptions options;
+  options.seed = 99;  // dropout on: the mask is a fixed function of the seed
+  chunk.zero_grad();
+  model.step(0, batch, options);
+  auto loss = [&] {
+    const auto losses = model.forward(1, batch, options);
+    chunk.discard(1);
+    return losses.total();
+  };
+  int checked = 0;
+  for (auto& p : chunk.parameters()) {
+    std::uniform_int_distribution<std::int64_t> pick(0, p.size - 1);
+    for (int sample = 0; sample < 3; ++sample) {
+      // The padding row of the word embeddings gets no gradient (PyTorch padding_idx) from the
+      // lookup; sample ordinary rows.
+      const std::int64_t i = pick(rng);
+      const double saved = p.value[i];
+      const double h = 1e-6;
+      p.value[i] = saved + h;
+      const double plus = loss();
+      p.value[i] = saved - h;
+      const double minus = loss();
+      p.value[i] = saved;
+      const double numeric = (plus - minus) / (2 * h);
+      if (p.name == "bert.embeddings.word_embeddings.weight" && i / config.hidden_size == 0) {
+        continue;  // row 0: padding_idx semantics differ from the true derivative by design
+      }
+      EXPECT_NEAR(p.grad[i], numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
+          << p.name << " element " << i;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 100);
+}
+
+TEST(BertModel, ChunkedEqualsUnchunked) {
+  const auto config = tiny_test_config();  // 4 layers
+  tensor::CpuBackend backend;
+  const Batch batch0 = make_random_batch(config, 3, 7, 3, 1);
+  const Batch batch1 = make_random_batch(config, 3, 7, 3, 2);
+  ForwardOptions options0, options1;
+  options0.seed = 10;
+  options1.seed = 11;
+  auto run = [&](const std::vector<int>& layers) {
+    auto model = std::make_unique<ChunkedModel<float>>(config, split(config, layers), backend, 7);
+    // Two micro-batches in flight (1F1B order), gradients accumulated with loss scale 1/2.
+    const auto l0 = model->forward(0, batch0, options0);
+    const auto l1 = model->forward(1, batch1, options1);
+    model->backward(0, batch0, 0.5F);
+    model->backward(1, batch1, 0.5F);
+    for (auto& chunk : model->chunks) EXPECT_EQ(chunk->in_flight(), 0);
+    return std::make_pair(std::move(model), l0.total() + l1.total());
+  };
+  auto [reference, reference_loss] = run({4});
+  for (const auto& layers : std::vector<std::vector<int>>{{2, 2}, {1, 2, 1}, {1, 1, 1, 1}, {3, 0, 1, 0}}) {
+    auto [model, loss] = run(layers);
+    EXPECT_NEAR(loss, reference_loss, 1e-6 * std::abs(reference_loss)) << layers.size() << " chunks";
+    for (const auto& p : reference->chunks.front()->parameters()) {
+      const auto expected = reference->gradient(p.name);
+      const auto actual = model->gradient(p.name);
+      ASSERT_EQ(actual.size(), expected.size()) << p.name;
+      for (std::size_t i = 0; i < actual.size(); ++i) {
+        ASSERT_NEAR(actual[i], expected[i], 1e-6F + 1e-5F * std::abs(expected[i]))
+            << p.name << " element " << i << " with " << layers.size() << " chunks";
+      }
+    }
+  }
+}
+
+TEST(BertModel, InitialisationDoesNotDependOnChunking) {
+  const auto config = tiny_test_config();
+  tensor::CpuBackend backend;
+  ChunkedModel<float> whole(config, split(config, {4}), backend, 3);
+  ChunkedModel<float> parts(config, split(config, {1, 3}), backend, 3);
+  for (const auto& p : whole.chunks.front()->parameters()) {
+    bool found = false;
+    for (auto& chunk : parts.chunks) {
+      if (auto q = chunk->parameter(p.name)) {
+        found = true;
+        for (std::int64_t i = 0; i < p.size; ++i) ASSERT_EQ(p.value[i], q->value[i]) << p.name;
+      }
+    }
+    EXPECT_TRUE(found) << p.name;
+  }
+  auto decoder = parts.chunks.back()->parameter(tied_parameter_names().second);
+  auto word = parts.chunks.front()->parameter(tied_parameter_names().first);
+  ASSERT_TRUE(decoder && word);
+  for (std::int64_t i = 0; i < word->size; ++i) ASSERT_EQ(decoder->value[i], word->value[i]);
+  // LayerNorm 1/0, zero biases, std ~ initializer_range, padding row zero.
+  auto ln = whole.chunks.front()->parameter("bert.encoder.layer.1.output.LayerNorm.weight");
+  EXPECT_EQ(ln->value[0], 1.0F);
+  EXPECT_TRUE(ln->is_bias_or_layernorm);
+  EXPECT_EQ(whole.chunks.front()->parameter("cls.predictions.bias")->value[3], 0.0F);
+  EXPECT_EQ(word->value[1], 0.0F);  // row 0 (pad) is zero
+  auto q = whole.chunks.front()->parameter("bert.encoder.layer.0.attention.self.query.weight");
+  EXPECT_EQ(q->shape, (std::vector<std::int64_t>{8, 8}));
+  EXPECT_FALSE(q->is_bias_or_layernorm);
+}
+
+TEST(BertModel, KfacCaptureReproducesWeightGradients) {
+  const auto config = tiny_test_config();
+  tensor::CpuBackend backend;
+  BertChunk<double> chunk(config, whole_model(config), backend);
+  chunk.init_weights(4);
+  const Batch batch = make_random_batch(config, 2, 6, 2, 3);
+  KfacCaptureStore<double> store;
+  ForwardOptions options;
+  options.seed = 5;
+  chunk.forward(7, batch, {}, options, &store);
+  chunk.backward(7, {}, {}, 1.0, &store);
+  EXPECT_EQ(store.inputs().size(), 4U * 6U);
+  EXPECT_EQ(store.output_grads().size(), 4U * 6U);
+  const char* names[] = {"attention.self.query", "attention.self.key", "attention.self.value",
+                         "attention.output.dense", "intermediate.dense", "output.dense"};
+  for (int layer = 0; layer < config.num_layers; ++layer) {
+    for (int kind = 0; kind < sched::kNumLinearKinds; ++kind) {
+      const auto linear = static_cast<LinearKind>(kind);
+      const auto& a = store.inputs().at({layer, linear, 7});
+      const auto& g = store.output_grads().at({layer, linear, 7});
+      ASSERT_EQ(a.rows(), batch.tokens());
+      ASSERT_EQ(g.rows(), batch.tokens());
+      const auto p = chunk.parameter("bert.encoder.layer." + std::to_string(layer) + "." +
+                                     names[kind] + ".weight");
+      ASSERT_TRUE(p);
+      ASSERT_EQ(g.cols(), p->shape[0]);
+      ASSERT_EQ(a.cols(), p->shape[1]);
+      // dW = g^T a for a Linear layer: the captured factors carry the whole weight gradient.
+      const Eigen::MatrixXd expected = g.transpose() * a;
+      for (std::int64_t i = 0; i < p->shape[0]; ++i) {
+        for (std::int64_t j = 0; j < p->shape[1]; ++j) {
+          ASSERT_NEAR(p->grad[i * p->shape[1] + j], expected(i, j), 1e-12) << names[kind];
+        }
+      }
+    }
+  }
+}
+
+TEST(BertModel, SteadyStateStepAllocatesNothing) {
+  const auto config = tiny_test_config();
+  tensor::CpuBackend backend;
+  ChunkedModel<float> model(config, split(config, {2, 2}), backend, 1);
+  const Batch batch = make_random_batch(config, 4, 8, 3, 1);
+  ForwardOptions options;
+  auto step = [&] {
+    for (auto& chunk : model.chunks) chunk->zero_grad();
+    model.forward(0, batch, options);
+    model.forward(1, batch, options);
+    model.backward(0, batch, 0.5F);
+    model.backward(1, batch, 0.5F);
+  };
+  step();
+  step();
+  const auto warm = backend.stats().allocations;
+  step();
+  step();
+  EXPECT_EQ(backend.stats().allocations, warm);
+}
+
+TEST(BertModel, EvaluationIgnoresTheDropoutSeed) {
+  const auto config = tiny_test_config();
+  tensor::CpuBackend backend;
+  BertChunk<float> chunk(config, whole_model(config), backend);
+  chunk.init_weights(1);
+  const Batch batch = make_random_batch(config, 2, 6, 2, 3);
+  ForwardOptions eval;
+  eval.training = false;
+  eval.seed = 1;
+  const double a = chunk.forward(0, batch, {}, eval).losses->total();
+  eval.seed = 2;
+  const double b = chunk.forward(1, batch, {}, eval).losses->total();
+  EXPECT_EQ(a, b);
+  // Initial loss of an untrained model is near ln(vocab) + ln(2).
+  EXPECT_NEAR(a, std::log(23.0) + std::log(2.0), 0.5);
+  ForwardOptions train;
+  train.seed = 1;
+  const double c = chunk.forward(2, batch, {}, train).losses->total();
+  EXPECT_NE(a, c);
+  EXPECT_EQ(chunk.in_flight(), 3);
+  for (int mb : {0, 1, 2}) chunk.discard(mb);
+}
+
+TEST(BertModel, BadInputIsReported) {
+  auto config = tiny_test_config();
+  tensor::CpuBackend backend;
+  BertChunk<float> chunk(config, whole_model(config), backend);
+  chunk.init_weights(1);
+  Batch batch = make_random_batch(config, 2, 6, 2, 3);
+  batch.input_ids[7] = 23;
+  try {
+    chunk.forward(0, batch, {}, {});
+    FAIL() << "expected an exception";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("input_ids[1][1] = 23"), std::string::npos)
+        << error.what();
+  }
+  batch = make_random_batch(config, 2, 12, 2, 3);  // longer than the position table
+  EXPECT_THROW(chunk.forward(0, batch, {}, {}), std::invalid_argument);
+  EXPECT_THROW(chunk.backward(5, {}, {}), std::invalid_argument);  // never forwarded
+  config.hidden_size = 9;
+  EXPECT_THROW(BertChunk<float>(config, whole_model(config), backend), std::invalid_argument);
+  // Chunk lists must cover the model in order.
+  const auto good = tiny_test_config();
+  EXPECT_THROW(validate_chunk_specs(good, {{0, 2, true, false}, {3, 1, false, true}}),
+               std::invalid_argument);
+  EXPECT_THROW(validate_chunk_specs(good, {{0, 4, false, true}}), std::invalid_argument);
+}
+
+TEST(BertModel, NonFiniteGradientsNameTheTensor) {
+  const auto config = tiny_test_config();
+  tensor::CpuBackend backend;
+  BertChunk<float> chunk(config, whole_model(config), backend);
+  chunk.init_weights(1);
+  chunk.zero_grad();
+  const Batch batch = make_random_batch(config, 2, 6, 2, 3);
+  chunk.forward(0, batch, {}, {});
+  chunk.backward(0, {}, {});
+  EXPECT_NO_THROW(chunk.check_finite_gradients(3));
+  EXPECT_NO_THROW(check_finite_loss({2.0, 0.7}, 3));
+  EXPECT_THROW(check_finite_loss({NAN, 0.7}, 3), std::runtime_error);
+  chunk.parameter("bert.encoder.layer.2.intermediate.dense.bias")->grad[4] = NAN;
+  try {
+    chunk.check_finite_gradients(3);
+    FAIL() << "expected an exception";
+  } catch (const std::runtime_error& error) {
+    const std::string what = error.what();
+    EXPECT_NE(what.find("step 3"), std::string::npos) << what;
+    EXPECT_NE(what.find("bert.encoder.layer.2.intermediate.dense.bias"), std::string::npos) << what;
+  }
+}
+
+}  // namespace
+}  // namespace pf::model

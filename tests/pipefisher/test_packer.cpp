@@ -1,0 +1,226 @@
+// The packer on synthetic bubbles: fit rules, the safety margin, dependencies, spilling, and
+// the best-fit improvement over first-fit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+
+#include "scheduler/pipefisher/packer.h"
+
+namespace pf::pipefisher {
+namespace {
+
+PackProblem one_worker(std::vector<Bubble> bubbles, int steps = 1, double flush = 100.0) {
+  PackProblem problem;
+  problem.num_steps = steps;
+  problem.bubbles = {std::move(bubbles)};
+  problem.flush_start = {std::vector<double>(static_cast<std::size_t>(steps), flush)};
+  return problem;
+}
+
+PackItem item(double duration, double release = 0.0, std::vector<int> preds = {},
+              int step_bound = -1) {
+  PackItem it;
+  it.workers = {0};
+  it.duration = duration;
+  it.release = release;
+  it.preds = std::move(preds);
+  it.step_bound = step_bound;
+  return it;
+}
+
+TEST(Packer, SafetyMarginDecidesTheFit) {
+  const auto problem = one_worker({{0, 0.0, 1.04, 0}, {0, 2.0, 3.05, 1}});
+  const auto result = pack(problem, {item(1.0)}, PackingPolicy::kFirstFit, 0.05);
+  ASSERT_FALSE(result.placements[0].spilled);
+  EXPECT_EQ(result.placements[0].bubbles[0], 1);  // 1.04 < 1.05, 1.05 fits
+  EXPECT_DOUBLE_EQ(result.placements[0].start, 2.0);
+  EXPECT_DOUBLE_EQ(result.placements[0].end, 3.0);
+  EXPECT_NEAR(result.reserved_s, 1.05, 1e-12);
+}
+
+TEST(Packer, MarginIsReservedForEveryTask) {
+  // Two tasks of 1.0 with 10% margin need 2.2: the second does not fit a 2.1 bubble.
+  const auto problem = one_worker({{0, 0.0, 2.1, 0}}, 1, 5.0);
+  const auto result = pack(problem, {item(1.0), item(1.0)}, PackingPolicy::kFirstFit, 0.1);
+  EXPECT_FALSE(result.placements[0].spilled);
+  EXPECT_TRUE(result.placements[1].spilled);
+  EXPECT_DOUBLE_EQ(result.placements[1].start, 5.0);
+  EXPECT_EQ(result.spilled_items, 1);
+}
+
+TEST(Packer, ReleaseAndPredecessorsAreRespected) {
+  const auto problem = one_worker({{0, 0.0, 10.0, 0}});
+  const auto result = pack(problem, {item(1.0, 3.0), item(2.0, 0.0, {0}), item(1.0)},
+                           PackingPolicy::kFirstFit, 0.0);
+  EXPECT_DOUBLE_EQ(result.placements[0].start, 3.0);
+  EXPECT_DOUBLE_EQ(result.placements[1].start, 4.0);
+  // The bubble is filled from a cursor: the hole before the released task is not reused.
+  EXPECT_DOUBLE_EQ(result.placements[2].start, 6.0);
+}
+
+TEST(Packer, SpillPropagatesToDependents) {
+  const auto problem = one_worker({{0, 0.0, 1.0, 0}, {1, 5.0, 9.0, 1}}, 2, 20.0);
+  const auto result = pack(problem, {item(2.0), item(0.5, 0.0, {0})}, PackingPolicy::kFirstFit, 0.0);
+  EXPECT_FALSE(result.placements[0].spilled);
+  EXPECT_EQ(result.placements[0].step, 1);
+  EXPECT_DOUBLE_EQ(result.placements[1].start, 7.0);
+
+  const auto tight = one_worker({{0, 0.0, 1.0, 0}}, 1, 20.0);
+  const auto spilled = pack(tight, {item(2.0), item(0.5, 0.0, {0})}, PackingPolicy::kBestFit, 0.0);
+  EXPECT_TRUE(spilled.placements[0].spilled);
+  EXPECT_TRUE(spilled.placements[1].spilled);  // its predecessor spilled, although it would fit
+  EXPECT_DOUBLE_EQ(spilled.placements[1].start, 22.0);
+  EXPECT_EQ(spilled.spilled_items, 2);
+}
+
+TEST(Packer, StepBoundKeepsItemInItsStep) {
+  PackProblem problem = one_worker({{0, 0.0, 1.0, 0}, {1, 5.0, 9.0, 1}}, 2);
+  problem.flush_start[0] = {2.0, 12.0};
+  const auto result = pack(problem, {item(2.0, 0.0, {}, 0), item(2.0, 0.0, {}, 1)},
+                           PackingPolicy::kFirstFit, 0.0);
+  EXPECT_TRUE(result.placements[0].spilled);
+  EXPECT_EQ(result.placements[0].step, 0);
+  EXPECT_DOUBLE_EQ(result.placements[0].start, 2.0);
+  EXPECT_FALSE(result.placements[1].spilled);
+  EXPECT_EQ(result.spilled_bound_items, 1);
+  EXPECT_EQ(result.spilled_items, 0);
+}
+
+TEST(Packer, BoundItemsSkipBubblesPastTheirDeadline) {
+  // The second bubble of step 0 lies after that step's optimizer step: bound items may not use
+  // it, free items may.
+  Bubble late{0, 5.0, 9.0, 1};
+  late.accepts_bound = false;
+  const auto problem = one_worker({{0, 0.0, 1.0, 0}, late}, 1, 20.0);
+  const auto result = pack(problem, {item(2.0, 0.0, {}, 0), item(2.0)}, PackingPolicy::kBestFit, 0.0);
+  EXPECT_TRUE(result.placements[0].spilled);
+  EXPECT_FALSE(result.placements[1].spilled);
+  EXPECT_EQ(result.placements[1].bubbles[0], 1);
+}
+
+TEST(Packer, BestFitKeepsLargeBubblesForLargeTasks) {
+  // A small task first, then a large one. First-fit puts the small task into the large bubble
+  // and the large task no longer fits this step; best-fit puts it into the small bubble.
+  const auto problem = one_worker({{0, 0.0, 10.0, 0}, {0, 12.0, 13.0, 1}, {1, 20.0, 30.0, 2}}, 2);
+  const std::vector<PackItem> items = {item(1.0), item(9.5)};
+  const auto first = pack(problem, items, PackingPolicy::kFirstFit, 0.0);
+  const auto best = pack(problem, items, PackingPolicy::kBestFit, 0.0);
+  EXPECT_EQ(first.placements[0].bubbles[0], 0);
+  EXPECT_EQ(first.placements[1].step, 1);
+  EXPECT_EQ(best.placements[0].bubbles[0], 1);
+  EXPECT_EQ(best.placements[1].step, 0);
+  EXPECT_DOUBLE_EQ(best.placements[1].start, 0.0);
+}
+
+TEST(Packer, CollectiveFindsCommonWindow) {
+  PackProblem problem;
+  problem.num_steps = 1;
+  problem.bubbles = {{{0, 0.0, 2.0, 0}, {0, 4.0, 8.0, 1}}, {{0, 1.0, 3.0, 0}, {0, 5.0, 6.5, 1}}};
+  problem.flush_start = {{10.0}, {10.0}};
+  PackItem sync;
+  sync.workers = {0, 1};
+  sync.duration = 1.5;
+  const auto result = pack(problem, {sync}, PackingPolicy::kFirstFit, 0.0);
+  ASSERT_FALSE(result.placements[0].spilled);
+  EXPECT_DOUBLE_EQ(result.placements[0].start, 5.0);
+  EXPECT_EQ(result.placements[0].bubbles, (std::vector<int>{1, 1}));
+}
+
+TEST(Packer, RejectsMalformedInput) {
+  EXPECT_THROW(pack(one_worker({{0, 0.0, 2.0, 0}, {0, 1.0, 3.0, 1}}), {item(1.0)},
+                    PackingPolicy::kFirstFit, 0.0),
+               std::invalid_argument);
+  EXPECT_THROW(pack(one_worker({{0, 2.0, 1.0, 0}}), {item(1.0)}, PackingPolicy::kFirstFit, 0.0),
+               std::invalid_argument);
+  EXPECT_THROW(pack(one_worker({{0, 0.0, 2.0, 0}}), {item(1.0, 0.0, {0})},
+                    PackingPolicy::kFirstFit, 0.0),
+               std::invalid_argument);
+  PackItem bad = item(1.0);
+  bad.workers = {3};
+  EXPECT_THROW(pack(one_worker({}), {bad}, PackingPolicy::kFirstFit, 0.0), std::invalid_argument);
+  EXPECT_THROW(pack(one_worker({}), {item(-1.0)}, PackingPolicy::kFirstFit, 0.0),
+               std::invalid_argument);
+  EXPECT_THROW(pack(one_worker({}), {item(1.0)}, PackingPolicy::kBestOfBoth, 0.0),
+               std::invalid_argument);
+  EXPECT_THROW(pack(one_worker({}), {item(1.0, 0.0, {}, 4)}, PackingPolicy::kFirstFit, 0.0),
+               std::invalid_argument);
+}
+
+// Random problems: placements never overlap, never leave their bubble, respect release times
+// and predecessors, under both policies.
+TEST(Packer, RandomProblemsKeepInvariants) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int workers = 1 + trial % 3;
+    const int steps = 1 + trial % 4;
+    PackProblem problem;
+    problem.num_steps = steps;
+    for (int w = 0; w < workers; ++w) {
+      std::vector<Bubble> bubbles;
+      double t = 0.0;
+      for (int s = 0; s < steps; ++s) {
+        for (int b = 0; b < 5; ++b) {
+          t += unit(rng);
+          const double end = t + 3.0 * unit(rng);
+          bubbles.push_back({s, t, end, b});
+          t = end;
+        }
+      }
+      problem.bubbles.push_back(bubbles);
+      std::vector<double> flush;
+      for (int s = 0; s < steps; ++s) flush.push_back(t + 1.0 + 1000.0 * s);
+      problem.flush_start.push_back(flush);
+    }
+    std::vector<PackItem> items;
+    for (int i = 0; i < 40; ++i) {
+      PackItem it;
+      it.workers = {static_cast<int>(rng() % static_cast<unsigned>(workers))};
+      if (workers > 1 && i % 9 == 0) it.workers = {0, 1};
+      it.duration = 0.6 * unit(rng);
+      it.release = 10.0 * unit(rng);
+      if (i > 0 && i % 3 == 0) it.preds = {static_cast<int>(rng() % static_cast<unsigned>(i))};
+      if (i % 7 == 0) it.step_bound = static_cast<int>(rng() % static_cast<unsigned>(steps));
+      items.push_back(it);
+    }
+    for (PackingPolicy policy : {PackingPolicy::kFirstFit, PackingPolicy::kBestFit}) {
+      const double margin = 0.05;
+      const auto result = pack(problem, items, policy, margin);
+      std::vector<std::vector<std::pair<double, double>>> busy(static_cast<std::size_t>(workers));
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        const auto& p = result.placements[i];
+        EXPECT_GE(p.start, items[i].release - 1e-12);
+        for (int pred : items[i].preds) {
+          EXPECT_GE(p.start, result.placements[static_cast<std::size_t>(pred)].end - 1e-12);
+        }
+        if (items[i].step_bound >= 0) {
+          EXPECT_GE(p.step, items[i].step_bound);  // a spilled predecessor may push it later
+        }
+        for (std::size_t r = 0; r < items[i].workers.size(); ++r) {
+          const auto w = static_cast<std::size_t>(items[i].workers[r]);
+          const double reserved_end = p.start + items[i].duration * (1.0 + margin);
+          if (!p.spilled) {
+            const auto& b = problem.bubbles[w][static_cast<std::size_t>(p.bubbles[r])];
+            EXPECT_GE(p.start, b.start - 1e-12);
+            EXPECT_LE(reserved_end, b.end + 1e-9);
+            if (items[i].step_bound >= 0) {
+              EXPECT_EQ(b.step, items[i].step_bound);
+            }
+          }
+          busy[w].push_back({p.start, p.spilled ? p.end : reserved_end});
+        }
+      }
+      for (auto& intervals : busy) {
+        std::sort(intervals.begin(), intervals.end());
+        for (std::size_t k = 1; k < intervals.size(); ++k) {
+          EXPECT_LE(intervals[k - 1].second, intervals[k].first + 1e-9)
+              << "overlap in trial " << trial;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pf::pipefisher

@@ -1,0 +1,126 @@
+// pipefisher_sim: the compile command's library functions, and the program's exit codes and
+// error lines (run as a subprocess).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "scheduler/schedule_json.h"
+#include "scheduler/torch_csv.h"
+#include "sim/cli/compile_command.h"
+#include "traces/chrome_trace.h"
+
+namespace pf::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path temp_dir() {
+  const fs::path dir = fs::temp_directory_path() / ("pf_cli_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string read(const fs::path& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(CompileCommand, WritesJsonCsvAndTrace) {
+  const fs::path dir = temp_dir();
+  CompileCommandOptions options;
+  options.schedule = "interleaved";
+  options.stages = 2;
+  options.microbatches = 4;
+  options.chunks = 2;
+  options.out_json = (dir / "s.json").string();
+  options.out_csv = (dir / "s.csv").string();
+  options.out_trace = (dir / "t.json").string();
+  std::ostringstream out;
+  EXPECT_EQ(run_compile_command(options, out), 0);
+  EXPECT_NE(out.str().find("schedule interleaved: 2 workers, 4 micro-batches"), std::string::npos)
+      << out.str();
+  EXPECT_NE(out.str().find("w0    | F0.c0"), std::string::npos) << out.str();
+  const sched::Schedule s = sched::load_schedule_json(options.out_json);
+  EXPECT_EQ(s.params.chunks_per_worker, 2);
+  EXPECT_EQ(sched::to_torch_csv(s), read(options.out_csv));
+  EXPECT_EQ(traces::read_chrome_trace(options.out_trace).size(), s.num_instructions());
+
+  // Loading the CSV back gives the same compute streams.
+  CompileCommandOptions load;
+  load.schedule_file = options.out_csv;
+  load.grid = "none";
+  EXPECT_EQ(sched::to_torch_csv(build_schedule(load)), read(options.out_csv));
+  fs::remove_all(dir);
+}
+
+TEST(CompileCommand, SummaryCountsAndBubble) {
+  CompileCommandOptions options;
+  options.schedule = "gpipe";
+  options.stages = 4;
+  options.microbatches = 4;
+  const std::string summary = summarize(build_schedule(options));
+  // (m + p - 1)(t_f + t_b) = 7 * 3 = 21; busy 4 * 4 * 3 = 48 of 84.
+  EXPECT_NE(summary.find("makespan 21, bubble 42.9%"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("forward 16, backward 16"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("peak stashed micro-batches per worker: 4 4 4 4"), std::string::npos);
+}
+
+struct RunResult {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+RunResult run(const std::string& arguments) {
+  const fs::path dir = temp_dir();
+  const fs::path out = dir / "out.txt";
+  const fs::path err = dir / "err.txt";
+  const std::string command = std::string(PF_SIM_BINARY) + " " + arguments + " > " +
+                              out.string() + " 2> " + err.string();
+  const int raw = std::system(command.c_str());
+  RunResult result;
+  result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  result.out = read(out);
+  result.err = read(err);
+  fs::remove_all(dir);
+  return result;
+}
+
+TEST(Program, HelpDocumentsEveryFlag) {
+  const RunResult r = run("--help");
+  EXPECT_EQ(r.status, 0);
+  for (const char* flag : {"--schedule", "--stages", "--microbatches", "--chunks", "--layers",
+                           "--data-parallel", "--split-backward", "--schedule-file", "--out",
+                           "--csv", "--trace", "--grid"}) {
+    EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
+  }
+}
+
+TEST(Program, BadInputIsOneErrorLineAndExitCodeTwo) {
+  for (const char* arguments :
+       {"--schedule interleaved --stages 4 --microbatches 6 --chunks 2",
+        "--schedule chimera --stages 3 --microbatches 6", "--schedule nope", "--stages abc",
+        "--schedule 1f1b --stages 0", "--schedule-file /nonexistent.json",
+        "--schedule gpipe --stages 4 --layers 2", "--unknown-flag"}) {
+    const RunResult r = run(arguments);
+    EXPECT_EQ(r.status, 2) << arguments;
+    EXPECT_EQ(r.err.rfind("pipefisher_sim: error: ", 0), 0u) << arguments << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << arguments << ": " << r.err;
+  }
+}
+
+TEST(Program, CompilesAndPrints) {
+  const RunResult r = run("--schedule chimera --stages 4 --microbatches 4");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("2 pipeline(s)"), std::string::npos);
+  EXPECT_TRUE(r.err.empty()) << r.err;
+}
+
+}  // namespace
+}  // namespace pf::cli

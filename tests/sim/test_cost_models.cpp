@@ -1,0 +1,249 @@
+// The analytic and measured cost models, device and profile files, and their bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/model/bert_config.h"
+#include "scheduler/compile.h"
+#include "sim/analytic_cost_model.h"
+#include "sim/device.h"
+#include "sim/measured_cost_model.h"
+#include "sim/report.h"
+#include "sim/simulator.h"
+#include "sim/uniform_cost_model.h"
+
+namespace pf::sim {
+namespace {
+
+using sched::Instruction;
+using sched::OpKind;
+using sched::ScheduleKind;
+using sched::ScheduleParams;
+
+std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+Workload bert(const char* preset, Precision precision, int seq = 128, int batch = 32) {
+  Workload w;
+  w.config = model::bert_preset(preset);
+  w.seq_len = seq;
+  w.micro_batch_size = batch;
+  w.precision = precision;
+  return w;
+}
+
+ScheduleParams params(ScheduleKind kind, int p, int m, int layers, int v = 1) {
+  ScheduleParams out;
+  out.kind = kind;
+  out.workers = p;
+  out.microbatches = m;
+  out.chunks_per_worker = v;
+  out.num_layers = layers;
+  return out;
+}
+
+// Throughput of one GPU running BERT-Large phase 1 (no pipeline): NVIDIA's anchors are
+// 317 seq/s in TF32 and 580 seq/s in mixed precision on an A100-80GB (REFERENCE.md).
+double single_gpu_throughput(Precision precision) {
+  const AnalyticCostModel costs(bert("large", precision), device_preset("a100"));
+  const auto schedule = sched::compile(params(ScheduleKind::kGPipe, 1, 8, 24));
+  const SimResult r = simulate(schedule, costs);
+  RunDescription run;
+  run.micro_batch_size = 32;
+  return headline(schedule, r, run).sequences_per_s;
+}
+
+TEST(SimAnalytic, MatchesBertLargeAnchorsOnA100) {
+  const double tf32 = single_gpu_throughput(Precision::kTf32);
+  const double mixed = single_gpu_throughput(Precision::kBf16);
+  EXPECT_NEAR(tf32 / 317.0, 1.0, 0.15) << tf32;
+  EXPECT_NEAR(mixed / 580.0, 1.0, 0.25) << mixed;
+}
+
+TEST(SimAnalytic, FormulasOfOneLayerChunk) {
+  const Workload w = bert("base", Precision::kBf16);
+  const DeviceSpec h100 = device_preset("h100");
+  const AnalyticCostModel costs(w, h100);
+  // 12 layers on 4 workers: chunk 1 holds 3 layers and neither embeddings nor heads.
+  const auto schedule = sched::compile(params(ScheduleKind::kOneFOneB, 4, 4, 12));
+  Instruction in;
+  in.chunk = 1;
+  in.microbatch = 0;
+  const double T = 128.0 * 32, H = 768, I = 3072, S = 128, b = 32, a = 12, e = 2;
+  const double flops = 3 * (T * (8 * H * H + 4 * H * I) + 4 * b * S * S * H);
+  const double traffic = 3 * e * (22 * T * H + 2 * T * I + 5 * b * a * S * S);
+  const double rate = 989e12 * 0.7;
+  in.kind = OpKind::kForward;
+  const double forward = costs.duration(schedule, 1, in);
+  EXPECT_DOUBLE_EQ(forward, flops / rate + traffic / 3.35e12);
+  in.kind = OpKind::kBackward;
+  EXPECT_DOUBLE_EQ(costs.duration(schedule, 1, in), 2 * forward);
+  in.kind = OpKind::kSendActivation;
+  EXPECT_DOUBLE_EQ(costs.duration(schedule, 1, in), 5e-6 + T * H * e / 450e9);
+  // K-FAC of the FFN-in Linear (768 -> 3072), fp32 factors, tf32 products on an H100.
+  in.layer = 3;
+  in.linear = sched::LinearKind::kFfnIn;
+  in.kind = OpKind::kCurvatureB;
+  const double d_out = 3072, d_in = 768;
+  EXPECT_DOUBLE_EQ(
+      costs.duration(schedule, 1, in),
+      2 * T * d_out * d_out / (494.7e12 * 0.7) + (T * d_out * e + 4 * d_out * d_out) / 3.35e12);
+  in.kind = OpKind::kInvertA;
+  EXPECT_DOUBLE_EQ(costs.duration(schedule, 1, in), d_in * d_in * d_in / (67e12 * 0.7));
+  in.kind = OpKind::kPrecondition;
+  EXPECT_DOUBLE_EQ(costs.duration(schedule, 1, in),
+                   2 * d_out * d_in * (d_in + d_out) / (494.7e12 * 0.7));
+  EXPECT_DOUBLE_EQ(costs.kfac_bytes(schedule, 3, sched::LinearKind::kFfnIn),
+                   8 * (d_in * d_in + d_out * d_out));
+  // Activations: Korthikanti's T H (34 + 5 a S / H) for 16-bit, per layer.
+  EXPECT_DOUBLE_EQ(costs.activation_bytes(schedule, 0, 1), 3 * T * H * (34 + 5 * a * S / H));
+  EXPECT_DOUBLE_EQ(costs.static_bytes(schedule, 0, 1),
+                   16 * 3 * (4 * H * H + 2 * H * I + 9 * H + I));
+}
+
+TEST(SimAnalytic, OneFOneBHoldsLessMemoryThanGPipe) {
+  const AnalyticCostModel costs(bert("large", Precision::kBf16), device_preset("h100"));
+  const SimResult gpipe = simulate(sched::compile(params(ScheduleKind::kGPipe, 4, 16, 24)), costs);
+  const SimResult ofob =
+      simulate(sched::compile(params(ScheduleKind::kOneFOneB, 4, 16, 24)), costs);
+  EXPECT_NEAR(gpipe.makespan_s, ofob.makespan_s, 0.02 * gpipe.makespan_s);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_LT(ofob.workers[r].peak_memory_bytes, gpipe.workers[r].peak_memory_bytes);
+    EXPECT_EQ(ofob.workers[r].peak_stashed_microbatches, 4 - r);
+    EXPECT_GT(ofob.workers[r].static_memory_bytes, 0.0);
+  }
+}
+
+TEST(SimAnalytic, DataParallelReductionCostsAndOverlaps) {
+  const AnalyticCostModel costs(bert("large", Precision::kBf16), device_preset("h100"));
+  ScheduleParams ps = params(ScheduleKind::kOneFOneB, 4, 8, 24);
+  const SimResult alone = simulate(sched::compile(ps), costs);
+  ps.data_parallel = 8;
+  const auto schedule = sched::compile(ps);
+  const SimResult replicated = simulate(schedule, costs);
+  EXPECT_GT(replicated.makespan_s, alone.makespan_s);
+  // Ring all-reduce of worker 0's gradients (bf16) over 8 replicas, not hidden at the end at
+  // worst: the step grows by at most its whole cost.
+  double worst = 0.0;
+  for (const Instruction& in : schedule.streams[0]) {
+    if (in.kind == OpKind::kReduceGradDataParallel) worst += costs.duration(schedule, 0, in);
+  }
+  EXPECT_GT(worst, 0.0);
+  EXPECT_LE(replicated.makespan_s, alone.makespan_s + worst + 1e-12);
+}
+
+TEST(SimAnalytic, RejectsUnsupportedPrecisionAndBadWorkload) {
+  EXPECT_NE(error_of([] {
+              AnalyticCostModel(bert("base", Precision::kBf16), device_preset("v100"));
+            }).find("bf16"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              AnalyticCostModel(bert("base", Precision::kBf16, 1024), device_preset("h100"));
+            }).find("--seq-len"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { device_preset("tpu"); }).find("h100"), std::string::npos);
+  EXPECT_NE(error_of([] { model::resolve_bert_config("huge"); }).find("huge"), std::string::npos);
+}
+
+TEST(SimDevice, JsonRoundTripAndErrors) {
+  const DeviceSpec a100 = device_preset("a100");
+  const DeviceSpec back = device_from_json(device_to_json(a100), "mem");
+  EXPECT_EQ(back.peak_tf32_flops, a100.peak_tf32_flops);
+  EXPECT_EQ(back.link_bandwidth, a100.link_bandwidth);
+
+  nlohmann::json j = device_to_json(a100);
+  j.erase("memory_bandwidth");
+  EXPECT_NE(error_of([&] {
+              device_from_json(j, "dev.json");
+            }).find("dev.json: missing field 'memory_bandwidth'"),
+            std::string::npos);
+  j = device_to_json(a100);
+  j["link_bandwidth"] = -5;
+  EXPECT_NE(error_of([&] { device_from_json(j, "dev.json"); }).find("'link_bandwidth' = -5"),
+            std::string::npos);
+  j = device_to_json(a100);
+  j["peak_flops"]["fp32"] = "NaN";
+  EXPECT_NE(error_of([&] { device_from_json(j, "dev.json"); }).find("peak_flops.fp32"),
+            std::string::npos);
+  j = device_to_json(a100);
+  j["matmul_efficiency"] = 1.5;
+  EXPECT_NE(error_of([&] { device_from_json(j, "dev.json"); }).find("matmul_efficiency"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              device_from_json_file("/nonexistent/device.json");
+            }).find("/nonexistent/device.json"),
+            std::string::npos);
+}
+
+nlohmann::json uniform_profile(double forward, double backward, int chunks) {
+  nlohmann::json chunk_list = nlohmann::json::array();
+  for (int c = 0; c < chunks; ++c) {
+    chunk_list.push_back({{"chunk", c},
+                          {"forward_s", forward},
+                          {"backward_s", backward},
+                          {"activation_bytes", 1.0}});
+  }
+  return {{"format_version", 1},
+          {"chunks", chunk_list},
+          {"communication", {{"bandwidth", 1e9}, {"latency_s", 0.0}, {"message_bytes", 0}}}};
+}
+
+TEST(SimMeasured, UniformProfileReproducesUniformModel) {
+  const auto schedule = sched::compile(params(ScheduleKind::kOneFOneB, 4, 8, 0));
+  const MeasuredCostModel measured(profile_from_json(uniform_profile(1.0, 2.0, 4), "p.json"),
+                                   "p.json");
+  const UniformCostModel uniform(UniformCosts{.forward_s = 1.0, .backward_s = 2.0});
+  const SimResult a = simulate(schedule, measured);
+  const SimResult b = simulate(schedule, uniform);
+  EXPECT_EQ(a.makespan_s, b.makespan_s);
+  EXPECT_EQ(a.workers[0].peak_memory_bytes, b.workers[0].peak_memory_bytes);
+  // And through the file format.
+  const Profile back = profile_from_json(profile_to_json(measured.profile()), "again");
+  EXPECT_EQ(simulate(schedule, MeasuredCostModel(back, "again")).makespan_s, a.makespan_s);
+}
+
+TEST(SimMeasured, BadProfilesNameFileFieldAndValue) {
+  nlohmann::json j = uniform_profile(1.0, 2.0, 2);
+  j["chunks"][1].erase("forward_s");
+  EXPECT_NE(error_of([&] {
+              profile_from_json(j, "prof.json");
+            }).find("prof.json: field 'chunks[1].forward_s' is missing"),
+            std::string::npos);
+  j = uniform_profile(1.0, 2.0, 2);
+  j["chunks"][0]["backward_s"] = -0.5;
+  EXPECT_NE(
+      error_of([&] { profile_from_json(j, "prof.json"); }).find("'chunks[0].backward_s' = -0.5"),
+      std::string::npos);
+  j = uniform_profile(1.0, 2.0, 2);
+  j["chunks"][0]["forward_s"] = "NaN";
+  EXPECT_NE(error_of([&] { profile_from_json(j, "prof.json"); }).find("chunks[0].forward_s"),
+            std::string::npos);
+  j = uniform_profile(1.0, 2.0, 2);
+  j["format_version"] = 7;
+  EXPECT_NE(error_of([&] { profile_from_json(j, "prof.json"); }).find("format_version"),
+            std::string::npos);
+  j = uniform_profile(1.0, 2.0, 2);
+  j.erase("communication");
+  EXPECT_NE(error_of([&] { profile_from_json(j, "prof.json"); }).find("communication"),
+            std::string::npos);
+  // A profile with fewer chunks than the schedule: the simulation names the missing chunk.
+  const MeasuredCostModel two(profile_from_json(uniform_profile(1.0, 2.0, 2), "two.json"),
+                              "two.json");
+  const auto schedule = sched::compile(params(ScheduleKind::kGPipe, 4, 4, 0));
+  EXPECT_NE(error_of([&] {
+              simulate(schedule, two);
+            }).find("two.json: no entry in 'chunks' for pipeline 0 chunk 2"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace pf::sim

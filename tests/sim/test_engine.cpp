@@ -1,0 +1,169 @@
+// The event engine on small hand-built schedules (independent of the generators).
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+#include "sim/simulator.h"
+#include "sim/uniform_cost_model.h"
+
+namespace pf::sim {
+namespace {
+
+using sched::Instruction;
+using sched::OpKind;
+using sched::Schedule;
+
+Instruction make(OpKind kind, int chunk, int microbatch, int peer = -1, std::int64_t pair = -1) {
+  Instruction in;
+  in.kind = kind;
+  in.chunk = chunk;
+  in.microbatch = microbatch;
+  in.peer = peer;
+  in.pair_id = pair;
+  return in;
+}
+
+Schedule two_stage_skeleton(int microbatches) {
+  Schedule s;
+  s.params.kind = sched::ScheduleKind::kGPipe;
+  s.params.workers = 2;
+  s.params.microbatches = microbatches;
+  s.placement.num_pipelines = 1;
+  s.placement.chunks_per_pipeline = 2;
+  s.placement.num_layers = 2;
+  for (int c = 0; c < 2; ++c) {
+    sched::ChunkPlacement chunk;
+    chunk.chunk = c;
+    chunk.worker = c;
+    chunk.first_layer = c;
+    chunk.num_layers = 1;
+    s.placement.chunks.push_back(chunk);
+  }
+  s.streams.resize(2);
+  return s;
+}
+
+// GPipe over two workers without communication instructions.
+Schedule gpipe_compute_only(int m) {
+  Schedule s = two_stage_skeleton(m);
+  for (int w = 0; w < 2; ++w) {
+    for (int i = 0; i < m; ++i) s.streams[w].push_back(make(OpKind::kForward, w, i));
+    for (int i = 0; i < m; ++i) s.streams[w].push_back(make(OpKind::kBackward, w, i));
+  }
+  return s;
+}
+
+// The same with explicit sends and receives; each side names its own chunk.
+Schedule gpipe_lowered(int m) {
+  Schedule s = two_stage_skeleton(m);
+  auto& w0 = s.streams[0];
+  auto& w1 = s.streams[1];
+  for (int i = 0; i < m; ++i) {
+    w0.push_back(make(OpKind::kForward, 0, i));
+    w0.push_back(make(OpKind::kSendActivation, 0, i, 1, 2 * i));
+    w1.push_back(make(OpKind::kRecvActivation, 1, i, 0, 2 * i));
+    w1.push_back(make(OpKind::kForward, 1, i));
+  }
+  for (int i = 0; i < m; ++i) {
+    w1.push_back(make(OpKind::kBackward, 1, i));
+    w1.push_back(make(OpKind::kSendGradient, 1, i, 0, 2 * i + 1));
+    w0.push_back(make(OpKind::kRecvGradient, 0, i, 1, 2 * i + 1));
+    w0.push_back(make(OpKind::kBackward, 0, i));
+  }
+  return s;
+}
+
+TEST(SimEngine, ComputeOnlyGPipeMatchesClosedForm) {
+  const UniformCostModel costs(UniformCosts{.forward_s = 1.0, .backward_s = 2.0});
+  const SimResult r = simulate(gpipe_compute_only(4), costs);
+  EXPECT_DOUBLE_EQ(r.makespan_s, (4 + 2 - 1) * 3.0);
+  EXPECT_DOUBLE_EQ(r.bubble_fraction, 1.0 / 5.0);
+  EXPECT_EQ(r.workers[0].peak_stashed_microbatches, 4);
+  EXPECT_DOUBLE_EQ(r.workers[1].busy_s, 12.0);
+}
+
+TEST(SimEngine, LoweredGPipeWithFreeCommunicationMatchesComputeOnly) {
+  const UniformCostModel costs(UniformCosts{.forward_s = 1.0, .backward_s = 2.0});
+  const SimResult a = simulate(gpipe_compute_only(3), costs);
+  const SimResult b = simulate(gpipe_lowered(3), costs);
+  EXPECT_DOUBLE_EQ(a.makespan_s, b.makespan_s);
+}
+
+TEST(SimEngine, CommunicationDelaysButOverlapsCompute) {
+  const UniformCostModel costs(
+      UniformCosts{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.5});
+  const SimResult overlapped = simulate(gpipe_lowered(3), costs);
+  // Two hops on the critical path (first activation, last gradient) cost 0.5 each.
+  EXPECT_DOUBLE_EQ(overlapped.makespan_s, 4 * 3.0 + 1.0);
+  const SimResult serial =
+      simulate(gpipe_lowered(3), costs, SimOptions{.overlap_communication = false});
+  EXPECT_GT(serial.makespan_s, overlapped.makespan_s);
+  // The receive on worker 1 ends when the send's transfer ends.
+  EXPECT_DOUBLE_EQ(overlapped.times[1][0].end_s, 1.5);
+  EXPECT_DOUBLE_EQ(overlapped.times[1][1].start_s, 1.5);
+  EXPECT_GT(overlapped.workers[1].exposed_communication_s, 0.0);
+}
+
+TEST(SimEngine, ImplicitTransferUsesTheSendCost) {
+  const UniformCostModel costs(
+      UniformCosts{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.5});
+  EXPECT_DOUBLE_EQ(simulate(gpipe_compute_only(3), costs).makespan_s, 4 * 3.0 + 1.0);
+}
+
+TEST(SimEngine, ReceiveWithoutSendIsRejected) {
+  Schedule s = gpipe_lowered(2);
+  s.streams[0].erase(s.streams[0].begin() + 1);  // drop the first send
+  const UniformCostModel costs(UniformCosts{});
+  EXPECT_THROW(simulate(s, costs), std::invalid_argument);
+}
+
+TEST(SimEngine, CrossedReceivesDeadlockWithAClearError) {
+  Schedule s = two_stage_skeleton(1);
+  // Both workers receive before they send: nothing can ever start.
+  s.streams[0] = {make(OpKind::kForward, 0, 0), make(OpKind::kRecvGradient, 0, 0, 1, 1),
+                  make(OpKind::kBackward, 0, 0), make(OpKind::kSendActivation, 0, 0, 1, 0)};
+  s.streams[1] = {make(OpKind::kRecvActivation, 1, 0, 0, 0), make(OpKind::kForward, 1, 0),
+                  make(OpKind::kBackward, 1, 0), make(OpKind::kSendGradient, 1, 0, 0, 1)};
+  const UniformCostModel costs(UniformCosts{});
+  try {
+    simulate(s, costs);
+    FAIL() << "expected a deadlock";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("deadlock"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SimEngine, CollectiveIsARendezvous) {
+  Schedule s = gpipe_compute_only(1);
+  Instruction reduce0 = make(OpKind::kReduceGradPipelines, 0, -1, 1);
+  Instruction reduce1 = make(OpKind::kReduceGradPipelines, 0, -1, 0);
+  s.streams[0].push_back(reduce0);
+  s.streams[1].push_back(reduce1);
+  UniformCosts c{.forward_s = 1.0, .backward_s = 2.0};
+  c.reduction_s = 0.25;
+  const SimResult r = simulate(s, UniformCostModel(c));
+  // Worker 1 finishes its backward at 4, worker 0 at 6: both reduce over [6, 6.25].
+  EXPECT_DOUBLE_EQ(r.times[1][2].start_s, 6.0);
+  EXPECT_DOUBLE_EQ(r.times[0][2].start_s, 6.0);
+  EXPECT_DOUBLE_EQ(r.makespan_s, 6.25);
+}
+
+TEST(SimEngine, NegativeCostIsRejected) {
+  UniformCosts c;
+  c.forward_s = -1.0;
+  EXPECT_THROW(UniformCostModel{c}, std::invalid_argument);
+}
+
+TEST(SimEngine, ParsesUniformFlag) {
+  const UniformCosts c = parse_uniform_costs("1,2.5,0.1");
+  EXPECT_DOUBLE_EQ(c.forward_s, 1.0);
+  EXPECT_DOUBLE_EQ(c.backward_s, 2.5);
+  EXPECT_DOUBLE_EQ(c.communication_s, 0.1);
+  EXPECT_THROW(parse_uniform_costs("1"), std::invalid_argument);
+  EXPECT_THROW(parse_uniform_costs("1,x"), std::invalid_argument);
+  EXPECT_THROW(parse_uniform_costs("1,2,"), std::invalid_argument);
+  EXPECT_THROW(parse_uniform_costs("1,-2"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace pf::sim

@@ -1,0 +1,148 @@
+// The simulator's command line: flags, --report, the simulated --trace, --schedule all, bad input.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "sim/sim_command.h"
+
+namespace pf::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path scratch(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("pf_sim_command_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir / name;
+}
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// Parses a command line with both sets of flags, as pipefisher_sim does.
+void parse(std::vector<std::string> args, CompileCommandOptions& compile,
+           SimCommandOptions& options) {
+  CLI::App app;
+  add_compile_options(app, compile);
+  add_sim_options(app, options);
+  args.insert(args.begin(), "pipefisher_sim");
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  app.parse(static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(SimCommand, ReportAndTraceOfAUniformRun) {
+  CompileCommandOptions compile;
+  SimCommandOptions options;
+  const fs::path report = scratch("report.json"), trace = scratch("trace.json");
+  parse({"--schedule", "1f1b", "-p", "4", "-m", "8", "--uniform", "1,2,0.1", "--grid", "none",
+         "--report", report.string(), "--trace", trace.string()},
+        compile, options);
+  std::ostringstream out;
+  ASSERT_EQ(run_sim_command(compile, options, out), 0);
+  EXPECT_NE(out.str().find("bubble"), std::string::npos) << out.str();
+  const nlohmann::json r = read_json(report);
+  EXPECT_GT(r["step_time_s"].get<double>(), 33.0);  // (m + p - 1)(F + B) plus communication
+  EXPECT_GT(r["bubble_fraction"].get<double>(), 0.0);
+  ASSERT_EQ(r["workers"].size(), 4U);
+  for (const auto& w : r["workers"]) {
+    EXPECT_NEAR(w["busy_s"].get<double>(), 24.0, 1e-9);
+    EXPECT_NEAR(w["busy_s"].get<double>() + w["idle_s"].get<double>(),
+                r["step_time_s"].get<double>(), 1e-9);
+    EXPECT_GT(w["utilization"].get<double>(), 0.0);
+    EXPECT_GE(w["peak_memory_bytes"].get<double>(), 1.0);
+  }
+  const nlohmann::json t = read_json(trace);
+  int counters = 0, flows = 0, spans = 0;
+  for (const auto& e : t["traceEvents"]) {
+    const std::string ph = e["ph"];
+    counters += ph == "C";
+    flows += ph == "s";
+    spans += ph == "X";
+  }
+  EXPECT_GT(counters, 0);
+  EXPECT_GT(flows, 0);
+  EXPECT_GT(spans, 0);
+}
+
+TEST(SimCommand, AnalyticRunWithDataParallelism) {
+  CompileCommandOptions compile;
+  SimCommandOptions options;
+  const fs::path report = scratch("dp.json");
+  parse({"--schedule", "interleaved", "-p", "4", "-v", "2", "-m", "8", "--model", "base",
+         "--device", "a100", "--precision", "bf16", "--data-parallel", "2", "--grid", "none",
+         "--report", report.string()},
+        compile, options);
+  std::ostringstream out;
+  ASSERT_EQ(run_sim_command(compile, options, out), 0);
+  const nlohmann::json r = read_json(report);
+  EXPECT_EQ(r["cost_model"], "analytic");
+  EXPECT_GT(r["sequences_per_s"].get<double>(), 0.0);
+  EXPECT_GT(r["mfu"].get<double>(), 0.0);
+  EXPECT_LT(r["mfu"].get<double>(), 1.0);
+  EXPECT_EQ(r["schedule"]["data_parallel"], 2);
+}
+
+TEST(SimCommand, ScheduleAllComparesAndSkipsWithAReason) {
+  CompileCommandOptions compile;
+  SimCommandOptions options;
+  compile.schedule = "all";
+  compile.stages = 3;
+  compile.microbatches = 6;
+  options.model = "medium";
+  std::ostringstream out;
+  ASSERT_EQ(run_sim_command(compile, options, out), 0);
+  const std::string table = out.str();
+  for (const char* name : {"gpipe", "1f1b", "interleaved", "chimera"}) {
+    EXPECT_NE(table.find(name), std::string::npos) << table;
+  }
+  EXPECT_NE(table.find("skipped"), std::string::npos) << table;  // Chimera needs an even D
+}
+
+TEST(SimCommand, BadInputGivesClearErrors) {
+  auto error_of = [](CompileCommandOptions compile, SimCommandOptions options) -> std::string {
+    std::ostringstream out;
+    compile.grid = "none";
+    try {
+      run_sim_command(compile, options, out);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  SimCommandOptions o;
+  o.model = "gigantic";
+  EXPECT_NE(error_of({}, o).find("gigantic"), std::string::npos);
+  o = {};
+  o.model = "tiny";
+  o.device = "tpu9";
+  EXPECT_NE(error_of({}, o).find("tpu9"), std::string::npos);
+  o = {};
+  o.profile = "/nonexistent/profile.json";
+  EXPECT_NE(error_of({}, o).find("/nonexistent/profile.json"), std::string::npos);
+  o = {};
+  o.uniform = "1,two";
+  EXPECT_NE(error_of({}, o).find("two"), std::string::npos);
+  o = {};
+  o.report = "x.json";
+  EXPECT_NE(error_of({}, o).find("--model, --uniform or --profile"), std::string::npos);
+  // A schedule file that fails validation: the compiler's error names the file.
+  const fs::path bad = scratch("bad.csv");
+  std::ofstream(bad) << "0F0,0B0\n1B0,1F0\n";
+  CompileCommandOptions compile;
+  compile.schedule_file = bad.string();
+  o = {};
+  o.uniform = "1,2";
+  EXPECT_NE(error_of(compile, o).find("bad.csv"), std::string::npos) << error_of(compile, o);
+}
+
+}  // namespace
+}  // namespace pf::cli
