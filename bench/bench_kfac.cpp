@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <ctime>
 #include <random>
 #include <string>
 
@@ -40,10 +41,36 @@ Eigen::MatrixXf random_factor(Eigen::Index dim) {
   return factor;
 }
 
-void set_flops(benchmark::State& state, double flops_per_iteration) {
-  state.counters["FLOP/s"] =
-      benchmark::Counter(flops_per_iteration, benchmark::Counter::kIsIterationInvariantRate);
+double process_cpu_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
 }
+
+// The shared machine is often oversubscribed, which inflates wall time but not CPU time: besides
+// FLOP per wall second we report FLOP per CPU second of the whole process (all threads), and the
+// process's CPU seconds per wall second ("threads busy").
+class FlopMeter {
+ public:
+  explicit FlopMeter(benchmark::State& state) : state_(state), start_(process_cpu_seconds()) {}
+  FlopMeter(const FlopMeter&) = delete;
+  FlopMeter& operator=(const FlopMeter&) = delete;
+  void finish(double flops_per_iteration) {
+    const double cpu = process_cpu_seconds() - start_;
+    const auto iterations = static_cast<double>(state_.iterations());
+    if (flops_per_iteration > 0) {
+      state_.counters["FLOP/s"] =
+          benchmark::Counter(flops_per_iteration, benchmark::Counter::kIsIterationInvariantRate);
+      state_.counters["FLOP/cpu_s"] = flops_per_iteration * iterations / cpu;
+    }
+    state_.counters["cpu_s/s"] = benchmark::Counter(cpu, benchmark::Counter::kIsRate);
+  }
+  ~FlopMeter() = default;
+
+ private:
+  benchmark::State& state_;
+  double start_;
+};
 
 // Curvature factor d x d from T tokens: the blocked, threaded SYRK of add_gram_lower.
 // FLOP counted as the full product 2 T d^2 (the reference's count; SYRK does half the work).
@@ -52,11 +79,12 @@ void BM_Curvature(benchmark::State& state) {
   const auto tokens = state.range(1);
   const auto x = random_matrix(tokens, dim, 1);
   Eigen::MatrixXf factor = Eigen::MatrixXf::Zero(dim, dim);
+  FlopMeter meter(state);
   for (auto _ : state) {
     pf::kfac::add_gram_lower(factor, x.data(), tokens, dim, 1.0F / static_cast<float>(tokens));
     benchmark::DoNotOptimize(factor.data());
   }
-  set_flops(state, 2.0 * static_cast<double>(tokens) * static_cast<double>(dim * dim));
+  meter.finish(2.0 * static_cast<double>(tokens) * static_cast<double>(dim * dim));
 }
 
 // The same with Eigen's own single-call rankUpdate (not threaded by Eigen), for comparison.
@@ -66,11 +94,12 @@ void BM_CurvatureEigenRankUpdate(benchmark::State& state) {
   const auto x = random_matrix(tokens, dim, 1);
   const Eigen::Map<const Eigen::MatrixXf> xt(x.data(), dim, tokens);
   Eigen::MatrixXf factor = Eigen::MatrixXf::Zero(dim, dim);
+  FlopMeter meter(state);
   for (auto _ : state) {
     factor.selfadjointView<Eigen::Lower>().rankUpdate(xt, 1.0F / static_cast<float>(tokens));
     benchmark::DoNotOptimize(factor.data());
   }
-  set_flops(state, 2.0 * static_cast<double>(tokens) * static_cast<double>(dim * dim));
+  meter.finish(2.0 * static_cast<double>(tokens) * static_cast<double>(dim * dim));
 }
 
 // Damped inverse by Cholesky: d^3 / 3 for the factorization plus 2 d^3 / 3 for the inverse
@@ -78,22 +107,25 @@ void BM_CurvatureEigenRankUpdate(benchmark::State& state) {
 void BM_InvertCholesky(benchmark::State& state) {
   const auto dim = state.range(0);
   const auto factor = random_factor(dim);
+  FlopMeter meter(state);
   for (auto _ : state) {
     auto result = pf::kfac::damped_inverse(factor, 1e-3F, pf::kfac::InverseMethod::kCholesky);
     benchmark::DoNotOptimize(result.inverse.data());
   }
   const auto d = static_cast<double>(dim);
-  set_flops(state, d * d * d);
+  meter.finish(d * d * d);
 }
 
 // Damped inverse by symmetric eigendecomposition (time only: no standard FLOP count).
 void BM_InvertEigen(benchmark::State& state) {
   const auto dim = state.range(0);
   const auto factor = random_factor(dim);
+  FlopMeter meter(state);
   for (auto _ : state) {
     auto result = pf::kfac::damped_inverse(factor, 1e-3F, pf::kfac::InverseMethod::kEigen);
     benchmark::DoNotOptimize(result.inverse.data());
   }
+  meter.finish(0.0);
 }
 
 // dW = B^-1 G A^-1 for G d_out x d_in: 2 d_out d_in (d_in + d_out) FLOP.
@@ -104,11 +136,12 @@ void BM_Precondition(benchmark::State& state) {
   const auto b_inv = random_factor(d_out);
   const auto grad = random_matrix(d_out, d_in, 3);
   RowMatrix out(d_out, d_in);
+  FlopMeter meter(state);
   for (auto _ : state) {
     pf::kfac::precondition(a_inv, b_inv, grad.data(), nullptr, d_out, d_in, out.data(), nullptr);
     benchmark::DoNotOptimize(out.data());
   }
-  set_flops(state, pf::kfac::precondition_flops(d_out, d_in));
+  meter.finish(pf::kfac::precondition_flops(d_out, d_in));
 }
 
 // Sizes: 64 is the smoke-test size; 1024 and 4096 are BERT-Large's.

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include <Eigen/Core>
 #include <benchmark/benchmark.h>
+#include <Eigen/Core>
 
 #include "runtime/model/bert_chunk.h"
 #include "runtime/tensor/cpu_backend.h"
@@ -41,15 +41,28 @@ void train_step(benchmark::State& state, const std::string& preset) {
   state.counters["threads"] = Eigen::nbThreads();
 }
 
-void BM_TrainStepTiny(benchmark::State& state) { train_step(state, "tiny"); }
-void BM_TrainStepMini(benchmark::State& state) { train_step(state, "mini"); }
+void BM_TrainStepTiny(benchmark::State& state) {
+  train_step(state, "tiny");
+}
+void BM_TrainStepMini(benchmark::State& state) {
+  train_step(state, "mini");
+}
 
 }  // namespace
 
-BENCHMARK(BM_TrainStepTiny)->Name("train_step/tiny")->ArgName("batch")->Arg(2)->Arg(32)
-    ->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_TrainStepMini)->Name("train_step/mini")->ArgName("batch")->Arg(32)
-    ->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_TrainStepTiny)
+    ->Name("train_step/tiny")
+    ->ArgName("batch")
+    ->Arg(2)
+    ->Arg(32)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_TrainStepMini)
+    ->Name("train_step/mini")
+    ->ArgName("batch")
+    ->Arg(32)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 int main(int argc, char** argv) {
   int threads = 2;

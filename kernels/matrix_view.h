@@ -20,8 +20,8 @@ struct MatrixView {
   MatrixView(T* data_, std::int64_t rows_, std::int64_t cols_, std::int64_t ld_ = -1)
       : data(data_), rows(rows_), cols(cols_), ld(ld_ < 0 ? cols_ : ld_) {}
   // A view of mutable memory converts to a read-only view.
-  template <typename U, typename = std::enable_if_t<std::is_same_v<const U, T> &&
-                                                    !std::is_same_v<U, T>>>
+  template <typename U,
+            typename = std::enable_if_t<std::is_same_v<const U, T> && !std::is_same_v<U, T>>>
   MatrixView(const MatrixView<U>& other)  // NOLINT(google-explicit-constructor)
       : data(other.data), rows(other.rows), cols(other.cols), ld(other.ld) {}
 

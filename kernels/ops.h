@@ -85,8 +85,8 @@ void layernorm_forward(ConstMatrixView<T> x, const T* gamma, const T* beta, T ep
 // dx = rstd (dy gamma - mean(dy gamma) - xhat mean(dy gamma xhat)) (overwritten),
 // dgamma += sum_rows dy xhat, dbeta += sum_rows dy.
 template <typename T>
-void layernorm_backward(ConstMatrixView<T> x, ConstMatrixView<T> dy, const T* gamma,
-                        const T* mean, const T* rstd, MatrixView<T> dx, T* dgamma, T* dbeta);
+void layernorm_backward(ConstMatrixView<T> x, ConstMatrixView<T> dy, const T* gamma, const T* mean,
+                        const T* rstd, MatrixView<T> dx, T* dgamma, T* dbeta);
 
 // Row-wise softmax of scale * x + additive key mask, in place: rows of `scores` are queries of
 // one (sequence, head); key_mask (length cols, 1 keep / 0 padding) adds kMaskedLogit to padded

@@ -23,7 +23,9 @@ PF_HOST_DEVICE inline std::uint64_t mix64(std::uint64_t value) {
 
 // 32 uniformly distributed bits for element `index` of the stream `seed`. Loops hoist
 // stream_key(seed) and call bits_for_key (which vectorises).
-PF_HOST_DEVICE inline std::uint64_t stream_key(std::uint64_t seed) { return mix64(seed); }
+PF_HOST_DEVICE inline std::uint64_t stream_key(std::uint64_t seed) {
+  return mix64(seed);
+}
 PF_HOST_DEVICE inline std::uint32_t bits_for_key(std::uint64_t key, std::uint64_t index) {
   return static_cast<std::uint32_t>(mix64(key ^ index) >> 32);
 }

@@ -161,6 +161,21 @@ void check_params(const ScheduleParams& params) {
   if (params.num_layers < 0) {
     refuse(params, "layers must be >= 0 (0 = one per chunk), got " + str(params.num_layers));
   }
+  const std::int64_t chunks = std::int64_t{p} * v;
+  if (chunks > kMaxChunks) {
+    refuse(params, "too many chunks: " + std::to_string(chunks) +
+                       " (stages x chunks per worker; "
+                       "at most " +
+                       std::to_string(kMaxChunks) + ")");
+  }
+  if (chunks * m > kMaxComputeUnits) {
+    refuse(params, "too large: " + std::to_string(chunks * m) +
+                       " forward units (chunks x micro-batches); at most " +
+                       std::to_string(kMaxComputeUnits));
+  }
+  if (params.num_layers > kMaxLayers) {
+    refuse(params, "at most " + str(kMaxLayers) + " layers, got " + str(params.num_layers));
+  }
   if (params.num_layers > 0 && params.num_layers < p * v) {
     refuse(params, "more chunks than layers: " + str(p) + " stages x " + str(v) +
                        " chunks = " + str(p * v) + " chunks need at least " + str(p * v) +
@@ -239,8 +254,8 @@ Schedule repeat_steps(const Schedule& one_step, int num_steps) {
                                 str(num_steps));
   }
   if (one_step.num_steps != 1) {
-    throw std::invalid_argument("repeat_steps: the input already has " +
-                                str(one_step.num_steps) + " steps; it needs exactly one");
+    throw std::invalid_argument("repeat_steps: the input already has " + str(one_step.num_steps) +
+                                " steps; it needs exactly one");
   }
   Schedule result;
   result.params = one_step.params;
@@ -251,8 +266,8 @@ Schedule repeat_steps(const Schedule& one_step, int num_steps) {
     const auto& stream = one_step.streams[w];
     for (const Instruction& in : stream) {
       if (!is_compute(in.kind) && !is_kfac(in.kind)) {
-        throw std::invalid_argument("repeat_steps: worker " + str(static_cast<int>(w)) +
-                                    " holds " + std::string(to_string(in.kind)) +
+        throw std::invalid_argument("repeat_steps: worker " + str(static_cast<int>(w)) + " holds " +
+                                    std::string(to_string(in.kind)) +
                                     "; repeat the compute-only schedule, then lower() it");
       }
     }

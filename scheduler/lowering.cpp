@@ -47,6 +47,12 @@ class Lowerer {
     }
     keys_ = KeySpace{schedule.num_steps, pipelines, placement_.chunks_per_pipeline,
                      params.microbatches / pipelines};
+    if (keys_.size() > schedule.num_instructions()) {
+      throw std::invalid_argument(
+          "cannot lower: the parameters call for " + std::to_string(keys_.size()) +
+          " forwards (steps x pipelines x chunks x micro-batches) but the streams hold only " +
+          std::to_string(schedule.num_instructions()) + " instructions");
+    }
     forward_done_.assign(keys_.size(), 0);
     backward_done_.assign(keys_.size(), 0);
     weight_done_count_.assign(keys_.num_chunk_keys(), 0);

@@ -46,6 +46,16 @@ Placement make_placement(const ScheduleParams& params) {
     throw std::invalid_argument("number of layers must be >= 0 (0 means one per chunk), got " +
                                 std::to_string(params.num_layers));
   }
+  if (params.num_layers > kMaxLayers) {
+    throw std::invalid_argument("at most " + std::to_string(kMaxLayers) + " layers, got " +
+                                std::to_string(params.num_layers));
+  }
+  if (std::int64_t{params.workers} * params.chunks_per_worker > kMaxChunks) {
+    throw std::invalid_argument(
+        "at most " + std::to_string(kMaxChunks) +
+        " chunks per pipeline (stages x chunks per worker), got " +
+        std::to_string(std::int64_t{params.workers} * params.chunks_per_worker));
+  }
   const int pipelines = num_pipelines(params.kind);
   if (pipelines == 2 && params.chunks_per_worker != 1) {
     throw std::invalid_argument(

@@ -1,11 +1,18 @@
 #pragma once
 // Where the model lives: which worker holds each chunk (virtual stage) of each pipeline, and
 // which encoder layers each chunk holds.
+#include <cstdint>
 #include <vector>
 
 #include "scheduler/schedule.h"
 
 namespace pf::sched {
+
+// Sanity limits that keep bad input from exhausting memory: encoder layers per model, chunks per
+// pipeline, and (micro-batches x chunks) forward units per pipeline and step.
+inline constexpr int kMaxLayers = 1 << 20;
+inline constexpr std::int64_t kMaxChunks = 1 << 20;
+inline constexpr std::int64_t kMaxComputeUnits = std::int64_t{1} << 26;
 
 // Pipelines the schedule kind runs side by side: 2 for Chimera, 1 otherwise.
 int num_pipelines(ScheduleKind kind);

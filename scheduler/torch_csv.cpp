@@ -212,6 +212,14 @@ Schedule schedule_from_torch_csv(std::string_view text, std::string_view source,
     throw std::invalid_argument(std::string(source) + ": no compute actions");
   }
   const int stages = max_stage + 1;
+  std::size_t total_actions = 0;
+  for (const auto& row : rows) total_actions += row.size();
+  // Every stage runs every micro-batch forward: fewer actions than that cannot be a schedule.
+  if (static_cast<std::size_t>(stages) * static_cast<std::size_t>(max_mb + 1) > total_actions) {
+    throw std::invalid_argument(std::string(source) + ": " + std::to_string(total_actions) +
+                                " actions cannot cover " + std::to_string(stages) + " stages x " +
+                                std::to_string(max_mb + 1) + " micro-batches");
+  }
   ScheduleParams params;
   params.kind = options.kind.value_or(ScheduleKind::kCustom);
   params.workers = ranks;

@@ -229,6 +229,11 @@ class Validator {
                str(placement.num_pipelines) + " pipeline(s)");
     }
     num_layers_ = placement.num_layers;
+    if (num_layers_ < 0 || num_layers_ > kMaxLayers) {
+      fail(-1, -1,
+           "the placement's layer count must be in [0, " + str(kMaxLayers) + "], got " +
+               str(num_layers_));
+    }
     layer_chunk_.assign(static_cast<std::size_t>(placement.num_pipelines) *
                             static_cast<std::size_t>(std::max(num_layers_, 0)),
                         kNone);
@@ -259,6 +264,15 @@ class Validator {
     }
     keys_ = KeySpace{s_.num_steps, placement.num_pipelines, placement.chunks_per_pipeline,
                      params.microbatches / placement.num_pipelines};
+    // Every key needs a forward: more keys than instructions cannot be valid (and would only
+    // allocate memory).
+    if (keys_.size() > s_.num_instructions()) {
+      fail(-1, -1,
+           "the parameters call for " + str(static_cast<long long>(keys_.size())) +
+               " forwards (steps x pipelines x chunks x micro-batches) but the streams "
+               "hold only " +
+               str(static_cast<long long>(s_.num_instructions())) + " instructions");
+    }
     chunks_of_worker_ = chunks_by_worker(placement, workers_);
   }
 
@@ -576,7 +590,8 @@ class Validator {
     const std::int32_t ra = recv_act_pos_[hi];
     const std::int32_t sg = send_grad_pos_[hi];
     const std::int32_t rg = recv_grad_pos_[lo];
-    if (sa == kNone) fail(wlo, forward_pos_[lo], "no activation send after the forward of " + what());
+    if (sa == kNone)
+      fail(wlo, forward_pos_[lo], "no activation send after the forward of " + what());
     if (ra == kNone) {
       fail(whi, forward_pos_[hi],
            "no activation receive before this forward (from worker " + str(wlo) + ")");

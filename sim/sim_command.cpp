@@ -9,6 +9,7 @@
 #include "runtime/model/bert_config.h"
 #include "scheduler/compile.h"
 #include "scheduler/grid.h"
+#include "scheduler/pipefisher/report_json.h"
 #include "sim/analytic_cost_model.h"
 #include "sim/measured_cost_model.h"
 #include "sim/simulator.h"
@@ -203,8 +204,12 @@ CostSetup make_cost_setup(const SimCommandOptions& options) {
 }
 
 int run_sim_command(const CompileCommandOptions& compile, const SimCommandOptions& options,
-                    std::ostream& out) {
+                    std::ostream& out, const pipefisher::KfacCommandOptions& kfac) {
   if (!simulation_requested(options)) {
+    if (kfac.enabled) {
+      throw std::invalid_argument(
+          "--kfac sizes K-FAC work with a cost model: give --model (or --uniform / --profile)");
+    }
     if (!options.report.empty() || options.no_overlap) {
       throw std::invalid_argument(
           "--report and --no-overlap need a simulation: give --model, --uniform or --profile");
@@ -217,7 +222,12 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
   }
   const CostSetup setup = make_cost_setup(options);
   const CompileCommandOptions placed = with_model_layers(compile, setup);
-  if (placed.schedule == "all") return run_comparison(placed, options, setup, out);
+  if (placed.schedule == "all") {
+    if (kfac.enabled) {
+      throw std::invalid_argument("--kfac runs on one schedule, not --schedule all");
+    }
+    return run_comparison(placed, options, setup, out);
+  }
 
   const sched::Schedule schedule = load_or_compile(placed);
   check_layers(schedule, setup);
@@ -231,12 +241,23 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
   CompileCommandOptions files = placed;
   files.out_trace.clear();  // the trace of a simulation shows the simulated times
   write_outputs(schedule, files, out);
+  nlohmann::json report = sim::report_json(schedule, result, setup.run);
+  nlohmann::json trace;
+  if (kfac.enabled) {
+    const pipefisher::PassResult pass =
+        pipefisher::run_kfac_command(schedule, *setup.costs, kfac, out, sim_options(options));
+    report["kfac"] = pipefisher::to_json(pass.report);
+    report["with_kfac"] = sim::report_json(pass.schedule, pass.after, setup.run);
+    if (!placed.out_trace.empty()) trace = sim::simulated_trace(pass.schedule, pass.after);
+  } else if (!placed.out_trace.empty()) {
+    trace = sim::simulated_trace(schedule, result);
+  }
   if (!placed.out_trace.empty()) {
-    traces::write_json_file(placed.out_trace, sim::simulated_trace(schedule, result));
+    traces::write_json_file(placed.out_trace, trace);
     out << "wrote " << placed.out_trace << "\n";
   }
   if (!options.report.empty()) {
-    traces::write_json_file(options.report, sim::report_json(schedule, result, setup.run));
+    traces::write_json_file(options.report, report);
     out << "wrote " << options.report << "\n";
   }
   return 0;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "scheduler/pipefisher/kfac_command.h"
 #include "sim/cli/compile_command.h"
 #include "sim/cost_model.h"
 #include "sim/report.h"
@@ -46,8 +47,11 @@ CostSetup make_cost_setup(const SimCommandOptions& options);
 // Everything pipefisher_sim does: without a cost model, the compiler's command unchanged; with
 // one, compile (or load) and simulate the schedule, print the summary table, and write --out,
 // --csv, --report and --trace (the simulated run); with --schedule all, compare GPipe, 1F1B,
-// interleaved and Chimera in one table. Returns the exit code.
+// interleaved and Chimera in one table. With --kfac (kfac.enabled) the PipeFisher pass then fills
+// the bubbles: its table follows the summary, --trace shows the augmented k-step schedule and
+// --report gains "kfac" (the pass's report) and "with_kfac" (the augmented run's figures).
+// Returns the exit code.
 int run_sim_command(const CompileCommandOptions& compile, const SimCommandOptions& options,
-                    std::ostream& out);
+                    std::ostream& out, const pipefisher::KfacCommandOptions& kfac = {});
 
 }  // namespace pf::cli

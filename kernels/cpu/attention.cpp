@@ -103,12 +103,12 @@ void attention_backward(const AttentionShape& shape, ConstMatrixView<T> qkv, con
   }
 }
 
-#define PF_INSTANTIATE(T)                                                                        \
-  template void attention_forward<T>(const AttentionShape&, ConstMatrixView<T>,                  \
-                                     const std::int64_t*, float, std::uint64_t, T*, T*,          \
-                                     MatrixView<T>);                                             \
-  template void attention_backward<T>(const AttentionShape&, ConstMatrixView<T>, const T*,       \
-                                      ConstMatrixView<T>, float, std::uint64_t, T*,              \
+#define PF_INSTANTIATE(T)                                                                  \
+  template void attention_forward<T>(const AttentionShape&, ConstMatrixView<T>,            \
+                                     const std::int64_t*, float, std::uint64_t, T*, T*,    \
+                                     MatrixView<T>);                                       \
+  template void attention_backward<T>(const AttentionShape&, ConstMatrixView<T>, const T*, \
+                                      ConstMatrixView<T>, float, std::uint64_t, T*,        \
                                       MatrixView<T>);
 PF_INSTANTIATE(float)
 PF_INSTANTIATE(double)

@@ -31,6 +31,8 @@ Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>> array(const T* data, std::i
 }
 
 // Rows are processed in parallel in chunks big enough to amortise the OpenMP fork.
-inline bool worth_parallel(std::int64_t elements) { return elements >= (1 << 15); }
+inline bool worth_parallel(std::int64_t elements) {
+  return elements >= (1 << 15);
+}
 
 }  // namespace pf::kernels::cpu

@@ -24,7 +24,6 @@ void require_same_shape(const A& a, const B& b, const char* op) {
 constexpr double kInvSqrt2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 
-
 }  // namespace
 
 template <typename T>
@@ -158,8 +157,8 @@ void layernorm_forward(ConstMatrixView<T> x, const T* gamma, const T* beta, T ep
 }
 
 template <typename T>
-void layernorm_backward(ConstMatrixView<T> x, ConstMatrixView<T> dy, const T* gamma,
-                        const T* mean, const T* rstd, MatrixView<T> dx, T* dgamma, T* dbeta) {
+void layernorm_backward(ConstMatrixView<T> x, ConstMatrixView<T> dy, const T* gamma, const T* mean,
+                        const T* rstd, MatrixView<T> dx, T* dgamma, T* dbeta) {
   require_same_shape(x, dy, "layernorm_backward");
   require_same_shape(x, dx, "layernorm_backward");
   const std::int64_t cols = x.cols;
@@ -239,28 +238,28 @@ bool all_finite(const T* x, std::int64_t count) {
   return cpu::array(x, count).isFinite().all();
 }
 
-#define PF_INSTANTIATE(T)                                                                        \
-  template void gelu_forward<T>(ConstMatrixView<T>, MatrixView<T>);                              \
-  template void bias_gelu_forward<T>(MatrixView<T>, const T*, MatrixView<T>);                    \
-  template void gelu_backward<T>(ConstMatrixView<T>, ConstMatrixView<T>, MatrixView<T>);         \
-  template void bias_tanh_forward<T>(MatrixView<T>, const T*, MatrixView<T>);                    \
-  template void tanh_backward<T>(ConstMatrixView<T>, ConstMatrixView<T>, MatrixView<T>);         \
-  template void dropout_forward<T>(ConstMatrixView<T>, MatrixView<T>, float, std::uint64_t,      \
-                                   std::uint64_t);                                               \
-  template void dropout_backward<T>(ConstMatrixView<T>, MatrixView<T>, float, std::uint64_t,     \
-                                    std::uint64_t);                                              \
-  template void dropout_add_forward<T>(ConstMatrixView<T>, ConstMatrixView<T>, MatrixView<T>,    \
-                                       float, std::uint64_t);                                    \
-  template void add<T>(ConstMatrixView<T>, ConstMatrixView<T>, MatrixView<T>);                   \
-  template void accumulate<T>(ConstMatrixView<T>, MatrixView<T>);                                \
-  template void layernorm_forward<T>(ConstMatrixView<T>, const T*, const T*, T, MatrixView<T>,   \
-                                     T*, T*);                                                    \
-  template void layernorm_backward<T>(ConstMatrixView<T>, ConstMatrixView<T>, const T*,          \
-                                      const T*, const T*, MatrixView<T>, T*, T*);                \
-  template void masked_softmax_forward<T>(MatrixView<T>, T, const std::int64_t*);                \
-  template void softmax_backward<T>(ConstMatrixView<T>, ConstMatrixView<T>, T, MatrixView<T>);   \
-  template T sum<T>(const T*, std::int64_t);                                                     \
-  template T sum_of_squares<T>(const T*, std::int64_t);                                          \
+#define PF_INSTANTIATE(T)                                                                          \
+  template void gelu_forward<T>(ConstMatrixView<T>, MatrixView<T>);                                \
+  template void bias_gelu_forward<T>(MatrixView<T>, const T*, MatrixView<T>);                      \
+  template void gelu_backward<T>(ConstMatrixView<T>, ConstMatrixView<T>, MatrixView<T>);           \
+  template void bias_tanh_forward<T>(MatrixView<T>, const T*, MatrixView<T>);                      \
+  template void tanh_backward<T>(ConstMatrixView<T>, ConstMatrixView<T>, MatrixView<T>);           \
+  template void dropout_forward<T>(ConstMatrixView<T>, MatrixView<T>, float, std::uint64_t,        \
+                                   std::uint64_t);                                                 \
+  template void dropout_backward<T>(ConstMatrixView<T>, MatrixView<T>, float, std::uint64_t,       \
+                                    std::uint64_t);                                                \
+  template void dropout_add_forward<T>(ConstMatrixView<T>, ConstMatrixView<T>, MatrixView<T>,      \
+                                       float, std::uint64_t);                                      \
+  template void add<T>(ConstMatrixView<T>, ConstMatrixView<T>, MatrixView<T>);                     \
+  template void accumulate<T>(ConstMatrixView<T>, MatrixView<T>);                                  \
+  template void layernorm_forward<T>(ConstMatrixView<T>, const T*, const T*, T, MatrixView<T>, T*, \
+                                     T*);                                                          \
+  template void layernorm_backward<T>(ConstMatrixView<T>, ConstMatrixView<T>, const T*, const T*,  \
+                                      const T*, MatrixView<T>, T*, T*);                            \
+  template void masked_softmax_forward<T>(MatrixView<T>, T, const std::int64_t*);                  \
+  template void softmax_backward<T>(ConstMatrixView<T>, ConstMatrixView<T>, T, MatrixView<T>);     \
+  template T sum<T>(const T*, std::int64_t);                                                       \
+  template T sum_of_squares<T>(const T*, std::int64_t);                                            \
   template bool all_finite<T>(const T*, std::int64_t);
 PF_INSTANTIATE(float)
 PF_INSTANTIATE(double)

@@ -47,9 +47,9 @@ void gemm(ConstMatrixView<T> a, Transpose transpose_a, ConstMatrixView<T> b, Tra
   const auto k = ta ? a.rows : a.cols;
   const auto k2 = tb ? b.cols : b.rows;
   const auto n = tb ? b.rows : b.cols;
-  require(k == k2 && c.rows == m && c.cols == n, "gemm",
-          "op(a) " + dims(m, k) + " times op(b) " + dims(k2, n) + " into c " +
-              dims(c.rows, c.cols));
+  require(
+      k == k2 && c.rows == m && c.cols == n, "gemm",
+      "op(a) " + dims(m, k) + " times op(b) " + dims(k2, n) + " into c " + dims(c.rows, c.cols));
   if (c.rows == 0 || c.cols == 0) return;
   if (k == 0) {
     if (beta == T(0)) {
@@ -137,17 +137,17 @@ void bias_backward(ConstMatrixView<T> dy, T* dbias) {
   db += cpu::map(dy).colwise().sum();
 }
 
-#define PF_INSTANTIATE(T)                                                                        \
+#define PF_INSTANTIATE(T)                                                                      \
   template void gemm<T>(ConstMatrixView<T>, Transpose, ConstMatrixView<T>, Transpose,          \
-                        MatrixView<T>, T, T);                                                    \
-  template void batched_gemm<T>(std::int64_t, ConstMatrixView<T>, std::int64_t, Transpose,      \
-                                ConstMatrixView<T>, std::int64_t, Transpose, MatrixView<T>,     \
-                                std::int64_t, T, T);                                             \
-  template void linear_forward<T>(ConstMatrixView<T>, ConstMatrixView<T>, const T*,             \
-                                  MatrixView<T>);                                                \
-  template void linear_backward<T>(ConstMatrixView<T>, ConstMatrixView<T>, ConstMatrixView<T>,  \
-                                   MatrixView<T>, MatrixView<T>, T*);                            \
-  template void bias_add<T>(MatrixView<T>, const T*);                                            \
+                        MatrixView<T>, T, T);                                                  \
+  template void batched_gemm<T>(std::int64_t, ConstMatrixView<T>, std::int64_t, Transpose,     \
+                                ConstMatrixView<T>, std::int64_t, Transpose, MatrixView<T>,    \
+                                std::int64_t, T, T);                                           \
+  template void linear_forward<T>(ConstMatrixView<T>, ConstMatrixView<T>, const T*,            \
+                                  MatrixView<T>);                                              \
+  template void linear_backward<T>(ConstMatrixView<T>, ConstMatrixView<T>, ConstMatrixView<T>, \
+                                   MatrixView<T>, MatrixView<T>, T*);                          \
+  template void bias_add<T>(MatrixView<T>, const T*);                                          \
   template void bias_backward<T>(ConstMatrixView<T>, T*);
 PF_INSTANTIATE(float)
 PF_INSTANTIATE(double)

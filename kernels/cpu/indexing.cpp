@@ -10,9 +10,9 @@ namespace {
 void check_index(std::int64_t value, std::int64_t limit, std::int64_t row, const char* op,
                  const char* what) {
   if (value < 0 || value >= limit) {
-    throw std::invalid_argument(std::string(op) + ": " + what + " value " +
-                                std::to_string(value) + " at row " + std::to_string(row) +
-                                " is outside [0, " + std::to_string(limit) + ")");
+    throw std::invalid_argument(std::string(op) + ": " + what + " value " + std::to_string(value) +
+                                " at row " + std::to_string(row) + " is outside [0, " +
+                                std::to_string(limit) + ")");
   }
 }
 
@@ -88,7 +88,8 @@ template <typename T>
 void cross_entropy_backward(MatrixView<T> probs, const std::int64_t* labels, const T* weights,
                             T scale) {
   T total_weight = T(0);
-  for (std::int64_t r = 0; r < probs.rows; ++r) total_weight += weights == nullptr ? T(1) : weights[r];
+  for (std::int64_t r = 0; r < probs.rows; ++r)
+    total_weight += weights == nullptr ? T(1) : weights[r];
 #pragma omp parallel for schedule(static) if (cpu::worth_parallel(probs.size()))
   for (std::int64_t r = 0; r < probs.rows; ++r) {
     auto row = cpu::array(probs.row(r), probs.cols);
@@ -102,15 +103,14 @@ void cross_entropy_backward(MatrixView<T> probs, const std::int64_t* labels, con
   }
 }
 
-#define PF_INSTANTIATE(T)                                                                        \
-  template void embedding_forward<T>(ConstMatrixView<T>, const std::int64_t*, MatrixView<T>,    \
-                                     const char*, bool);                                         \
-  template void embedding_backward<T>(ConstMatrixView<T>, const std::int64_t*, MatrixView<T>,   \
-                                      std::int64_t);                                             \
-  template void gather_rows<T>(ConstMatrixView<T>, const std::int64_t*, MatrixView<T>);         \
-  template void scatter_add_rows<T>(ConstMatrixView<T>, const std::int64_t*, MatrixView<T>);    \
-  template T cross_entropy_forward<T>(MatrixView<T>, const std::int64_t*, const T*,              \
-                                      const char*);                                              \
+#define PF_INSTANTIATE(T)                                                                         \
+  template void embedding_forward<T>(ConstMatrixView<T>, const std::int64_t*, MatrixView<T>,      \
+                                     const char*, bool);                                          \
+  template void embedding_backward<T>(ConstMatrixView<T>, const std::int64_t*, MatrixView<T>,     \
+                                      std::int64_t);                                              \
+  template void gather_rows<T>(ConstMatrixView<T>, const std::int64_t*, MatrixView<T>);           \
+  template void scatter_add_rows<T>(ConstMatrixView<T>, const std::int64_t*, MatrixView<T>);      \
+  template T cross_entropy_forward<T>(MatrixView<T>, const std::int64_t*, const T*, const char*); \
   template void cross_entropy_backward<T>(MatrixView<T>, const std::int64_t*, const T*, T);
 PF_INSTANTIATE(float)
 PF_INSTANTIATE(double)

@@ -25,18 +25,18 @@ namespace pf::kernels::cuda {
 
 }  // namespace pf::kernels::cuda
 
-#define CUDA_CHECK(call)                                                              \
-  do {                                                                                \
-    const cudaError_t pf_cuda_error_ = (call);                                        \
-    if (pf_cuda_error_ != cudaSuccess) {                                              \
+#define CUDA_CHECK(call)                                                                \
+  do {                                                                                  \
+    const cudaError_t pf_cuda_error_ = (call);                                          \
+    if (pf_cuda_error_ != cudaSuccess) {                                                \
       ::pf::kernels::cuda::throw_cuda_error(pf_cuda_error_, #call, __FILE__, __LINE__); \
-    }                                                                                 \
+    }                                                                                   \
   } while (false)
 
-#define CUBLAS_CHECK(call)                                                                 \
-  do {                                                                                     \
-    const cublasStatus_t pf_cublas_status_ = (call);                                       \
-    if (pf_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                      \
+#define CUBLAS_CHECK(call)                                                                   \
+  do {                                                                                       \
+    const cublasStatus_t pf_cublas_status_ = (call);                                         \
+    if (pf_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                        \
       ::pf::kernels::cuda::throw_cublas_error(pf_cublas_status_, #call, __FILE__, __LINE__); \
-    }                                                                                      \
+    }                                                                                        \
   } while (false)

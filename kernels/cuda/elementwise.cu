@@ -61,7 +61,7 @@ void bias_gelu_forward(MatrixView<float> x, const float* bias, MatrixView<float>
   require_same(x.rows, x.cols, y.rows, y.cols, "cuda::bias_gelu_forward");
   if (x.size() == 0) return;
   bias_gelu_kernel<<<blocks_for(x.size()), kThreads, 0, stream>>>(x.data, x.ld, bias, y.data, y.ld,
-                                                                   x.rows, x.cols);
+                                                                  x.rows, x.cols);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -84,8 +84,9 @@ void dropout_forward(ConstMatrixView<float> x, MatrixView<float> y, float probab
   // The same scale as the CPU op: 1 / (1 - p) rounded to float.
   const float scale = 1.0F / (1.0F - probability);
   dropout_kernel<<<blocks_for(x.size()), kThreads, 0, stream>>>(
-      x.data, x.ld, y.data, y.ld, x.rows, x.cols, probability == 0.0F ? 0U : dropout_threshold(probability),
-      probability == 0.0F ? 1.0F : scale, seed, index_offset);
+      x.data, x.ld, y.data, y.ld, x.rows, x.cols,
+      probability == 0.0F ? 0U : dropout_threshold(probability), probability == 0.0F ? 1.0F : scale,
+      seed, index_offset);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -1,7 +1,7 @@
 // Row-major products with cuBLAS (column-major): C = op(A) op(B) is computed as
 // C^T = op(B)^T op(A)^T, where a row-major matrix is its column-major transpose.
-#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cublas_gemm.h"
+#include "kernels/cuda/cuda_check.h"
 
 namespace pf::kernels::cuda {
 

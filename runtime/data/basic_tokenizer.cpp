@@ -107,15 +107,16 @@ void BasicTokenizer::finish_ascii_word(std::string_view raw, BasicTokens& out) c
 }
 
 void BasicTokenizer::finish_unicode_word(std::string_view raw, BasicTokens& out) const {
-  std::u32string chars;
-  chars.reserve(raw.size());
+  std::u32string& chars = out.code_points();
+  chars.clear();
   for (std::size_t pos = 0; pos < raw.size();) {
     char32_t cp = 0;
     pos += static_cast<std::size_t>(decode_utf8(raw, pos, cp));  // raw is already validated
     chars.push_back(cp);
   }
   if (lower_case_) {
-    std::u32string lowered;
+    std::u32string& lowered = out.lowered();
+    lowered.clear();
     python_lower(chars, lowered);
     chars.clear();
     strip_accents_nfd(lowered, chars);

@@ -28,6 +28,8 @@ class BasicTokens {
   std::string& buffer() { return text_; }
   // Scratch for the word being cleaned (kept to avoid an allocation per call).
   std::string& raw_word() { return raw_; }
+  std::u32string& code_points() { return code_points_; }
+  std::u32string& lowered() { return lowered_; }
   void add_word(std::size_t begin) {
     if (text_.size() > begin) spans_.emplace_back(begin, text_.size());
   }
@@ -35,6 +37,8 @@ class BasicTokens {
  private:
   std::string text_;
   std::string raw_;
+  std::u32string code_points_;
+  std::u32string lowered_;
   std::vector<std::pair<std::size_t, std::size_t>> spans_;
 };
 

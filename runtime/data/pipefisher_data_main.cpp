@@ -307,6 +307,26 @@ int run_inspect(const std::vector<std::string>& shards, const std::string& vocab
   return 0;
 }
 
+// corpus + vocab + shards in one go, for the README's demo pretraining run.
+int run_demo(const std::string& docs, const std::string& out_dir, std::size_t vocab_size,
+             ShardCommand command) {
+  std::filesystem::create_directories(out_dir);
+  const auto dir = std::filesystem::path(out_dir);
+  const std::string corpus_path = (dir / "corpus.txt").string();
+  const std::string vocab_path = (dir / "vocab.txt").string();
+  std::cout << "== corpus\n";
+  run_corpus({docs}, corpus_path, "rst");
+  std::cout << "== vocab\n";
+  VocabTrainerOptions options;
+  options.vocab_size = vocab_size;
+  run_vocab({corpus_path}, vocab_path, options, command.cased, false);
+  std::cout << "== shards\n";
+  command.inputs = {corpus_path};
+  command.vocab_path = vocab_path;
+  command.out_dir = (dir / "shards").string();
+  return run_shards(command);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -398,6 +418,21 @@ int main(int argc, char** argv) {
   inspect->add_option("--vocab", vocab_path, "vocab.txt (checks the hash, prints tokens)");
   inspect->add_option("--show", show, "instances to print per shard")->capture_default_str();
 
+  std::string docs = "/usr/share/doc/python3.11-doc/html/_sources";
+  std::string demo_dir;
+  std::size_t demo_vocab_size = 30522;
+  ShardCommand demo_command;
+  auto* demo = app.add_subcommand(
+      "demo", "corpus + vocab + shards from python3.11-doc (DIR/corpus.txt, vocab.txt, shards/)");
+  demo->add_option("--out-dir", demo_dir, "output directory")->required();
+  demo->add_option("--docs", docs, "reStructuredText sources")->capture_default_str();
+  demo->add_option("--vocab-size", demo_vocab_size)->capture_default_str();
+  demo->add_option("--max-seq-length", demo_command.instance.max_seq_length)->capture_default_str();
+  demo->add_option("--max-predictions-per-seq", demo_command.instance.max_predictions_per_seq)
+      ->capture_default_str();
+  demo->add_option("--dupe-factor", demo_command.instance.dupe_factor)->capture_default_str();
+  demo->add_option("--seed", demo_command.instance.seed)->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*tokenize) return run_tokenize(vocab_path, ids, cased, max_word_chars, skip_invalid);
@@ -415,6 +450,7 @@ int main(int argc, char** argv) {
     }
     if (*shards) return run_shards(shard_command);
     if (*inspect) return run_inspect(shard_paths, vocab_path, show);
+    if (*demo) return run_demo(docs, demo_dir, demo_vocab_size, demo_command);
   } catch (const std::exception& error) {
     std::cerr << "pipefisher_data " << app.get_subcommands().front()->get_name()
               << ": error: " << error.what() << '\n';

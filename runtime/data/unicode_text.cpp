@@ -247,7 +247,8 @@ void strip_accents_nfd(std::u32string_view word, std::u32string& out) {
       out.push_back(static_cast<char32_t>(buffer[static_cast<std::size_t>(k)]));
     }
   }
-  auto combining_class = [](char32_t cp) {
+  auto combining_class = [](char32_t cp) -> int {
+    if (cp < 0x300) return 0;  // no combining marks below U+0300
     return utf8proc_get_property(static_cast<utf8proc_int32_t>(cp))->combining_class;
   };
   std::size_t i = first;
@@ -265,7 +266,7 @@ void strip_accents_nfd(std::u32string_view word, std::u32string& out) {
   }
   std::size_t kept = first;
   for (std::size_t k = first; k < out.size(); ++k) {
-    if (category_of(out[k]) != UTF8PROC_CATEGORY_MN) out[kept++] = out[k];
+    if (out[k] < 0x300 || category_of(out[k]) != UTF8PROC_CATEGORY_MN) out[kept++] = out[k];
   }
   out.resize(kept);
 }

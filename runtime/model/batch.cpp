@@ -20,10 +20,11 @@ void check_range(const std::vector<std::int64_t>& values, std::int64_t limit, st
                  const char* field) {
   for (std::size_t i = 0; i < values.size(); ++i) {
     if (values[i] < 0 || values[i] >= limit) {
-      throw std::invalid_argument(
-          "batch: " + std::string(field) + "[" + std::to_string(static_cast<std::int64_t>(i) / cols) +
-          "][" + std::to_string(static_cast<std::int64_t>(i) % cols) + "] = " +
-          std::to_string(values[i]) + " is outside [0, " + std::to_string(limit) + ")");
+      throw std::invalid_argument("batch: " + std::string(field) + "[" +
+                                  std::to_string(static_cast<std::int64_t>(i) / cols) + "][" +
+                                  std::to_string(static_cast<std::int64_t>(i) % cols) +
+                                  "] = " + std::to_string(values[i]) + " is outside [0, " +
+                                  std::to_string(limit) + ")");
     }
   }
 }
@@ -90,12 +91,15 @@ Batch make_random_batch(const BertConfig& config, std::int64_t batch_size, std::
       batch.attention_mask[i] = real ? 1 : 0;
     }
     // Mask ~15% of the real positions after the first, up to max_predictions.
-    std::vector<std::int64_t> candidates(static_cast<std::size_t>(std::max<std::int64_t>(length - 1, 0)));
+    std::vector<std::int64_t> candidates(
+        static_cast<std::size_t>(std::max<std::int64_t>(length - 1, 0)));
     std::iota(candidates.begin(), candidates.end(), 1);
     std::shuffle(candidates.begin(), candidates.end(), rng);
-    const auto count = std::min<std::int64_t>(
-        max_predictions, std::max<std::int64_t>(1, (length * 15 + 99) / 100));
-    std::sort(candidates.begin(), candidates.begin() + std::min<std::int64_t>(count, static_cast<std::int64_t>(candidates.size())));
+    const auto count = std::min<std::int64_t>(max_predictions,
+                                              std::max<std::int64_t>(1, (length * 15 + 99) / 100));
+    std::sort(candidates.begin(),
+              candidates.begin() +
+                  std::min<std::int64_t>(count, static_cast<std::int64_t>(candidates.size())));
     for (std::int64_t p = 0; p < count && p < static_cast<std::int64_t>(candidates.size()); ++p) {
       const auto slot = static_cast<std::size_t>(b * max_predictions + p);
       const auto position = candidates[static_cast<std::size_t>(p)];

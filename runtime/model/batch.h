@@ -12,13 +12,13 @@ struct Batch {
   std::int64_t batch_size = 0;
   std::int64_t seq_len = 0;
   std::int64_t max_predictions = 0;
-  std::vector<std::int64_t> input_ids;            // [B, S]
-  std::vector<std::int64_t> token_type_ids;       // [B, S]
-  std::vector<std::int64_t> attention_mask;       // [B, S], 1 real token / 0 padding
-  std::vector<std::int64_t> masked_lm_positions;  // [B, P], positions within the sequence
-  std::vector<std::int64_t> masked_lm_ids;        // [B, P], the original tokens
-  std::vector<float> masked_lm_weights;           // [B, P], 1 real prediction / 0 padding
-  std::vector<std::int64_t> next_sentence_labels; // [B], 0 is-next / 1 random
+  std::vector<std::int64_t> input_ids;             // [B, S]
+  std::vector<std::int64_t> token_type_ids;        // [B, S]
+  std::vector<std::int64_t> attention_mask;        // [B, S], 1 real token / 0 padding
+  std::vector<std::int64_t> masked_lm_positions;   // [B, P], positions within the sequence
+  std::vector<std::int64_t> masked_lm_ids;         // [B, P], the original tokens
+  std::vector<float> masked_lm_weights;            // [B, P], 1 real prediction / 0 padding
+  std::vector<std::int64_t> next_sentence_labels;  // [B], 0 is-next / 1 random
 
   std::int64_t tokens() const { return batch_size * seq_len; }
   std::int64_t predictions() const { return batch_size * max_predictions; }

@@ -30,11 +30,14 @@ std::uint64_t hash_name(std::string_view name) {
   return hash;
 }
 
-std::string layer_prefix(int layer) { return "bert.encoder.layer." + std::to_string(layer) + "."; }
+std::string layer_prefix(int layer) {
+  return "bert.encoder.layer." + std::to_string(layer) + ".";
+}
 
 // Dropout stream of one site of one encoder layer (global index: the same on every chunking).
 std::uint64_t site_seed(std::uint64_t seed, int layer, int site) {
-  return kernels::derive_seed(seed, static_cast<std::uint64_t>(layer) * 4 + static_cast<std::uint64_t>(site));
+  return kernels::derive_seed(
+      seed, static_cast<std::uint64_t>(layer) * 4 + static_cast<std::uint64_t>(site));
 }
 
 }  // namespace
@@ -99,8 +102,8 @@ struct BertChunk<T>::Stash {
   struct Layer {
     const T* input = nullptr;
     T *qkv = nullptr, *probs = nullptr, *ctx = nullptr, *attn_sum = nullptr, *mean1 = nullptr,
-      *rstd1 = nullptr, *h1 = nullptr, *ffn_pre = nullptr, *ffn_act = nullptr,
-      *ffn_sum = nullptr, *mean2 = nullptr, *rstd2 = nullptr, *out = nullptr;
+      *rstd1 = nullptr, *h1 = nullptr, *ffn_pre = nullptr, *ffn_act = nullptr, *ffn_sum = nullptr,
+      *mean2 = nullptr, *rstd2 = nullptr, *out = nullptr;
   };
   int microbatch = -1;
   std::unique_ptr<tensor::Arena> arena;
@@ -232,7 +235,8 @@ void BertChunk<T>::init_weights(std::uint64_t seed) {
         std::normal_distribution<double> normal(0.0, config_.initializer_range);
         for (std::int64_t i = 0; i < entry.size; ++i) target[i] = static_cast<T>(normal(rng));
         if (entry.init == Init::kWordEmbedding && config_.pad_token_id >= 0) {
-          std::fill_n(target + config_.pad_token_id * config_.hidden_size, config_.hidden_size, T(0));
+          std::fill_n(target + config_.pad_token_id * config_.hidden_size, config_.hidden_size,
+                      T(0));
         }
         break;
       }
@@ -257,8 +261,11 @@ template <typename T>
 std::optional<ParameterView<T>> BertChunk<T>::parameter(std::string_view name) {
   for (const auto& entry : registry_) {
     if (entry.name == name) {
-      return ParameterView<T>{entry.name, values_.template data<T>() + entry.offset,
-                              grads_.template data<T>() + entry.offset, entry.size, entry.shape,
+      return ParameterView<T>{entry.name,
+                              values_.template data<T>() + entry.offset,
+                              grads_.template data<T>() + entry.offset,
+                              entry.size,
+                              entry.shape,
                               entry.no_decay};
     }
   }
@@ -285,7 +292,8 @@ void BertChunk<T>::check_finite_gradients(std::int64_t step) const {
   for (const auto& entry : registry_) {
     if (!kernels::all_finite(grads + entry.offset, entry.size)) {
       std::int64_t index = 0;
-      while (index < entry.size && std::isfinite(static_cast<double>(grads[entry.offset + index]))) {
+      while (index < entry.size &&
+             std::isfinite(static_cast<double>(grads[entry.offset + index]))) {
         ++index;
       }
       throw std::runtime_error("non-finite gradient at step " + std::to_string(step) + " in '" +
@@ -325,9 +333,8 @@ void BertChunk<T>::discard(int microbatch) {
 }
 
 template <typename T>
-ForwardResult<T> BertChunk<T>::forward(int microbatch, const Batch& batch,
-                                       ConstMatrixView<T> input, const ForwardOptions& options,
-                                       KfacCapture<T>* capture) {
+ForwardResult<T> BertChunk<T>::forward(int microbatch, const Batch& batch, ConstMatrixView<T> input,
+                                       const ForwardOptions& options, KfacCapture<T>* capture) {
   for (const auto& stash : in_flight_) {
     if (stash->microbatch == microbatch) {
       throw std::invalid_argument("model chunk: micro-batch " + std::to_string(microbatch) +
@@ -335,14 +342,9 @@ ForwardResult<T> BertChunk<T>::forward(int microbatch, const Batch& batch,
     }
   }
   batch.validate(config_);
-  const std::int64_t B = batch.batch_size;
-  const std::int64_t S = batch.seq_len;
-  const std::int64_t P = batch.max_predictions;
-  const std::int64_t tokens = B * S;
+  const std::int64_t tokens = batch.tokens();
   const std::int64_t H = config_.hidden_size;
-  const std::int64_t I = config_.intermediate_size;
-  const std::int64_t V = config_.vocab_size;
-  if (!spec_.has_embeddings && (input.rows != tokens || input.cols != H)) {
+  if (!spec_.has_embeddings && (input.rows != tokens || input.cols != H || input.data == nullptr)) {
     throw std::invalid_argument("model chunk: input activation is [" + std::to_string(input.rows) +
                                 ", " + std::to_string(input.cols) + "], expected [" +
                                 std::to_string(tokens) + ", " + std::to_string(H) + "]");
@@ -357,18 +359,40 @@ ForwardResult<T> BertChunk<T>::forward(int microbatch, const Batch& batch,
   Stash& st = *owned;
   st.microbatch = microbatch;
   st.arena = pool_.acquire();
-  st.batch = B;
-  st.seq = S;
-  st.predictions = P;
+  st.batch = batch.batch_size;
+  st.seq = batch.seq_len;
+  st.predictions = batch.max_predictions;
   st.seed = options.seed;
   st.hidden_dropout = options.training ? config_.hidden_dropout : 0.0F;
   st.attention_dropout = options.training ? config_.attention_dropout : 0.0F;
   in_flight_.push_back(std::move(owned));
+  try {
+    return forward_stashed(st, batch, input, options, capture);
+  } catch (...) {
+    discard(microbatch);  // a failed forward leaves nothing in flight
+    throw;
+  }
+}
+
+template <typename T>
+ForwardResult<T> BertChunk<T>::forward_stashed(Stash& st, const Batch& batch,
+                                               kernels::ConstMatrixView<T> input,
+                                               const ForwardOptions& options,
+                                               KfacCapture<T>* capture) {
+  const int microbatch = st.microbatch;
+  const std::int64_t B = st.batch;
+  const std::int64_t S = st.seq;
+  const std::int64_t P = st.predictions;
+  const std::int64_t tokens = B * S;
+  const std::int64_t H = config_.hidden_size;
+  const std::int64_t I = config_.intermediate_size;
+  const std::int64_t V = config_.vocab_size;
   scratch_->reset();
 
   tensor::Arena& arena = *st.arena;
   auto copy_ids = [&](const std::vector<std::int64_t>& source) {
-    auto* target = arena.template allocate_array<std::int64_t>(static_cast<std::int64_t>(source.size()));
+    auto* target =
+        arena.template allocate_array<std::int64_t>(static_cast<std::int64_t>(source.size()));
     std::copy(source.begin(), source.end(), target);
     return target;
   };
@@ -423,9 +447,10 @@ ForwardResult<T> BertChunk<T>::forward(int microbatch, const Batch& batch,
                                {a.qkv, tokens, 3 * H});
     a.probs = buffer(kernels::attention_probs_size(shape));
     a.ctx = buffer(tokens * H);
-    T* workspace = st.attention_dropout > 0.0F
-                       ? scratch_->template allocate_array<T>(kernels::attention_workspace_size(shape))
-                       : nullptr;
+    T* workspace =
+        st.attention_dropout > 0.0F
+            ? scratch_->template allocate_array<T>(kernels::attention_workspace_size(shape))
+            : nullptr;
     kernels::attention_forward<T>(shape, {a.qkv, tokens, 3 * H}, st.mask, st.attention_dropout,
                                   site_seed(st.seed, w.global, 0), a.probs, workspace,
                                   {a.ctx, tokens, H});
@@ -546,13 +571,15 @@ void BertChunk<T>::backward(int microbatch, ConstMatrixView<T> grad_output,
   const std::int64_t H = config_.hidden_size;
   const std::int64_t I = config_.intermediate_size;
   const std::int64_t V = config_.vocab_size;
-  if (!spec_.has_head && (grad_output.rows != tokens || grad_output.cols != H)) {
+  if (!spec_.has_head &&
+      (grad_output.rows != tokens || grad_output.cols != H || grad_output.data == nullptr)) {
     throw std::invalid_argument("model chunk: output gradient is [" +
                                 std::to_string(grad_output.rows) + ", " +
                                 std::to_string(grad_output.cols) + "], expected [" +
                                 std::to_string(tokens) + ", " + std::to_string(H) + "]");
   }
-  if (!spec_.has_embeddings && (grad_input.rows != tokens || grad_input.cols != H)) {
+  if (!spec_.has_embeddings &&
+      (grad_input.rows != tokens || grad_input.cols != H || grad_input.data == nullptr)) {
     throw std::invalid_argument("model chunk: input gradient buffer is [" +
                                 std::to_string(grad_input.rows) + ", " +
                                 std::to_string(grad_input.cols) + "], expected [" +
@@ -574,13 +601,12 @@ void BertChunk<T>::backward(int microbatch, ConstMatrixView<T> grad_output,
     MatrixView<T> dnsp(st.nsp_probs, B, 2);
     kernels::cross_entropy_backward<T>(dnsp, st.nsp_labels, nullptr, loss_scale);
     T* dpooled = scratch(B * H);
-    kernels::linear_backward<T>({st.pooled, B, H}, {values + o.nsp_w, 2, H}, dnsp,
-                                {dpooled, B, H}, {grads + o.nsp_w, 2, H}, grads + o.nsp_b);
+    kernels::linear_backward<T>({st.pooled, B, H}, {values + o.nsp_w, 2, H}, dnsp, {dpooled, B, H},
+                                {grads + o.nsp_w, 2, H}, grads + o.nsp_b);
     kernels::tanh_backward<T>({st.pooled, B, H}, {dpooled, B, H}, {dpooled, B, H});
     T* dfirst = scratch(B * H);
-    kernels::linear_backward<T>({st.first_tokens, B, H}, {values + o.pool_w, H, H},
-                                {dpooled, B, H}, {dfirst, B, H}, {grads + o.pool_w, H, H},
-                                grads + o.pool_b);
+    kernels::linear_backward<T>({st.first_tokens, B, H}, {values + o.pool_w, H, H}, {dpooled, B, H},
+                                {dfirst, B, H}, {grads + o.pool_w, H, H}, grads + o.pool_b);
     kernels::scatter_add_rows<T>({dfirst, B, H}, st.first_index, dseq);
     // MLM.
     const std::int64_t R = B * P;
@@ -591,14 +617,13 @@ void BertChunk<T>::backward(int microbatch, ConstMatrixView<T> grad_output,
       kernels::linear_backward<T>({st.transform_out, R, H}, {values + o.decoder_w, V, H}, dlogits,
                                   {dout, R, H}, {grads + o.decoder_w, V, H}, grads + o.decoder_b);
       T* dact = scratch(R * H);
-      kernels::layernorm_backward<T>({st.transform_act, R, H}, {dout, R, H},
-                                     values + o.transform_ln_g, st.transform_mean,
-                                     st.transform_rstd, {dact, R, H}, grads + o.transform_ln_g,
-                                     grads + o.transform_ln_b);
+      kernels::layernorm_backward<T>(
+          {st.transform_act, R, H}, {dout, R, H}, values + o.transform_ln_g, st.transform_mean,
+          st.transform_rstd, {dact, R, H}, grads + o.transform_ln_g, grads + o.transform_ln_b);
       kernels::gelu_backward<T>({st.transform_pre, R, H}, {dact, R, H}, {dact, R, H});
       T* dgathered = scratch(R * H);
-      kernels::linear_backward<T>({st.gathered, R, H}, {values + o.transform_w, H, H},
-                                  {dact, R, H}, {dgathered, R, H}, {grads + o.transform_w, H, H},
+      kernels::linear_backward<T>({st.gathered, R, H}, {values + o.transform_w, H, H}, {dact, R, H},
+                                  {dgathered, R, H}, {grads + o.transform_w, H, H},
                                   grads + o.transform_b);
       kernels::scatter_add_rows<T>({dgathered, R, H}, st.mlm_index, dseq);
     }
@@ -624,7 +649,8 @@ void BertChunk<T>::backward(int microbatch, ConstMatrixView<T> grad_output,
                                    dsum, grads + w.ln2_g, grads + w.ln2_b);
     MatrixView<T> dbranch(d_branch, tokens, H);
     kernels::dropout_backward<T>(dsum, dbranch, st.hidden_dropout, site_seed(st.seed, w.global, 2));
-    if (capture != nullptr) capture->on_output_grad(w.global, LinearKind::kFfnOut, microbatch, dbranch);
+    if (capture != nullptr)
+      capture->on_output_grad(w.global, LinearKind::kFfnOut, microbatch, dbranch);
     MatrixView<T> dact(d_act, tokens, I);
     kernels::linear_backward<T>({a.ffn_act, tokens, I}, {values + w.out_w, H, I}, dbranch, dact,
                                 {grads + w.out_w, H, I}, grads + w.out_b);
@@ -636,8 +662,8 @@ void BertChunk<T>::backward(int microbatch, ConstMatrixView<T> grad_output,
                                 {grads + w.in_w, I, H}, grads + w.in_b);
     kernels::accumulate<T>(dsum, dh1);
     // Attention LayerNorm; its input is x + dropout(attention output projection).
-    kernels::layernorm_backward<T>({a.attn_sum, tokens, H}, dh1, values + w.ln1_g, a.mean1,
-                                   a.rstd1, dsum, grads + w.ln1_g, grads + w.ln1_b);
+    kernels::layernorm_backward<T>({a.attn_sum, tokens, H}, dh1, values + w.ln1_g, a.mean1, a.rstd1,
+                                   dsum, grads + w.ln1_g, grads + w.ln1_b);
     kernels::dropout_backward<T>(dsum, dbranch, st.hidden_dropout, site_seed(st.seed, w.global, 1));
     if (capture != nullptr) {
       capture->on_output_grad(w.global, LinearKind::kAttentionOut, microbatch, dbranch);
@@ -671,7 +697,8 @@ void BertChunk<T>::backward(int microbatch, ConstMatrixView<T> grad_output,
     kernels::embedding_backward<T>(dsum, st.ids, {grads + o.word, V, H}, config_.pad_token_id);
     kernels::embedding_backward<T>(dsum, st.positions,
                                    {grads + o.position, config_.max_position_embeddings, H});
-    kernels::embedding_backward<T>(dsum, st.types, {grads + o.token_type, config_.type_vocab_size, H});
+    kernels::embedding_backward<T>(dsum, st.types,
+                                   {grads + o.token_type, config_.type_vocab_size, H});
   } else if (layers_.empty()) {
     // A chunk with no layers passes the gradient through.
     for (std::int64_t r = 0; r < tokens; ++r) std::copy_n(d.row(r), H, grad_input.row(r));

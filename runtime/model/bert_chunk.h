@@ -57,14 +57,14 @@ void validate_chunk_specs(const BertConfig& config, const std::vector<ChunkSpec>
 std::pair<std::string, std::string> tied_parameter_names();
 
 struct ForwardOptions {
-  bool training = true;     // dropout on
-  std::uint64_t seed = 0;   // dropout stream of this micro-batch (same on every chunk)
-  bool keep_logits = false; // keep the MLM and NSP logits (before softmax) for inspection
+  bool training = true;      // dropout on
+  std::uint64_t seed = 0;    // dropout stream of this micro-batch (same on every chunk)
+  bool keep_logits = false;  // keep the MLM and NSP logits (before softmax) for inspection
 };
 
 struct Losses {
-  double mlm = 0;   // mean cross-entropy over real masked positions
-  double nsp = 0;   // mean over sequences
+  double mlm = 0;  // mean cross-entropy over real masked positions
+  double nsp = 0;  // mean over sequences
   double total() const { return mlm + nsp; }
 };
 
@@ -73,10 +73,10 @@ void check_finite_loss(const Losses& losses, std::int64_t step);
 
 template <typename T>
 struct ForwardResult {
-  kernels::ConstMatrixView<T> output;        // [B*S, H]; empty on the head chunk
-  std::optional<Losses> losses;              // head chunk only
-  kernels::ConstMatrixView<T> mlm_logits;    // [B*P, V] when keep_logits
-  kernels::ConstMatrixView<T> nsp_logits;    // [B, 2] when keep_logits
+  kernels::ConstMatrixView<T> output;      // [B*S, H]; empty on the head chunk
+  std::optional<Losses> losses;            // head chunk only
+  kernels::ConstMatrixView<T> mlm_logits;  // [B*P, V] when keep_logits
+  kernels::ConstMatrixView<T> nsp_logits;  // [B, 2] when keep_logits
 };
 
 template <typename T>
@@ -126,6 +126,9 @@ class BertChunk {
   struct LayerWeights;
   struct Registered;
   Stash& stash_for(int microbatch);
+  ForwardResult<T> forward_stashed(Stash& stash, const Batch& batch,
+                                   kernels::ConstMatrixView<T> input, const ForwardOptions& options,
+                                   KfacCapture<T>* capture);
 
   BertConfig config_;
   ChunkSpec spec_;

@@ -148,7 +148,7 @@ nlohmann::json bert_config_to_hf_json(const BertConfig& config) {
           {"initializer_range", config.initializer_range},
           {"hidden_act", "gelu"},
           {"pad_token_id", config.pad_token_id < 0 ? nlohmann::json(nullptr)
-                                                    : nlohmann::json(config.pad_token_id)}};
+                                                   : nlohmann::json(config.pad_token_id)}};
 }
 
 BertConfig resolve_bert_config(std::string_view preset_or_path) {

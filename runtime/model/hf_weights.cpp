@@ -11,6 +11,23 @@ namespace {
 
 constexpr const char* kDecoderBias = "cls.predictions.decoder.bias";
 
+// Other spellings of a tensor found in published checkpoints: LayerNorm gamma/beta (converted
+// from TensorFlow) and a bare BertModel without the "bert." prefix.
+std::vector<std::string> alternative_names(const std::string& name) {
+  std::vector<std::string> names;
+  auto replace_suffix = [&](const std::string& from, const std::string& to) {
+    if (name.size() >= from.size() &&
+        name.compare(name.size() - from.size(), from.size(), from) == 0) {
+      names.push_back(name.substr(0, name.size() - from.size()) + to);
+    }
+  };
+  replace_suffix("LayerNorm.weight", "LayerNorm.gamma");
+  replace_suffix("LayerNorm.bias", "LayerNorm.beta");
+  const std::string prefix = "bert.";
+  if (name.rfind(prefix, 0) == 0) names.push_back(name.substr(prefix.size()));
+  return names;
+}
+
 }  // namespace
 
 template <typename T>
@@ -19,8 +36,17 @@ void load_hf_weights(const ckpt::SafetensorsFile& file, BertChunk<T>& chunk) {
   for (auto& p : chunk.parameters()) {
     std::string source = p.name;
     if (p.name == decoder_name && !file.tensors.contains(decoder_name)) source = word_name;
+    if (!file.tensors.contains(source)) {
+      for (const auto& alternative : alternative_names(source)) {
+        if (file.tensors.contains(alternative)) {
+          source = alternative;
+          break;
+        }
+      }
+    }
     const auto values = ckpt::read_as_f32(file, source, p.shape);
-    std::transform(values.begin(), values.end(), p.value, [](float v) { return static_cast<T>(v); });
+    std::transform(values.begin(), values.end(), p.value,
+                   [](float v) { return static_cast<T>(v); });
   }
   // A file with both tied names must agree, or one of them would be silently dropped.
   if (file.tensors.contains(decoder_name) && file.tensors.contains(word_name)) {
@@ -89,9 +115,12 @@ void save_hf_weights(const std::filesystem::path& path, std::span<BertChunk<T>* 
 
 template void load_hf_weights<float>(const ckpt::SafetensorsFile&, BertChunk<float>&);
 template void load_hf_weights<double>(const ckpt::SafetensorsFile&, BertChunk<double>&);
-template std::vector<ckpt::TensorRecord> hf_weight_records<float>(std::span<BertChunk<float>* const>);
-template std::vector<ckpt::TensorRecord> hf_weight_records<double>(std::span<BertChunk<double>* const>);
-template void save_hf_weights<float>(const std::filesystem::path&, std::span<BertChunk<float>* const>,
+template std::vector<ckpt::TensorRecord> hf_weight_records<float>(
+    std::span<BertChunk<float>* const>);
+template std::vector<ckpt::TensorRecord> hf_weight_records<double>(
+    std::span<BertChunk<double>* const>);
+template void save_hf_weights<float>(const std::filesystem::path&,
+                                     std::span<BertChunk<float>* const>,
                                      const std::filesystem::path&);
 template void save_hf_weights<double>(const std::filesystem::path&,
                                       std::span<BertChunk<double>* const>,

@@ -17,7 +17,9 @@ namespace pf::model {
 // head chunk's decoder copy comes from "cls.predictions.decoder.weight" or, when the file has
 // none (transformers drops tied tensors), from the word embeddings. Throws std::runtime_error
 // naming the tensor that is missing, mis-shaped or of an unsupported dtype, or a decoder weight
-// that differs from the word embeddings. Tensors of other chunks and buffers such as
+// that differs from the word embeddings. Older spellings are accepted when the Hugging Face name
+// is absent: "LayerNorm.gamma"/"LayerNorm.beta" and names without the "bert." prefix (a bare
+// BertModel file). Tensors of other chunks and buffers such as
 // "bert.embeddings.position_ids" are ignored.
 template <typename T>
 void load_hf_weights(const ckpt::SafetensorsFile& file, BertChunk<T>& chunk);

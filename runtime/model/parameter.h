@@ -9,12 +9,12 @@ namespace pf::model {
 
 template <typename T>
 struct ParameterView {
-  std::string name;                  // Hugging Face tensor name
+  std::string name;  // Hugging Face tensor name
   T* value = nullptr;
   T* grad = nullptr;
   std::int64_t size = 0;
-  std::vector<std::int64_t> shape;   // Linear weights are [out, in]
-  bool is_bias_or_layernorm = false; // excluded from weight decay
+  std::vector<std::int64_t> shape;    // Linear weights are [out, in]
+  bool is_bias_or_layernorm = false;  // excluded from weight decay
 };
 
 }  // namespace pf::model

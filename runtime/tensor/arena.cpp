@@ -6,7 +6,9 @@ namespace pf::tensor {
 namespace {
 constexpr std::size_t kAlignment = 64;
 constexpr std::size_t kMinBlock = std::size_t{1} << 20;
-std::size_t align_up(std::size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+std::size_t align_up(std::size_t bytes) {
+  return (bytes + kAlignment - 1) / kAlignment * kAlignment;
+}
 }  // namespace
 
 Arena::Arena(Backend& backend, std::size_t initial_bytes) : backend_(&backend) {

@@ -35,9 +35,9 @@ class Arena {
  private:
   Backend* backend_;
   std::vector<Buffer> blocks_;
-  std::size_t current_ = 0;       // index of the block being filled
-  std::size_t offset_ = 0;        // bytes used in that block
-  std::size_t used_total_ = 0;    // bytes handed out this cycle (with alignment padding)
+  std::size_t current_ = 0;     // index of the block being filled
+  std::size_t offset_ = 0;      // bytes used in that block
+  std::size_t used_total_ = 0;  // bytes handed out this cycle (with alignment padding)
 };
 
 // Arenas for in-flight micro-batches: acquire one per forward, release it after the backward.

@@ -26,23 +26,23 @@ class Event;
 class Stream {
  public:
   virtual ~Stream() = default;
-  virtual void synchronize() = 0;              // host waits for all work issued so far
-  virtual void wait(const Event& event) = 0;   // later work on this stream waits for `event`
+  virtual void synchronize() = 0;             // host waits for all work issued so far
+  virtual void wait(const Event& event) = 0;  // later work on this stream waits for `event`
 };
 
 // A marker in a stream, to order work across streams and with the host.
 class Event {
  public:
   virtual ~Event() = default;
-  virtual void record(Stream& stream) = 0;     // completes when the stream's prior work has
-  virtual void synchronize() const = 0;        // host waits for completion
-  virtual bool completed() const = 0;          // non-blocking query
+  virtual void record(Stream& stream) = 0;  // completes when the stream's prior work has
+  virtual void synchronize() const = 0;     // host waits for completion
+  virtual bool completed() const = 0;       // non-blocking query
 };
 
 enum class CopyKind : std::uint8_t { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
 struct AllocationStats {
-  std::int64_t allocations = 0;    // calls to allocate over the backend's life
+  std::int64_t allocations = 0;  // calls to allocate over the backend's life
   std::int64_t bytes_in_use = 0;
   std::int64_t peak_bytes_in_use = 0;
 };

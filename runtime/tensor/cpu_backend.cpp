@@ -49,8 +49,8 @@ void CpuBackend::deallocate(void* pointer, std::size_t bytes) noexcept {
   bytes_in_use_.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
 }
 
-void CpuBackend::copy(void* destination, const void* source, std::size_t bytes,
-                      CopyKind /*kind*/, Stream* /*stream*/) {
+void CpuBackend::copy(void* destination, const void* source, std::size_t bytes, CopyKind /*kind*/,
+                      Stream* /*stream*/) {
   if (bytes > 0) std::memmove(destination, source, bytes);
 }
 
@@ -58,8 +58,12 @@ void CpuBackend::fill_zero(void* destination, std::size_t bytes, Stream* /*strea
   if (bytes > 0) std::memset(destination, 0, bytes);
 }
 
-std::unique_ptr<Stream> CpuBackend::create_stream() { return std::make_unique<CpuStream>(); }
-std::unique_ptr<Event> CpuBackend::create_event() { return std::make_unique<CpuEvent>(); }
+std::unique_ptr<Stream> CpuBackend::create_stream() {
+  return std::make_unique<CpuStream>();
+}
+std::unique_ptr<Event> CpuBackend::create_event() {
+  return std::make_unique<CpuEvent>();
+}
 
 AllocationStats CpuBackend::stats() const {
   return {allocations_.load(), bytes_in_use_.load(), peak_bytes_.load()};

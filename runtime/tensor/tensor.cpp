@@ -13,7 +13,8 @@ std::string shape_to_string(const Shape& shape) {
 std::int64_t numel_of(const Shape& shape) {
   std::int64_t count = 1;
   for (auto extent : shape) {
-    if (extent < 0) throw std::invalid_argument("negative dimension in shape " + shape_to_string(shape));
+    if (extent < 0)
+      throw std::invalid_argument("negative dimension in shape " + shape_to_string(shape));
     count *= extent;
   }
   return count;
@@ -28,8 +29,8 @@ Shape contiguous_strides(const Shape& shape) {
 Tensor Tensor::empty(Backend& backend, Shape shape, DType dtype) {
   Tensor tensor;
   tensor.numel_ = numel_of(shape);
-  tensor.storage_ =
-      std::make_shared<Buffer>(backend, static_cast<std::size_t>(tensor.numel_) * element_size(dtype));
+  tensor.storage_ = std::make_shared<Buffer>(
+      backend, static_cast<std::size_t>(tensor.numel_) * element_size(dtype));
   tensor.data_ = tensor.storage_->data();
   tensor.dtype_ = dtype;
   tensor.device_ = backend.device();

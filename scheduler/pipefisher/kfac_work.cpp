@@ -155,6 +155,29 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
     return static_cast<int>(work.tasks.size()) - 1;
   };
 
+  // The preconditioned Linears of every chunk, computed once.
+  std::vector<std::vector<HeldLinear>> linears_of_chunk;
+  linears_of_chunk.reserve(base.placement.chunks.size());
+  for (const auto& chunk : base.placement.chunks) {
+    linears_of_chunk.push_back(chunk_linears(chunk, selected, options));
+  }
+  // `chunk` is always an element of base.placement.chunks (from Placement::at).
+  auto linears_of = [&](const sched::ChunkPlacement& chunk) -> const std::vector<HeldLinear>& {
+    return linears_of_chunk[static_cast<std::size_t>(&chunk - base.placement.chunks.data())];
+  };
+  std::size_t curvature_count = 0;
+  for (int w = 0; w < base.num_workers(); ++w) {
+    for (std::size_t x = 0; x < base.streams[static_cast<std::size_t>(w)].size(); ++x) {
+      const Instruction& in = base.streams[static_cast<std::size_t>(w)][x];
+      if (in.kind == OpKind::kForward || produces_output_gradient(in.kind)) {
+        curvature_count += linears_of(chunk_of(base, in, w, x)).size();
+      }
+    }
+  }
+  work.tasks.reserve(curvature_count * static_cast<std::size_t>(curvature_steps) +
+                     4 * base.placement.chunks.size() * options.linears.size() *
+                         static_cast<std::size_t>(refresh_steps + 3));
+
   // Curvature: A after each forward, B after each backward that yields output gradients.
   std::map<FactorKey, std::vector<int>> curvature_a, curvature_b;
   for (OpKind kind : {OpKind::kCurvatureA, OpKind::kCurvatureB}) {
@@ -167,7 +190,7 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
                                                           : produces_output_gradient(in.kind);
           if (!source) continue;
           const auto& chunk = chunk_of(base, in, w, x);
-          for (const auto& held : chunk_linears(chunk, selected, options)) {
+          for (const auto& held : linears_of(chunk)) {
             const int id = add(w,
                                kfac_instruction(kind, in.pipeline, in.chunk, step, in.microbatch,
                                                 held),
@@ -262,7 +285,7 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
       }
       for (const auto& [pipeline_chunk, position] : last_backward) {
         const auto& chunk = base.placement.at(pipeline_chunk.first, pipeline_chunk.second);
-        for (const auto& held : chunk_linears(chunk, selected, options)) {
+        for (const auto& held : linears_of(chunk)) {
           std::vector<int> deps;
           if (step == refresh_steps - 1) deps = inversions[key(w, held)];
           add(w,

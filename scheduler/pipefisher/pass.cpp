@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -18,15 +20,24 @@ namespace {
 
 using sched::OpKind;
 
+// The work and the bubbles of one candidate k, shared by the policies that pack them.
+struct Prepared {
+  int refresh_steps = 1;
+  KfacWork work;
+  BubbleMap bubbles;
+};
+
 // One complete packing for one k and one policy.
 struct Plan {
   int refresh_steps = 1;
   PackingPolicy policy = PackingPolicy::kFirstFit;
-  KfacWork work;
-  BubbleMap bubbles;
+  std::shared_ptr<const Prepared> prepared;
   std::vector<int> order;  // item index -> task index
   PackResult packed;
   double spilled_bound_s = 0.0;
+
+  const KfacWork& work() const { return prepared->work; }
+  const BubbleMap& bubbles() const { return prepared->bubbles; }
 };
 
 // Preconditions of all but the refresh's last step go first (they run every step, so a bubble
@@ -69,22 +80,32 @@ std::vector<int> packing_order(const KfacWork& work, PackingPolicy policy) {
   return order;
 }
 
-Plan make_plan(const sched::Schedule& base, const Timeline& timeline, const KfacOptions& options,
-               const DurationFn& duration, int k, PackingPolicy policy) {
+std::shared_ptr<const Prepared> prepare(const sched::Schedule& base, const Timeline& timeline,
+                                        const KfacOptions& options, const DurationFn& duration,
+                                        int k) {
+  auto prepared = std::make_shared<Prepared>();
+  prepared->refresh_steps = k;
+  prepared->work = build_kfac_work(base, options, k, duration);
+  prepared->bubbles = find_bubbles(base, timeline, k);
+  return prepared;
+}
+
+Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timeline,
+               const KfacOptions& options, PackingPolicy policy) {
   Plan plan;
-  plan.refresh_steps = k;
+  plan.refresh_steps = prepared->refresh_steps;
   plan.policy = policy;
-  plan.work = build_kfac_work(base, options, k, duration);
-  plan.bubbles = find_bubbles(base, timeline, k);
-  plan.order = packing_order(plan.work, policy);
-  std::vector<int> item_of(plan.work.tasks.size(), -1);
+  plan.prepared = std::move(prepared);
+  const KfacWork& work = plan.work();
+  plan.order = packing_order(work, policy);
+  std::vector<int> item_of(work.tasks.size(), -1);
   for (std::size_t i = 0; i < plan.order.size(); ++i) {
     item_of[static_cast<std::size_t>(plan.order[i])] = static_cast<int>(i);
   }
   std::vector<PackItem> items;
   items.reserve(plan.order.size());
   for (int t : plan.order) {
-    const KfacTask& task = plan.work.tasks[static_cast<std::size_t>(t)];
+    const KfacTask& task = work.tasks[static_cast<std::size_t>(t)];
     PackItem item;
     item.workers = task.workers;
     item.duration = task.duration_s;
@@ -95,7 +116,7 @@ Plan make_plan(const sched::Schedule& base, const Timeline& timeline, const Kfac
     item.step_bound = task.step_bound;
     items.push_back(std::move(item));
   }
-  plan.packed = pack(plan.bubbles.problem, items, policy, options.safety_margin);
+  plan.packed = pack(plan.bubbles().problem, items, policy, options.safety_margin);
   for (std::size_t i = 0; i < items.size(); ++i) {
     if (plan.packed.placements[i].spilled && items[i].step_bound >= 0) {
       plan.spilled_bound_s += items[i].duration;
@@ -104,21 +125,59 @@ Plan make_plan(const sched::Schedule& base, const Timeline& timeline, const Kfac
   return plan;
 }
 
-// The smallest k whose packing needs no curvature / sync / inversion after a flush (per-step
-// preconditioning may still spill: it is needed every step whatever k is).
-Plan search(const sched::Schedule& base, const Timeline& timeline, const KfacOptions& options,
-            const DurationFn& duration, PackingPolicy policy, int lower_bound) {
-  if (options.refresh_steps > 0) {
-    return make_plan(base, timeline, options, duration, options.refresh_steps, policy);
+// For each policy, the smallest k whose packing needs no curvature / sync / inversion after a
+// flush (per-step preconditioning may still spill: it is needed every step whatever k is), or
+// the fixed k. The policies share each candidate k's work and bubbles.
+std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
+                         const KfacOptions& options, const DurationFn& duration,
+                         const std::vector<PackingPolicy>& policies, int lower_bound) {
+  std::map<int, std::shared_ptr<const Prepared>> prepared;  // by k, shared by the policies
+  auto plan_for = [&](int k, PackingPolicy policy) {
+    auto& entry = prepared[k];
+    if (!entry) entry = prepare(base, timeline, options, duration, k);
+    return make_plan(entry, timeline, options, policy);
+  };
+  std::vector<Plan> plans;
+  for (PackingPolicy policy : policies) {
+    if (options.refresh_steps > 0) {
+      plans.push_back(plan_for(options.refresh_steps, policy));
+      continue;
+    }
+    // Gallop up from the lower bound, then bisect between the last k that spilled and the
+    // first that did not (spilling shrinks as k grows: more bubbles for the same work).
+    int failed = std::max(1, lower_bound) - 1;
+    int step = 1;
+    int k = std::max(1, lower_bound);
+    std::optional<Plan> fits;
+    while (k <= options.max_refresh_steps) {
+      Plan plan = plan_for(k, policy);
+      if (plan.packed.spilled_items == 0) {
+        fits = std::move(plan);
+        break;
+      }
+      failed = k;
+      k = std::min(k + step, std::max(k + 1, options.max_refresh_steps));
+      step *= 2;
+    }
+    if (!fits) {
+      throw std::runtime_error(
+          "PipeFisher pass: the K-FAC work does not fit in the bubbles of " +
+          std::to_string(options.max_refresh_steps) + " steps (" +
+          std::string(to_string(policy)) +
+          "); fix the refresh interval (refresh_steps) to run the rest after the flush");
+    }
+    while (fits->refresh_steps - failed > 1) {
+      const int middle = failed + (fits->refresh_steps - failed) / 2;
+      Plan plan = plan_for(middle, policy);
+      if (plan.packed.spilled_items == 0) {
+        fits = std::move(plan);
+      } else {
+        failed = middle;
+      }
+    }
+    plans.push_back(std::move(*fits));
   }
-  for (int k = std::max(1, lower_bound); k <= options.max_refresh_steps; ++k) {
-    Plan plan = make_plan(base, timeline, options, duration, k, policy);
-    if (plan.packed.spilled_items == 0) return plan;
-  }
-  throw std::runtime_error(
-      "PipeFisher pass: the K-FAC work does not fit in the bubbles of " +
-      std::to_string(options.max_refresh_steps) + " steps (" + std::string(to_string(policy)) +
-      "); fix the refresh interval (refresh_steps) to run the rest after the flush");
+  return plans;
 }
 
 // A lower bound on k: no worker can do more K-FAC work in k steps than k steps' bubbles hold.
@@ -126,23 +185,38 @@ int refresh_lower_bound(const sched::Schedule& base, const Timeline& timeline,
                         const KfacOptions& options, const DurationFn& duration) {
   const KfacWork work = build_kfac_work(base, options, 1, duration);
   const BubbleMap map = find_bubbles(base, timeline, 3);  // step 1 is a whole steady step
-  std::vector<double> load(static_cast<std::size_t>(base.num_workers()), 0.0);
+  // Per worker: curvature (repeated every step with every_step curvature) and the rest.
+  std::vector<double> curvature(static_cast<std::size_t>(base.num_workers()), 0.0);
+  std::vector<double> rest(curvature.size(), 0.0);
+  const bool every_step = options.curvature == CurvatureSource::kEveryStep;
   for (const auto& task : work.tasks) {
     if (task.kind() == OpKind::kPrecondition) continue;
+    const bool per_step = every_step && (task.kind() == OpKind::kCurvatureA ||
+                                         task.kind() == OpKind::kCurvatureB);
     for (int w : task.workers) {
-      load[static_cast<std::size_t>(w)] += task.duration_s * (1.0 + options.safety_margin);
+      (per_step ? curvature : rest)[static_cast<std::size_t>(w)] +=
+          task.duration_s * (1.0 + options.safety_margin);
     }
   }
   int bound = 1;
-  for (std::size_t w = 0; w < load.size(); ++w) {
-    const double capacity = std::max(map.capacity_s[w][0], map.capacity_s[w][1]);
-    if (load[w] <= 0.0) continue;
+  for (std::size_t w = 0; w < rest.size(); ++w) {
+    if (curvature[w] + rest[w] <= 0.0) continue;
+    const double steady = map.capacity_s[w][1];
+    const double capacity = std::max(map.capacity_s[w][0], steady);
     if (!(capacity > 0.0)) {
       throw std::runtime_error("PipeFisher pass: worker " + std::to_string(w) +
                                " has no idle time to fill; fix the refresh interval "
                                "(refresh_steps) to run K-FAC work after the flush");
     }
-    const double steps = std::ceil(load[w] / capacity - 1e-9);
+    if (every_step && curvature[w] >= steady) {
+      throw std::runtime_error(
+          "PipeFisher pass: with every_step curvature, worker " + std::to_string(w) + " needs " +
+          std::to_string(1e3 * curvature[w]) + " ms of curvature per step but its bubbles hold " +
+          std::to_string(1e3 * steady) +
+          " ms: no refresh interval fits; use first_step curvature or fix the refresh interval");
+    }
+    // k * capacity >= k * curvature + rest.
+    const double steps = std::ceil(rest[w] / (capacity - curvature[w]) - 1e-9);
     bound = std::max(bound, static_cast<int>(std::min(steps, 1e9)));
   }
   return bound;
@@ -166,15 +240,15 @@ sched::Schedule emit(const sched::Schedule& base, const Plan& plan) {
   };
   std::vector<std::vector<Insert>> inserts(static_cast<std::size_t>(base.num_workers()));
   for (std::size_t i = 0; i < plan.order.size(); ++i) {
-    const KfacTask& task = plan.work.tasks[static_cast<std::size_t>(plan.order[i])];
+    const KfacTask& task = plan.work().tasks[static_cast<std::size_t>(plan.order[i])];
     const ItemPlacement& placed = plan.packed.placements[i];
     for (std::size_t r = 0; r < task.workers.size(); ++r) {
       const auto w = static_cast<std::size_t>(task.workers[r]);
       const Slot slot =
           placed.spilled
-              ? plan.bubbles.flush_slot[w][static_cast<std::size_t>(placed.step)]
-              : plan.bubbles.slots[w][static_cast<std::size_t>(
-                    plan.bubbles.problem.bubbles[w][static_cast<std::size_t>(placed.bubbles[r])]
+              ? plan.bubbles().flush_slot[w][static_cast<std::size_t>(placed.step)]
+              : plan.bubbles().slots[w][static_cast<std::size_t>(
+                    plan.bubbles().problem.bubbles[w][static_cast<std::size_t>(placed.bubbles[r])]
                         .slot)];
       inserts[w].push_back(Insert{slot.step, slot.position, placed.spilled, placed.start,
                                   static_cast<int>(i), task.instructions[r]});
@@ -244,7 +318,7 @@ KfacReport make_report(const sched::Schedule& base, const sim::CostModel& costs,
     report.kfac_memory_bytes = std::max(report.kfac_memory_bytes, worker.kfac_memory_bytes);
   }
   for (std::size_t i = 0; i < plan.order.size(); ++i) {
-    const KfacTask& task = plan.work.tasks[static_cast<std::size_t>(plan.order[i])];
+    const KfacTask& task = plan.work().tasks[static_cast<std::size_t>(plan.order[i])];
     const ItemPlacement& placed = plan.packed.placements[i];
     const bool sync = task.kind() == OpKind::kCurvatureSync;
     for (int w : task.workers) {
@@ -283,25 +357,26 @@ PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& cos
       options.refresh_steps > 0 ? options.refresh_steps
                                 : refresh_lower_bound(base, timeline, options, duration);
 
-  std::optional<Plan> first_fit, best_fit;
-  if (options.policy != PackingPolicy::kBestFit) {
-    first_fit = search(base, timeline, options, duration, PackingPolicy::kFirstFit, lower_bound);
+  std::vector<PackingPolicy> policies;
+  if (options.policy != PackingPolicy::kBestFit) policies.push_back(PackingPolicy::kFirstFit);
+  if (options.policy != PackingPolicy::kFirstFit) policies.push_back(PackingPolicy::kBestFit);
+  const std::vector<Plan> plans =
+      search(base, timeline, options, duration, policies, lower_bound);
+  const Plan* chosen = &plans.front();
+  for (const Plan& plan : plans) {
+    if (better(plan, *chosen)) chosen = &plan;
   }
-  if (options.policy != PackingPolicy::kFirstFit) {
-    best_fit = search(base, timeline, options, duration, PackingPolicy::kBestFit, lower_bound);
-  }
-  const Plan& chosen = !first_fit                        ? *best_fit
-                       : !best_fit                       ? *first_fit
-                       : better(*best_fit, *first_fit) ? *best_fit
-                                                         : *first_fit;
 
   PassResult result;
-  result.schedule = emit(base, chosen);
-  result.before = sim::simulate(repeat_steps(base, chosen.refresh_steps), costs, sim_options);
+  result.schedule = emit(base, *chosen);
+  result.before = sim::simulate(repeat_steps(base, chosen->refresh_steps), costs, sim_options);
   result.after = sim::simulate(result.schedule, costs, sim_options);
-  result.report = make_report(base, costs, options, chosen, result.before, result.after);
-  if (first_fit) result.report.first_fit_refresh_steps = first_fit->refresh_steps;
-  if (best_fit) result.report.best_fit_refresh_steps = best_fit->refresh_steps;
+  result.report = make_report(base, costs, options, *chosen, result.before, result.after);
+  for (const Plan& plan : plans) {
+    (plan.policy == PackingPolicy::kFirstFit ? result.report.first_fit_refresh_steps
+                                             : result.report.best_fit_refresh_steps) =
+        plan.refresh_steps;
+  }
   result.report.pass_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result;

@@ -15,12 +15,15 @@ int main(int argc, char** argv) {
       "or loads one (JSON, torch CSV), validates it, prints its grid and a summary, and writes "
       "JSON, CSV and Chrome-trace files. With a cost model (--model, --uniform or --profile) it "
       "simulates the schedule: step time, bubble, utilization, exposed communication and peak "
-      "memory per worker, throughput; --schedule all compares the schedules.",
+      "memory per worker, throughput; --schedule all compares the schedules; --kfac fills the "
+      "bubbles with K-FAC work (the PipeFisher pass).",
       "pipefisher_sim"};
   pf::cli::CompileCommandOptions options;
   pf::cli::add_compile_options(app, options);
   pf::cli::SimCommandOptions sim_options;
   pf::cli::add_sim_options(app, sim_options);
+  pf::pipefisher::KfacCommandOptions kfac_options;
+  pf::pipefisher::add_kfac_options(app, kfac_options);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -29,7 +32,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    return pf::cli::run_sim_command(options, sim_options, std::cout);
+    return pf::cli::run_sim_command(options, sim_options, std::cout, kfac_options);
   } catch (const std::exception& error) {
     std::cerr << "pipefisher_sim: error: " << error.what() << "\n";
     return 2;

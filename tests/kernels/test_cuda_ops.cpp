@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cublas_gemm.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/ops.h"
 #include "runtime/tensor/tensor.h"
@@ -60,7 +60,8 @@ TEST_F(CudaOps, BiasGeluMatchesCpu) {
   stream.synchronize();
   std::vector<float> y(x.size()), dx(x.size());
   kernels::bias_gelu_forward<float>({x.data(), rows, cols}, bias.data(), {y.data(), rows, cols});
-  kernels::gelu_backward<float>({x.data(), rows, cols}, {dy.data(), rows, cols}, {dx.data(), rows, cols});
+  kernels::gelu_backward<float>({x.data(), rows, cols}, {dy.data(), rows, cols},
+                                {dx.data(), rows, cols});
   const auto y_gpu = download(y_device), dx_gpu = download(dx_device), x_gpu = download(x_device);
   for (std::size_t i = 0; i < x.size(); ++i) {
     ASSERT_FLOAT_EQ(x_gpu[i], x[i]);  // the pre-activation kept in place

@@ -40,8 +40,10 @@ TEST(Gemm, AllTransposesMatchTheDefinition) {
         for (std::int64_t j = 0; j < n; ++j) {
           double expected = 0.5 * c0[static_cast<std::size_t>(i * n + j)];
           for (std::int64_t p = 0; p < k; ++p) {
-            const double x = ta ? a[static_cast<std::size_t>(p * m + i)] : a[static_cast<std::size_t>(i * k + p)];
-            const double y = tb ? b[static_cast<std::size_t>(j * k + p)] : b[static_cast<std::size_t>(p * n + j)];
+            const double x = ta ? a[static_cast<std::size_t>(p * m + i)]
+                                : a[static_cast<std::size_t>(i * k + p)];
+            const double y = tb ? b[static_cast<std::size_t>(j * k + p)]
+                                : b[static_cast<std::size_t>(p * n + j)];
             expected += 2.0 * x * y;
           }
           EXPECT_NEAR(c[static_cast<std::size_t>(i * n + j)], expected, 1e-12);
@@ -53,9 +55,9 @@ TEST(Gemm, AllTransposesMatchTheDefinition) {
 
 TEST(Gemm, RejectsMismatchedShapes) {
   Vec a(6), b(6), c(4);
-  EXPECT_THROW(gemm<double>(view(a, 2, 3), Transpose::kNo, view(b, 2, 3), Transpose::kNo,
-                            view(c, 2, 2)),
-               std::invalid_argument);
+  EXPECT_THROW(
+      gemm<double>(view(a, 2, 3), Transpose::kNo, view(b, 2, 3), Transpose::kNo, view(c, 2, 2)),
+      std::invalid_argument);
 }
 
 TEST(Gemm, BatchedEqualsLoopOfProducts) {
@@ -335,7 +337,8 @@ TEST(CrossEntropy, WeightedMeanAndBackward) {
   double expected = 0;
   for (int row : {0, 2}) {
     double normaliser = 0;
-    for (int j = 0; j < 4; ++j) normaliser += std::exp(logits[static_cast<std::size_t>(row * 4 + j)]);
+    for (int j = 0; j < 4; ++j)
+      normaliser += std::exp(logits[static_cast<std::size_t>(row * 4 + j)]);
     expected += std::log(normaliser) - logits[static_cast<std::size_t>(row * 4 + labels[row])];
   }
   EXPECT_NEAR(value, expected / 2, 1e-12);

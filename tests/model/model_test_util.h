@@ -79,7 +79,8 @@ struct ChunkedModel {
       for (auto& chunk : chunks) {
         if (auto p = chunk->parameter(n)) {
           if (total.empty()) total.assign(static_cast<std::size_t>(p->size), T(0));
-          for (std::int64_t i = 0; i < p->size; ++i) total[static_cast<std::size_t>(i)] += p->grad[i];
+          for (std::int64_t i = 0; i < p->size; ++i)
+            total[static_cast<std::size_t>(i)] += p->grad[i];
         }
       }
     };

@@ -118,9 +118,13 @@ void compare_with_pytorch(double relative_tolerance) {
   EXPECT_EQ(compared, 5 + 16 * golden.config.num_layers + 9);
 }
 
-TEST(GoldenPyTorch, DoubleMatchesFloat64Reference) { compare_with_pytorch<double>(1e-10); }
+TEST(GoldenPyTorch, DoubleMatchesFloat64Reference) {
+  compare_with_pytorch<double>(1e-10);
+}
 
-TEST(GoldenPyTorch, FloatMatchesWithinFp32Rounding) { compare_with_pytorch<float>(1e-5); }
+TEST(GoldenPyTorch, FloatMatchesWithinFp32Rounding) {
+  compare_with_pytorch<float>(1e-5);
+}
 
 TEST(GoldenPyTorch, PyTorchFp32ErrorIsWithinTheTolerance) {
   // The premise of the float tolerance: PyTorch's own fp32 run is well inside it.
@@ -159,14 +163,16 @@ TEST(HfWeights, SaveThenLoadRoundTripsAndSplitsAcrossChunks) {
   for (auto* chunk : {&first, &second}) {
     for (const auto& p : chunk->parameters()) {
       const auto expected = ckpt::read_f32(saved, p.name, p.shape);
-      for (std::int64_t i = 0; i < p.size; ++i) ASSERT_EQ(p.value[i], expected[static_cast<std::size_t>(i)]) << p.name;
+      for (std::int64_t i = 0; i < p.size; ++i)
+        ASSERT_EQ(p.value[i], expected[static_cast<std::size_t>(i)]) << p.name;
     }
   }
   // A split model saves the same file content.
   std::vector<BertChunk<float>*> split{&first, &second};
   const auto records = hf_weight_records<float>(split);
   EXPECT_EQ(records.size(), saved.tensors.size());
-  for (const auto& record : records) EXPECT_EQ(record.data, saved.tensors.at(record.name).data) << record.name;
+  for (const auto& record : records)
+    EXPECT_EQ(record.data, saved.tensors.at(record.name).data) << record.name;
   std::filesystem::remove(path);
   std::filesystem::remove(config_path);
 }
@@ -193,6 +199,17 @@ TEST(HfWeights, BadFilesNameTheTensor) {
   auto wrong_type = golden.file;
   wrong_type.tensors.at(name).dtype = ckpt::DType::kI32;
   expect_error(wrong_type, name);
+  // Older spellings load: LayerNorm gamma/beta and names without "bert.".
+  auto renamed = golden.file;
+  for (const std::string& old_name : {std::string("bert.embeddings.LayerNorm.weight"),
+                                      std::string("bert.encoder.layer.0.output.dense.bias")}) {
+    auto node = renamed.tensors.extract(old_name);
+    node.key() = old_name == "bert.embeddings.LayerNorm.weight"
+                     ? "bert.embeddings.LayerNorm.gamma"
+                     : "encoder.layer.0.output.dense.bias";
+    renamed.tensors.insert(std::move(node));
+  }
+  EXPECT_NO_THROW(load_hf_weights(renamed, model));
   auto untied = golden.file;
   auto decoder = untied.tensors.at("bert.embeddings.word_embeddings.weight");
   decoder.name = "cls.predictions.decoder.weight";

@@ -96,9 +96,11 @@ TEST(BertModel, ChunkedEqualsUnchunked) {
     return std::make_pair(std::move(model), l0.total() + l1.total());
   };
   auto [reference, reference_loss] = run({4});
-  for (const auto& layers : std::vector<std::vector<int>>{{2, 2}, {1, 2, 1}, {1, 1, 1, 1}, {3, 0, 1, 0}}) {
+  for (const auto& layers :
+       std::vector<std::vector<int>>{{2, 2}, {1, 2, 1}, {1, 1, 1, 1}, {3, 0, 1, 0}}) {
     auto [model, loss] = run(layers);
-    EXPECT_NEAR(loss, reference_loss, 1e-6 * std::abs(reference_loss)) << layers.size() << " chunks";
+    EXPECT_NEAR(loss, reference_loss, 1e-6 * std::abs(reference_loss))
+        << layers.size() << " chunks";
     for (const auto& p : reference->chunks.front()->parameters()) {
       const auto expected = reference->gradient(p.name);
       const auto actual = model->gradient(p.name);
@@ -154,7 +156,7 @@ TEST(BertModel, KfacCaptureReproducesWeightGradients) {
   chunk.backward(7, {}, {}, 1.0, &store);
   EXPECT_EQ(store.inputs().size(), 4U * 6U);
   EXPECT_EQ(store.output_grads().size(), 4U * 6U);
-  const char* names[] = {"attention.self.query", "attention.self.key", "attention.self.value",
+  const char* names[] = {"attention.self.query",   "attention.self.key", "attention.self.value",
                          "attention.output.dense", "intermediate.dense", "output.dense"};
   for (int layer = 0; layer < config.num_layers; ++layer) {
     for (int kind = 0; kind < sched::kNumLinearKinds; ++kind) {
@@ -239,7 +241,14 @@ TEST(BertModel, BadInputIsReported) {
   }
   batch = make_random_batch(config, 2, 12, 2, 3);  // longer than the position table
   EXPECT_THROW(chunk.forward(0, batch, {}, {}), std::invalid_argument);
-  EXPECT_THROW(chunk.backward(5, {}, {}), std::invalid_argument);  // never forwarded
+  EXPECT_EQ(chunk.in_flight(), 0);  // nothing left behind by the failed forwards
+  BertChunk<float> middle(config, {1, 2, false, false}, backend);
+  batch = make_random_batch(config, 2, 6, 2, 3);
+  std::vector<float> wrong(static_cast<std::size_t>(batch.tokens() * (config.hidden_size + 1)));
+  EXPECT_THROW(middle.forward(0, batch, {wrong.data(), batch.tokens(), config.hidden_size + 1}, {}),
+               std::invalid_argument);
+  EXPECT_THROW(middle.forward(0, batch, {}, {}), std::invalid_argument);  // no input given
+  EXPECT_THROW(chunk.backward(5, {}, {}), std::invalid_argument);         // never forwarded
   config.hidden_size = 9;
   EXPECT_THROW(BertChunk<float>(config, whole_model(config), backend), std::invalid_argument);
   // Chunk lists must cover the model in order.

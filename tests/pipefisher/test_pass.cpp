@@ -263,3 +263,32 @@ TEST(PipeFisherPass, BadInputIsRejected) {
 
 }  // namespace
 }  // namespace pf::pipefisher
+
+namespace pf::pipefisher {
+namespace {
+
+TEST(PipeFisherPass, EveryStepCurvatureSearchesOrFailsClearly) {
+  const auto base = compiled(ScheduleKind::kOneFOneB, 4, 8);
+  KfacOptions options;
+  options.curvature = CurvatureSource::kEveryStep;
+  const auto small = run_pipefisher(base, sim::UniformCostModel(kfac_costs(0.5)), options);
+  EXPECT_NO_THROW(sched::validate(small.schedule));
+  EXPECT_EQ(small.report.spilled_tasks, 0);
+  std::vector<int> per_step(static_cast<std::size_t>(small.report.refresh_steps), 0);
+  for (const auto& stream : small.schedule.streams) {
+    for (const auto& in : stream) {
+      if (in.kind == OpKind::kCurvatureB) ++per_step[static_cast<std::size_t>(in.step)];
+    }
+  }
+  for (int count : per_step) EXPECT_EQ(count, per_step[0]);
+  // Curvature alone larger than one step's bubbles: no k can fit, said at once.
+  try {
+    run_pipefisher(base, sim::UniformCostModel(kfac_costs(20.0)), options);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what()).find("every_step"), std::string::npos) << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace pf::pipefisher

@@ -81,8 +81,8 @@ RunResult run(const std::string& arguments) {
   const fs::path dir = temp_dir();
   const fs::path out = dir / "out.txt";
   const fs::path err = dir / "err.txt";
-  const std::string command = std::string(PF_SIM_BINARY) + " " + arguments + " > " +
-                              out.string() + " 2> " + err.string();
+  const std::string command =
+      std::string(PF_SIM_BINARY) + " " + arguments + " > " + out.string() + " 2> " + err.string();
   const int raw = std::system(command.c_str());
   RunResult result;
   result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
@@ -95,9 +95,9 @@ RunResult run(const std::string& arguments) {
 TEST(Program, HelpDocumentsEveryFlag) {
   const RunResult r = run("--help");
   EXPECT_EQ(r.status, 0);
-  for (const char* flag : {"--schedule", "--stages", "--microbatches", "--chunks", "--layers",
-                           "--data-parallel", "--split-backward", "--schedule-file", "--out",
-                           "--csv", "--trace", "--grid"}) {
+  for (const char* flag :
+       {"--schedule", "--stages", "--microbatches", "--chunks", "--layers", "--data-parallel",
+        "--split-backward", "--schedule-file", "--out", "--csv", "--trace", "--grid"}) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
   }
 }

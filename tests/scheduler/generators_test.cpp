@@ -30,14 +30,10 @@ TEST(Generators, GPipeAllForwardsThenAllBackwards) {
 
 TEST(Generators, OneFOneBFourStagesEightMicrobatches) {
   const Schedule s = generate(make(ScheduleKind::kOneFOneB, 4, 8));
-  EXPECT_EQ(microbatch_labels(s.streams[0], 0),
-            "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
-  EXPECT_EQ(microbatch_labels(s.streams[1], 1),
-            "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
-  EXPECT_EQ(microbatch_labels(s.streams[2], 2),
-            "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7");
-  EXPECT_EQ(microbatch_labels(s.streams[3], 3),
-            "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+  EXPECT_EQ(microbatch_labels(s.streams[0], 0), "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
+  EXPECT_EQ(microbatch_labels(s.streams[1], 1), "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
+  EXPECT_EQ(microbatch_labels(s.streams[2], 2), "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7");
+  EXPECT_EQ(microbatch_labels(s.streams[3], 3), "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
 }
 
 TEST(Generators, OneFOneBSplitBackwardPutsWeightRightAfterInput) {
@@ -165,6 +161,8 @@ TEST(Generators, RefusesImpossibleParameters) {
   dp.data_parallel = 0;
   expect_refused(dp, "data-parallel");
   expect_refused(make(ScheduleKind::kCustom, 2, 2), "not generated");
+  expect_refused(make(ScheduleKind::kGPipe, 64, 2000000000), "too large");
+  expect_refused(make(ScheduleKind::kInterleaved, 1 << 30, 1 << 30, 64), "too many chunks");
 }
 
 }  // namespace

@@ -89,13 +89,15 @@ TEST(Json, ErrorsNameTheField) {
       << json_error(j);
   j = good;
   j["params"]["workers"] = "two";
-  EXPECT_NE(json_error(j).find("plan.json.params.workers: expected an integer"),
-            std::string::npos);
+  EXPECT_NE(json_error(j).find("plan.json.params.workers: expected an integer"), std::string::npos);
   j = good;
   j["streams"][0][0]["microbatch"] = 9;  // validation runs on load
   EXPECT_NE(json_error(j).find("plan.json: invalid schedule: worker 0 position 0"),
             std::string::npos)
       << json_error(j);
+  j = good;
+  j["params"]["microbatches"] = 2000000000;  // refused before any per-key allocation
+  EXPECT_NE(json_error(j).find("but the streams hold only"), std::string::npos) << json_error(j);
   j = good;
   j.erase("placement");  // derived from params
   EXPECT_EQ(json_error(j), "accepted");
@@ -172,8 +174,7 @@ std::string csv_error(const std::string& text, TorchCsvImportOptions options = {
 }
 
 TEST(TorchCsv, FullMatchParsingWithRowAndColumn) {
-  EXPECT_NE(csv_error("0F0,0F1x\n1F0\n").find("bad.csv row 1 column 2 '0F1x'"),
-            std::string::npos)
+  EXPECT_NE(csv_error("0F0,0F1x\n1F0\n").find("bad.csv row 1 column 2 '0F1x'"), std::string::npos)
       << csv_error("0F0,0F1x\n1F0\n");
   EXPECT_NE(csv_error("0F0\n1F0, 1B0\n").find("row 2 column 2 ' 1B0'"), std::string::npos);
   EXPECT_NE(csv_error("0X0\n").find("row 1 column 1 '0X0'"), std::string::npos);
@@ -189,8 +190,8 @@ TEST(TorchCsv, FullMatchParsingWithRowAndColumn) {
   EXPECT_NE(csv_error("0F0,0B0\n1RECV_F0,1F0,1B0\n").find("no matching 0SEND_F0"),
             std::string::npos)
       << csv_error("0F0,0B0\n1RECV_F0,1F0,1B0\n");
-  EXPECT_NE(csv_error("0F0,0F1\n1F0\n1F1\n").find("multiple of the rank count"),
-            std::string::npos);
+  EXPECT_NE(csv_error("999999999F0\n").find("actions cannot cover"), std::string::npos);
+  EXPECT_NE(csv_error("0F0,0F1\n1F0\n1F1\n").find("multiple of the rank count"), std::string::npos);
   // Valid cells, invalid schedule: the validator speaks, prefixed with the file.
   EXPECT_NE(csv_error("0B0,0F0\n1F0,1B0\n").find("bad.csv: cannot lower"), std::string::npos)
       << csv_error("0B0,0F0\n1F0,1B0\n");

@@ -62,7 +62,7 @@ TEST(Lowering, BytesReductionsAndOptimizerStep) {
   options.gradient_bytes = 60;
   options.reduction_bytes_per_layer = 7;
   const Schedule s = compile(params, options);
-  EXPECT_EQ(count(s, OpKind::kReduceGradPipelines), 8u);  // 4 stages x 2 replicas
+  EXPECT_EQ(count(s, OpKind::kReduceGradPipelines), 8u);     // 4 stages x 2 replicas
   EXPECT_EQ(count(s, OpKind::kReduceGradDataParallel), 8u);  // every chunk of every worker
   EXPECT_EQ(count(s, OpKind::kOptimizerStep), 4u);
   for (int w = 0; w < 4; ++w) {
@@ -129,9 +129,8 @@ TEST(Properties, EveryGeneratorOverAGrid) {
             } catch (const std::invalid_argument&) {
               continue;
             }
-            SCOPED_TRACE(std::string(to_string(kind)) + " p=" + std::to_string(p) +
-                         " m=" + std::to_string(m) + " v=" + std::to_string(v) +
-                         (split ? " split" : ""));
+            SCOPED_TRACE(std::string(to_string(kind)) + " p=" + std::to_string(p) + " m=" +
+                         std::to_string(m) + " v=" + std::to_string(v) + (split ? " split" : ""));
             const Schedule compute_only = generate(params);
             ASSERT_NO_THROW(validate(compute_only));
             const Schedule s = lower(compute_only);
@@ -230,7 +229,9 @@ void expect_message(const Schedule& s, const std::string& fragment) {
   EXPECT_NE(message.find(fragment), std::string::npos) << message;
 }
 
-Schedule small_1f1b() { return compile(make(ScheduleKind::kOneFOneB, 2, 2)); }
+Schedule small_1f1b() {
+  return compile(make(ScheduleKind::kOneFOneB, 2, 2));
+}
 
 TEST(Validator, MissingBackward) {
   Schedule s = compile(make(ScheduleKind::kOneFOneB, 4, 4));
@@ -256,8 +257,7 @@ TEST(Validator, FailureNamesWorkerPositionInstructionAndDrawsTheGrid) {
     EXPECT_EQ(error.position, 0);
     const std::string message = error.what();
     EXPECT_NE(message.find("worker 0 position 0 (SA0.c0->w1)"), std::string::npos) << message;
-    EXPECT_NE(message.find("activation sent before it is computed"), std::string::npos)
-        << message;
+    EXPECT_NE(message.find("activation sent before it is computed"), std::string::npos) << message;
     EXPECT_NE(message.find("[SA0.c0->w1]"), std::string::npos) << message;  // the grid
     EXPECT_NE(message.find("w1    |"), std::string::npos) << message;
   }
@@ -396,8 +396,8 @@ TEST(Validator, KfacOrderViolations) {
   expect_message(gpipe_with_kfac({{2, kfac(OpKind::kCurvatureSync, 1, -1)},
                                   {2, kfac(OpKind::kCurvatureA, 1, 1, 0)}}),
                  "curvature sync of layer 1 ffn_in before its curvature");
-  expect_message(gpipe_with_kfac({{6, kfac(OpKind::kInvertB, 1, -1)},
-                                  {7, kfac(OpKind::kCurvatureB, 1, 1, 1)}}),
+  expect_message(gpipe_with_kfac(
+                     {{6, kfac(OpKind::kInvertB, 1, -1)}, {7, kfac(OpKind::kCurvatureB, 1, 1, 1)}}),
                  "inversion B of layer 1 ffn_in before its curvature");
   expect_message(gpipe_with_kfac({{6, kfac(OpKind::kPrecondition, 1, -1)}}),
                  "precondition of layer 1 ffn_in before the last backward");

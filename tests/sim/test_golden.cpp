@@ -7,6 +7,7 @@
 
 #include "scheduler/compile.h"
 #include "scheduler/generators.h"
+#include "scheduler/lowering.h"
 #include "sim/simulator.h"
 #include "sim/uniform_cost_model.h"
 
@@ -132,6 +133,40 @@ TEST(SimGolden, ComputeOnlyAndLoweredAgreeWithoutCommunicationCost) {
     EXPECT_EQ(simulate(sched::generate(ps), model).makespan_s,
               simulate(sched::compile(ps), model).makespan_s)
         << sched::to_string(ps.kind);
+  }
+}
+
+}  // namespace
+}  // namespace pf::sim
+
+namespace pf::sim {
+namespace {
+
+// Two training steps in one schedule (as the PipeFisher pass emits for a k-step refresh): the
+// figures are per step and the second step cannot start its compute before the first one's.
+TEST(SimGolden, MultiStepSchedulesReportPerStep) {
+  sched::Schedule one = sched::generate(params(ScheduleKind::kOneFOneB, 4, 8));
+  sched::Schedule two = one;
+  two.num_steps = 2;
+  for (auto& stream : two.streams) {
+    const std::size_t size = stream.size();
+    for (std::size_t i = 0; i < size; ++i) {
+      sched::Instruction next = stream[i];
+      next.step = 1;
+      stream.push_back(next);
+    }
+  }
+  const UniformCostModel costs(UniformCosts{.forward_s = 1.0, .backward_s = 2.0});
+  const SimResult single = simulate(sched::lower(one), costs);
+  const SimResult both = simulate(sched::lower(two), costs);
+  EXPECT_EQ(both.num_steps, 2);
+  EXPECT_DOUBLE_EQ(both.step_time_s, both.makespan_s / 2);
+  EXPECT_LE(both.makespan_s, 2 * single.makespan_s);
+  EXPECT_GT(both.makespan_s, single.makespan_s + 8 * 3.0 - 1e-9);  // worker 0's second step
+  for (std::size_t w = 0; w < 4; ++w) {
+    EXPECT_DOUBLE_EQ(both.workers[w].busy_s, single.workers[w].busy_s);
+    EXPECT_EQ(both.workers[w].peak_stashed_microbatches,
+              single.workers[w].peak_stashed_microbatches);
   }
 }
 

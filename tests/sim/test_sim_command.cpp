@@ -77,9 +77,10 @@ TEST(SimCommand, AnalyticRunWithDataParallelism) {
   CompileCommandOptions compile;
   SimCommandOptions options;
   const fs::path report = scratch("dp.json");
-  parse({"--schedule", "interleaved", "-p", "4", "-v", "2", "-m", "8", "--model", "base",
-         "--device", "a100", "--precision", "bf16", "--data-parallel", "2", "--grid", "none",
-         "--report", report.string()},
+  parse({"--schedule", "interleaved", "-p",          "4",        "-v",
+         "2",          "-m",          "8",           "--model",  "base",
+         "--device",   "a100",        "--precision", "bf16",     "--data-parallel",
+         "2",          "--grid",      "none",        "--report", report.string()},
         compile, options);
   std::ostringstream out;
   ASSERT_EQ(run_sim_command(compile, options, out), 0);
