@@ -68,13 +68,10 @@ void BM_PipeFisherPass(benchmark::State& state) {
   }
   state.counters["k"] = k;
   state.SetLabel(std::string(setup.model) + " " + std::string(pf::sched::to_string(setup.kind)) +
-                 " p=" + std::to_string(setup.stages) + " m=" +
-                 std::to_string(setup.microbatches) + " " +
-                 std::string(pf::pipefisher::to_string(options.policy)));
+                 " p=" + std::to_string(setup.stages) + " m=" + std::to_string(setup.microbatches) +
+                 " " + std::string(pf::pipefisher::to_string(options.policy)));
 }
-BENCHMARK(BM_PipeFisherPass)
-    ->ArgsProduct({{0, 1, 2}, {0, 1, 2}})
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PipeFisherPass)->ArgsProduct({{0, 1, 2}, {0, 1, 2}})->Unit(benchmark::kMillisecond);
 
 // The table of docs/pipefisher.md: BERT-Base/Large, 4/8 stages, four schedules, two devices.
 int print_figures(int microbatches_per_stage) {
@@ -89,23 +86,23 @@ int print_figures(int microbatches_per_stage) {
                                   ScheduleKind::kInterleaved, ScheduleKind::kChimera}) {
           const int chunks = kind == ScheduleKind::kInterleaved ? 2 : 1;
           const Setup setup{model, device, kind, stages, microbatches_per_stage * stages, chunks};
-          const std::string name = std::string(pf::sched::to_string(kind)) +
-                                   (chunks > 1 ? " (v=2)" : "");
+          const std::string name =
+              std::string(pf::sched::to_string(kind)) + (chunks > 1 ? " (v=2)" : "");
           try {
             const auto costs = cost_model(model, device);
             const auto result = pf::pipefisher::run_pipefisher(compiled(setup), costs);
             const auto& r = result.report;
-            std::printf("| %s | %s | %s | %d | %d | %.1f%% | %.1f%% | %d (%d / %d) | %+.1f%% | %d/%d "
-                        "| %.0f |\n",
-                        model, device, name.c_str(), stages, setup.microbatches,
-                        100 * r.utilization_before, 100 * r.utilization_after, r.refresh_steps,
-                        r.first_fit_refresh_steps, r.best_fit_refresh_steps,
-                        100 * r.step_time_overhead, r.preconditions_after_flush,
-                        r.preconditions_after_flush + r.preconditions_in_bubbles,
-                        r.kfac_memory_bytes / (1024.0 * 1024.0));
+            std::printf(
+                "| %s | %s | %s | %d | %d | %.1f%% | %.1f%% | %d (%d / %d) | %+.1f%% | %d/%d "
+                "| %.0f |\n",
+                model, device, name.c_str(), stages, setup.microbatches, 100 * r.utilization_before,
+                100 * r.utilization_after, r.refresh_steps, r.first_fit_refresh_steps,
+                r.best_fit_refresh_steps, 100 * r.step_time_overhead, r.preconditions_after_flush,
+                r.preconditions_after_flush + r.preconditions_in_bubbles,
+                r.kfac_memory_bytes / (1024.0 * 1024.0));
           } catch (const std::exception& error) {
-            std::printf("| %s | %s | %s | %d | %d | n/a: %s |||||||\n", model, device,
-                        name.c_str(), stages, setup.microbatches, error.what());
+            std::printf("| %s | %s | %s | %d | %d | n/a: %s |||||||\n", model, device, name.c_str(),
+                        stages, setup.microbatches, error.what());
           }
         }
       }

@@ -31,8 +31,8 @@ int parse_index(const std::string& text, const std::string& flag) {
   return value;
 }
 
-std::string format(const char* pattern, double a, double b = 0.0, double c = 0.0,
-                   double d = 0.0, double e = 0.0, double f = 0.0, double g = 0.0) {
+std::string format(const char* pattern, double a, double b = 0.0, double c = 0.0, double d = 0.0,
+                   double e = 0.0, double f = 0.0, double g = 0.0) {
   char buffer[256];
   std::snprintf(buffer, sizeof buffer, pattern, a, b, c, d, e, f, g);
   return buffer;
@@ -104,17 +104,16 @@ KfacOptions to_kfac_options(const KfacCommandOptions& command) {
 }
 
 std::string format_kfac_report(const KfacReport& report) {
-  std::string text = "K-FAC bubble filling (" + report.policy + ", curvature " +
-                     report.curvature + ", margin " + format("%.0f%%", 100 * report.safety_margin) +
-                     ")\n";
+  std::string text = "K-FAC bubble filling (" + report.policy + ", curvature " + report.curvature +
+                     ", margin " + format("%.0f%%", 100 * report.safety_margin) + ")\n";
   text += "worker  util before  util after  K-FAC/step  spilled/step  sync/step  K-FAC memory\n";
   for (std::size_t w = 0; w < report.workers.size(); ++w) {
     const auto& worker = report.workers[w];
-    text += format("%6.0f  %10.1f%%  %9.1f%%  %7.3f ms  %9.3f ms  %6.3f ms  %8.1f MiB\n",
-                   static_cast<double>(w), 100 * worker.utilization_before,
-                   100 * worker.utilization_after, 1e3 * worker.kfac_compute_s,
-                   1e3 * worker.spilled_s, 1e3 * worker.kfac_sync_s,
-                   worker.kfac_memory_bytes / (1024.0 * 1024.0));
+    text +=
+        format("%6.0f  %10.1f%%  %9.1f%%  %7.3f ms  %9.3f ms  %6.3f ms  %8.1f MiB\n",
+               static_cast<double>(w), 100 * worker.utilization_before,
+               100 * worker.utilization_after, 1e3 * worker.kfac_compute_s, 1e3 * worker.spilled_s,
+               1e3 * worker.kfac_sync_s, worker.kfac_memory_bytes / (1024.0 * 1024.0));
   }
   text += format("refresh interval k = %.0f steps", report.refresh_steps);
   if (report.first_fit_refresh_steps >= 0 && report.best_fit_refresh_steps >= 0) {
@@ -126,10 +125,11 @@ std::string format_kfac_report(const KfacReport& report) {
                  100 * report.utilization_before, 100 * report.utilization_after,
                  1e3 * report.step_time_before_s, 1e3 * report.step_time_after_s,
                  100 * report.step_time_overhead);
-  text += format("K-FAC tasks per refresh %.0f; spilled after a flush %.0f; preconditioning in "
-                 "bubbles %.0f, after the flush %.0f; pass %.3f s\n",
-                 report.tasks, report.spilled_tasks, report.preconditions_in_bubbles,
-                 report.preconditions_after_flush, report.pass_seconds);
+  text += format(
+      "K-FAC tasks per refresh %.0f; spilled after a flush %.0f; preconditioning in "
+      "bubbles %.0f, after the flush %.0f; pass %.3f s\n",
+      report.tasks, report.spilled_tasks, report.preconditions_in_bubbles,
+      report.preconditions_after_flush, report.pass_seconds);
   return text;
 }
 

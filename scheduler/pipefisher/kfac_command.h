@@ -16,13 +16,13 @@ class App;  // CLI11; only the .cpp includes it
 namespace pf::pipefisher {
 
 struct KfacCommandOptions {
-  bool enabled = false;                 // --kfac
-  std::string policy = "best_of_both";  // --kfac-policy
-  double safety_margin = 0.05;          // --kfac-margin
-  int refresh_steps = 0;                // --kfac-refresh (0: automatic)
-  std::string curvature = "first_step"; // --kfac-curvature
-  std::string linears = "all";          // --kfac-linears: all, or e.g. query,key,ffn_in
-  std::string layers = "all";           // --kfac-layers: all, or e.g. 0-3,8
+  bool enabled = false;                  // --kfac
+  std::string policy = "best_of_both";   // --kfac-policy
+  double safety_margin = 0.05;           // --kfac-margin
+  int refresh_steps = 0;                 // --kfac-refresh (0: automatic)
+  std::string curvature = "first_step";  // --kfac-curvature
+  std::string linears = "all";           // --kfac-linears: all, or e.g. query,key,ffn_in
+  std::string layers = "all";            // --kfac-layers: all, or e.g. 0-3,8
 };
 
 // Registers --kfac and its options on app.

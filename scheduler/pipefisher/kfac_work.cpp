@@ -22,8 +22,10 @@ bool produces_output_gradient(OpKind kind) {
 
 void check_base(const sched::Schedule& base) {
   if (base.num_steps != 1) {
-    throw std::invalid_argument("PipeFisher pass: the base schedule must be a one-step schedule, got "
-                                "num_steps = " + std::to_string(base.num_steps));
+    throw std::invalid_argument(
+        "PipeFisher pass: the base schedule must be a one-step schedule, got "
+        "num_steps = " +
+        std::to_string(base.num_steps));
   }
   for (int w = 0; w < base.num_workers(); ++w) {
     const auto& stream = base.streams[static_cast<std::size_t>(w)];
@@ -114,11 +116,10 @@ std::vector<std::vector<HeldLinear>> preconditioned_linears(const sched::Schedul
   std::vector<std::vector<HeldLinear>> held(static_cast<std::size_t>(base.num_workers()));
   for (const auto& chunk : base.placement.chunks) {
     if (chunk.worker < 0 || chunk.worker >= base.num_workers()) {
-      throw std::invalid_argument("placement: chunk " + std::to_string(chunk.chunk) +
-                                  " of pipeline " + std::to_string(chunk.pipeline) +
-                                  " is on worker " + std::to_string(chunk.worker) +
-                                  " but the schedule has " + std::to_string(base.num_workers()) +
-                                  " workers");
+      throw std::invalid_argument(
+          "placement: chunk " + std::to_string(chunk.chunk) + " of pipeline " +
+          std::to_string(chunk.pipeline) + " is on worker " + std::to_string(chunk.worker) +
+          " but the schedule has " + std::to_string(base.num_workers()) + " workers");
     }
     for (const auto& linear : chunk_linears(chunk, selected, options)) {
       held[static_cast<std::size_t>(chunk.worker)].push_back(linear);
@@ -127,8 +128,8 @@ std::vector<std::vector<HeldLinear>> preconditioned_linears(const sched::Schedul
   return held;
 }
 
-KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options,
-                         int refresh_steps, const DurationFn& duration) {
+KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options, int refresh_steps,
+                         const DurationFn& duration) {
   options.validate();
   check_base(base);
   if (refresh_steps < 1) {
@@ -136,8 +137,7 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
                                 std::to_string(refresh_steps));
   }
   const auto selected = selected_layers(base, options);
-  const int curvature_steps =
-      options.curvature == CurvatureSource::kFirstStep ? 1 : refresh_steps;
+  const int curvature_steps = options.curvature == CurvatureSource::kFirstStep ? 1 : refresh_steps;
   const int last_curvature_step = curvature_steps - 1;
 
   KfacWork work;
@@ -191,10 +191,9 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
           if (!source) continue;
           const auto& chunk = chunk_of(base, in, w, x);
           for (const auto& held : linears_of(chunk)) {
-            const int id = add(w,
-                               kfac_instruction(kind, in.pipeline, in.chunk, step, in.microbatch,
-                                                held),
-                               {BaseRef{w, static_cast<int>(x), step}}, {}, -1);
+            const int id =
+                add(w, kfac_instruction(kind, in.pipeline, in.chunk, step, in.microbatch, held),
+                    {BaseRef{w, static_cast<int>(x), step}}, {}, -1);
             (kind == OpKind::kCurvatureA ? curvature_a : curvature_b)[key(w, held)].push_back(id);
           }
         }
@@ -221,11 +220,12 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
   std::map<FactorKey, int> sync_of;
   if (needs_sync) {
     for (const auto& [layer_linear, where] : replicas) {
-      const HeldLinear held{layer_linear.first, static_cast<sched::LinearKind>(layer_linear.second)};
+      const HeldLinear held{layer_linear.first,
+                            static_cast<sched::LinearKind>(layer_linear.second)};
       KfacTask task;
       for (std::size_t r = 0; r < where.size(); ++r) {
-        Instruction in = kfac_instruction(OpKind::kCurvatureSync, where[r].pipeline,
-                                          where[r].chunk, last_curvature_step, -1, held);
+        Instruction in = kfac_instruction(OpKind::kCurvatureSync, where[r].pipeline, where[r].chunk,
+                                          last_curvature_step, -1, held);
         // Two replicas exchange with each other; data-parallel peers are outside the schedule.
         if (where.size() == 2) in.peer = where[1 - r].worker;
         task.workers.push_back(where[r].worker);
@@ -253,7 +253,8 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
   std::map<FactorKey, std::vector<int>> inversions;
   for (OpKind kind : {OpKind::kInvertA, OpKind::kInvertB}) {
     for (const auto& [layer_linear, where] : replicas) {
-      const HeldLinear held{layer_linear.first, static_cast<sched::LinearKind>(layer_linear.second)};
+      const HeldLinear held{layer_linear.first,
+                            static_cast<sched::LinearKind>(layer_linear.second)};
       for (const auto& replica : where) {
         std::vector<int> deps;
         const FactorKey k = key(replica.worker, held);
@@ -263,10 +264,10 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
           const auto& factor = kind == OpKind::kInvertA ? curvature_a : curvature_b;
           if (auto f = factor.find(k); f != factor.end()) deps = f->second;
         }
-        inversions[k].push_back(add(replica.worker,
-                                    kfac_instruction(kind, replica.pipeline, replica.chunk,
-                                                     last_curvature_step, -1, held),
-                                    {}, std::move(deps), -1));
+        inversions[k].push_back(add(
+            replica.worker,
+            kfac_instruction(kind, replica.pipeline, replica.chunk, last_curvature_step, -1, held),
+            {}, std::move(deps), -1));
       }
     }
   }
@@ -289,8 +290,8 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
           std::vector<int> deps;
           if (step == refresh_steps - 1) deps = inversions[key(w, held)];
           add(w,
-              kfac_instruction(OpKind::kPrecondition, pipeline_chunk.first,
-                               pipeline_chunk.second, step, -1, held),
+              kfac_instruction(OpKind::kPrecondition, pipeline_chunk.first, pipeline_chunk.second,
+                               step, -1, held),
               {BaseRef{w, position, step}}, std::move(deps), step);
         }
       }

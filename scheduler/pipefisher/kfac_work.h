@@ -40,8 +40,8 @@ using DurationFn = std::function<double(int worker, const sched::Instruction& in
 // The tasks of one refresh spanning `refresh_steps` steps of `base` (a one-step schedule).
 // Order: curvature A, curvature B, sync, inversion, then preconditions step by step. Throws
 // std::invalid_argument when `base` is not a one-step schedule or a layer option is out of range.
-KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options,
-                         int refresh_steps, const DurationFn& duration);
+KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options, int refresh_steps,
+                         const DurationFn& duration);
 
 // The (layer, linear) pairs preconditioned on each worker.
 struct HeldLinear {

@@ -13,7 +13,9 @@ namespace {
 constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
 // Room counted as enough when it falls short by less than this (floating-point slack).
-double slack(double need) { return 1e-12 + 1e-9 * need; }
+double slack(double need) {
+  return 1e-12 + 1e-9 * need;
+}
 
 // Max-tree over the free room (end - cursor) of one worker's bubbles: finds the first bubble
 // in a range with at least a given room in O(log n).
@@ -24,7 +26,8 @@ class RoomTree {
     while (size_ < room.size()) size_ *= 2;
     tree_.assign(2 * size_, -kInfinity);
     for (std::size_t i = 0; i < room.size(); ++i) tree_[size_ + i] = room[i];
-    for (std::size_t i = size_ - 1; i >= 1; --i) tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
+    for (std::size_t i = size_ - 1; i >= 1; --i)
+      tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
   }
   void set(std::size_t index, double room) {
     std::size_t i = size_ + index;
@@ -170,11 +173,11 @@ void check_problem(const PackProblem& problem, const std::vector<PackItem>& item
     const auto& bubbles = problem.bubbles[w];
     for (std::size_t i = 0; i < bubbles.size(); ++i) {
       const auto& b = bubbles[i];
-      const std::string where = "pack: worker " + std::to_string(w) + ", bubble " +
-                                std::to_string(i);
+      const std::string where =
+          "pack: worker " + std::to_string(w) + ", bubble " + std::to_string(i);
       if (!(b.end >= b.start) || !std::isfinite(b.start) || !std::isfinite(b.end)) {
-        throw std::invalid_argument(where + " has end " + std::to_string(b.end) +
-                                    " before start " + std::to_string(b.start));
+        throw std::invalid_argument(where + " has end " + std::to_string(b.end) + " before start " +
+                                    std::to_string(b.start));
       }
       if (b.step < 0 || b.step >= problem.num_steps) {
         throw std::invalid_argument(where + " has step " + std::to_string(b.step) +
@@ -267,8 +270,8 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
         fits.clear();
         double latest = t;
         for (int w : item.workers) {
-          auto fit = workers[static_cast<std::size_t>(w)].earliest_for_collective(
-              t, need, step_lo, step_hi);
+          auto fit = workers[static_cast<std::size_t>(w)].earliest_for_collective(t, need, step_lo,
+                                                                                  step_hi);
           if (!fit) {
             fits.clear();
             break;
@@ -303,7 +306,8 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
     placed.step = spill_step;
     double start = release;
     for (int w : item.workers) {
-      start = std::max(start, flush[static_cast<std::size_t>(w)][static_cast<std::size_t>(spill_step)]);
+      start =
+          std::max(start, flush[static_cast<std::size_t>(w)][static_cast<std::size_t>(spill_step)]);
     }
     placed.start = start;
     placed.end = start + item.duration;

@@ -12,8 +12,8 @@ struct Bubble {
   int step = 0;        // the training step whose work precedes the bubble
   double start = 0.0;  // usable window [start, end), seconds
   double end = 0.0;
-  int slot = -1;       // caller's tag (e.g. where in the stream its tasks go)
-  bool accepts_bound = true;  // may hold items bound to `step` (false: after its deadline)
+  int slot = -1;                   // caller's tag (e.g. where in the stream its tasks go)
+  bool accepts_bound = true;       // may hold items bound to `step` (false: after its deadline)
   double bound_not_before = 0.0;   // items bound to `step` start no earlier than this here
   bool accepts_collective = true;  // false where the communication lanes are already busy
 };
@@ -21,17 +21,17 @@ struct Bubble {
 struct PackItem {
   std::vector<int> workers;  // one, or several that must run it at the same time (a collective)
   double duration = 0.0;
-  double release = 0.0;     // earliest start (from the pipeline work it depends on)
-  std::vector<int> preds;   // indices of earlier items that must end first
-  int step_bound = -1;      // >= 0: only bubbles of this step; spills to this step's flush
+  double release = 0.0;    // earliest start (from the pipeline work it depends on)
+  std::vector<int> preds;  // indices of earlier items that must end first
+  int step_bound = -1;     // >= 0: only bubbles of this step; spills to this step's flush
 };
 
 struct ItemPlacement {
   bool spilled = false;  // runs after the flush of `step` (extends that step)
   int step = 0;
   double start = 0.0;
-  double end = 0.0;            // start + duration
-  std::vector<int> bubbles;    // per participant: index into that worker's bubbles; -1 if spilled
+  double end = 0.0;          // start + duration
+  std::vector<int> bubbles;  // per participant: index into that worker's bubbles; -1 if spilled
 };
 
 struct PackProblem {

@@ -128,6 +128,40 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
 // For each policy, the smallest k whose packing needs no curvature / sync / inversion after a
 // flush (per-step preconditioning may still spill: it is needed every step whatever k is), or
 // the fixed k. The policies share each candidate k's work and bubbles.
+// With curvature from every step, the last step's curvature, and the syncs and inversions after
+// it, must fit in that step's bubbles. Where a worker has no bubble left after them (worker 0 of
+// GPipe/1F1B ends the step with a backward), no refresh interval can hold them: say so instead
+// of searching on.
+void check_last_step_curvature(const Plan& plan, const KfacOptions& options) {
+  const int last = plan.refresh_steps - 1;
+  for (std::size_t i = 0; i < plan.order.size(); ++i) {
+    if (!plan.packed.placements[i].spilled) continue;
+    // Every sync and inversion waits for the last step's curvature too.
+    const KfacTask& task = plan.work().tasks[static_cast<std::size_t>(plan.order[i])];
+    if (task.kind() == OpKind::kPrecondition) continue;
+    const bool collective = task.kind() == OpKind::kCurvatureSync;
+    const double release = plan.packed.placements[i].start;
+    double room_after = std::numeric_limits<double>::infinity();
+    for (int w : task.workers) {
+      double room = 0.0;  // bubble time of the last step after the task's release
+      for (const Bubble& b : plan.bubbles().problem.bubbles[static_cast<std::size_t>(w)]) {
+        if (b.step == last && b.end > release && (b.accepts_collective || !collective)) {
+          room += b.end - std::max(b.start, release);
+        }
+      }
+      room_after = std::min(room_after, room);
+    }
+    const int w = task.workers[0];
+    if (room_after < task.duration_s * (1.0 + options.safety_margin)) {
+      throw std::runtime_error(
+          "PipeFisher pass: with every_step curvature, " +
+          sched::short_label(task.instructions[0]) + " on worker " + std::to_string(w) +
+          " finds no bubble after its release in the refresh's last step, so no refresh interval "
+          "can hold it; use first_step curvature or fix the refresh interval");
+    }
+  }
+}
+
 std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
                          const KfacOptions& options, const DurationFn& duration,
                          const std::vector<PackingPolicy>& policies, int lower_bound) {
@@ -155,6 +189,8 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
         fits = std::move(plan);
         break;
       }
+      if (options.curvature == CurvatureSource::kEveryStep)
+        check_last_step_curvature(plan, options);
       failed = k;
       k = std::min(k + step, std::max(k + 1, options.max_refresh_steps));
       step *= 2;
@@ -162,8 +198,7 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
     if (!fits) {
       throw std::runtime_error(
           "PipeFisher pass: the K-FAC work does not fit in the bubbles of " +
-          std::to_string(options.max_refresh_steps) + " steps (" +
-          std::string(to_string(policy)) +
+          std::to_string(options.max_refresh_steps) + " steps (" + std::string(to_string(policy)) +
           "); fix the refresh interval (refresh_steps) to run the rest after the flush");
     }
     while (fits->refresh_steps - failed > 1) {
@@ -191,8 +226,8 @@ int refresh_lower_bound(const sched::Schedule& base, const Timeline& timeline,
   const bool every_step = options.curvature == CurvatureSource::kEveryStep;
   for (const auto& task : work.tasks) {
     if (task.kind() == OpKind::kPrecondition) continue;
-    const bool per_step = every_step && (task.kind() == OpKind::kCurvatureA ||
-                                         task.kind() == OpKind::kCurvatureB);
+    const bool per_step =
+        every_step && (task.kind() == OpKind::kCurvatureA || task.kind() == OpKind::kCurvatureB);
     for (int w : task.workers) {
       (per_step ? curvature : rest)[static_cast<std::size_t>(w)] +=
           task.duration_s * (1.0 + options.safety_margin);
@@ -245,11 +280,11 @@ sched::Schedule emit(const sched::Schedule& base, const Plan& plan) {
     for (std::size_t r = 0; r < task.workers.size(); ++r) {
       const auto w = static_cast<std::size_t>(task.workers[r]);
       const Slot slot =
-          placed.spilled
-              ? plan.bubbles().flush_slot[w][static_cast<std::size_t>(placed.step)]
-              : plan.bubbles().slots[w][static_cast<std::size_t>(
-                    plan.bubbles().problem.bubbles[w][static_cast<std::size_t>(placed.bubbles[r])]
-                        .slot)];
+          placed.spilled ? plan.bubbles().flush_slot[w][static_cast<std::size_t>(placed.step)]
+                         : plan.bubbles().slots[w][static_cast<std::size_t>(
+                               plan.bubbles()
+                                   .problem.bubbles[w][static_cast<std::size_t>(placed.bubbles[r])]
+                                   .slot)];
       inserts[w].push_back(Insert{slot.step, slot.position, placed.spilled, placed.start,
                                   static_cast<int>(i), task.instructions[r]});
     }
@@ -290,8 +325,8 @@ sched::Schedule emit(const sched::Schedule& base, const Plan& plan) {
 }
 
 KfacReport make_report(const sched::Schedule& base, const sim::CostModel& costs,
-                       const KfacOptions& options, const Plan& plan,
-                       const sim::SimResult& before, const sim::SimResult& after) {
+                       const KfacOptions& options, const Plan& plan, const sim::SimResult& before,
+                       const sim::SimResult& after) {
   KfacReport report;
   report.refresh_steps = plan.refresh_steps;
   report.policy = std::string(to_string(plan.policy));
@@ -353,15 +388,14 @@ PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& cos
     return seconds;
   };
   const Timeline timeline = measure_timeline(base, costs, sim_options);
-  const int lower_bound =
-      options.refresh_steps > 0 ? options.refresh_steps
-                                : refresh_lower_bound(base, timeline, options, duration);
+  const int lower_bound = options.refresh_steps > 0
+                              ? options.refresh_steps
+                              : refresh_lower_bound(base, timeline, options, duration);
 
   std::vector<PackingPolicy> policies;
   if (options.policy != PackingPolicy::kBestFit) policies.push_back(PackingPolicy::kFirstFit);
   if (options.policy != PackingPolicy::kFirstFit) policies.push_back(PackingPolicy::kBestFit);
-  const std::vector<Plan> plans =
-      search(base, timeline, options, duration, policies, lower_bound);
+  const std::vector<Plan> plans = search(base, timeline, options, duration, policies, lower_bound);
   const Plan* chosen = &plans.front();
   for (const Plan& plan : plans) {
     if (better(plan, *chosen)) chosen = &plan;

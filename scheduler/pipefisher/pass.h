@@ -25,24 +25,24 @@ struct WorkerKfacReport {
 };
 
 struct KfacReport {
-  int refresh_steps = 1;              // k
-  std::string policy;                 // the packing that produced the schedule
-  int first_fit_refresh_steps = -1;   // k under PipeFisher's first-fit (-1: not run)
-  int best_fit_refresh_steps = -1;    // k under best-fit (-1: not run)
+  int refresh_steps = 1;             // k
+  std::string policy;                // the packing that produced the schedule
+  int first_fit_refresh_steps = -1;  // k under PipeFisher's first-fit (-1: not run)
+  int best_fit_refresh_steps = -1;   // k under best-fit (-1: not run)
   double safety_margin = 0.0;
-  std::string curvature;              // first_step / every_step
+  std::string curvature;  // first_step / every_step
   bool fixed_interval = false;
-  double utilization_before = 0.0;    // 1 - bubble fraction of the base schedule over k steps
+  double utilization_before = 0.0;  // 1 - bubble fraction of the base schedule over k steps
   double utilization_after = 0.0;
   double step_time_before_s = 0.0;
   double step_time_after_s = 0.0;
-  double step_time_overhead = 0.0;    // after / before - 1
-  double kfac_memory_bytes = 0.0;     // the largest per-worker addition
-  int tasks = 0;                      // K-FAC instructions per refresh (all workers)
-  int spilled_tasks = 0;              // curvature / sync / inversion run after a flush
+  double step_time_overhead = 0.0;  // after / before - 1
+  double kfac_memory_bytes = 0.0;   // the largest per-worker addition
+  int tasks = 0;                    // K-FAC instructions per refresh (all workers)
+  int spilled_tasks = 0;            // curvature / sync / inversion run after a flush
   int preconditions_in_bubbles = 0;
   int preconditions_after_flush = 0;
-  double pass_seconds = 0.0;          // wall time of the pass itself
+  double pass_seconds = 0.0;  // wall time of the pass itself
   std::vector<WorkerKfacReport> workers;
 };
 
@@ -57,7 +57,6 @@ struct PassResult {
 // std::invalid_argument on a bad schedule or options, std::runtime_error when the automatic
 // search finds no k within options.max_refresh_steps.
 PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& costs,
-                          const KfacOptions& options = {},
-                          const sim::SimOptions& sim_options = {});
+                          const KfacOptions& options = {}, const sim::SimOptions& sim_options = {});
 
 }  // namespace pf::pipefisher

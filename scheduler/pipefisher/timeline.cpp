@@ -106,8 +106,7 @@ BubbleMap find_bubbles(const sched::Schedule& base, const Timeline& timeline, in
     auto& flush_start = map.problem.flush_start[static_cast<std::size_t>(w)];
     for (int step = 0; step < steps; ++step) {
       map.flush_slot[static_cast<std::size_t>(w)].push_back(Slot{step, optimizer_at});
-      flush_start[static_cast<std::size_t>(step)] =
-          step == 0 ? 0.0 : timeline.end_of_steps(step);
+      flush_start[static_cast<std::size_t>(step)] = step == 0 ? 0.0 : timeline.end_of_steps(step);
     }
 
     // Walk the unrolled stream. A bubble is the idle time between two forwards/backwards less

@@ -43,9 +43,9 @@ struct Slot {
 };
 
 struct BubbleMap {
-  PackProblem problem;                    // bubbles (tag = index into slots) and flush starts
-  std::vector<std::vector<Slot>> slots;   // [worker][tag]
-  std::vector<std::vector<Slot>> flush_slot;  // [worker][step]: where spilled work goes
+  PackProblem problem;                          // bubbles (tag = index into slots) and flush starts
+  std::vector<std::vector<Slot>> slots;         // [worker][tag]
+  std::vector<std::vector<Slot>> flush_slot;    // [worker][step]: where spilled work goes
   std::vector<std::vector<double>> capacity_s;  // [worker][step]: total bubble time
 };
 

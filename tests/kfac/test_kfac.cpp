@@ -182,6 +182,23 @@ TEST(KfacInverse, CholeskyAndEigenAgreeAndAreSymmetric) {
   EXPECT_LT(max_relative_error(cholesky.inverse.cast<double>(), exact), 1e-4);
 }
 
+TEST(KfacInverse, LargeFactorsTakeTheBlockRecursionAndStayExact) {
+  // 300 > 128 columns: the triangular inverse recurses twice (150, then 75) before solving.
+  const std::int64_t dim = 300;
+  const auto x = random_matrix(2 * dim, dim, 81);
+  Eigen::MatrixXf factor = Eigen::MatrixXf::Zero(dim, dim);
+  add_gram_lower(factor, x.data(), 2 * dim, dim, 1.0F / static_cast<float>(2 * dim));
+  fill_upper_from_lower(factor);
+  const auto result = damped_inverse(factor, 0.1F, InverseMethod::kCholesky);
+  EXPECT_FALSE(result.fell_back_to_eigen);
+  EXPECT_EQ(result.inverse, result.inverse.transpose());
+  Eigen::MatrixXd damped = factor.cast<double>();
+  damped.diagonal().array() += 0.1;
+  EXPECT_LT(max_relative_error(result.inverse.cast<double>(), damped.inverse()), 1e-4);
+  const auto eigen = damped_inverse(factor, 0.1F, InverseMethod::kEigen);
+  EXPECT_LT(max_relative_error(eigen.inverse.cast<double>(), damped.inverse()), 1e-4);
+}
+
 TEST(KfacInverse, FallsBackToEigenWhenCholeskyFails) {
   // Eigenvalues -1 and 3: not positive definite; eigen clamps -1 to 0 before damping.
   Eigen::MatrixXf indefinite(2, 2);

@@ -32,8 +32,8 @@ TEST(KfacCommand, FlagsBecomeOptions) {
   EXPECT_DOUBLE_EQ(options.safety_margin, 0.1);
   EXPECT_EQ(options.refresh_steps, 3);
   EXPECT_EQ(options.curvature, CurvatureSource::kEveryStep);
-  EXPECT_EQ(options.linears,
-            (std::vector<sched::LinearKind>{sched::LinearKind::kQuery, sched::LinearKind::kFfnOut}));
+  EXPECT_EQ(options.linears, (std::vector<sched::LinearKind>{sched::LinearKind::kQuery,
+                                                             sched::LinearKind::kFfnOut}));
   EXPECT_EQ(options.layers, (std::vector<int>{0, 1, 2, 5}));
   const auto defaults = to_kfac_options(parse({}));
   EXPECT_EQ(defaults.policy, PackingPolicy::kBestOfBoth);

@@ -23,7 +23,9 @@ sched::Schedule compiled(sched::ScheduleKind kind, int workers, int microbatches
   return sched::compile(params);
 }
 
-double unit_duration(int, const sched::Instruction&) { return 1.0; }
+double unit_duration(int, const sched::Instruction&) {
+  return 1.0;
+}
 
 std::map<OpKind, int> count(const KfacWork& work) {
   std::map<OpKind, int> counts;
@@ -57,8 +59,8 @@ TEST(KfacWork, OneFOneBCountsAndDependencies) {
       case OpKind::kCurvatureB: {
         ASSERT_EQ(task.base_deps.size(), 1u);
         const auto& source = stream[static_cast<std::size_t>(task.base_deps[0].position)];
-        EXPECT_EQ(source.kind, task.kind() == OpKind::kCurvatureA ? OpKind::kForward
-                                                                   : OpKind::kBackward);
+        EXPECT_EQ(source.kind,
+                  task.kind() == OpKind::kCurvatureA ? OpKind::kForward : OpKind::kBackward);
         EXPECT_EQ(source.microbatch, in.microbatch);
         EXPECT_EQ(task.base_deps[0].step, 0);  // curvature from the refresh's first step
         break;

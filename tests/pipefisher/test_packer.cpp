@@ -61,7 +61,8 @@ TEST(Packer, ReleaseAndPredecessorsAreRespected) {
 
 TEST(Packer, SpillPropagatesToDependents) {
   const auto problem = one_worker({{0, 0.0, 1.0, 0}, {1, 5.0, 9.0, 1}}, 2, 20.0);
-  const auto result = pack(problem, {item(2.0), item(0.5, 0.0, {0})}, PackingPolicy::kFirstFit, 0.0);
+  const auto result =
+      pack(problem, {item(2.0), item(0.5, 0.0, {0})}, PackingPolicy::kFirstFit, 0.0);
   EXPECT_FALSE(result.placements[0].spilled);
   EXPECT_EQ(result.placements[0].step, 1);
   EXPECT_DOUBLE_EQ(result.placements[1].start, 7.0);
@@ -77,8 +78,8 @@ TEST(Packer, SpillPropagatesToDependents) {
 TEST(Packer, StepBoundKeepsItemInItsStep) {
   PackProblem problem = one_worker({{0, 0.0, 1.0, 0}, {1, 5.0, 9.0, 1}}, 2);
   problem.flush_start[0] = {2.0, 12.0};
-  const auto result = pack(problem, {item(2.0, 0.0, {}, 0), item(2.0, 0.0, {}, 1)},
-                           PackingPolicy::kFirstFit, 0.0);
+  const auto result =
+      pack(problem, {item(2.0, 0.0, {}, 0), item(2.0, 0.0, {}, 1)}, PackingPolicy::kFirstFit, 0.0);
   EXPECT_TRUE(result.placements[0].spilled);
   EXPECT_EQ(result.placements[0].step, 0);
   EXPECT_DOUBLE_EQ(result.placements[0].start, 2.0);
@@ -93,7 +94,8 @@ TEST(Packer, BoundItemsSkipBubblesPastTheirDeadline) {
   Bubble late{0, 5.0, 9.0, 1};
   late.accepts_bound = false;
   const auto problem = one_worker({{0, 0.0, 1.0, 0}, late}, 1, 20.0);
-  const auto result = pack(problem, {item(2.0, 0.0, {}, 0), item(2.0)}, PackingPolicy::kBestFit, 0.0);
+  const auto result =
+      pack(problem, {item(2.0, 0.0, {}, 0), item(2.0)}, PackingPolicy::kBestFit, 0.0);
   EXPECT_TRUE(result.placements[0].spilled);
   EXPECT_FALSE(result.placements[1].spilled);
   EXPECT_EQ(result.placements[1].bubbles[0], 1);
@@ -133,9 +135,9 @@ TEST(Packer, RejectsMalformedInput) {
                std::invalid_argument);
   EXPECT_THROW(pack(one_worker({{0, 2.0, 1.0, 0}}), {item(1.0)}, PackingPolicy::kFirstFit, 0.0),
                std::invalid_argument);
-  EXPECT_THROW(pack(one_worker({{0, 0.0, 2.0, 0}}), {item(1.0, 0.0, {0})},
-                    PackingPolicy::kFirstFit, 0.0),
-               std::invalid_argument);
+  EXPECT_THROW(
+      pack(one_worker({{0, 0.0, 2.0, 0}}), {item(1.0, 0.0, {0})}, PackingPolicy::kFirstFit, 0.0),
+      std::invalid_argument);
   PackItem bad = item(1.0);
   bad.workers = {3};
   EXPECT_THROW(pack(one_worker({}), {bad}, PackingPolicy::kFirstFit, 0.0), std::invalid_argument);

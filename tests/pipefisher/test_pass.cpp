@@ -81,8 +81,7 @@ TEST(PipeFisherPass, AugmentedSchedulesValidateAndFillBubbles) {
   for (const Case& c : kCases) {
     for (PackingPolicy policy : {PackingPolicy::kFirstFit, PackingPolicy::kBestFit}) {
       SCOPED_TRACE(std::string(sched::to_string(c.kind)) + " p=" + std::to_string(c.workers) +
-                   " m=" + std::to_string(c.microbatches) + " " +
-                   std::string(to_string(policy)));
+                   " m=" + std::to_string(c.microbatches) + " " + std::string(to_string(policy)));
       const auto base = compiled(c.kind, c.workers, c.microbatches, c.chunks);
       KfacOptions options;
       options.policy = policy;
@@ -131,7 +130,8 @@ TEST(PipeFisherPass, SafetyMarginProtectsPipelineWork) {
     const StretchedKfac slower(nominal, 1.0 + options.safety_margin);
     const auto after = sim::simulate(result.schedule, slower);
     double flush_per_step = 0.0;
-    for (const auto& w : result.report.workers) flush_per_step = std::max(flush_per_step, w.spilled_s);
+    for (const auto& w : result.report.workers)
+      flush_per_step = std::max(flush_per_step, w.spilled_s);
     flush_per_step *= 1.0 + options.safety_margin;
     for (int w = 0; w < base.num_workers(); ++w) {
       const auto& stream = result.schedule.streams[static_cast<std::size_t>(w)];
@@ -163,7 +163,8 @@ TEST(PipeFisherPass, RefreshIntervalFollowsTheArithmetic) {
     options.safety_margin = 0.0;
     const auto result = run_pipefisher(base, costs, options);
     const auto& c = costs.costs();
-    const double work = m * 6 * (c.curvature_a_s + c.curvature_b_s) + 6 * (c.invert_a_s + c.invert_b_s);
+    const double work =
+        m * 6 * (c.curvature_a_s + c.curvature_b_s) + 6 * (c.invert_a_s + c.invert_b_s);
     const double bubble = (p - 1) * (c.forward_s + c.backward_s);
     const double per_step = bubble - 6 * c.precondition_s;
     const int predicted = static_cast<int>(std::ceil(work / per_step));
@@ -199,9 +200,9 @@ TEST(PipeFisherPass, LargeBubblesRefreshEveryStep) {
     EXPECT_NO_THROW(sched::validate(result.schedule));
   }
   const sim::UniformCostModel no_reduction(kfac_costs(0.1));
-  EXPECT_EQ(run_pipefisher(compiled(ScheduleKind::kOneFOneB, 4, 8), no_reduction)
-                .report.refresh_steps,
-            2);
+  EXPECT_EQ(
+      run_pipefisher(compiled(ScheduleKind::kOneFOneB, 4, 8), no_reduction).report.refresh_steps,
+      2);
 }
 
 TEST(PipeFisherPass, FixedIntervalSpillsWhatDoesNotFit) {
@@ -267,26 +268,19 @@ TEST(PipeFisherPass, BadInputIsRejected) {
 namespace pf::pipefisher {
 namespace {
 
-TEST(PipeFisherPass, EveryStepCurvatureSearchesOrFailsClearly) {
-  const auto base = compiled(ScheduleKind::kOneFOneB, 4, 8);
+// Curvature from every step needs room after the last step's final backward, which GPipe/1F1B
+// never leave on worker 0: the automatic search says so at once (a fixed k works, see above).
+TEST(PipeFisherPass, EveryStepCurvatureFailsClearlyWhenNoIntervalFits) {
   KfacOptions options;
   options.curvature = CurvatureSource::kEveryStep;
-  const auto small = run_pipefisher(base, sim::UniformCostModel(kfac_costs(0.5)), options);
-  EXPECT_NO_THROW(sched::validate(small.schedule));
-  EXPECT_EQ(small.report.spilled_tasks, 0);
-  std::vector<int> per_step(static_cast<std::size_t>(small.report.refresh_steps), 0);
-  for (const auto& stream : small.schedule.streams) {
-    for (const auto& in : stream) {
-      if (in.kind == OpKind::kCurvatureB) ++per_step[static_cast<std::size_t>(in.step)];
+  for (double scale : {0.5, 20.0}) {
+    try {
+      run_pipefisher(compiled(ScheduleKind::kOneFOneB, 4, 8),
+                     sim::UniformCostModel(kfac_costs(scale)), options);
+      FAIL() << "no error";
+    } catch (const std::runtime_error& error) {
+      EXPECT_NE(std::string(error.what()).find("every_step"), std::string::npos) << error.what();
     }
-  }
-  for (int count : per_step) EXPECT_EQ(count, per_step[0]);
-  // Curvature alone larger than one step's bubbles: no k can fit, said at once.
-  try {
-    run_pipefisher(base, sim::UniformCostModel(kfac_costs(20.0)), options);
-    FAIL() << "no error";
-  } catch (const std::runtime_error& error) {
-    EXPECT_NE(std::string(error.what()).find("every_step"), std::string::npos) << error.what();
   }
 }
 

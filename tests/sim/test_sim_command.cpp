@@ -92,6 +92,37 @@ TEST(SimCommand, AnalyticRunWithDataParallelism) {
   EXPECT_EQ(r["schedule"]["data_parallel"], 2);
 }
 
+TEST(SimCommand, KfacFillsTheBubblesAndReportsBothRuns) {
+  CompileCommandOptions compile;
+  SimCommandOptions options;
+  pipefisher::KfacCommandOptions kfac;
+  const fs::path report = scratch("kfac.json"), trace = scratch("kfac_trace.json");
+  CLI::App app;
+  add_compile_options(app, compile);
+  add_sim_options(app, options);
+  pipefisher::add_kfac_options(app, kfac);
+  std::vector<std::string> args = {
+      "pipefisher_sim", "--schedule",  "1f1b",   "-p",   "4",      "-m",       "8",
+      "--model",        "base",        "--grid", "none", "--kfac", "--report", report.string(),
+      "--trace",        trace.string()};
+  std::vector<const char*> argv;
+  for (const auto& a : args) argv.push_back(a.c_str());
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  std::ostringstream out;
+  ASSERT_EQ(run_sim_command(compile, options, out, kfac), 0);
+  const nlohmann::json r = read_json(report);
+  ASSERT_TRUE(r.contains("kfac")) << r.dump();
+  ASSERT_TRUE(r.contains("with_kfac"));
+  EXPECT_GT(r["with_kfac"]["schedule"]["num_steps"].get<int>(), 1);
+  EXPECT_LT(r["with_kfac"]["bubble_fraction"].get<double>(), r["bubble_fraction"].get<double>());
+  bool kfac_span = false;
+  const nlohmann::json events = read_json(trace)["traceEvents"];
+  for (const auto& e : events) {
+    if (e["ph"] == "X" && e.value("cat", "") == "curvature_a") kfac_span = true;
+  }
+  EXPECT_TRUE(kfac_span);
+}
+
 TEST(SimCommand, ScheduleAllComparesAndSkipsWithAReason) {
   CompileCommandOptions compile;
   SimCommandOptions options;
