@@ -12,8 +12,9 @@
 namespace pf::kfac {
 
 // sum (d x d, lower triangle) += scale * x^T x, with x rows x d row-major. Only the lower triangle
-// is written (SYRK); the work is split over the OpenMP threads in column blocks (diagonal blocks
-// by SYRK, the blocks below by GEMM). Throws std::invalid_argument on mismatched sizes.
+// is written (SYRK). With several OpenMP threads and enough rows, each thread runs the SYRK of a
+// contiguous slice of the rows into its own partial sum (d x d extra memory per extra thread).
+// Throws std::invalid_argument on mismatched sizes.
 void add_gram_lower(Eigen::Ref<Eigen::MatrixXf> sum, const float* x, std::int64_t rows,
                     std::int64_t cols, float scale);
 

@@ -94,6 +94,9 @@ class ShardLoader {
   std::size_t batches_per_epoch() const;
   std::size_t seq_length() const { return seq_length_; }
   std::size_t max_predictions() const { return max_predictions_; }
+  // From the shard headers: the embedding table size the model needs, and the vocabulary's hash.
+  std::size_t vocab_size() const { return readers_.front().info().vocab_size; }
+  std::uint64_t vocab_hash() const { return readers_.front().info().vocab_hash; }
 
   // This replica's global instance ids for `epoch`, in stream order (deterministic).
   std::vector<std::uint64_t> replica_order(std::uint64_t epoch) const;

@@ -41,6 +41,7 @@ void AdamW::step(std::span<const ParamView> params, float learning_rate) {
     float* m = moments.exp_avg.data();
     float* v = moments.exp_avg_sq.data();
     parallel_chunks(param.size, [=](std::size_t begin, std::size_t end) {
+#pragma omp simd
       for (std::size_t i = begin; i < end; ++i) {
         m[i] = b1 * m[i] + (1.0F - b1) * g[i];
         v[i] = b2 * v[i] + (1.0F - b2) * g[i] * g[i];

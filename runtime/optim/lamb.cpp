@@ -55,26 +55,21 @@ void Lamb::step(std::span<const ParamView> params, float learning_rate) {
     const auto update = [=](std::size_t i) {
       return (m[i] * inv_bc1) / (std::sqrt(v[i] * inv_bc2) + eps) + wd * p[i];
     };
-    double param_sq = 0.0, update_sq = 0.0;
-    // Pass 1: moments, and the two norms of the trust ratio.
-    param_sq = parallel_sum(param.size, [=](std::size_t begin, std::size_t end) {
-      double partial = 0.0;
-      for (std::size_t i = begin; i < end; ++i) {
-        const float grad = g[i] * grad_scale;
-        m[i] = b1 * m[i] + (1.0F - b1) * grad;
-        v[i] = b2 * v[i] + (1.0F - b2) * grad * grad;
-        partial += double{p[i]} * p[i];
-      }
-      return partial;
-    });
-    update_sq = parallel_sum(param.size, [=](std::size_t begin, std::size_t end) {
-      double partial = 0.0;
-      for (std::size_t i = begin; i < end; ++i) {
-        const double u = update(i);
-        partial += u * u;
-      }
-      return partial;
-    });
+    // Pass 1: moments, then the two norms of the trust ratio from the updated moments.
+    const auto [param_sq, update_sq] =
+        parallel_sum_pair(param.size, [=](std::size_t begin, std::size_t end) {
+          double param_partial = 0.0, update_partial = 0.0;
+#pragma omp simd reduction(+ : param_partial, update_partial)
+          for (std::size_t i = begin; i < end; ++i) {
+            const float grad = g[i] * grad_scale;
+            m[i] = b1 * m[i] + (1.0F - b1) * grad;
+            v[i] = b2 * v[i] + (1.0F - b2) * grad * grad;
+            const double u = update(i);
+            param_partial += double{p[i]} * p[i];
+            update_partial += u * u;
+          }
+          return std::pair<double, double>{param_partial, update_partial};
+        });
     double ratio = 1.0;
     if ((wd != 0.0F || options_.trust_ratio_without_decay) && param_sq > 0 && update_sq > 0) {
       ratio = std::sqrt(param_sq) / std::sqrt(update_sq);
@@ -83,6 +78,7 @@ void Lamb::step(std::span<const ParamView> params, float learning_rate) {
     const auto scaled_lr = static_cast<float>(learning_rate * ratio);
     // Pass 2: apply.
     parallel_chunks(param.size, [=](std::size_t begin, std::size_t end) {
+#pragma omp simd
       for (std::size_t i = begin; i < end; ++i) p[i] -= scaled_lr * update(i);
     });
   }

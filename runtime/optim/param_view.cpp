@@ -34,6 +34,7 @@ double global_grad_norm(std::span<const ParamView> params) {
     const float* grad = param.grad;
     sum += parallel_sum(param.size, [grad](std::size_t begin, std::size_t end) {
       double partial = 0.0;
+#pragma omp simd reduction(+ : partial)
       for (std::size_t i = begin; i < end; ++i) partial += double{grad[i]} * grad[i];
       return partial;
     });

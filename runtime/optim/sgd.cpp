@@ -27,6 +27,7 @@ void Sgd::step(std::span<const ParamView> params, float learning_rate) {
     const float* g = param.grad;
     if (mu == 0.0F) {
       parallel_chunks(param.size, [=](std::size_t begin, std::size_t end) {
+#pragma omp simd
         for (std::size_t i = begin; i < end; ++i) p[i] -= learning_rate * (g[i] + wd * p[i]);
       });
       continue;
@@ -47,6 +48,7 @@ void Sgd::step(std::span<const ParamView> params, float learning_rate) {
     const float buf_decay = inserted ? 0.0F : mu;
     const float grad_keep = inserted ? 1.0F : keep;
     parallel_chunks(param.size, [=](std::size_t begin, std::size_t end) {
+#pragma omp simd
       for (std::size_t i = begin; i < end; ++i) {
         const float d = g[i] + wd * p[i];
         b[i] = buf_decay * b[i] + grad_keep * d;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "runtime/checkpoint/safetensors.h"
@@ -53,6 +54,24 @@ double parallel_sum(std::size_t size, Body&& body) {
     total += body(begin, end);
   }
   return total;
+}
+
+// Two sums at once: body(begin, end) returns std::pair<double, double>.
+template <typename Body>
+std::pair<double, double> parallel_sum_pair(std::size_t size, Body&& body) {
+  constexpr std::size_t kMinParallel = 1 << 15;
+  if (size < kMinParallel) return body(std::size_t{0}, size);
+  const auto chunks = static_cast<std::int64_t>((size + kMinParallel / 2 - 1) / (kMinParallel / 2));
+  double first = 0.0, second = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : first, second)
+  for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const auto begin = static_cast<std::size_t>(chunk) * (kMinParallel / 2);
+    const auto end = std::min(size, begin + kMinParallel / 2);
+    const auto [a, b] = body(begin, end);
+    first += a;
+    second += b;
+  }
+  return {first, second};
 }
 
 }  // namespace pf::optim

@@ -1,11 +1,9 @@
 #pragma once
 // The --kfac part of pipefisher_sim: its flags, and running the PipeFisher pass on a compiled
-// schedule with a cost model, printing a per-worker table and returning the report's JSON (the
-// `kfac` object of --report).
+// schedule with a cost model, printing a per-worker table and returning the pass's result (its
+// report's to_json, report_json.h, is the `kfac` object of --report).
 #include <iosfwd>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "scheduler/pipefisher/pass.h"
 

@@ -177,8 +177,9 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
       plans.push_back(plan_for(options.refresh_steps, policy));
       continue;
     }
-    // Gallop up from the lower bound, then bisect between the last k that spilled and the
-    // first that did not (spilling shrinks as k grows: more bubbles for the same work).
+    // Walk up from the lower bound, galloping after a few steps, then bisect between the last k
+    // that spilled and the first that did not (spilling shrinks as k grows: more bubbles for
+    // the same work).
     int failed = std::max(1, lower_bound) - 1;
     int step = 1;
     int k = std::max(1, lower_bound);
@@ -193,7 +194,8 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
         check_last_step_curvature(plan, options);
       failed = k;
       k = std::min(k + step, std::max(k + 1, options.max_refresh_steps));
-      step *= 2;
+      // One step at a time near the bound (the usual case), doubling beyond.
+      if (k - std::max(1, lower_bound) >= 4) step *= 2;
     }
     if (!fits) {
       throw std::runtime_error(

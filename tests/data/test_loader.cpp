@@ -126,6 +126,10 @@ TEST(DataLoader, BatchContentsMatchTheShards) {
   ShardLoader loader(options);
   const auto batch = loader.next();
   ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(loader.vocab_size(), kVocabSize);
+  EXPECT_EQ(loader.vocab_hash(), 42U);
+  EXPECT_EQ(loader.seq_length(), 16U);
+  EXPECT_EQ(loader.max_predictions(), 3U);
   ASSERT_EQ(batch->batch_size, 5U);
   ASSERT_EQ(batch->seq_length, 16U);
   ASSERT_EQ(batch->input_ids.size(), 5U * 16U);

@@ -1,5 +1,7 @@
 // Every op's backward against central finite differences in double precision, plus the
 // forward against direct formulas where one exists.
+#include <omp.h>
+
 #include <cmath>
 #include <random>
 #include <set>
@@ -51,6 +53,41 @@ TEST(Gemm, AllTransposesMatchTheDefinition) {
       }
     }
   }
+}
+
+TEST(Gemm, ThreadedRowSplitMatchesTheDefinition) {
+  // Large enough for the row-split parallel path (m*n*k >= 2^18), forced onto 3 threads so the
+  // blocks are uneven.
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(3);
+  std::mt19937_64 rng(15);
+  const std::int64_t m = 101, k = 64, n = 70;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      Vec a = random_vector(static_cast<std::size_t>(m * k), rng);
+      Vec b = random_vector(static_cast<std::size_t>(k * n), rng);
+      Vec c = random_vector(static_cast<std::size_t>(m * n), rng);
+      const Vec c0 = c;
+      gemm<double>(ta ? view(a, k, m) : view(a, m, k), ta ? Transpose::kYes : Transpose::kNo,
+                   tb ? view(b, n, k) : view(b, k, n), tb ? Transpose::kYes : Transpose::kNo,
+                   view(c, m, n), 1.5, 1.0);
+      for (std::int64_t i = 0; i < m; ++i) {
+        for (std::int64_t j = 0; j < n; ++j) {
+          double expected = c0[static_cast<std::size_t>(i * n + j)];
+          for (std::int64_t p = 0; p < k; ++p) {
+            const double x = ta ? a[static_cast<std::size_t>(p * m + i)]
+                                : a[static_cast<std::size_t>(i * k + p)];
+            const double y = tb ? b[static_cast<std::size_t>(j * k + p)]
+                                : b[static_cast<std::size_t>(p * n + j)];
+            expected += 1.5 * x * y;
+          }
+          ASSERT_NEAR(c[static_cast<std::size_t>(i * n + j)], expected, 1e-11)
+              << "ta " << ta << " tb " << tb << " at " << i << "," << j;
+        }
+      }
+    }
+  }
+  omp_set_num_threads(saved);
 }
 
 TEST(Gemm, RejectsMismatchedShapes) {

@@ -6,6 +6,7 @@
 #include <Eigen/Dense>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kfac/damping.h"
@@ -62,17 +63,18 @@ KfacLayerState layer_with_factors(std::int64_t d_in, std::int64_t d_out, std::in
   return layer;
 }
 
-TEST(KfacFactors, GramMatchesDenseProductInEveryBlockLayout) {
-  // 300 columns span three 128-wide blocks of the threaded path; 5 columns take the SYRK path.
-  for (const std::int64_t cols : {5, 300}) {
-    const std::int64_t rows = 23;
+TEST(KfacFactors, GramMatchesDenseProductOnOneThreadAndOnSeveral) {
+  // 23 rows run one SYRK; 150 rows and 300 columns split the rows over two threads (64 rows each
+  // at least) when OpenMP offers them.
+  for (const auto& [rows, cols] :
+       {std::pair<std::int64_t, std::int64_t>{23, 5}, {23, 300}, {150, 300}}) {
     const auto x = random_matrix(rows, cols, 7);
     Eigen::MatrixXf sum = Eigen::MatrixXf::Zero(cols, cols);
     add_gram_lower(sum, x.data(), rows, cols, 0.5F);
     add_gram_lower(sum, x.data(), rows, cols, 0.25F);
     fill_upper_from_lower(sum);
     const Eigen::MatrixXd expected = 0.75 * x.cast<double>().transpose() * x.cast<double>();
-    EXPECT_LT(max_relative_error(sum.cast<double>(), expected), 1e-5) << cols;
+    EXPECT_LT(max_relative_error(sum.cast<double>(), expected), 1e-5) << rows << " x " << cols;
     EXPECT_EQ(sum, sum.transpose());
   }
   Eigen::MatrixXf wrong = Eigen::MatrixXf::Zero(4, 4);
@@ -182,8 +184,8 @@ TEST(KfacInverse, CholeskyAndEigenAgreeAndAreSymmetric) {
   EXPECT_LT(max_relative_error(cholesky.inverse.cast<double>(), exact), 1e-4);
 }
 
-TEST(KfacInverse, LargeFactorsTakeTheBlockRecursionAndStayExact) {
-  // 300 > 128 columns: the triangular inverse recurses twice (150, then 75) before solving.
+TEST(KfacInverse, LargeFactorsTakeTheThreadedSolveAndStayExact) {
+  // 300 >= 256 columns: the solve against I runs in column blocks on the OpenMP threads.
   const std::int64_t dim = 300;
   const auto x = random_matrix(2 * dim, dim, 81);
   Eigen::MatrixXf factor = Eigen::MatrixXf::Zero(dim, dim);

@@ -6,6 +6,8 @@
 #include <sstream>
 #include <string>
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -16,11 +18,22 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path scratch(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("pf_sim_command_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir / name;
+fs::path scratch_dir() {
+  return fs::temp_directory_path() / ("pf_sim_command_" + std::to_string(::getpid()));
 }
+
+fs::path scratch(const std::string& name) {
+  fs::create_directories(scratch_dir());
+  return scratch_dir() / name;
+}
+
+// Removes this process's scratch files after the tests.
+class ScratchCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override { fs::remove_all(scratch_dir()); }
+};
+[[maybe_unused]] ::testing::Environment* const kCleanup =
+    ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
 
 nlohmann::json read_json(const fs::path& path) {
   std::ifstream in(path);
