@@ -13,5 +13,6 @@ mkdir -p out
 if (($#)); then
   exec build/release/sim/cli/pipefisher_sim "$@"
 fi
-exec build/release/sim/cli/pipefisher_sim --schedule 1f1b --stages 4 --microbatches 8 \
-  --out out/schedule.json --trace out/trace.json
+exec build/release/sim/cli/pipefisher_sim --schedule chimera --stages 4 --microbatches 8 \
+  --model base --device h100 --seq-len 128 --micro-batch-size 32 --kfac \
+  --out out/schedule.json --trace out/trace.json --report out/report.json
