@@ -122,7 +122,7 @@ Profile profile_from_json(const json& root, const std::string& source) {
       k.layer = read.integer(node, "layer", prefix, -1);
       if (const auto linear = node.find("linear"); linear != node.end()) {
         if (!linear->is_string()) read.fail(prefix + "linear", "must be a string");
-        k.linear = linear_from_name(linear->get<std::string>());
+        k.linear = sched::linear_kind_from_string(linear->get<std::string>());
         if (!k.linear) {
           read.fail(prefix + "linear", "= " + linear->dump() +
                                            " (allowed: query, key, value, attention_out, "
@@ -187,7 +187,7 @@ json profile_to_json(const Profile& profile) {
                    {"invert_a_s", k.invert_a_s},         {"invert_b_s", k.invert_b_s},
                    {"precondition_s", k.precondition_s}, {"bytes", k.bytes}};
       if (k.layer >= 0) node["layer"] = k.layer;
-      if (k.linear) node["linear"] = std::string(linear_name(*k.linear));
+      if (k.linear) node["linear"] = std::string(sched::to_string(*k.linear));
       if (k.curvature_sync_s >= 0) node["curvature_sync_s"] = k.curvature_sync_s;
       kfac.push_back(node);
     }
@@ -255,7 +255,7 @@ const KfacProfile& MeasuredCostModel::kfac(int layer, sched::LinearKind linear) 
     }
   }
   throw std::invalid_argument(source_ + ": no entry in 'kfac' for layer " + std::to_string(layer) +
-                              " " + std::string(linear_name(linear)) +
+                              " " + std::string(sched::to_string(linear)) +
                               " (profile K-FAC work to simulate it)");
 }
 

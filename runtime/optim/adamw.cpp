@@ -52,28 +52,14 @@ void AdamW::step(std::span<const ParamView> params, float learning_rate) {
 }
 
 std::vector<ckpt::TensorRecord> AdamW::state_records(std::string_view prefix) const {
-  std::vector<ckpt::TensorRecord> records{step_record(prefix, steps_)};
-  for (const auto& [name, moments] : state_) {
-    records.push_back(ckpt::make_f32_record(state_record_name(prefix, name, "exp_avg"),
-                                            moments.shape, moments.exp_avg));
-    records.push_back(ckpt::make_f32_record(state_record_name(prefix, name, "exp_avg_sq"),
-                                            moments.shape, moments.exp_avg_sq));
-  }
-  return records;
+  return adam_moment_records(prefix, steps_, state_);
 }
 
 void AdamW::load_state(const ckpt::SafetensorsFile& file, std::span<const ParamView> params,
                        std::string_view prefix) {
   validate_params(params);
-  const auto steps = read_step(file, prefix);
-  decltype(state_) state;
-  if (steps > 0) {
-    for (const auto& param : params) {
-      state[param.name] =
-          Moments{read_state_buffer(file, prefix, param, "exp_avg"),
-                  read_state_buffer(file, prefix, param, "exp_avg_sq"), param.shape};
-    }
-  }
+  std::int64_t steps = 0;
+  auto state = read_adam_moments(file, params, prefix, steps);
   steps_ = steps;
   state_ = std::move(state);
 }

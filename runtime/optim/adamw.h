@@ -6,6 +6,7 @@
 #include <map>
 
 #include "runtime/optim/optimizer.h"
+#include "runtime/optim/state_io.h"
 
 namespace pf::optim {
 
@@ -27,13 +28,9 @@ class AdamW final : public Optimizer {
   std::string_view name() const override { return "adamw"; }
 
  private:
-  struct Moments {
-    std::vector<float> exp_avg, exp_avg_sq;
-    std::vector<std::int64_t> shape;
-  };
   AdamWOptions options_;
   std::int64_t steps_ = 0;
-  std::map<std::string, Moments, std::less<>> state_;
+  AdamMomentsMap state_;
 };
 
 }  // namespace pf::optim

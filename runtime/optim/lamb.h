@@ -11,6 +11,7 @@
 #include <map>
 
 #include "runtime/optim/optimizer.h"
+#include "runtime/optim/state_io.h"
 
 namespace pf::optim {
 
@@ -39,13 +40,9 @@ class Lamb final : public Optimizer {
   const std::vector<double>& last_trust_ratios() const { return last_trust_ratios_; }
 
  private:
-  struct Moments {
-    std::vector<float> exp_avg, exp_avg_sq;
-    std::vector<std::int64_t> shape;
-  };
   LambOptions options_;
   std::int64_t steps_ = 0;
-  std::map<std::string, Moments, std::less<>> state_;
+  AdamMomentsMap state_;
   double last_grad_norm_ = 0.0;
   std::vector<double> last_trust_ratios_;
 };

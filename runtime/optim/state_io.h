@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -21,6 +24,21 @@ std::int64_t read_step(const ckpt::SafetensorsFile& file, std::string_view prefi
 // Throws std::runtime_error naming the record when it is missing or does not match the shape.
 std::vector<float> read_state_buffer(const ckpt::SafetensorsFile& file, std::string_view prefix,
                                      const ParamView& param, std::string_view buffer);
+
+// First and second moments of one parameter, shared by AdamW and LAMB, keyed by parameter name.
+struct AdamMoments {
+  std::vector<float> exp_avg, exp_avg_sq;
+  std::vector<std::int64_t> shape;
+};
+using AdamMomentsMap = std::map<std::string, AdamMoments, std::less<>>;
+
+// "<prefix>.step" and "<prefix>.<param>.exp_avg" / ".exp_avg_sq" records.
+std::vector<ckpt::TensorRecord> adam_moment_records(std::string_view prefix, std::int64_t steps,
+                                                    const AdamMomentsMap& moments);
+// Reads what adam_moment_records wrote; `steps` receives the step count (no moments when 0).
+AdamMomentsMap read_adam_moments(const ckpt::SafetensorsFile& file,
+                                 std::span<const ParamView> params, std::string_view prefix,
+                                 std::int64_t& steps);
 
 // Runs body(begin, end) over [0, size) split across the OpenMP threads; small sizes run inline
 // so that tiny tensors (biases, LayerNorm) do not pay for a parallel region.

@@ -25,7 +25,8 @@
 namespace pf::model {
 namespace {
 
-const char* kFixture = PF_SOURCE_DIR "/tests/fixtures/bert_golden.safetensors";
+// Tests run from the repository root (tests/CMakeLists.txt sets the working directory).
+const char* kFixture = "tests/fixtures/bert_golden.safetensors";
 
 std::vector<double> read_f64(const ckpt::SafetensorsFile& file, const std::string& name) {
   const auto it = file.tensors.find(name);
