@@ -12,7 +12,9 @@
 // (softmax ignores a constant shift), so only an absolute bound makes sense there.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -176,6 +178,24 @@ TEST(HfWeights, SaveThenLoadRoundTripsAndSplitsAcrossChunks) {
     EXPECT_EQ(record.data, saved.tensors.at(record.name).data) << record.name;
   std::filesystem::remove(path);
   std::filesystem::remove(config_path);
+}
+
+TEST(HfWeights, ExportForTransformersCheck) {
+  // tests/fixtures/check_transformers.py loads this export into transformers'
+  // BertForPreTraining and compares its loss with the fixture's: run
+  //   PF_EXPORT_HF_DIR=/tmp/pf_hf ctest -R ExportForTransformers
+  //   python3 tests/fixtures/check_transformers.py /tmp/pf_hf
+  const char* export_dir = std::getenv("PF_EXPORT_HF_DIR");
+  if (export_dir == nullptr) GTEST_SKIP() << "set PF_EXPORT_HF_DIR to export the checkpoint";
+  const Golden golden;
+  tensor::CpuBackend backend;
+  BertChunk<float> whole(golden.config, whole_model(golden.config), backend);
+  load_hf_weights(golden.file, whole);
+  const std::filesystem::path dir(export_dir);
+  std::filesystem::create_directories(dir);
+  std::vector<BertChunk<float>*> chunks{&whole};
+  save_hf_weights<float>(dir / "model.safetensors", chunks, dir / "config.json");
+  EXPECT_TRUE(std::filesystem::exists(dir / "config.json"));
 }
 
 TEST(HfWeights, BadFilesNameTheTensor) {
