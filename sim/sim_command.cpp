@@ -1,5 +1,6 @@
 #include "sim/sim_command.h"
 
+#include <optional>
 #include <ostream>
 #include <stdexcept>
 #include <vector>
@@ -238,22 +239,30 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
     out << sched::render_grid(schedule) << "\n";
   }
   out << sim::summary_table(schedule, result, setup.run);
+  nlohmann::json report = sim::report_json(schedule, result, setup.run);
+  std::optional<pipefisher::PassResult> pass;
+  if (kfac.enabled) {
+    pass.emplace(
+        pipefisher::run_kfac_command(schedule, *setup.costs, kfac, out, sim_options(options)));
+    report["kfac"] = pipefisher::to_json(pass->report);
+    report["with_kfac"] = sim::report_json(pass->schedule, pass->after, setup.run);
+  }
+  // --out writes what was simulated last: with --kfac the k-step schedule with the K-FAC work.
+  // torch's CSV has no K-FAC actions, so --csv keeps the base schedule.
   CompileCommandOptions files = placed;
   files.out_trace.clear();  // the trace of a simulation shows the simulated times
-  write_outputs(schedule, files, out);
-  nlohmann::json report = sim::report_json(schedule, result, setup.run);
-  nlohmann::json trace;
-  if (kfac.enabled) {
-    const pipefisher::PassResult pass =
-        pipefisher::run_kfac_command(schedule, *setup.costs, kfac, out, sim_options(options));
-    report["kfac"] = pipefisher::to_json(pass.report);
-    report["with_kfac"] = sim::report_json(pass.schedule, pass.after, setup.run);
-    if (!placed.out_trace.empty()) trace = sim::simulated_trace(pass.schedule, pass.after);
-  } else if (!placed.out_trace.empty()) {
-    trace = sim::simulated_trace(schedule, result);
+  files.out_csv.clear();
+  write_outputs(pass ? pass->schedule : schedule, files, out);
+  if (!placed.out_csv.empty()) {
+    CompileCommandOptions csv_only;
+    csv_only.out_csv = placed.out_csv;
+    csv_only.csv_compute_only = placed.csv_compute_only;
+    write_outputs(schedule, csv_only, out);
   }
   if (!placed.out_trace.empty()) {
-    traces::write_json_file(placed.out_trace, trace);
+    traces::write_json_file(placed.out_trace,
+                            pass ? sim::simulated_trace(pass->schedule, pass->after)
+                                 : sim::simulated_trace(schedule, result));
     out << "wrote " << placed.out_trace << "\n";
   }
   if (!options.report.empty()) {

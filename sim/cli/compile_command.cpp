@@ -86,7 +86,9 @@ void add_compile_options(CLI::App& app, CompileCommandOptions& options) {
                  "instruction by stream position) or none")
       ->check(CLI::IsMember({"timeline", "positions", "none"}))
       ->capture_default_str();
-  app.add_option("--out", options.out_json, "Write the schedule as JSON to FILE.json");
+  app.add_option("--out", options.out_json,
+                 "Write the schedule as JSON to FILE.json (with --kfac: the k-step schedule with "
+                 "the K-FAC work)");
   app.add_option("--csv", options.out_csv,
                  "Write the schedule in torch.distributed.pipelining's CSV action format");
   app.add_flag("--csv-compute-only", options.csv_compute_only,
