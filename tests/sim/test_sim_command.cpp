@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "scheduler/schedule_json.h"
 #include "sim/sim_command.h"
 
 namespace pf::cli {
@@ -110,14 +111,29 @@ TEST(SimCommand, KfacFillsTheBubblesAndReportsBothRuns) {
   SimCommandOptions options;
   pipefisher::KfacCommandOptions kfac;
   const fs::path report = scratch("kfac.json"), trace = scratch("kfac_trace.json");
+  const fs::path schedule = scratch("kfac_schedule.json");
   CLI::App app;
   add_compile_options(app, compile);
   add_sim_options(app, options);
   pipefisher::add_kfac_options(app, kfac);
-  std::vector<std::string> args = {
-      "pipefisher_sim", "--schedule",  "1f1b",   "-p",   "4",      "-m",       "8",
-      "--model",        "base",        "--grid", "none", "--kfac", "--report", report.string(),
-      "--trace",        trace.string()};
+  std::vector<std::string> args = {"pipefisher_sim",
+                                   "--schedule",
+                                   "1f1b",
+                                   "-p",
+                                   "4",
+                                   "-m",
+                                   "8",
+                                   "--model",
+                                   "base",
+                                   "--grid",
+                                   "none",
+                                   "--kfac",
+                                   "--report",
+                                   report.string(),
+                                   "--trace",
+                                   trace.string(),
+                                   "--out",
+                                   schedule.string()};
   std::vector<const char*> argv;
   for (const auto& a : args) argv.push_back(a.c_str());
   app.parse(static_cast<int>(argv.size()), argv.data());
@@ -134,6 +150,14 @@ TEST(SimCommand, KfacFillsTheBubblesAndReportsBothRuns) {
     if (e["ph"] == "X" && e.value("cat", "") == "curvature_a") kfac_span = true;
   }
   EXPECT_TRUE(kfac_span);
+  // --out holds the schedule that was simulated last: the k steps with the K-FAC work.
+  const sched::Schedule written = sched::load_schedule_json(schedule);
+  EXPECT_EQ(written.num_steps, r["with_kfac"]["schedule"]["num_steps"].get<int>());
+  int kfac_instructions = 0;
+  for (const auto& stream : written.streams) {
+    for (const auto& instruction : stream) kfac_instructions += sched::is_kfac(instruction.kind);
+  }
+  EXPECT_GT(kfac_instructions, 0);
 }
 
 TEST(SimCommand, ScheduleAllComparesAndSkipsWithAReason) {
