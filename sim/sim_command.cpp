@@ -1,7 +1,9 @@
 #include "sim/sim_command.h"
 
+#include <iomanip>
 #include <optional>
 #include <ostream>
+#include <sstream>
 #include <stdexcept>
 #include <vector>
 
@@ -63,8 +65,36 @@ void check_layers(const sched::Schedule& schedule, const CostSetup& setup) {
   }
 }
 
+// One schedule's PipeFisher effect in the --schedule all --kfac table.
+struct KfacComparisonRow {
+  std::string name;
+  pipefisher::KfacReport report;
+};
+
+std::string kfac_comparison_table(const std::vector<KfacComparisonRow>& rows) {
+  std::ostringstream table;
+  table << "PipeFisher (K-FAC in the bubbles)\n"
+        << std::setw(11) << "schedule" << std::setw(14) << "util before" << std::setw(13)
+        << "util after" << std::setw(5) << "k" << std::setw(11) << "overhead"
+        << "\n";
+  table << std::fixed;
+  for (const auto& row : rows) {
+    table << std::setw(11) << row.name << std::setprecision(1) << std::setw(13)
+          << 100.0 * row.report.utilization_before << "%" << std::setw(12)
+          << 100.0 * row.report.utilization_after << "%" << std::setw(5) << row.report.refresh_steps
+          << std::setw(10) << std::showpos << 100.0 * row.report.step_time_overhead
+          << std::noshowpos << "%\n";
+  }
+  return table.str();
+}
+
 int run_comparison(const CompileCommandOptions& compile, const SimCommandOptions& options,
-                   const CostSetup& setup, std::ostream& out) {
+                   const CostSetup& setup, const pipefisher::KfacCommandOptions& kfac,
+                   std::ostream& out) {
+  // Parse the K-FAC flags before any work, so a bad value fails fast.
+  const auto kfac_options =
+      kfac.enabled ? std::optional(pipefisher::to_kfac_options(kfac)) : std::nullopt;
+  std::vector<KfacComparisonRow> kfac_rows;
   if (!compile.schedule_file.empty()) {
     throw std::invalid_argument(
         "--schedule all compares generated schedules; it cannot be combined with "
@@ -106,12 +136,24 @@ int run_comparison(const CompileCommandOptions& compile, const SimCommandOptions
     const sim::SimResult result = sim::simulate(schedule, *setup.costs, sim_options(options));
     row.figures = sim::headline(schedule, result, setup.run);
     rows.push_back(row);
+    if (kfac_options) {
+      kfac_rows.push_back({name, pipefisher::run_pipefisher(schedule, *setup.costs, *kfac_options,
+                                                            sim_options(options))
+                                     .report});
+    }
   }
   out << "costs: " << setup.run.cost_model
       << (setup.run.details.empty() ? "" : " (" + setup.run.details + ")") << "\n"
       << sim::comparison_table(rows);
+  if (kfac_options) out << kfac_comparison_table(kfac_rows);
   if (!options.report.empty()) {
-    traces::write_json_file(options.report, sim::comparison_json(rows, setup.run));
+    nlohmann::json report = sim::comparison_json(rows, setup.run);
+    if (kfac_options) {
+      nlohmann::json kfac_reports = nlohmann::json::object();
+      for (const auto& row : kfac_rows) kfac_reports[row.name] = pipefisher::to_json(row.report);
+      report["kfac"] = std::move(kfac_reports);
+    }
+    traces::write_json_file(options.report, report);
     out << "wrote " << options.report << "\n";
   }
   return 0;
@@ -224,10 +266,7 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
   const CostSetup setup = make_cost_setup(options);
   const CompileCommandOptions placed = with_model_layers(compile, setup);
   if (placed.schedule == "all") {
-    if (kfac.enabled) {
-      throw std::invalid_argument("--kfac runs on one schedule, not --schedule all");
-    }
-    return run_comparison(placed, options, setup, out);
+    return run_comparison(placed, options, setup, kfac, out);
   }
 
   const sched::Schedule schedule = load_or_compile(placed);

@@ -176,6 +176,29 @@ TEST(SimCommand, ScheduleAllComparesAndSkipsWithAReason) {
   EXPECT_NE(table.find("skipped"), std::string::npos) << table;  // Chimera needs an even D
 }
 
+TEST(SimCommand, ScheduleAllWithKfacComparesThePipeFisherEffect) {
+  CompileCommandOptions compile;
+  SimCommandOptions options;
+  pipefisher::KfacCommandOptions kfac;
+  kfac.enabled = true;
+  compile.schedule = "all";
+  compile.stages = 4;
+  compile.microbatches = 4;
+  options.model = "base";
+  options.report = scratch("all_kfac.json").string();
+  std::ostringstream out;
+  ASSERT_EQ(run_sim_command(compile, options, out, kfac), 0);
+  EXPECT_NE(out.str().find("PipeFisher"), std::string::npos) << out.str();
+  const nlohmann::json kfac_reports = read_json(options.report)["kfac"];
+  for (const char* name : {"gpipe", "1f1b", "interleaved", "chimera"}) {
+    ASSERT_TRUE(kfac_reports.contains(name)) << kfac_reports.dump();
+    EXPECT_GT(kfac_reports[name]["utilization_after"].get<double>(),
+              kfac_reports[name]["utilization_before"].get<double>())
+        << name;
+    EXPECT_GE(kfac_reports[name]["refresh_steps"].get<int>(), 1) << name;
+  }
+}
+
 TEST(SimCommand, BadInputGivesClearErrors) {
   auto error_of = [](CompileCommandOptions compile, SimCommandOptions options) -> std::string {
     std::ostringstream out;
