@@ -1,5 +1,6 @@
 // Multi-head self-attention core as batched GEMMs over (sequence, head) pairs, parallel over the
 // pairs; each pair's small GEMMs run single-threaded inside the parallel region.
+#include <array>
 #include <cmath>
 
 #include "kernels/cpu/eigen_maps.h"
@@ -20,6 +21,17 @@ void check(const AttentionShape& shape, std::int64_t qkv_rows, std::int64_t qkv_
           "context must be [batch*seq, hidden]");
 }
 
+// The query, key and value columns of head h of sequence b in a [batch*seq, 3*hidden] matrix.
+template <typename T>
+std::array<MatrixView<T>, 3> head_qkv(MatrixView<T> qkv, const AttentionShape& shape,
+                                      std::int64_t b, std::int64_t h) {
+  const auto rows = qkv.block_rows(b * shape.seq, shape.seq);
+  const std::int64_t hidden = shape.hidden();
+  const std::int64_t d = shape.head_dim;
+  return {rows.block_cols(h * d, d), rows.block_cols(hidden + h * d, d),
+          rows.block_cols(2 * hidden + h * d, d)};
+}
+
 }  // namespace
 
 std::int64_t attention_probs_size(const AttentionShape& shape) {
@@ -35,7 +47,6 @@ void attention_forward(const AttentionShape& shape, ConstMatrixView<T> qkv,
                        T* probs, T* workspace, MatrixView<T> ctx) {
   check(shape, qkv.rows, qkv.cols, ctx.rows, ctx.cols, "attention_forward");
   const std::int64_t seq = shape.seq;
-  const std::int64_t hidden = shape.hidden();
   const std::int64_t head_dim = shape.head_dim;
   const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
   const std::int64_t pairs = shape.batch * shape.heads;
@@ -43,10 +54,7 @@ void attention_forward(const AttentionShape& shape, ConstMatrixView<T> qkv,
   for (std::int64_t pair = 0; pair < pairs; ++pair) {
     const std::int64_t b = pair / shape.heads;
     const std::int64_t h = pair % shape.heads;
-    auto rows = qkv.block_rows(b * seq, seq);
-    auto q = rows.block_cols(h * head_dim, head_dim);
-    auto k = rows.block_cols(hidden + h * head_dim, head_dim);
-    auto v = rows.block_cols(2 * hidden + h * head_dim, head_dim);
+    const auto [q, k, v] = head_qkv(qkv, shape, b, h);
     MatrixView<T> p(probs + pair * seq * seq, seq, seq);
     gemm<T>(q, Transpose::kNo, k, Transpose::kYes, p);
     masked_softmax_forward<T>(p, scale,
@@ -69,7 +77,6 @@ void attention_backward(const AttentionShape& shape, ConstMatrixView<T> qkv, con
   check(shape, qkv.rows, qkv.cols, dctx.rows, dctx.cols, "attention_backward");
   check(shape, dqkv.rows, dqkv.cols, dctx.rows, dctx.cols, "attention_backward");
   const std::int64_t seq = shape.seq;
-  const std::int64_t hidden = shape.hidden();
   const std::int64_t head_dim = shape.head_dim;
   const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
   const std::int64_t pairs = shape.batch * shape.heads;
@@ -77,14 +84,8 @@ void attention_backward(const AttentionShape& shape, ConstMatrixView<T> qkv, con
   for (std::int64_t pair = 0; pair < pairs; ++pair) {
     const std::int64_t b = pair / shape.heads;
     const std::int64_t h = pair % shape.heads;
-    auto rows = qkv.block_rows(b * seq, seq);
-    auto q = rows.block_cols(h * head_dim, head_dim);
-    auto k = rows.block_cols(hidden + h * head_dim, head_dim);
-    auto v = rows.block_cols(2 * hidden + h * head_dim, head_dim);
-    auto drows = dqkv.block_rows(b * seq, seq);
-    auto dq = drows.block_cols(h * head_dim, head_dim);
-    auto dk = drows.block_cols(hidden + h * head_dim, head_dim);
-    auto dv = drows.block_cols(2 * hidden + h * head_dim, head_dim);
+    const auto [q, k, v] = head_qkv(qkv, shape, b, h);
+    const auto [dq, dk, dv] = head_qkv(dqkv, shape, b, h);
     auto dout = dctx.block_rows(b * seq, seq).block_cols(h * head_dim, head_dim);
     ConstMatrixView<T> p(probs + pair * seq * seq, seq, seq);
     MatrixView<T> w(workspace + pair * seq * seq, seq, seq);

@@ -10,16 +10,8 @@ namespace pf::sched {
 namespace {
 
 using testing::labels;
+using testing::make;
 using testing::microbatch_labels;
-
-ScheduleParams make(ScheduleKind kind, int p, int m, int v = 1) {
-  ScheduleParams params;
-  params.kind = kind;
-  params.workers = p;
-  params.microbatches = m;
-  params.chunks_per_worker = v;
-  return params;
-}
 
 TEST(Generators, GPipeAllForwardsThenAllBackwards) {
   const Schedule s = generate(make(ScheduleKind::kGPipe, 2, 3));

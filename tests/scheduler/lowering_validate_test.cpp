@@ -17,15 +17,7 @@ namespace pf::sched {
 namespace {
 
 using testing::labels;
-
-ScheduleParams make(ScheduleKind kind, int p, int m, int v = 1) {
-  ScheduleParams params;
-  params.kind = kind;
-  params.workers = p;
-  params.microbatches = m;
-  params.chunks_per_worker = v;
-  return params;
-}
+using testing::make;
 
 std::array<std::size_t, kNumOpKinds> count_kinds(const Schedule& s) {
   std::array<std::size_t, kNumOpKinds> counts{};

@@ -7,6 +7,16 @@
 
 namespace pf::sched::testing {
 
+// Parameters of a generated schedule: kind, p workers, m micro-batches, v chunks per worker.
+inline ScheduleParams make(ScheduleKind kind, int p, int m, int v = 1) {
+  ScheduleParams params;
+  params.kind = kind;
+  params.workers = p;
+  params.microbatches = m;
+  params.chunks_per_worker = v;
+  return params;
+}
+
 // Labels of one stream, space-separated (short_label of each instruction).
 inline std::string labels(const std::vector<Instruction>& stream, bool compute_only = false) {
   std::string out;
