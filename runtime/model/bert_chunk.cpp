@@ -104,6 +104,8 @@ struct BertChunk<T>::Stash {
     T *qkv = nullptr, *probs = nullptr, *ctx = nullptr, *attn_sum = nullptr, *mean1 = nullptr,
       *rstd1 = nullptr, *h1 = nullptr, *ffn_pre = nullptr, *ffn_act = nullptr, *ffn_sum = nullptr,
       *mean2 = nullptr, *rstd2 = nullptr, *out = nullptr;
+    // Output gradients of the Linears, kept by backward_input for backward_weight.
+    T *d_qkv = nullptr, *d_attn_out = nullptr, *d_ffn_in = nullptr, *d_ffn_out = nullptr;
   };
   int microbatch = -1;
   std::unique_ptr<tensor::Arena> arena;
@@ -124,6 +126,10 @@ struct BertChunk<T>::Stash {
     *gathered = nullptr, *transform_pre = nullptr, *transform_act = nullptr,
     *transform_mean = nullptr, *transform_rstd = nullptr, *transform_out = nullptr,
     *mlm_probs = nullptr;
+  // Set by backward_input; what backward_weight needs beyond the forward's stash.
+  bool input_done = false;
+  T* d_embeddings = nullptr;  // gradient of the embedding sum (before its LayerNorm)
+  T *d_pooled = nullptr, *d_transform = nullptr;  // head Linears' output gradients
 };
 
 template <typename T>
@@ -358,6 +364,7 @@ ForwardResult<T> BertChunk<T>::forward(int microbatch, const Batch& batch, Const
   }
   Stash& st = *owned;
   st.microbatch = microbatch;
+  st.input_done = false;
   st.arena = pool_.acquire();
   st.batch = batch.batch_size;
   st.seq = batch.seq_len;
@@ -563,7 +570,25 @@ ForwardResult<T> BertChunk<T>::forward_stashed(Stash& st, const Batch& batch,
 template <typename T>
 void BertChunk<T>::backward(int microbatch, ConstMatrixView<T> grad_output,
                             MatrixView<T> grad_input, T loss_scale, KfacCapture<T>* capture) {
+  backward_input(microbatch, grad_output, grad_input, loss_scale, capture);
+  backward_weight(microbatch);
+}
+
+template <typename T>
+std::size_t BertChunk<T>::stash_bytes() const {
+  std::size_t bytes = 0;
+  for (const auto& stash : in_flight_) bytes += stash->arena->bytes_used();
+  return bytes;
+}
+
+template <typename T>
+void BertChunk<T>::backward_input(int microbatch, ConstMatrixView<T> grad_output,
+                                  MatrixView<T> grad_input, T loss_scale, KfacCapture<T>* capture) {
   Stash& st = stash_for(microbatch);
+  if (st.input_done) {
+    throw std::invalid_argument("model chunk: micro-batch " + std::to_string(microbatch) +
+                                " already had its backward-input");
+  }
   const std::int64_t B = st.batch;
   const std::int64_t S = st.seq;
   const std::int64_t P = st.predictions;
@@ -587,6 +612,11 @@ void BertChunk<T>::backward(int microbatch, ConstMatrixView<T> grad_output,
   }
   scratch_->reset();
   auto scratch = [&](std::int64_t count) { return scratch_->template allocate_array<T>(count); };
+  auto keep = [&](std::int64_t count) { return st.arena->template allocate_array<T>(count); };
+  // dx = dy W of a Linear y = x W^T + b (its weight half runs in backward_weight).
+  auto linear_input_grad = [](ConstMatrixView<T> dy, ConstMatrixView<T> weight, MatrixView<T> dx) {
+    kernels::gemm<T>(dy, kernels::Transpose::kNo, weight, kernels::Transpose::kNo, dx);
+  };
   T* values = values_.template data<T>();
   T* grads = grads_.template data<T>();
   const auto& o = *offsets_;
@@ -600,13 +630,12 @@ void BertChunk<T>::backward(int microbatch, ConstMatrixView<T> grad_output,
     // NSP.
     MatrixView<T> dnsp(st.nsp_probs, B, 2);
     kernels::cross_entropy_backward<T>(dnsp, st.nsp_labels, nullptr, loss_scale);
-    T* dpooled = scratch(B * H);
-    kernels::linear_backward<T>({st.pooled, B, H}, {values + o.nsp_w, 2, H}, dnsp, {dpooled, B, H},
-                                {grads + o.nsp_w, 2, H}, grads + o.nsp_b);
-    kernels::tanh_backward<T>({st.pooled, B, H}, {dpooled, B, H}, {dpooled, B, H});
+    st.d_pooled = keep(B * H);
+    MatrixView<T> dpooled(st.d_pooled, B, H);
+    linear_input_grad(dnsp, {values + o.nsp_w, 2, H}, dpooled);
+    kernels::tanh_backward<T>({st.pooled, B, H}, dpooled, dpooled);
     T* dfirst = scratch(B * H);
-    kernels::linear_backward<T>({st.first_tokens, B, H}, {values + o.pool_w, H, H}, {dpooled, B, H},
-                                {dfirst, B, H}, {grads + o.pool_w, H, H}, grads + o.pool_b);
+    linear_input_grad(dpooled, {values + o.pool_w, H, H}, {dfirst, B, H});
     kernels::scatter_add_rows<T>({dfirst, B, H}, st.first_index, dseq);
     // MLM.
     const std::int64_t R = B * P;
@@ -614,17 +643,15 @@ void BertChunk<T>::backward(int microbatch, ConstMatrixView<T> grad_output,
       MatrixView<T> dlogits(st.mlm_probs, R, V);
       kernels::cross_entropy_backward<T>(dlogits, st.mlm_labels, st.mlm_weights, loss_scale);
       T* dout = scratch(R * H);
-      kernels::linear_backward<T>({st.transform_out, R, H}, {values + o.decoder_w, V, H}, dlogits,
-                                  {dout, R, H}, {grads + o.decoder_w, V, H}, grads + o.decoder_b);
-      T* dact = scratch(R * H);
+      linear_input_grad(dlogits, {values + o.decoder_w, V, H}, {dout, R, H});
+      st.d_transform = keep(R * H);
+      MatrixView<T> dact(st.d_transform, R, H);
       kernels::layernorm_backward<T>(
           {st.transform_act, R, H}, {dout, R, H}, values + o.transform_ln_g, st.transform_mean,
-          st.transform_rstd, {dact, R, H}, grads + o.transform_ln_g, grads + o.transform_ln_b);
-      kernels::gelu_backward<T>({st.transform_pre, R, H}, {dact, R, H}, {dact, R, H});
+          st.transform_rstd, dact, grads + o.transform_ln_g, grads + o.transform_ln_b);
+      kernels::gelu_backward<T>({st.transform_pre, R, H}, dact, dact);
       T* dgathered = scratch(R * H);
-      kernels::linear_backward<T>({st.gathered, R, H}, {values + o.transform_w, H, H}, {dact, R, H},
-                                  {dgathered, R, H}, {grads + o.transform_w, H, H},
-                                  grads + o.transform_b);
+      linear_input_grad(dact, {values + o.transform_w, H, H}, {dgathered, R, H});
       kernels::scatter_add_rows<T>({dgathered, R, H}, st.mlm_index, dseq);
     }
     d = dseq;
@@ -633,45 +660,46 @@ void BertChunk<T>::backward(int microbatch, ConstMatrixView<T> grad_output,
 
   const kernels::AttentionShape shape{B, S, config_.num_heads, config_.head_dim()};
   T* d_sum = scratch(tokens * H);
-  T* d_branch = scratch(tokens * H);
-  T* d_act = scratch(tokens * I);
   T* d_ctx = scratch(tokens * H);
-  T* d_qkv = scratch(tokens * 3 * H);
   T* workspace = scratch(kernels::attention_workspace_size(shape));
   for (std::size_t l = layers_.size(); l-- > 0;) {
     const auto& w = layers_[l];
-    const auto& a = st.layers[l];
+    auto& a = st.layers[l];
+    a.d_ffn_out = keep(tokens * H);
+    a.d_ffn_in = keep(tokens * I);
+    a.d_attn_out = keep(tokens * H);
+    a.d_qkv = keep(tokens * 3 * H);
     const bool last = l == 0 && !spec_.has_embeddings;
     MatrixView<T> dinput = last ? grad_input : MatrixView<T>(ping, tokens, H);
     // Output LayerNorm; its input is h1 + dropout(FFN(h1)).
     MatrixView<T> dsum(d_sum, tokens, H);
     kernels::layernorm_backward<T>({a.ffn_sum, tokens, H}, d, values + w.ln2_g, a.mean2, a.rstd2,
                                    dsum, grads + w.ln2_g, grads + w.ln2_b);
-    MatrixView<T> dbranch(d_branch, tokens, H);
-    kernels::dropout_backward<T>(dsum, dbranch, st.hidden_dropout, site_seed(st.seed, w.global, 2));
+    MatrixView<T> dffn_out(a.d_ffn_out, tokens, H);
+    kernels::dropout_backward<T>(dsum, dffn_out, st.hidden_dropout,
+                                 site_seed(st.seed, w.global, 2));
     if (capture != nullptr)
-      capture->on_output_grad(w.global, LinearKind::kFfnOut, microbatch, dbranch);
-    MatrixView<T> dact(d_act, tokens, I);
-    kernels::linear_backward<T>({a.ffn_act, tokens, I}, {values + w.out_w, H, I}, dbranch, dact,
-                                {grads + w.out_w, H, I}, grads + w.out_b);
+      capture->on_output_grad(w.global, LinearKind::kFfnOut, microbatch, dffn_out);
+    MatrixView<T> dact(a.d_ffn_in, tokens, I);
+    linear_input_grad(dffn_out, {values + w.out_w, H, I}, dact);
     kernels::gelu_backward<T>({a.ffn_pre, tokens, I}, dact, dact);
     if (capture != nullptr) capture->on_output_grad(w.global, LinearKind::kFfnIn, microbatch, dact);
     // dh1 = FFN-in input gradient + the residual's.
     MatrixView<T> dh1(d_ctx, tokens, H);
-    kernels::linear_backward<T>({a.h1, tokens, H}, {values + w.in_w, I, H}, dact, dh1,
-                                {grads + w.in_w, I, H}, grads + w.in_b);
+    linear_input_grad(dact, {values + w.in_w, I, H}, dh1);
     kernels::accumulate<T>(dsum, dh1);
     // Attention LayerNorm; its input is x + dropout(attention output projection).
     kernels::layernorm_backward<T>({a.attn_sum, tokens, H}, dh1, values + w.ln1_g, a.mean1, a.rstd1,
                                    dsum, grads + w.ln1_g, grads + w.ln1_b);
-    kernels::dropout_backward<T>(dsum, dbranch, st.hidden_dropout, site_seed(st.seed, w.global, 1));
+    MatrixView<T> dattn_out(a.d_attn_out, tokens, H);
+    kernels::dropout_backward<T>(dsum, dattn_out, st.hidden_dropout,
+                                 site_seed(st.seed, w.global, 1));
     if (capture != nullptr) {
-      capture->on_output_grad(w.global, LinearKind::kAttentionOut, microbatch, dbranch);
+      capture->on_output_grad(w.global, LinearKind::kAttentionOut, microbatch, dattn_out);
     }
     MatrixView<T> dctx(d_ctx, tokens, H);
-    kernels::linear_backward<T>({a.ctx, tokens, H}, {values + w.o_w, H, H}, dbranch, dctx,
-                                {grads + w.o_w, H, H}, grads + w.o_b);
-    MatrixView<T> dqkv(d_qkv, tokens, 3 * H);
+    linear_input_grad(dattn_out, {values + w.o_w, H, H}, dctx);
+    MatrixView<T> dqkv(a.d_qkv, tokens, 3 * H);
     kernels::attention_backward<T>(shape, {a.qkv, tokens, 3 * H}, a.probs, dctx,
                                    st.attention_dropout, site_seed(st.seed, w.global, 0), workspace,
                                    dqkv);
@@ -680,8 +708,7 @@ void BertChunk<T>::backward(int microbatch, ConstMatrixView<T> grad_output,
       capture->on_output_grad(w.global, LinearKind::kKey, microbatch, dqkv.block_cols(H, H));
       capture->on_output_grad(w.global, LinearKind::kValue, microbatch, dqkv.block_cols(2 * H, H));
     }
-    kernels::linear_backward<T>({a.input, tokens, H}, {values + w.qkv_w, 3 * H, H}, dqkv, dinput,
-                                {grads + w.qkv_w, 3 * H, H}, grads + w.qkv_b);
+    linear_input_grad(dqkv, {values + w.qkv_w, 3 * H, H}, dinput);
     kernels::accumulate<T>(dsum, dinput);
     d = dinput;
     std::swap(ping, pong);
@@ -691,17 +718,70 @@ void BertChunk<T>::backward(int microbatch, ConstMatrixView<T> grad_output,
     MatrixView<T> dln(d_sum, tokens, H);
     kernels::dropout_backward<T>(d, dln, st.hidden_dropout,
                                  kernels::derive_seed(st.seed, kEmbeddingDropoutSalt));
-    MatrixView<T> dsum(d_branch, tokens, H);
+    st.d_embeddings = keep(tokens * H);
     kernels::layernorm_backward<T>({st.emb_sum, tokens, H}, dln, values + o.emb_ln_g, st.emb_mean,
-                                   st.emb_rstd, dsum, grads + o.emb_ln_g, grads + o.emb_ln_b);
+                                   st.emb_rstd, {st.d_embeddings, tokens, H}, grads + o.emb_ln_g,
+                                   grads + o.emb_ln_b);
+  } else if (layers_.empty()) {
+    // A chunk with no layers passes the gradient through.
+    for (std::int64_t r = 0; r < tokens; ++r) std::copy_n(d.row(r), H, grad_input.row(r));
+  }
+  st.input_done = true;
+}
+
+template <typename T>
+void BertChunk<T>::backward_weight(int microbatch) {
+  Stash& st = stash_for(microbatch);
+  if (!st.input_done) {
+    throw std::invalid_argument("model chunk: backward-weight of micro-batch " +
+                                std::to_string(microbatch) + " before its backward-input");
+  }
+  const std::int64_t B = st.batch;
+  const std::int64_t tokens = B * st.seq;
+  const std::int64_t R = B * st.predictions;
+  const std::int64_t H = config_.hidden_size;
+  const std::int64_t I = config_.intermediate_size;
+  const std::int64_t V = config_.vocab_size;
+  T* values = values_.template data<T>();
+  T* grads = grads_.template data<T>();
+  const auto& o = *offsets_;
+  // dW += dy^T x and db += sum_rows dy of a Linear (its input half ran in backward_input).
+  auto linear_weight_grad = [](ConstMatrixView<T> x, ConstMatrixView<T> weight,
+                               ConstMatrixView<T> dy, T* dweight, T* dbias) {
+    kernels::linear_backward<T>(x, weight, dy, MatrixView<T>(nullptr, x.rows, x.cols),
+                                {dweight, weight.rows, weight.cols}, dbias);
+  };
+  if (spec_.has_head) {
+    linear_weight_grad({st.pooled, B, H}, {values + o.nsp_w, 2, H}, {st.nsp_probs, B, 2},
+                       grads + o.nsp_w, grads + o.nsp_b);
+    linear_weight_grad({st.first_tokens, B, H}, {values + o.pool_w, H, H}, {st.d_pooled, B, H},
+                       grads + o.pool_w, grads + o.pool_b);
+    if (R > 0) {
+      linear_weight_grad({st.transform_out, R, H}, {values + o.decoder_w, V, H},
+                         {st.mlm_probs, R, V}, grads + o.decoder_w, grads + o.decoder_b);
+      linear_weight_grad({st.gathered, R, H}, {values + o.transform_w, H, H},
+                         {st.d_transform, R, H}, grads + o.transform_w, grads + o.transform_b);
+    }
+  }
+  for (std::size_t l = layers_.size(); l-- > 0;) {
+    const auto& w = layers_[l];
+    const auto& a = st.layers[l];
+    linear_weight_grad({a.ffn_act, tokens, I}, {values + w.out_w, H, I}, {a.d_ffn_out, tokens, H},
+                       grads + w.out_w, grads + w.out_b);
+    linear_weight_grad({a.h1, tokens, H}, {values + w.in_w, I, H}, {a.d_ffn_in, tokens, I},
+                       grads + w.in_w, grads + w.in_b);
+    linear_weight_grad({a.ctx, tokens, H}, {values + w.o_w, H, H}, {a.d_attn_out, tokens, H},
+                       grads + w.o_w, grads + w.o_b);
+    linear_weight_grad({a.input, tokens, H}, {values + w.qkv_w, 3 * H, H}, {a.d_qkv, tokens, 3 * H},
+                       grads + w.qkv_w, grads + w.qkv_b);
+  }
+  if (spec_.has_embeddings) {
+    ConstMatrixView<T> dsum(st.d_embeddings, tokens, H);
     kernels::embedding_backward<T>(dsum, st.ids, {grads + o.word, V, H}, config_.pad_token_id);
     kernels::embedding_backward<T>(dsum, st.positions,
                                    {grads + o.position, config_.max_position_embeddings, H});
     kernels::embedding_backward<T>(dsum, st.types,
                                    {grads + o.token_type, config_.type_vocab_size, H});
-  } else if (layers_.empty()) {
-    // A chunk with no layers passes the gradient through.
-    for (std::int64_t r = 0; r < tokens; ++r) std::copy_n(d.row(r), H, grad_input.row(r));
   }
   discard(microbatch);
 }

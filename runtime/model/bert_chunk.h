@@ -114,9 +114,22 @@ class BertChunk {
   // Backward of a forwarded micro-batch. grad_output [B*S, H] is ignored on the head chunk,
   // whose loss gradient is loss_scale (e.g. 1/micro-batches). grad_input [B*S, H] is written
   // unless this is the embedding chunk (may be empty there). Frees the micro-batch's stash.
+  // Exactly backward_input followed by backward_weight (bit for bit).
   void backward(int microbatch, kernels::ConstMatrixView<T> grad_output,
                 kernels::MatrixView<T> grad_input, T loss_scale = T(1),
                 KfacCapture<T>* capture = nullptr);
+  // The zero-bubble split of backward. backward_input computes grad_input (what the previous
+  // chunk waits for), the LayerNorm parameter gradients and the Linear output gradients, which
+  // it reports to `capture` (K-FAC's g) and keeps in the micro-batch's stash. backward_weight
+  // then accumulates the Linear weight and bias gradients and the embedding gradients from the
+  // stash and frees it. Throws std::invalid_argument when called out of order.
+  void backward_input(int microbatch, kernels::ConstMatrixView<T> grad_output,
+                      kernels::MatrixView<T> grad_input, T loss_scale = T(1),
+                      KfacCapture<T>* capture = nullptr);
+  void backward_weight(int microbatch);
+  // Bytes held by the stashes of in-flight micro-batches (activations awaiting their backward,
+  // output gradients awaiting backward_weight).
+  std::size_t stash_bytes() const;
   // Drops a forwarded micro-batch without a backward (evaluation).
   void discard(int microbatch);
   int in_flight() const;

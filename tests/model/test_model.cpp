@@ -181,6 +181,78 @@ TEST(BertModel, KfacCaptureReproducesWeightGradients) {
   }
 }
 
+// The zero-bubble split: backward-input of several micro-batches, then their backward-weights
+// later, gives the gradients of the fused backward bit for bit, and the same K-FAC g.
+TEST(BertModel, SplitBackwardEqualsFusedBitForBit) {
+  auto config = tiny_test_config();
+  config.num_layers = 2;
+  tensor::CpuBackend backend;
+  const std::vector<ChunkSpec> specs = {
+      {0, 0, true, false}, {0, 1, false, false}, {1, 1, false, true}};
+  ChunkedModel<float> fused(config, specs, backend, 8);
+  ChunkedModel<float> split_model(config, specs, backend, 8);
+  const Batch b0 = make_random_batch(config, 2, 6, 2, 21);
+  const Batch b1 = make_random_batch(config, 2, 6, 2, 22);
+  ForwardOptions options;
+  options.seed = 17;
+  fused.step(0, b0, options, 0.5F);
+  fused.step(1, b1, options, 0.5F);
+
+  KfacCaptureStore<float> store;
+  const std::int64_t rows = b0.tokens(), hidden = config.hidden_size;
+  std::vector<std::vector<float>> acts(2);
+  // Forward both micro-batches through the three chunks.
+  std::vector<std::vector<std::vector<float>>> inputs(2, std::vector<std::vector<float>>(3));
+  for (int mb = 0; mb < 2; ++mb) {
+    const Batch& batch = mb == 0 ? b0 : b1;
+    kernels::ConstMatrixView<float> x;
+    for (std::size_t c = 0; c < 3; ++c) {
+      auto result = split_model.chunks[c]->forward(mb, batch, x, options, &store);
+      if (c < 2) {
+        inputs[mb][c + 1].assign(result.output.data, result.output.data + rows * hidden);
+        x = {inputs[mb][c + 1].data(), rows, hidden};
+      }
+    }
+  }
+  // Backward-input of both micro-batches through all chunks, then the weights in reverse order.
+  std::vector<float> grad(static_cast<std::size_t>(rows * hidden));
+  std::vector<float> grad_in(grad.size());
+  for (int mb = 0; mb < 2; ++mb) {
+    kernels::ConstMatrixView<float> dy;
+    for (std::size_t c = 3; c-- > 0;) {
+      kernels::MatrixView<float> dx =
+          c == 0 ? kernels::MatrixView<float>()
+                 : kernels::MatrixView<float>(grad_in.data(), rows, hidden);
+      split_model.chunks[c]->backward_input(mb, dy, dx, 0.5F, &store);
+      if (c > 0) {
+        grad = grad_in;
+        dy = {grad.data(), rows, hidden};
+      }
+    }
+  }
+  EXPECT_GT(split_model.chunks[1]->stash_bytes(), 0U);
+  EXPECT_THROW(split_model.chunks[1]->backward_input(0, {grad.data(), rows, hidden},
+                                                     {grad_in.data(), rows, hidden}),
+               std::invalid_argument);
+  // Micro-batches in the order of the fused run (a parameter's gradient sums its micro-batches
+  // in backward order), chunks in any order.
+  for (int mb = 0; mb < 2; ++mb) {
+    for (auto& chunk : split_model.chunks) chunk->backward_weight(mb);
+  }
+  for (std::size_t c = 0; c < 3; ++c) {
+    EXPECT_EQ(split_model.chunks[c]->in_flight(), 0);
+    EXPECT_EQ(split_model.chunks[c]->stash_bytes(), 0U);
+    const auto expected = fused.chunks[c]->flat_grads();
+    const auto actual = split_model.chunks[c]->flat_grads();
+    ASSERT_EQ(expected.size(), actual.size());
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      ASSERT_EQ(expected[i], actual[i]) << "chunk " << c << " element " << i;
+    }
+  }
+  EXPECT_EQ(store.output_grads().size(), 2U * 2U * 6U);
+  EXPECT_THROW(split_model.chunks[0]->backward_weight(0), std::invalid_argument);  // freed
+}
+
 TEST(BertModel, SteadyStateStepAllocatesNothing) {
   const auto config = tiny_test_config();
   tensor::CpuBackend backend;
