@@ -205,6 +205,21 @@ std::vector<T> copy_as(const TensorRecord& record) {
   return values;
 }
 
+template <typename T>
+TensorRecord make_record(std::string name, DType dtype, std::vector<std::int64_t> shape,
+                         std::span<const T> values) {
+  const auto count = element_count(shape);
+  if (static_cast<std::uint64_t>(count) != values.size()) {
+    throw std::invalid_argument("safetensors: tensor '" + name + "' has " +
+                                std::to_string(values.size()) + " values but shape " +
+                                shape_to_string(shape) + " needs " + std::to_string(count));
+  }
+  TensorRecord record{std::move(name), dtype, std::move(shape), {}};
+  record.data.resize(values.size_bytes());
+  if (!values.empty()) std::memcpy(record.data.data(), values.data(), values.size_bytes());
+  return record;
+}
+
 float half_to_float(std::uint16_t bits) {
   const std::uint32_t sign = (bits >> 15) & 1U;
   const std::uint32_t exponent = (bits >> 10) & 0x1FU;
@@ -472,6 +487,17 @@ std::vector<float> read_f32(const SafetensorsFile& file, std::string_view name,
   return copy_as<float>(record);
 }
 
+std::vector<double> read_f64(const SafetensorsFile& file, std::string_view name,
+                             std::span<const std::int64_t> expected_shape) {
+  const auto& record = find_tensor(file, name, expected_shape);
+  if (record.dtype == DType::kF64) return copy_as<double>(record);
+  if (record.dtype == DType::kF32) {
+    const auto narrow = copy_as<float>(record);
+    return {narrow.begin(), narrow.end()};
+  }
+  wrong_dtype(record, "F64 or F32");
+}
+
 std::vector<std::int64_t> read_i64(const SafetensorsFile& file, std::string_view name,
                                    std::span<const std::int64_t> expected_shape) {
   const auto& record = find_tensor(file, name, expected_shape);
@@ -517,30 +543,17 @@ std::vector<float> read_as_f32(const SafetensorsFile& file, std::string_view nam
 
 TensorRecord make_f32_record(std::string name, std::vector<std::int64_t> shape,
                              std::span<const float> values) {
-  const auto count = element_count(shape);
-  if (static_cast<std::uint64_t>(count) != values.size()) {
-    throw std::invalid_argument("safetensors: tensor '" + name + "' has " +
-                                std::to_string(values.size()) + " values but shape " +
-                                shape_to_string(shape) + " needs " + std::to_string(count));
-  }
-  TensorRecord record{std::move(name), DType::kF32, std::move(shape), {}};
-  record.data.resize(values.size_bytes());
-  if (!values.empty()) std::memcpy(record.data.data(), values.data(), values.size_bytes());
-  return record;
+  return make_record(std::move(name), DType::kF32, std::move(shape), values);
+}
+
+TensorRecord make_f64_record(std::string name, std::vector<std::int64_t> shape,
+                             std::span<const double> values) {
+  return make_record(std::move(name), DType::kF64, std::move(shape), values);
 }
 
 TensorRecord make_i64_record(std::string name, std::vector<std::int64_t> shape,
                              std::span<const std::int64_t> values) {
-  const auto count = element_count(shape);
-  if (static_cast<std::uint64_t>(count) != values.size()) {
-    throw std::invalid_argument("safetensors: tensor '" + name + "' has " +
-                                std::to_string(values.size()) + " values but shape " +
-                                shape_to_string(shape) + " needs " + std::to_string(count));
-  }
-  TensorRecord record{std::move(name), DType::kI64, std::move(shape), {}};
-  record.data.resize(values.size_bytes());
-  if (!values.empty()) std::memcpy(record.data.data(), values.data(), values.size_bytes());
-  return record;
+  return make_record(std::move(name), DType::kI64, std::move(shape), values);
 }
 
 }  // namespace pf::ckpt

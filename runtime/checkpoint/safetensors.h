@@ -59,6 +59,9 @@ SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, std::string_
 // dtype, or its shape differs from expected_shape.
 std::vector<float> read_f32(const SafetensorsFile& file, std::string_view name,
                             std::span<const std::int64_t> expected_shape);
+// Accepts F64 and F32 data (F32 is widened exactly).
+std::vector<double> read_f64(const SafetensorsFile& file, std::string_view name,
+                             std::span<const std::int64_t> expected_shape);
 // Accepts I64 and I32 data (I32 is widened).
 std::vector<std::int64_t> read_i64(const SafetensorsFile& file, std::string_view name,
                                    std::span<const std::int64_t> expected_shape);
@@ -69,6 +72,8 @@ std::vector<float> read_as_f32(const SafetensorsFile& file, std::string_view nam
 // Throws std::invalid_argument when values.size() disagrees with the shape.
 TensorRecord make_f32_record(std::string name, std::vector<std::int64_t> shape,
                              std::span<const float> values);
+TensorRecord make_f64_record(std::string name, std::vector<std::int64_t> shape,
+                             std::span<const double> values);
 TensorRecord make_i64_record(std::string name, std::vector<std::int64_t> shape,
                              std::span<const std::int64_t> values);
 

@@ -6,26 +6,32 @@
 
 namespace pf::optim {
 
-Sgd::Sgd(SgdOptions options) : options_(options) {
-  if (!(options.momentum >= 0) || !(options.weight_decay >= 0)) {
+template <typename T>
+BasicSgd<T>::BasicSgd(SgdOptions options)
+    : momentum_(static_cast<T>(options.momentum)),
+      dampening_(static_cast<T>(options.dampening)),
+      weight_decay_(static_cast<T>(options.weight_decay)),
+      nesterov_(options.nesterov) {
+  if (!(momentum_ >= 0) || !(weight_decay_ >= 0)) {
     throw std::invalid_argument("SGD: momentum and weight_decay must be >= 0");
   }
-  if (options.nesterov && (options.momentum <= 0 || options.dampening != 0)) {
+  if (nesterov_ && (momentum_ <= 0 || dampening_ != 0)) {
     throw std::invalid_argument("SGD: Nesterov momentum needs momentum > 0 and dampening 0");
   }
 }
 
-void Sgd::step(std::span<const ParamView> params, float learning_rate) {
-  validate_params(params);
+template <typename T>
+void BasicSgd<T>::apply_step(std::span<const View> params, T learning_rate,
+                             std::optional<double> /*global_norm: SGD does not clip*/) {
   ++steps_;
-  const float mu = options_.momentum;
-  const float keep = 1.0F - options_.dampening;
-  const bool nesterov = options_.nesterov;
+  const T mu = momentum_;
+  const T keep = T{1} - dampening_;
+  const bool nesterov = nesterov_;
   for (const auto& param : params) {
-    const float wd = param.no_weight_decay ? 0.0F : options_.weight_decay;
-    float* p = param.value;
-    const float* g = param.grad;
-    if (mu == 0.0F) {
+    const T wd = param.no_weight_decay ? T{0} : weight_decay_;
+    T* p = param.value;
+    const T* g = param.grad;
+    if (mu == T{0}) {
       parallel_chunks(param.size, [=](std::size_t begin, std::size_t end) {
 #pragma omp simd
         for (std::size_t i = begin; i < end; ++i) p[i] -= learning_rate * (g[i] + wd * p[i]);
@@ -40,17 +46,17 @@ void Sgd::step(std::span<const ParamView> params, float learning_rate) {
                                   std::to_string(param.size));
     }
     if (inserted) {
-      buffer.momentum.assign(param.size, 0.0F);
+      buffer.momentum.assign(param.size, T{0});
       buffer.shape = param.shape;
     }
-    float* b = buffer.momentum.data();
+    T* b = buffer.momentum.data();
     // torch starts the buffer at the first gradient itself (no dampening on that step).
-    const float buf_decay = inserted ? 0.0F : mu;
-    const float grad_keep = inserted ? 1.0F : keep;
+    const T buf_decay = inserted ? T{0} : mu;
+    const T grad_keep = inserted ? T{1} : keep;
     parallel_chunks(param.size, [=](std::size_t begin, std::size_t end) {
 #pragma omp simd
       for (std::size_t i = begin; i < end; ++i) {
-        const float d = g[i] + wd * p[i];
+        const T d = g[i] + wd * p[i];
         b[i] = buf_decay * b[i] + grad_keep * d;
         p[i] -= learning_rate * (nesterov ? d + mu * b[i] : b[i]);
       }
@@ -58,21 +64,23 @@ void Sgd::step(std::span<const ParamView> params, float learning_rate) {
   }
 }
 
-std::vector<ckpt::TensorRecord> Sgd::state_records(std::string_view prefix) const {
+template <typename T>
+std::vector<ckpt::TensorRecord> BasicSgd<T>::state_records(std::string_view prefix) const {
   std::vector<ckpt::TensorRecord> records{step_record(prefix, steps_)};
   for (const auto& [name, buffer] : state_) {
-    records.push_back(ckpt::make_f32_record(state_record_name(prefix, name, "momentum_buffer"),
-                                            buffer.shape, buffer.momentum));
+    records.push_back(
+        state_buffer_record<T>(prefix, name, "momentum_buffer", buffer.shape, buffer.momentum));
   }
   return records;
 }
 
-void Sgd::load_state(const ckpt::SafetensorsFile& file, std::span<const ParamView> params,
-                     std::string_view prefix) {
+template <typename T>
+void BasicSgd<T>::load_state(const ckpt::SafetensorsFile& file, std::span<const View> params,
+                             std::string_view prefix) {
   validate_params(params);
   const auto steps = read_step(file, prefix);
   decltype(state_) state;
-  if (steps > 0 && options_.momentum != 0.0F) {
+  if (steps > 0 && momentum_ != T{0}) {
     for (const auto& param : params) {
       state[param.name] =
           Buffer{read_state_buffer(file, prefix, param, "momentum_buffer"), param.shape};
@@ -81,5 +89,8 @@ void Sgd::load_state(const ckpt::SafetensorsFile& file, std::span<const ParamVie
   steps_ = steps;
   state_ = std::move(state);
 }
+
+template class BasicSgd<float>;
+template class BasicSgd<double>;
 
 }  // namespace pf::optim

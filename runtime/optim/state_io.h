@@ -1,6 +1,7 @@
 #pragma once
 // Naming and checking of optimizer-state records shared by the optimizers:
-// "<prefix>.step" (I64 [1]) and "<prefix>.<param name>.<buffer>" (F32, the parameter's shape).
+// "<prefix>.step" (I64 [1]) and "<prefix>.<param name>.<buffer>" (the parameter's shape; F32 for
+// float state, F64 for double state).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -21,24 +22,42 @@ std::string state_record_name(std::string_view prefix, std::string_view param,
                               std::string_view buffer);
 ckpt::TensorRecord step_record(std::string_view prefix, std::int64_t steps);
 std::int64_t read_step(const ckpt::SafetensorsFile& file, std::string_view prefix);
-// Throws std::runtime_error naming the record when it is missing or does not match the shape.
-std::vector<float> read_state_buffer(const ckpt::SafetensorsFile& file, std::string_view prefix,
-                                     const ParamView& param, std::string_view buffer);
+
+// "<prefix>.<param>.<buffer>" holding `values` as F32 (float) or F64 (double).
+template <typename T>
+ckpt::TensorRecord state_buffer_record(std::string_view prefix, std::string_view param,
+                                       std::string_view buffer, std::vector<std::int64_t> shape,
+                                       std::span<const T> values);
+// Throws std::runtime_error naming the record when it is missing, does not match the shape, or
+// has another dtype (float reads F32 only; double reads F64, and F32 widened exactly).
+template <typename T>
+std::vector<T> read_state_buffer(const ckpt::SafetensorsFile& file, std::string_view prefix,
+                                 const BasicParamView<T>& param, std::string_view buffer);
 
 // First and second moments of one parameter, shared by AdamW and LAMB, keyed by parameter name.
+template <typename T>
 struct AdamMoments {
-  std::vector<float> exp_avg, exp_avg_sq;
+  std::vector<T> exp_avg, exp_avg_sq;
   std::vector<std::int64_t> shape;
 };
-using AdamMomentsMap = std::map<std::string, AdamMoments, std::less<>>;
+template <typename T>
+using AdamMomentsMap = std::map<std::string, AdamMoments<T>, std::less<>>;
+
+// The moments of `param`, zero on its first step; throws std::invalid_argument (naming
+// `optimizer` and the parameter) when the parameter changed size since.
+template <typename T>
+AdamMoments<T>& moments_for(AdamMomentsMap<T>& moments, const BasicParamView<T>& param,
+                            std::string_view optimizer);
 
 // "<prefix>.step" and "<prefix>.<param>.exp_avg" / ".exp_avg_sq" records.
+template <typename T>
 std::vector<ckpt::TensorRecord> adam_moment_records(std::string_view prefix, std::int64_t steps,
-                                                    const AdamMomentsMap& moments);
+                                                    const AdamMomentsMap<T>& moments);
 // Reads what adam_moment_records wrote; `steps` receives the step count (no moments when 0).
-AdamMomentsMap read_adam_moments(const ckpt::SafetensorsFile& file,
-                                 std::span<const ParamView> params, std::string_view prefix,
-                                 std::int64_t& steps);
+template <typename T>
+AdamMomentsMap<T> read_adam_moments(const ckpt::SafetensorsFile& file,
+                                    std::span<const BasicParamView<T>> params,
+                                    std::string_view prefix, std::int64_t& steps);
 
 // Runs body(begin, end) over [0, size) split across the OpenMP threads; small sizes run inline
 // so that tiny tensors (biases, LayerNorm) do not pay for a parallel region.

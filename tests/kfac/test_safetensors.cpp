@@ -149,6 +149,28 @@ TEST_F(SafetensorsTest, ConvertsHalfPrecisionToFloat) {
   EXPECT_TRUE(std::isinf(values[3]));
 }
 
+TEST_F(SafetensorsTest, F64RoundTripsAndReadF64WidensF32) {
+  const std::vector<double> wide = {0.1, -1e-300, 3.0};
+  const std::vector<float> narrow = {0.1F, -2.5F};
+  const auto path = dir_ / "f64.safetensors";
+  save_safetensors(path, {make_f64_record("d", {3}, wide), make_f32_record("f", {2}, narrow),
+                          make_i64_record("n", {1}, std::vector<std::int64_t>{5})});
+  const auto file = load_safetensors(path);
+  EXPECT_EQ(file.tensors.at("d").dtype, DType::kF64);
+  EXPECT_EQ(read_f64(file, "d", std::vector<std::int64_t>{3}), wide);
+  EXPECT_EQ(read_f64(file, "f", std::vector<std::int64_t>{2}),
+            (std::vector<double>{double{0.1F}, -2.5}));
+  try {
+    read_f64(file, "n", std::vector<std::int64_t>{1});
+    FAIL() << "no error";
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what()).find("'n' has dtype I64, expected F64 or F32"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_THROW(make_f64_record("bad", {2}, wide), std::invalid_argument);
+}
+
 TEST_F(SafetensorsTest, TypedReadsNameTheTensorOnMismatch) {
   const auto path = dir_ / "typed.safetensors";
   save_safetensors(path, {make_f32_record("w", {2, 2}, std::vector<float>{1, 2, 3, 4}),
