@@ -1,22 +1,101 @@
 #pragma once
-// CUDA implementations of some ops of kernels/ops.h, on device memory, asynchronous on `stream`.
-// Same semantics as the CPU ops (the dropout mask is the same counter-based one, bit for bit).
-// C++17 (this header is compiled by nvcc).
+// Launchers of the CUDA kernels behind CudaOps (kernels/cuda/cuda_ops.h), on device memory and
+// asynchronous on `stream`; same semantics as the CPU ops of kernels/ops.h (the dropout mask is
+// the same counter-based one, bit for bit). Shapes are checked by CudaOps before a launch.
+// C++17: this header is compiled by nvcc.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "kernels/matrix_view.h"
-#include "kernels/ops.h"
 
 namespace pf::kernels::cuda {
 
+// --- elementwise (elementwise.cu)
+void gelu_forward(ConstMatrixView<float> x, MatrixView<float> y, cudaStream_t stream);
 void bias_gelu_forward(MatrixView<float> x, const float* bias, MatrixView<float> y,
                        cudaStream_t stream);
 void gelu_backward(ConstMatrixView<float> x, ConstMatrixView<float> dy, MatrixView<float> dx,
                    cudaStream_t stream);
-void dropout_forward(ConstMatrixView<float> x, MatrixView<float> y, float probability,
-                     std::uint64_t seed, std::uint64_t index_offset, cudaStream_t stream);
-void dropout_backward(ConstMatrixView<float> dy, MatrixView<float> dx, float probability,
-                      std::uint64_t seed, std::uint64_t index_offset, cudaStream_t stream);
+void bias_tanh_forward(MatrixView<float> x, const float* bias, MatrixView<float> y,
+                       cudaStream_t stream);
+void tanh_backward(ConstMatrixView<float> y, ConstMatrixView<float> dy, MatrixView<float> dx,
+                   cudaStream_t stream);
+// residual may be null (plain dropout); probability 0 copies (x may equal y).
+void dropout_forward(ConstMatrixView<float> x, ConstMatrixView<float> residual, MatrixView<float> y,
+                     float probability, std::uint64_t seed, std::uint64_t index_offset,
+                     cudaStream_t stream);
+// y = alpha_a * a + b (a may equal y: accumulate is y = x + y).
+void add(ConstMatrixView<float> a, ConstMatrixView<float> b, MatrixView<float> y,
+         cudaStream_t stream);
+void bias_add(MatrixView<float> y, const float* bias, cudaStream_t stream);
+
+// --- rows (rows.cu): one warp per row
+void layernorm_forward(ConstMatrixView<float> x, const float* gamma, const float* beta, float eps,
+                       MatrixView<float> y, float* mean, float* rstd, cudaStream_t stream);
+// dx only; the parameter gradients come from column_sums.
+void layernorm_backward_input(ConstMatrixView<float> x, ConstMatrixView<float> dy,
+                              const float* gamma, const float* mean, const float* rstd,
+                              MatrixView<float> dx, cudaStream_t stream);
+// Column sums of dy into sum_dy (+=), and, when x is not null, of dy * (x - mean) * rstd into
+// sum_dy_xhat (+=). Deterministic: partial sums per block of rows in `partials` (2 *
+// column_sums_partials(rows, cols) floats), then one pass over them.
+std::int64_t column_sums_partials(std::int64_t rows, std::int64_t cols);
+void column_sums(ConstMatrixView<float> dy, const float* x, std::int64_t ldx, const float* mean,
+                 const float* rstd, float* sum_dy, float* sum_dy_xhat, float* partials,
+                 cudaStream_t stream);
+// Softmax of scale * x + mask over each row of `scores`, in place. Row r uses the key mask at
+// key_mask + (r / rows_per_mask) * cols (null: no mask). With dropout > 0 also writes
+// dropped[r * cols + c] = dropout(p) with stream index r * cols + c (dropped is contiguous).
+void masked_softmax_forward(MatrixView<float> scores, float scale, const std::int64_t* key_mask,
+                            std::int64_t rows_per_mask, float dropout, std::uint64_t seed,
+                            float* dropped, cudaStream_t stream);
+// dx = scale * p * (dp' - sum(dp' p)) with dp' = dropout_backward(dp) when dropout > 0 (stream
+// index r * cols + c). dx may alias dp.
+void softmax_backward(ConstMatrixView<float> p, ConstMatrixView<float> dp, float scale,
+                      float dropout, std::uint64_t seed, MatrixView<float> dx, cudaStream_t stream);
+// Per row: probabilities in place, and loss_rows[r] = w_r * CE_r (0 where w_r = 0). Rows with
+// w_r != 0 and a label outside [0, cols) set *bad_row = min(*bad_row, r).
+void cross_entropy_rows(MatrixView<float> logits, const std::int64_t* labels, const float* weights,
+                        float* loss_rows, unsigned long long* bad_row, cudaStream_t stream);
+// result[0] = sum loss_rows, result[1] = sum weights (rows when weights is null), in double.
+void cross_entropy_total(const float* loss_rows, const float* weights, std::int64_t rows,
+                         double* result, cudaStream_t stream);
+// probs -> (probs - onehot) * scale * w_r / total_weight (zero rows where w_r = 0 or the total
+// is 0); total_weight is result[1] of cross_entropy_total.
+void cross_entropy_backward(MatrixView<float> probs, const std::int64_t* labels,
+                            const float* weights, float scale, const double* total_weight,
+                            cudaStream_t stream);
+
+// --- indexing (indexing.cu)
+// *bad_row = min(*bad_row, r) for every r with ids[r] outside [0, limit).
+void check_indices(const std::int64_t* ids, std::int64_t rows, std::int64_t limit,
+                   unsigned long long* bad_row, cudaStream_t stream);
+// out[r] (+)= table[ids[r]] (rows with an invalid id are left alone).
+void gather_rows(ConstMatrixView<float> table, const std::int64_t* ids, MatrixView<float> out,
+                 bool accumulate_output, cudaStream_t stream);
+// dtable[ids[r]] += dout[r] except ids equal to skip_id (atomic adds).
+void scatter_add_rows(ConstMatrixView<float> dout, const std::int64_t* ids,
+                      MatrixView<float> dtable, std::int64_t skip_id, cudaStream_t stream);
+// Pointer arrays of the per-(sequence, head) matrices of attention, pair p = b * heads + h:
+// q/k/v[p] = qkv + b*seq*ld_qkv + {0, hidden, 2 hidden} + h*head_dim, ctx[p] = ctx + b*seq*ld_ctx
+// + h*head_dim, scores[p] = scores + p*seq*seq.
+struct AttentionPointers {
+  float** q;
+  float** k;
+  float** v;
+  float** ctx;
+  float** scores;
+};
+void fill_attention_pointers(float* qkv, std::int64_t ld_qkv, float* ctx, std::int64_t ld_ctx,
+                             float* scores, std::int64_t batch, std::int64_t heads,
+                             std::int64_t seq, std::int64_t head_dim, AttentionPointers pointers,
+                             cudaStream_t stream);
+
+// --- reductions (reduce.cu); results accumulate into *result (zero it first)
+void sum(const float* x, std::int64_t count, bool squares, double* result, cudaStream_t stream);
+// *non_finite = 1 if any element is NaN or infinite (zero it first).
+void find_non_finite(const float* x, std::int64_t count, unsigned int* non_finite,
+                     cudaStream_t stream);
+
 }  // namespace pf::kernels::cuda

@@ -1,101 +1,438 @@
-// The CUDA ops against the CPU ops. Skipped where no CUDA device is present.
-#include <random>
+// Every op of the CUDA backend (CudaOps) against the CPU op (CpuOps) on the same random inputs:
+// odd sizes, strided views, forward and backward. Skipped where no CUDA device is present.
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "kernels/cuda/cublas_gemm.h"
-#include "kernels/cuda/cuda_backend.h"
-#include "kernels/cuda/ops_cuda.h"
-#include "kernels/ops.h"
-#include "runtime/tensor/tensor.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/make_ops.h"
+#include "tests/kernels/cuda_test_util.h"
 
 namespace pf::kernels::cuda {
 namespace {
 
-class CudaOps : public ::testing::Test {
+using pf::testing::expect_close;
+using pf::testing::nmse;
+using Vec = std::vector<float>;
+using Ids = std::vector<std::int64_t>;
+
+class CudaOpsTest : public pf::testing::CudaTest {
  protected:
   void SetUp() override {
-    if (device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    backend_ = std::make_unique<CudaBackend>(0);
+    CudaTest::SetUp();
+    if (backend_ == nullptr) return;
+    gpu_ = std::make_unique<CudaOps>(*backend_, nullptr, GemmPrecision::kFp32);
   }
+  std::vector<float> get(const float* device, std::size_t count) { return download(device, count); }
 
-  tensor::Tensor upload(const std::vector<float>& values, std::int64_t rows, std::int64_t cols) {
-    auto t = tensor::Tensor::empty(*backend_, {rows, cols}, tensor::DType::kF32);
-    backend_->copy(t.raw_data(), values.data(), values.size() * sizeof(float),
-                   tensor::CopyKind::kHostToDevice);
-    return t;
-  }
-  std::vector<float> download(const tensor::Tensor& t) {
-    std::vector<float> values(static_cast<std::size_t>(t.numel()));
-    backend_->copy(values.data(), t.raw_data(), t.nbytes(), tensor::CopyKind::kDeviceToHost);
-    backend_->synchronize();
-    return values;
-  }
-  static MatrixView<float> view(tensor::Tensor& t) {
-    return {t.data<float>(), t.size(0), t.size(1)};
-  }
-  std::vector<float> random(std::size_t count) {
-    std::normal_distribution<float> normal(0.0F, 2.0F);
-    std::vector<float> values(count);
-    for (auto& v : values) v = normal(rng_);
-    return values;
-  }
-
-  std::unique_ptr<CudaBackend> backend_;
-  std::mt19937 rng_{1};
+  CpuOps<float> cpu_;
+  std::unique_ptr<CudaOps> gpu_;
 };
 
-TEST_F(CudaOps, BiasGeluMatchesCpu) {
-  const std::int64_t rows = 37, cols = 129;
-  auto x = random(static_cast<std::size_t>(rows * cols));
-  auto bias = random(static_cast<std::size_t>(cols));
-  auto dy = random(x.size());
-  auto dx_device = upload(x, rows, cols), y_device = upload(x, rows, cols);
-  auto bias_device = upload(bias, 1, cols), dy_device = upload(dy, rows, cols);
-  auto x_device = upload(x, rows, cols);
-  CudaStream stream;
-  bias_gelu_forward(view(x_device), bias_device.data<float>(), view(y_device), stream.get());
-  gelu_backward(view(x_device), view(dy_device), view(dx_device), stream.get());
-  stream.synchronize();
-  std::vector<float> y(x.size()), dx(x.size());
-  kernels::bias_gelu_forward<float>({x.data(), rows, cols}, bias.data(), {y.data(), rows, cols});
-  kernels::gelu_backward<float>({x.data(), rows, cols}, {dy.data(), rows, cols},
-                                {dx.data(), rows, cols});
-  const auto y_gpu = download(y_device), dx_gpu = download(dx_device), x_gpu = download(x_device);
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    ASSERT_FLOAT_EQ(x_gpu[i], x[i]);  // the pre-activation kept in place
-    ASSERT_NEAR(y_gpu[i], y[i], 1e-5F * (1 + std::abs(y[i])));
-    ASSERT_NEAR(dx_gpu[i], dx[i], 1e-5F * (1 + std::abs(dx[i])));
+constexpr double kTight = 2e-6;  // elementwise, one rounding apart
+constexpr double kRows = 2e-5;   // row reductions in another order
+constexpr double kGemm = 2e-5;   // fp32 products in another order
+
+TEST_F(CudaOpsTest, GemmAllTransposesAlphaBetaAndStridedViews) {
+  const std::int64_t m = 37, k = 65, n = 19, pad = 3;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      const std::int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+      const std::int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+      Vec a = random(static_cast<std::size_t>(a_rows * (a_cols + pad)));
+      Vec b = random(static_cast<std::size_t>(b_rows * b_cols));
+      Vec c = random(static_cast<std::size_t>(m * (n + pad)));
+      float* da = upload(a);
+      float* db = upload(b);
+      float* dc = upload(c);
+      const auto trans_a = ta ? Transpose::kYes : Transpose::kNo;
+      const auto trans_b = tb ? Transpose::kYes : Transpose::kNo;
+      cpu_.gemm({a.data(), a_rows, a_cols, a_cols + pad}, trans_a, {b.data(), b_rows, b_cols},
+                trans_b, {c.data(), m, n, n + pad}, 1.5F, 0.5F);
+      gpu_->gemm({da, a_rows, a_cols, a_cols + pad}, trans_a, {db, b_rows, b_cols}, trans_b,
+                 {dc, m, n, n + pad}, 1.5F, 0.5F);
+      expect_close(get(dc, c.size()), c, kGemm,
+                   "gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+    }
   }
 }
 
-TEST_F(CudaOps, DropoutMaskIsBitIdenticalToCpu) {
+TEST_F(CudaOpsTest, TensorCorePrecisionsStayWithinTheirRounding) {
+  const std::int64_t m = 128, k = 256, n = 96;
+  Vec a = random(static_cast<std::size_t>(m * k)), b = random(static_cast<std::size_t>(k * n));
+  Vec c(static_cast<std::size_t>(m * n));
+  cpu_.gemm({a.data(), m, k}, Transpose::kNo, {b.data(), k, n}, Transpose::kNo, {c.data(), m, n},
+            1.0F, 0.0F);
+  float* da = upload(a);
+  float* db = upload(b);
+  float* dc = upload(c);
+  // TF32 keeps 10 mantissa bits (relative rounding 2^-11), BF16 7 (2^-8): the NMSE of a product
+  // of random inputs is about the squared rounding.
+  const std::pair<GemmPrecision, double> modes[] = {{GemmPrecision::kTf32, 1e-5},
+                                                    {GemmPrecision::kBf16, 1e-4}};
+  for (const auto& [precision, limit] : modes) {
+    gpu_->set_precision(precision);
+    gpu_->gemm({da, m, k}, Transpose::kNo, {db, k, n}, Transpose::kNo, {dc, m, n}, 1.0F, 0.0F);
+    const double error = nmse(get(dc, c.size()), c);
+    EXPECT_LT(error, limit) << to_string(precision);
+    EXPECT_GT(error, 0.0) << to_string(precision) << " should round (not an fp32 product)";
+  }
+}
+
+TEST_F(CudaOpsTest, BatchedGemm) {
+  const std::int64_t count = 5, m = 13, k = 7, n = 9;
+  Vec a = random(static_cast<std::size_t>(count * m * k));
+  Vec b = random(static_cast<std::size_t>(count * n * k));
+  Vec c = random(static_cast<std::size_t>(count * m * n));
+  float* da = upload(a);
+  float* db = upload(b);
+  float* dc = upload(c);
+  cpu_.batched_gemm(count, {a.data(), m, k}, m * k, Transpose::kNo, {b.data(), n, k}, n * k,
+                    Transpose::kYes, {c.data(), m, n}, m * n, 2.0F, 1.0F);
+  gpu_->batched_gemm(count, {da, m, k}, m * k, Transpose::kNo, {db, n, k}, n * k, Transpose::kYes,
+                     {dc, m, n}, m * n, 2.0F, 1.0F);
+  expect_close(get(dc, c.size()), c, kGemm, "batched_gemm");
+}
+
+TEST_F(CudaOpsTest, LinearForwardAndBackward) {
+  const std::int64_t rows = 45, in = 33, out = 17;
+  Vec x = random(static_cast<std::size_t>(rows * in)),
+      w = random(static_cast<std::size_t>(out * in));
+  Vec bias = random(static_cast<std::size_t>(out)),
+      dy = random(static_cast<std::size_t>(rows * out));
+  Vec y(static_cast<std::size_t>(rows * out)), dx(x.size());
+  Vec dw = random(w.size()), dbias = random(bias.size());  // accumulated into
+  float* d_x = upload(x);
+  float* d_w = upload(w);
+  float* d_b = upload(bias);
+  float* d_dy = upload(dy);
+  float* d_y = upload(y);
+  float* d_dx = upload(dx);
+  float* d_dw = upload(dw);
+  float* d_db = upload(dbias);
+  cpu_.linear_forward({x.data(), rows, in}, {w.data(), out, in}, bias.data(),
+                      {y.data(), rows, out});
+  cpu_.linear_backward({x.data(), rows, in}, {w.data(), out, in}, {dy.data(), rows, out},
+                       {dx.data(), rows, in}, {dw.data(), out, in}, dbias.data());
+  gpu_->linear_forward({d_x, rows, in}, {d_w, out, in}, d_b, {d_y, rows, out});
+  gpu_->linear_backward({d_x, rows, in}, {d_w, out, in}, {d_dy, rows, out}, {d_dx, rows, in},
+                        {d_dw, out, in}, d_db);
+  expect_close(get(d_y, y.size()), y, kGemm, "y");
+  expect_close(get(d_dx, dx.size()), dx, kGemm, "dx");
+  expect_close(get(d_dw, dw.size()), dw, kGemm, "dweight");
+  expect_close(get(d_db, dbias.size()), dbias, kRows, "dbias");
+}
+
+TEST_F(CudaOpsTest, ElementwiseOps) {
+  const std::int64_t rows = 37, cols = 129, ld = 131;
+  const auto size = static_cast<std::size_t>(rows * ld);
+  Vec x = random(size, 2.0F), dy = random(size), bias = random(static_cast<std::size_t>(cols));
+  Vec y(size, 0.0F), dx(size, 0.0F);
+  const auto run = [&](const char* name, auto&& cpu_call, auto&& gpu_call, std::vector<Vec*> outs) {
+    std::vector<Vec> before;
+    for (Vec* o : outs) before.push_back(*o);
+    std::vector<float*> device;
+    for (Vec* o : outs) device.push_back(upload(*o));
+    cpu_call();
+    gpu_call(device);
+    for (std::size_t i = 0; i < outs.size(); ++i) {
+      expect_close(get(device[i], outs[i]->size()), *outs[i], kTight, name);
+      *outs[i] = before[i];
+    }
+  };
+  float* d_x = upload(x);
+  float* d_dy = upload(dy);
+  float* d_bias = upload(bias);
+  auto m = [&](Vec& v) { return MatrixView<float>(v.data(), rows, cols, ld); };
+  auto md = [&](float* p) { return MatrixView<float>(p, rows, cols, ld); };
+  run(
+      "gelu_forward", [&] { cpu_.gelu_forward(m(x), m(y)); },
+      [&](auto& d) { gpu_->gelu_forward(md(d_x), md(d[0])); }, {&y});
+  run(
+      "gelu_backward", [&] { cpu_.gelu_backward(m(x), m(dy), m(dx)); },
+      [&](auto& d) { gpu_->gelu_backward(md(d_x), md(d_dy), md(d[0])); }, {&dx});
+  run(
+      "tanh_backward", [&] { cpu_.tanh_backward(m(x), m(dy), m(dx)); },
+      [&](auto& d) { gpu_->tanh_backward(md(d_x), md(d_dy), md(d[0])); }, {&dx});
+  run(
+      "add", [&] { cpu_.add(m(x), m(dy), m(y)); },
+      [&](auto& d) { gpu_->add(md(d_x), md(d_dy), md(d[0])); }, {&y});
+  Vec acc = random(size);
+  run(
+      "accumulate", [&] { cpu_.accumulate(m(x), m(acc)); },
+      [&](auto& d) { gpu_->accumulate(md(d_x), md(d[0])); }, {&acc});
+  run(
+      "bias_add", [&] { cpu_.bias_add(m(acc), bias.data()); },
+      [&](auto& d) { gpu_->bias_add(md(d[0]), d_bias); }, {&acc});
+  Vec pre = x;
+  run(
+      "bias_gelu_forward", [&] { cpu_.bias_gelu_forward(m(pre), bias.data(), m(y)); },
+      [&](auto& d) { gpu_->bias_gelu_forward(md(d[0]), d_bias, md(d[1])); }, {&pre, &y});
+  run(
+      "bias_tanh_forward", [&] { cpu_.bias_tanh_forward(m(pre), bias.data(), m(y)); },
+      [&](auto& d) { gpu_->bias_tanh_forward(md(d[0]), d_bias, md(d[1])); }, {&pre, &y});
+  Vec db = random(static_cast<std::size_t>(cols));
+  float* d_db = upload(db);
+  cpu_.bias_backward(m(dy), db.data());
+  gpu_->bias_backward(md(d_dy), d_db);
+  expect_close(get(d_db, db.size()), db, kRows, "bias_backward");
+}
+
+TEST_F(CudaOpsTest, DropoutMasksAreBitIdenticalToCpu) {
   const std::int64_t rows = 64, cols = 100;
-  auto x = random(static_cast<std::size_t>(rows * cols));
-  auto x_device = upload(x, rows, cols), y_device = upload(x, rows, cols);
-  dropout_forward(view(x_device), view(y_device), 0.1F, 1234, 77, nullptr);
-  std::vector<float> y(x.size());
-  kernels::dropout_forward<float>({x.data(), rows, cols}, {y.data(), rows, cols}, 0.1F, 1234, 77);
-  EXPECT_EQ(download(y_device), y);
+  Vec x = random(static_cast<std::size_t>(rows * cols)), residual = random(x.size());
+  Vec y(x.size());
+  float* d_x = upload(x);
+  float* d_r = upload(residual);
+  float* d_y = upload(y);
+  for (const float p : {0.0F, 0.1F, 0.5F}) {
+    cpu_.dropout_forward({x.data(), rows, cols}, {y.data(), rows, cols}, p, 1234, 77);
+    gpu_->dropout_forward({d_x, rows, cols}, {d_y, rows, cols}, p, 1234, 77);
+    EXPECT_EQ(get(d_y, y.size()), y) << "dropout p=" << p;
+    cpu_.dropout_backward({x.data(), rows, cols}, {y.data(), rows, cols}, p, 99, 5);
+    gpu_->dropout_backward({d_x, rows, cols}, {d_y, rows, cols}, p, 99, 5);
+    EXPECT_EQ(get(d_y, y.size()), y) << "dropout_backward p=" << p;
+    cpu_.dropout_add_forward({x.data(), rows, cols}, {residual.data(), rows, cols},
+                             {y.data(), rows, cols}, p, 4321);
+    gpu_->dropout_add_forward({d_x, rows, cols}, {d_r, rows, cols}, {d_y, rows, cols}, p, 4321);
+    EXPECT_EQ(get(d_y, y.size()), y) << "dropout_add p=" << p;
+  }
+  EXPECT_THROW(gpu_->dropout_forward({d_x, rows, cols}, {d_y, rows, cols}, 1.0F, 1, 0),
+               std::invalid_argument);
 }
 
-TEST_F(CudaOps, CublasGemmMatchesCpu) {
-  const std::int64_t m = 33, k = 65, n = 17;
-  auto a = random(static_cast<std::size_t>(k * m));  // stored transposed: [k, m]
-  auto b = random(static_cast<std::size_t>(n * k));  // stored transposed: [n, k]
-  auto a_device = upload(a, k, m), b_device = upload(b, n, k);
-  auto c_device = tensor::Tensor::zeros(*backend_, {m, n}, tensor::DType::kF32);
-  CublasHandle handle;
-  gemm(handle, view(a_device), Transpose::kYes, view(b_device), Transpose::kYes, view(c_device));
-  std::vector<float> c(static_cast<std::size_t>(m * n));
-  kernels::gemm<float>({a.data(), k, m}, Transpose::kYes, {b.data(), n, k}, Transpose::kYes,
-                       {c.data(), m, n});
-  const auto c_gpu = download(c_device);
-  for (std::size_t i = 0; i < c.size(); ++i) ASSERT_NEAR(c_gpu[i], c[i], 1e-3F);
+TEST_F(CudaOpsTest, LayerNormForwardAndBackward) {
+  for (const std::int64_t cols : {7, 768, 1031}) {
+    const std::int64_t rows = 93;
+    const auto size = static_cast<std::size_t>(rows * cols);
+    Vec x = random(size, 3.0F), dy = random(size), gamma = random(static_cast<std::size_t>(cols));
+    Vec beta = random(gamma.size()), y(size), mean(static_cast<std::size_t>(rows));
+    Vec rstd(mean.size()), dx(size), dgamma = random(gamma.size()), dbeta = random(gamma.size());
+    for (auto& v : x) v += 1.5F;  // a mean far from 0
+    float* d_x = upload(x);
+    float* d_dy = upload(dy);
+    float* d_g = upload(gamma);
+    float* d_b = upload(beta);
+    float* d_y = upload(y);
+    float* d_mean = upload(mean);
+    float* d_rstd = upload(rstd);
+    float* d_dx = upload(dx);
+    float* d_dg = upload(dgamma);
+    float* d_db = upload(dbeta);
+    cpu_.layernorm_forward({x.data(), rows, cols}, gamma.data(), beta.data(), 1e-12F,
+                           {y.data(), rows, cols}, mean.data(), rstd.data());
+    cpu_.layernorm_backward({x.data(), rows, cols}, {dy.data(), rows, cols}, gamma.data(),
+                            mean.data(), rstd.data(), {dx.data(), rows, cols}, dgamma.data(),
+                            dbeta.data());
+    gpu_->layernorm_forward({d_x, rows, cols}, d_g, d_b, 1e-12F, {d_y, rows, cols}, d_mean, d_rstd);
+    gpu_->layernorm_backward({d_x, rows, cols}, {d_dy, rows, cols}, d_g, d_mean, d_rstd,
+                             {d_dx, rows, cols}, d_dg, d_db);
+    const std::string at = " cols=" + std::to_string(cols);
+    expect_close(get(d_y, size), y, kRows, "layernorm y" + at);
+    expect_close(get(d_mean, mean.size()), mean, kRows, "mean" + at);
+    expect_close(get(d_rstd, rstd.size()), rstd, kRows, "rstd" + at);
+    expect_close(get(d_dx, size), dx, kRows, "dx" + at);
+    expect_close(get(d_dg, dgamma.size()), dgamma, kRows, "dgamma" + at);
+    expect_close(get(d_db, dbeta.size()), dbeta, kRows, "dbeta" + at);
+  }
 }
 
-TEST_F(CudaOps, StreamsAndEventsOrderWork) {
+TEST_F(CudaOpsTest, MaskedSoftmaxForwardAndBackward) {
+  const std::int64_t rows = 21, cols = 45;
+  Vec s = random(static_cast<std::size_t>(rows * cols), 3.0F), dp = random(s.size());
+  Ids mask(static_cast<std::size_t>(cols), 1);
+  for (std::int64_t j = 30; j < cols; ++j) mask[static_cast<std::size_t>(j)] = 0;
+  float* d_s = upload(s);
+  float* d_dp = upload(dp);
+  std::int64_t* d_mask = upload(mask);
+  cpu_.masked_softmax_forward({s.data(), rows, cols}, 0.25F, mask.data());
+  gpu_->masked_softmax_forward({d_s, rows, cols}, 0.25F, d_mask);
+  expect_close(get(d_s, s.size()), s, kRows, "softmax");
+  Vec dx(s.size());
+  float* d_dx = upload(dx);
+  cpu_.softmax_backward({s.data(), rows, cols}, {dp.data(), rows, cols}, 0.25F,
+                        {dx.data(), rows, cols});
+  gpu_->softmax_backward({d_s, rows, cols}, {d_dp, rows, cols}, 0.25F, {d_dx, rows, cols});
+  expect_close(get(d_dx, dx.size()), dx, kRows, "softmax_backward");
+}
+
+struct AttentionCase {
+  AttentionShape shape;
+  float dropout;
+};
+
+TEST_F(CudaOpsTest, AttentionForwardAndBackwardWithPaddingAndDropout) {
+  const AttentionCase cases[] = {
+      {{2, 13, 3, 8}, 0.0F}, {{2, 13, 3, 8}, 0.1F}, {{3, 128, 4, 16}, 0.1F}};
+  for (const auto& [shape, dropout] : cases) {
+    const std::int64_t tokens = shape.tokens(), hidden = shape.hidden();
+    Vec qkv = random(static_cast<std::size_t>(tokens * 3 * hidden));
+    Vec dctx = random(static_cast<std::size_t>(tokens * hidden));
+    Ids mask(static_cast<std::size_t>(tokens), 1);
+    for (std::int64_t s = shape.seq - 3; s < shape.seq; ++s) mask[static_cast<std::size_t>(s)] = 0;
+    const auto probs_size = static_cast<std::size_t>(attention_probs_size(shape));
+    Vec probs(probs_size), work(static_cast<std::size_t>(cpu_.attention_workspace_size(shape)));
+    Vec ctx(dctx.size()), dqkv(qkv.size());
+    float* d_qkv = upload(qkv);
+    float* d_dctx = upload(dctx);
+    std::int64_t* d_mask = upload(mask);
+    float* d_probs = upload(probs);
+    float* d_work = upload(Vec(static_cast<std::size_t>(gpu_->attention_workspace_size(shape))));
+    float* d_ctx = upload(ctx);
+    float* d_dqkv = upload(dqkv);
+    cpu_.attention_forward(shape, {qkv.data(), tokens, 3 * hidden}, mask.data(), dropout, 42,
+                           probs.data(), work.data(), {ctx.data(), tokens, hidden});
+    cpu_.attention_backward(shape, {qkv.data(), tokens, 3 * hidden}, probs.data(),
+                            {dctx.data(), tokens, hidden}, dropout, 42, work.data(),
+                            {dqkv.data(), tokens, 3 * hidden});
+    gpu_->attention_forward(shape, {d_qkv, tokens, 3 * hidden}, d_mask, dropout, 42, d_probs,
+                            d_work, {d_ctx, tokens, hidden});
+    gpu_->attention_backward(shape, {d_qkv, tokens, 3 * hidden}, d_probs, {d_dctx, tokens, hidden},
+                             dropout, 42, d_work, {d_dqkv, tokens, 3 * hidden});
+    const std::string at = " seq=" + std::to_string(shape.seq) + " p=" + std::to_string(dropout);
+    expect_close(get(d_probs, probs_size), probs, kRows, "probs" + at);
+    expect_close(get(d_ctx, ctx.size()), ctx, kGemm, "ctx" + at);
+    expect_close(get(d_dqkv, dqkv.size()), dqkv, 1e-4, "dqkv" + at);
+  }
+}
+
+TEST_F(CudaOpsTest, EmbeddingGatherScatterAndBadIds) {
+  const std::int64_t vocab = 50, width = 33, rows = 77;
+  Vec table = random(static_cast<std::size_t>(vocab * width));
+  Vec dout = random(static_cast<std::size_t>(rows * width));
+  Ids ids(static_cast<std::size_t>(rows));
+  for (std::size_t r = 0; r < ids.size(); ++r) ids[r] = static_cast<std::int64_t>((r * 7) % 11);
+  Vec out = random(dout.size()), dtable = random(table.size());
+  float* d_table = upload(table);
+  float* d_dout = upload(dout);
+  std::int64_t* d_ids = upload(ids);
+  float* d_out = upload(out);
+  float* d_dtable = upload(dtable);
+  cpu_.embedding_forward({table.data(), vocab, width}, ids.data(), {out.data(), rows, width}, "ids",
+                         true);
+  gpu_->embedding_forward({d_table, vocab, width}, d_ids, {d_out, rows, width}, "ids", true);
+  expect_close(get(d_out, out.size()), out, kTight, "embedding_forward (accumulate)");
+  cpu_.embedding_backward({dout.data(), rows, width}, ids.data(), {dtable.data(), vocab, width}, 3);
+  gpu_->embedding_backward({d_dout, rows, width}, d_ids, {d_dtable, vocab, width}, 3);
+  expect_close(get(d_dtable, dtable.size()), dtable, kRows, "embedding_backward (skip 3)");
+  cpu_.gather_rows({table.data(), vocab, width}, ids.data(), {out.data(), rows, width});
+  gpu_->gather_rows({d_table, vocab, width}, d_ids, {d_out, rows, width});
+  expect_close(get(d_out, out.size()), out, 0.0, "gather_rows");
+  cpu_.scatter_add_rows({dout.data(), rows, width}, ids.data(), {dtable.data(), vocab, width});
+  gpu_->scatter_add_rows({d_dout, rows, width}, d_ids, {d_dtable, vocab, width});
+  expect_close(get(d_dtable, dtable.size()), dtable, kRows, "scatter_add_rows");
+
+  ids[40] = vocab;  // out of range: the same message as the CPU op
+  std::int64_t* d_bad = upload(ids);
+  std::string cpu_message, gpu_message;
+  try {
+    cpu_.embedding_forward({table.data(), vocab, width}, ids.data(), {out.data(), rows, width},
+                           "input_ids", false);
+  } catch (const std::invalid_argument& e) {
+    cpu_message = e.what();
+  }
+  try {
+    gpu_->embedding_forward({d_table, vocab, width}, d_bad, {d_out, rows, width}, "input_ids",
+                            false);
+  } catch (const std::invalid_argument& e) {
+    gpu_message = e.what();
+  }
+  EXPECT_NE(cpu_message.find("at row 40"), std::string::npos) << cpu_message;
+  EXPECT_EQ(gpu_message, cpu_message);
+}
+
+TEST_F(CudaOpsTest, CrossEntropyWeightedForwardBackwardAndBadLabels) {
+  const std::int64_t rows = 29, classes = 1000;
+  Vec logits = random(static_cast<std::size_t>(rows * classes), 3.0F);
+  Ids labels(static_cast<std::size_t>(rows));
+  Vec weights(labels.size());
+  for (std::size_t r = 0; r < labels.size(); ++r) {
+    labels[r] = static_cast<std::int64_t>((r * 37) % classes);
+    weights[r] = r % 4 == 3 ? 0.0F : 1.0F;
+  }
+  labels[3] = -5;  // weight 0: ignored, as on the CPU
+  for (const bool weighted : {false, true}) {
+    if (!weighted)
+      labels[3] = 1;
+    else
+      labels[3] = -5;
+    Vec probs = logits;
+    float* d_probs = upload(probs);
+    std::int64_t* d_labels = upload(labels);
+    float* d_weights = upload(weights);
+    const float* cpu_w = weighted ? weights.data() : nullptr;
+    const float* gpu_w = weighted ? d_weights : nullptr;
+    const float cpu_loss =
+        cpu_.cross_entropy_forward({probs.data(), rows, classes}, labels.data(), cpu_w, "labels");
+    const float gpu_loss =
+        gpu_->cross_entropy_forward({d_probs, rows, classes}, d_labels, gpu_w, "labels");
+    EXPECT_NEAR(gpu_loss, cpu_loss, 2e-6 * std::abs(cpu_loss));
+    expect_close(get(d_probs, probs.size()), probs, kRows, "softmax probabilities");
+    cpu_.cross_entropy_backward({probs.data(), rows, classes}, labels.data(), cpu_w, 0.25F);
+    gpu_->cross_entropy_backward({d_probs, rows, classes}, d_labels, gpu_w, 0.25F);
+    expect_close(get(d_probs, probs.size()), probs, kRows, "cross_entropy_backward");
+  }
+  labels[3] = 1;
+  labels[5] = classes;  // weight 1 and out of range
+  std::int64_t* d_bad = upload(labels);
+  float* d_logits = upload(logits);
+  EXPECT_THROW(
+      {
+        try {
+          gpu_->cross_entropy_forward({d_logits, rows, classes}, d_bad, nullptr, "masked_lm_ids");
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("masked_lm_ids value 1000 at row 5"),
+                    std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      std::invalid_argument);
+}
+
+TEST_F(CudaOpsTest, ReductionsAndNonFiniteCheck) {
+  Vec x = random(100003);
+  float* d_x = upload(x);
+  double sum = 0.0, squares = 0.0;
+  for (const float v : x) {
+    sum += v;
+    squares += static_cast<double>(v) * v;
+  }
+  EXPECT_NEAR(gpu_->sum(d_x, static_cast<std::int64_t>(x.size())), sum, 1e-5 * squares);
+  EXPECT_NEAR(gpu_->sum_of_squares(d_x, static_cast<std::int64_t>(x.size())), squares,
+              1e-6 * squares);
+  EXPECT_TRUE(gpu_->all_finite(d_x, static_cast<std::int64_t>(x.size())));
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    Vec y = x;
+    y[77777] = bad;
+    EXPECT_FALSE(gpu_->all_finite(upload(y), static_cast<std::int64_t>(y.size())));
+    EXPECT_FALSE(cpu_.all_finite(y.data(), static_cast<std::int64_t>(y.size())));
+  }
+}
+
+TEST_F(CudaOpsTest, ShapeMismatchesThrowBeforeLaunching) {
+  Vec a(12);
+  float* d = upload(a);
+  EXPECT_THROW(
+      gpu_->gemm({d, 3, 4}, Transpose::kNo, {d, 3, 4}, Transpose::kNo, {d, 3, 4}, 1.0F, 0.0F),
+      std::invalid_argument);
+  EXPECT_THROW(gpu_->add({d, 3, 4}, {d, 4, 3}, {d, 3, 4}), std::invalid_argument);
+  EXPECT_THROW(gpu_->layernorm_forward({d, 3, 4}, d, d, 1e-5F, {d, 4, 3}, d, d),
+               std::invalid_argument);
+}
+
+TEST_F(CudaOpsTest, MakeOpsPicksTheImplementationOfTheBackendsDevice) {
+  auto ops = make_ops<float>(*backend_);
+  EXPECT_EQ(ops->device(), (tensor::Device{tensor::DeviceKind::kCuda, 0}));
+  EXPECT_NE(dynamic_cast<CudaOps*>(ops.get()), nullptr);
+  EXPECT_THROW(make_ops<double>(*backend_), std::invalid_argument);
+}
+
+TEST_F(CudaOpsTest, StreamsAndEventsOrderWork) {
   auto stream = backend_->create_stream();
   auto event = backend_->create_event();
   std::vector<float> host(1 << 20, 3.0F), back(host.size());
@@ -111,6 +448,15 @@ TEST_F(CudaOps, StreamsAndEventsOrderWork) {
   other->synchronize();
   EXPECT_TRUE(event->completed());
   EXPECT_EQ(back, host);
+}
+
+TEST_F(CudaOpsTest, OpsOnAWorkerStreamFollowThatStream) {
+  auto stream = backend_->create_stream();
+  CudaOps worker(*backend_, stream.get(), GemmPrecision::kTf32);
+  EXPECT_EQ(worker.stream(), dynamic_cast<CudaStream&>(*stream).get());
+  Vec x = random(1000);
+  float* d = upload(x);
+  EXPECT_NEAR(worker.sum(d, 1000), gpu_->sum(d, 1000), 1e-4);
 }
 
 }  // namespace

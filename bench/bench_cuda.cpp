@@ -1,0 +1,211 @@
+// The CUDA ops on a GPU, timed with CUDA events (manual time, the median of the repetitions is
+// what docs/benchmarks.md quotes): GEMMs of BERT-Large's shapes in fp32 / TF32 / BF16 (fp32
+// storage) and bf16 storage, attention forward+backward at sequence 128 and 512, LayerNorm
+// forward+backward. bench/torch_cuda_bench.py times the same work in PyTorch.
+#include <benchmark/benchmark.h>
+#include <cuda_bf16.h>
+
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kernels/cuda/cublas_gemm.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace {
+
+using pf::kernels::AttentionShape;
+using pf::kernels::GemmPrecision;
+using pf::kernels::MatrixView;
+using pf::kernels::Transpose;
+namespace cuda = pf::kernels::cuda;
+
+// One backend and one device buffer pool for the whole program.
+struct Device {
+  cuda::CudaBackend backend{0};
+  cuda::CudaStream stream;
+};
+Device& device() {
+  static Device instance;  // the benchmark program's one device context
+  return instance;
+}
+
+// A device array of `count` floats, normal(0, 1).
+struct DeviceArray {
+  explicit DeviceArray(std::size_t count, float scale = 1.0F) : bytes(count * sizeof(float)) {
+    data = static_cast<float*>(device().backend.allocate(bytes));
+    std::vector<float> host(count);
+    std::mt19937 rng(static_cast<unsigned>(count));
+    std::normal_distribution<float> normal(0.0F, scale);
+    for (auto& v : host) v = normal(rng);
+    CUDA_CHECK(cudaMemcpy(data, host.data(), bytes, cudaMemcpyHostToDevice));
+  }
+  ~DeviceArray() { device().backend.deallocate(data, bytes); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  float* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+// Times `body` with CUDA events on the benchmark stream: each iteration runs it `inner` times.
+template <typename Body>
+void time_on_gpu(benchmark::State& state, int inner, Body&& body) {
+  cudaStream_t stream = device().stream.get();
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < 3; ++i) body();  // warm-up (cuBLAS heuristics, scratch growth)
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (auto _ : state) {
+    CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < inner; ++i) body();
+    CUDA_CHECK(cudaEventRecord(stop, stream));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.0F;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(1e-3 * ms / inner);
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+}
+
+// C [m, n] = A [m, k] B[n, k]^T (a Linear forward: x W^T).
+void BM_Gemm(benchmark::State& state) {
+  const auto m = state.range(0), n = state.range(1), k = state.range(2);
+  const auto precision = static_cast<GemmPrecision>(state.range(3));
+  DeviceArray a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(n * k)),
+      c(static_cast<std::size_t>(m * n));
+  cuda::CudaOps ops(device().backend, &device().stream, precision);
+  time_on_gpu(state, 10, [&] {
+    ops.gemm({a.data, m, k}, Transpose::kNo, {b.data, n, k}, Transpose::kYes, {c.data, m, n}, 1.0F,
+             0.0F);
+  });
+  const double flops = 2.0 * static_cast<double>(m * n * k);
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(pf::kernels::to_string(precision)));
+}
+
+// bf16 storage, fp32 accumulation (what autocast runs).
+void BM_GemmBf16Storage(benchmark::State& state) {
+  const auto m = state.range(0), n = state.range(1), k = state.range(2);
+  auto& backend = device().backend;
+  const auto bytes = [](std::int64_t count) { return static_cast<std::size_t>(count) * 2; };
+  void* a = backend.allocate(bytes(m * k));
+  void* b = backend.allocate(bytes(n * k));
+  void* c = backend.allocate(bytes(m * n));
+  CUDA_CHECK(cudaMemset(a, 0x3C, bytes(m * k)));  // 0x3C3C: about 0.0115 in bf16
+  CUDA_CHECK(cudaMemset(b, 0x3C, bytes(n * k)));
+  cuda::CublasHandle handle;
+  handle.set_stream(device().stream.get());
+  time_on_gpu(state, 10, [&] {
+    cuda::gemm_bf16(handle, a, m, k, Transpose::kNo, b, n, k, Transpose::kYes, c, m, n);
+  });
+  state.counters["TFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k) * 1e-12,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  backend.deallocate(a, bytes(m * k));
+  backend.deallocate(b, bytes(n * k));
+  backend.deallocate(c, bytes(m * n));
+}
+
+// Attention core forward + backward (BERT-Large heads: 16 x 64), with the padding mask and
+// dropout 0.1 on the probabilities.
+void BM_AttentionForwardBackward(benchmark::State& state) {
+  const AttentionShape shape{state.range(0), state.range(1), 16, 64};
+  const auto precision = static_cast<GemmPrecision>(state.range(2));
+  const std::int64_t tokens = shape.tokens(), hidden = shape.hidden();
+  cuda::CudaOps ops(device().backend, &device().stream, precision);
+  DeviceArray qkv(static_cast<std::size_t>(tokens * 3 * hidden)),
+      dctx(static_cast<std::size_t>(tokens * hidden)),
+      ctx(static_cast<std::size_t>(tokens * hidden)),
+      dqkv(static_cast<std::size_t>(tokens * 3 * hidden)),
+      probs(static_cast<std::size_t>(pf::kernels::attention_probs_size(shape))),
+      work(static_cast<std::size_t>(ops.attention_workspace_size(shape)));
+  std::vector<std::int64_t> mask(static_cast<std::size_t>(tokens), 1);
+  auto* d_mask = static_cast<std::int64_t*>(device().backend.allocate(mask.size() * 8));
+  CUDA_CHECK(cudaMemcpy(d_mask, mask.data(), mask.size() * 8, cudaMemcpyHostToDevice));
+  time_on_gpu(state, 5, [&] {
+    ops.attention_forward(shape, {qkv.data, tokens, 3 * hidden}, d_mask, 0.1F, 1, probs.data,
+                          work.data, {ctx.data, tokens, hidden});
+    ops.attention_backward(shape, {qkv.data, tokens, 3 * hidden}, probs.data,
+                           {dctx.data, tokens, hidden}, 0.1F, 1, work.data,
+                           {dqkv.data, tokens, 3 * hidden});
+  });
+  // 2 products forward, 4 backward, each 2 B N S^2 D.
+  const double flops = 6.0 * 2.0 * static_cast<double>(shape.batch * shape.heads) *
+                       static_cast<double>(shape.seq * shape.seq * shape.head_dim);
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(pf::kernels::to_string(precision)));
+  device().backend.deallocate(d_mask, mask.size() * 8);
+}
+
+void BM_LayerNormForwardBackward(benchmark::State& state) {
+  const auto rows = state.range(0), cols = state.range(1);
+  cuda::CudaOps ops(device().backend, &device().stream);
+  const auto size = static_cast<std::size_t>(rows * cols);
+  DeviceArray x(size), y(size), dy(size), dx(size), gamma(static_cast<std::size_t>(cols)),
+      beta(static_cast<std::size_t>(cols)), dgamma(static_cast<std::size_t>(cols)),
+      dbeta(static_cast<std::size_t>(cols)), mean(static_cast<std::size_t>(rows)),
+      rstd(static_cast<std::size_t>(rows));
+  time_on_gpu(state, 10, [&] {
+    ops.layernorm_forward({x.data, rows, cols}, gamma.data, beta.data, 1e-12F, {y.data, rows, cols},
+                          mean.data, rstd.data);
+    ops.layernorm_backward({x.data, rows, cols}, {dy.data, rows, cols}, gamma.data, mean.data,
+                           rstd.data, {dx.data, rows, cols}, dgamma.data, dbeta.data);
+  });
+  // Bytes: forward reads x, writes y; backward reads x, dy, writes dx (and reads them for sums).
+  state.counters["GB/s"] = benchmark::Counter(7.0 * static_cast<double>(size) * 4.0,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
+constexpr int kFp32 = static_cast<int>(GemmPrecision::kFp32);
+constexpr int kTf32 = static_cast<int>(GemmPrecision::kTf32);
+constexpr int kBf16 = static_cast<int>(GemmPrecision::kBf16);
+
+void gemm_shapes(benchmark::internal::Benchmark* b) {
+  // BERT-Large, 32 x 128 tokens: QKV (3072 x 1024), FFN in (4096 x 1024), FFN out (1024 x 4096).
+  for (const int p : {kFp32, kTf32, kBf16}) {
+    b->Args({4096, 3072, 1024, p});
+    b->Args({4096, 4096, 1024, p});
+    b->Args({4096, 1024, 4096, p});
+  }
+}
+
+BENCHMARK(BM_Gemm)->Apply(gemm_shapes)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_GemmBf16Storage)
+    ->Args({4096, 3072, 1024})
+    ->Args({4096, 4096, 1024})
+    ->Args({4096, 1024, 4096})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AttentionForwardBackward)
+    ->Args({32, 128, kFp32})
+    ->Args({32, 128, kTf32})
+    ->Args({32, 128, kBf16})
+    ->Args({8, 512, kFp32})
+    ->Args({8, 512, kTf32})
+    ->Args({8, 512, kBf16})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LayerNormForwardBackward)
+    ->Args({4096, 1024})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (cuda::device_count() == 0) {
+    std::printf("bench_cuda: no CUDA device, nothing measured\n");
+    return 0;
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
