@@ -26,6 +26,12 @@ class StreamWriter {
   void forward(int pipeline, int chunk, int microbatch) {
     stream_.push_back(make(OpKind::kForward, pipeline, chunk, microbatch));
   }
+  void backward_input(int chunk, int microbatch) {
+    stream_.push_back(make(OpKind::kBackwardInput, 0, chunk, microbatch));
+  }
+  void backward_weight(int chunk, int microbatch) {
+    stream_.push_back(make(OpKind::kBackwardWeight, 0, chunk, microbatch));
+  }
   // A full backward, or backward-input immediately followed by backward-weight.
   void backward(int pipeline, int chunk, int microbatch) {
     if (split_backward_) {
@@ -146,7 +152,112 @@ void generate_chimera(const ScheduleParams& params, Schedule& schedule) {
   }
 }
 
+// Zero-bubble H family (Qi et al., "Zero Bubble Pipeline Parallelism", handcrafted ZB-H1 and
+// ZB-H2) with at most L = max_in_flight micro-batches held per worker (forward done, weight
+// gradient not yet). Worker i runs w_i = min(L - 1 - i, 2(p - 1 - i)) warm-up forwards, then
+// (forward, backward-input) pairs and the drain of backward-inputs; a backward-weight follows a
+// backward-input only while more than d_i = L - 1 - w_i of them are pending (at most
+// m - 1 - w_i), and the rest run at the end. L = p (ZB-H1): w_i = p-1-i, d_i = i, the 1F1B warm-up
+// with each worker's W passes deferred by its distance from the first; the bubble shrinks to
+// (p-1)(F + B - W). L = 2p-1 (ZB-H2): w_i = 2(p-1-i), d_i = 2i, no idle time between a worker's
+// first and last instruction (with F = B = W), so consecutive steps tile into a parallelogram.
+void generate_zero_bubble_h(const ScheduleParams& params, int max_in_flight, Schedule& schedule) {
+  const int p = params.workers;
+  const int m = params.microbatches;
+  for (int worker = 0; worker < p; ++worker) {
+    StreamWriter out(schedule.streams[static_cast<std::size_t>(worker)], true);
+    const int full_warmup = std::min(max_in_flight - 1 - worker, 2 * (p - 1 - worker));
+    const int warmup = std::min(full_warmup, m);
+    // With few micro-batches (m < 2p-1) deferring more W passes than the steady phase has
+    // backward-inputs only delays the drain.
+    const int deferred = std::max(0, std::min(max_in_flight - 1 - full_warmup, m - 1 - warmup));
+    int forwards = 0;
+    int inputs = 0;
+    int weights = 0;
+    auto input_then_maybe_weight = [&] {
+      out.backward_input(worker, inputs++);
+      if (inputs - weights > deferred) out.backward_weight(worker, weights++);
+    };
+    while (forwards < warmup) out.forward(0, worker, forwards++);
+    while (forwards < m) {
+      out.forward(0, worker, forwards++);
+      input_then_maybe_weight();
+    }
+    while (inputs < m) input_then_maybe_weight();
+    while (weights < m) out.backward_weight(worker, weights++);
+  }
+}
+
+// ZB-V (Qi et al., section 6; the order of torch's ScheduleZBVZeroBubble): worker r holds chunk
+// a = r (descending leg) and b = 2p-1-r (ascending leg). Micro-batches are counted up to
+// n = max(m, 2p-1) and those >= m are left out (idle slots), so every m works.
+//  1. 2(p-r)-1 forwards of a;  2. r x (F b, F a);  3. p-r x (F b, I b, W b);
+//  4. while b's forwards lag a's or a has forwards left: [F a], I a, W a, F b, I b, W b;
+//  5. r x (I a, I b) with their W deferred;  6. p-r x (I a, the oldest pending W of a);
+//  7. the pending W of b, then those of a.
+void generate_zero_bubble_v(const ScheduleParams& params, Schedule& schedule) {
+  const int p = params.workers;
+  const int m = params.microbatches;
+  const int n = std::max(m, 2 * p - 1);
+  for (int worker = 0; worker < p; ++worker) {
+    StreamWriter out(schedule.streams[static_cast<std::size_t>(worker)], true);
+    struct Counters {
+      int chunk;
+      int forwards = 0;
+      int inputs = 0;
+      int weights = 0;
+    };
+    Counters a{worker};
+    Counters b{2 * p - 1 - worker};
+    auto f = [&](Counters& c) {
+      if (c.forwards < m) out.forward(0, c.chunk, c.forwards);
+      ++c.forwards;
+    };
+    auto i = [&](Counters& c) {
+      if (c.inputs < m) out.backward_input(c.chunk, c.inputs);
+      ++c.inputs;
+    };
+    auto w = [&](Counters& c) {
+      if (c.weights < m) out.backward_weight(c.chunk, c.weights);
+      ++c.weights;
+    };
+    for (int k = 0; k < 2 * (p - worker) - 1; ++k) f(a);
+    for (int k = 0; k < worker; ++k) {
+      f(b);
+      f(a);
+    }
+    for (int k = 0; k < p - worker; ++k) {
+      f(b);
+      i(b);
+      w(b);
+    }
+    while (b.forwards < a.forwards || a.forwards < n) {
+      if (a.forwards < n) f(a);
+      i(a);
+      w(a);
+      f(b);
+      i(b);
+      w(b);
+    }
+    for (int k = 0; k < worker; ++k) {
+      i(a);
+      i(b);
+    }
+    for (int k = 0; k < p - worker; ++k) {
+      i(a);
+      w(a);
+    }
+    while (b.weights < b.inputs) w(b);
+    while (a.weights < a.inputs) w(a);
+  }
+}
+
 }  // namespace
+
+int zero_bubble_max_in_flight(const ScheduleParams& params) {
+  if (params.max_in_flight > 0) return params.max_in_flight;
+  return params.kind == ScheduleKind::kZeroBubbleH2 ? 2 * params.workers - 1 : params.workers;
+}
 
 void check_params(const ScheduleParams& params) {
   const int p = params.workers;
@@ -211,10 +322,41 @@ void check_params(const ScheduleParams& params) {
                            ", ...");
       }
       break;
+    case ScheduleKind::kZeroBubbleH1:
+    case ScheduleKind::kZeroBubbleH2: {
+      if (v != 1) refuse(params, "one chunk per worker only (got " + str(v) + "); use zbv");
+      const int limit = zero_bubble_max_in_flight(params);
+      if (limit < p || limit > 2 * p - 1) {
+        refuse(params, "max in-flight micro-batches must be in [p, 2p-1] = [" + str(p) + ", " +
+                           str(2 * p - 1) + "] (p: ZB-H1's 1F1B memory, 2p-1: ZB-H2), got " +
+                           str(limit));
+      }
+      break;
+    }
+    case ScheduleKind::kZeroBubbleV:
+      if (v != 2) {
+        refuse(params,
+               "holds exactly two chunks per worker (the V: chunk i and 2p-1-i on "
+               "worker i), got " +
+                   str(v) + ": use chunks per worker 2");
+      }
+      break;
     case ScheduleKind::kCustom:
       refuse(params,
              "custom schedules are not generated: load them from a JSON or CSV file "
-             "(allowed generators: gpipe, 1f1b, interleaved, chimera)");
+             "(allowed generators: gpipe, 1f1b, interleaved, chimera, zbh1, zbh2, zbv)");
+  }
+  if (params.max_in_flight != 0 && params.kind != ScheduleKind::kZeroBubbleH1 &&
+      params.kind != ScheduleKind::kZeroBubbleH2) {
+    refuse(params, "max in-flight micro-batches applies to zbh1 / zbh2 only, got " +
+                       str(params.max_in_flight));
+  }
+  if (params.max_in_flight < 0) {
+    refuse(params, "max in-flight micro-batches must be >= 0 (0: the kind's own), got " +
+                       str(params.max_in_flight));
+  }
+  if (params.v_shape && params.kind != ScheduleKind::kZeroBubbleV) {
+    refuse(params, "a V-shaped placement is generated by zbv only");
   }
 }
 
@@ -222,12 +364,17 @@ Schedule generate(const ScheduleParams& params) {
   check_params(params);
   Schedule schedule;
   schedule.params = params;
+  // Zero-bubble schedules are defined on split backwards: record that they have them.
+  const bool zero_bubble = params.kind == ScheduleKind::kZeroBubbleH1 ||
+                           params.kind == ScheduleKind::kZeroBubbleH2 ||
+                           params.kind == ScheduleKind::kZeroBubbleV;
+  if (zero_bubble) schedule.params.split_backward = true;
   schedule.placement = make_placement(params);
   schedule.num_steps = 1;
   schedule.streams.resize(static_cast<std::size_t>(params.workers));
   const std::size_t per_worker = static_cast<std::size_t>(params.microbatches) *
                                  static_cast<std::size_t>(params.chunks_per_worker) *
-                                 (params.split_backward ? 3u : 2u);
+                                 (schedule.params.split_backward ? 3u : 2u);
   for (auto& stream : schedule.streams) stream.reserve(per_worker);
   switch (params.kind) {
     case ScheduleKind::kGPipe:
@@ -241,6 +388,13 @@ Schedule generate(const ScheduleParams& params) {
       break;
     case ScheduleKind::kChimera:
       generate_chimera(params, schedule);
+      break;
+    case ScheduleKind::kZeroBubbleH1:
+    case ScheduleKind::kZeroBubbleH2:
+      generate_zero_bubble_h(params, zero_bubble_max_in_flight(params), schedule);
+      break;
+    case ScheduleKind::kZeroBubbleV:
+      generate_zero_bubble_v(params, schedule);
       break;
     case ScheduleKind::kCustom:
       break;  // refused by check_params

@@ -13,6 +13,20 @@ int microbatches_per_pipeline(const ScheduleParams& params) {
   return params.microbatches / num_pipelines(params.kind);
 }
 
+bool uses_v_shape(const ScheduleParams& params) {
+  return params.kind == ScheduleKind::kZeroBubbleV || params.v_shape;
+}
+
+int looped_worker(int chunk, int workers) {
+  return chunk % workers;
+}
+
+int v_shape_worker(int chunk, int workers) {
+  const int block = chunk / workers;
+  const int offset = chunk % workers;
+  return block % 2 == 0 ? offset : workers - 1 - offset;
+}
+
 std::vector<int> balanced_layer_counts(int num_layers, int num_chunks) {
   if (num_chunks <= 0) {
     throw std::invalid_argument("cannot place layers on " + std::to_string(num_chunks) +
@@ -63,6 +77,11 @@ Placement make_placement(const ScheduleParams& params) {
         "got " +
         std::to_string(params.chunks_per_worker));
   }
+  const bool v_shape = uses_v_shape(params);
+  if (pipelines == 2 && v_shape) {
+    throw std::invalid_argument(
+        "chimera's two pipelines have their own placement: a V-shaped placement is not allowed");
+  }
   Placement placement;
   placement.num_pipelines = pipelines;
   placement.chunks_per_pipeline = params.workers * params.chunks_per_worker;
@@ -76,7 +95,12 @@ Placement make_placement(const ScheduleParams& params) {
       ChunkPlacement cp;
       cp.pipeline = pipeline;
       cp.chunk = chunk;
-      cp.worker = pipeline == 0 ? chunk % params.workers : params.workers - 1 - chunk;
+      if (pipeline == 1) {
+        cp.worker = params.workers - 1 - chunk;
+      } else {
+        cp.worker =
+            v_shape ? v_shape_worker(chunk, params.workers) : looped_worker(chunk, params.workers);
+      }
       cp.first_layer = first_layer;
       cp.num_layers = counts[static_cast<std::size_t>(chunk)];
       cp.has_embeddings = chunk == 0;

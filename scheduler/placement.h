@@ -27,10 +27,18 @@ int microbatches_per_pipeline(const ScheduleParams& params);
 // 24/8 -> 3 each; 12/8 -> [1,1,1,2,2,2,2,1]. Throws when num_layers < num_chunks.
 std::vector<int> balanced_layer_counts(int num_layers, int num_chunks);
 
-// Chunk c of pipeline 0 lives on worker c mod p; Chimera's pipeline 1 puts chunk i on worker
-// D-1-i. Layers: balanced_layer_counts over the chunks of one pipeline (both Chimera pipelines
-// hold the whole model). Throws std::invalid_argument on non-positive counts or more chunks than
-// layers.
+// Whether chunks zig-zag over the workers (V shape): zbv, or params.v_shape.
+bool uses_v_shape(const ScheduleParams& params);
+
+// The worker of chunk c of one pipeline over p workers: c mod p (looped), or in a V shape
+// c mod p in even blocks of p chunks and p-1 - c mod p in odd ones.
+int looped_worker(int chunk, int workers);
+int v_shape_worker(int chunk, int workers);
+
+// Chunk c of pipeline 0 lives on worker c mod p (V shape: v_shape_worker); Chimera's pipeline 1
+// puts chunk i on worker D-1-i. Layers: balanced_layer_counts over the chunks of one pipeline (both
+// Chimera pipelines hold the whole model). Throws std::invalid_argument on non-positive counts or
+// more chunks than layers.
 Placement make_placement(const ScheduleParams& params);
 
 // The (pipeline, chunk) pairs held by each worker, in pipeline-then-chunk order.

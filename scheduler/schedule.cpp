@@ -17,6 +17,12 @@ std::string_view to_string(ScheduleKind kind) {
       return "chimera";
     case ScheduleKind::kCustom:
       return "custom";
+    case ScheduleKind::kZeroBubbleH1:
+      return "zbh1";
+    case ScheduleKind::kZeroBubbleH2:
+      return "zbh2";
+    case ScheduleKind::kZeroBubbleV:
+      return "zbv";
   }
   return "custom";
 }
@@ -24,11 +30,13 @@ std::string_view to_string(ScheduleKind kind) {
 ScheduleKind schedule_kind_from_string(std::string_view name) {
   for (ScheduleKind kind :
        {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
-        ScheduleKind::kChimera, ScheduleKind::kCustom}) {
+        ScheduleKind::kChimera, ScheduleKind::kCustom, ScheduleKind::kZeroBubbleH1,
+        ScheduleKind::kZeroBubbleH2, ScheduleKind::kZeroBubbleV}) {
     if (to_string(kind) == name) return kind;
   }
-  throw std::invalid_argument("unknown schedule '" + std::string(name) +
-                              "' (allowed: gpipe, 1f1b, interleaved, chimera, custom)");
+  throw std::invalid_argument(
+      "unknown schedule '" + std::string(name) +
+      "' (allowed: gpipe, 1f1b, interleaved, chimera, zbh1, zbh2, zbv, custom)");
 }
 
 const ChunkPlacement& Placement::at(int pipeline, int chunk) const {

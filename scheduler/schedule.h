@@ -9,8 +9,18 @@
 
 namespace pf::sched {
 
-enum class ScheduleKind : std::uint8_t { kGPipe, kOneFOneB, kInterleaved, kChimera, kCustom };
-std::string_view to_string(ScheduleKind kind);  // "gpipe", "1f1b", "interleaved", ...
+// New kinds are appended (files and other components store the numeric value).
+enum class ScheduleKind : std::uint8_t {
+  kGPipe,
+  kOneFOneB,
+  kInterleaved,
+  kChimera,
+  kCustom,
+  kZeroBubbleH1,  // Qi et al.'s handcrafted ZB-H1: 1F1B memory, W passes deferred into bubbles
+  kZeroBubbleH2,  // ZB-H2: 2p-1 micro-batches in flight, no bubble inside a worker's step
+  kZeroBubbleV,   // ZB-V: two chunks per worker in a V (chunk i and 2p-1-i on worker i)
+};
+std::string_view to_string(ScheduleKind kind);  // "gpipe", "1f1b", "interleaved", "zbv", ...
 ScheduleKind schedule_kind_from_string(std::string_view name);  // throws with the allowed names
 
 struct ScheduleParams {
@@ -21,6 +31,13 @@ struct ScheduleParams {
   int num_layers = 0;           // encoder layers to place; 0 means one per chunk
   int data_parallel = 1;        // replicas of the whole pipeline (adds the DP gradient reduction)
   bool split_backward = false;  // emit backward-input + backward-weight instead of backward
+  // Zero-bubble H kinds: micro-batches a worker may hold between their forward and their
+  // backward-weight (its activation memory); 0 = the kind's own (zbh1: p, zbh2: 2p - 1).
+  int max_in_flight = 0;
+  // One pipeline whose chunks zig-zag over the workers (V shape): chunk c in block c div p runs
+  // on worker c mod p in even blocks and p-1 - c mod p in odd ones, so worker i holds chunks i
+  // and 2p-1-i. Implied by zbv; set for imported files laid out that way (torch's "v" style).
+  bool v_shape = false;
   friend bool operator==(const ScheduleParams&, const ScheduleParams&) = default;
 };
 

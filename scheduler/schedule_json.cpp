@@ -161,7 +161,7 @@ Instruction instruction_from_json(const json& j, const std::string& path) {
 ScheduleParams params_from_json(const json& j, const std::string& path) {
   ObjectReader r(j, path);
   for (const char* key : {"kind", "workers", "microbatches", "chunks_per_worker", "num_layers",
-                          "data_parallel", "split_backward"}) {
+                          "data_parallel", "split_backward", "max_in_flight", "v_shape"}) {
     r.remember(key);
   }
   ScheduleParams params;
@@ -177,6 +177,8 @@ ScheduleParams params_from_json(const json& j, const std::string& path) {
   params.num_layers = static_cast<int>(r.integer("num_layers", 0, 0, kIntMax));
   params.data_parallel = static_cast<int>(r.integer("data_parallel", 1, 1, kIntMax));
   params.split_backward = r.boolean("split_backward", false);
+  params.max_in_flight = static_cast<int>(r.integer("max_in_flight", 0, 0, kIntMax));
+  params.v_shape = r.boolean("v_shape", false);
   r.finish();
   return params;
 }
@@ -224,6 +226,9 @@ nlohmann::json to_json(const Schedule& schedule) {
                  {"microbatches", p.microbatches},    {"chunks_per_worker", p.chunks_per_worker},
                  {"num_layers", p.num_layers},        {"data_parallel", p.data_parallel},
                  {"split_backward", p.split_backward}};
+  // Written only when set, so files without them read the same in older versions.
+  if (p.max_in_flight != 0) j["params"]["max_in_flight"] = p.max_in_flight;
+  if (p.v_shape) j["params"]["v_shape"] = true;
   j["num_steps"] = schedule.num_steps;
   json chunks = json::array();
   for (const ChunkPlacement& cp : schedule.placement.chunks) {

@@ -106,14 +106,20 @@ int run_comparison(const CompileCommandOptions& compile, const SimCommandOptions
         "schedule for those");
   }
   std::vector<sim::ComparisonRow> rows;
-  for (const char* name : {"gpipe", "1f1b", "interleaved", "chimera"}) {
+  for (const char* name : {"gpipe", "1f1b", "interleaved", "chimera", "zbh1", "zbh2", "zbv"}) {
     sched::ScheduleParams params;
     params.kind = sched::schedule_kind_from_string(name);
     params.workers = compile.stages;
     params.microbatches = compile.microbatches;
-    // Interleaved needs v >= 2 to differ from 1F1B; the others hold one chunk per worker.
-    params.chunks_per_worker =
-        params.kind == sched::ScheduleKind::kInterleaved ? std::max(2, compile.chunks) : 1;
+    // Interleaved needs v >= 2 to differ from 1F1B; zbv holds exactly two chunks per worker;
+    // the others one.
+    params.chunks_per_worker = params.kind == sched::ScheduleKind::kInterleaved
+                                   ? std::max(2, compile.chunks)
+                               : params.kind == sched::ScheduleKind::kZeroBubbleV ? 2
+                                                                                  : 1;
+    const bool zero_bubble_h = params.kind == sched::ScheduleKind::kZeroBubbleH1 ||
+                               params.kind == sched::ScheduleKind::kZeroBubbleH2;
+    if (zero_bubble_h) params.max_in_flight = compile.max_in_flight;
     params.num_layers = compile.layers;
     params.data_parallel = compile.data_parallel;
     params.split_backward = compile.split_backward;

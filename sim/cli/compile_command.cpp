@@ -50,10 +50,14 @@ void add_compile_options(CLI::App& app, CompileCommandOptions& options) {
            options.schedule_given = true;
          },
          "Pipeline schedule to generate: gpipe, 1f1b, interleaved (Megatron, --chunks per "
-         "worker) or chimera (two bidirectional pipelines). With a CSV --schedule-file, "
-         "'chimera' reads stage indices as two pipelines. 'all' (with a cost model: --model, "
-         "--uniform or --profile) compares the four in one simulated table")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "chimera", "all"}))
+         "worker), chimera (two bidirectional pipelines), zbh1 / zbh2 (zero-bubble, split "
+         "backward; --max-in-flight) or zbv (zero-bubble V: two chunks per worker, chunk i and "
+         "2p-1-i on worker i). With a --schedule-file, the kind the file must be: a file whose "
+         "placement or shape contradicts it is refused, never reinterpreted ('chimera' reads "
+         "CSV stage indices as two pipelines). 'all' (with a cost model: --model, --uniform or "
+         "--profile) compares them all in one simulated table")
+      ->check(
+          CLI::IsMember({"gpipe", "1f1b", "interleaved", "chimera", "zbh1", "zbh2", "zbv", "all"}))
       ->default_str(options.schedule);
   app.add_option("--stages,-p", options.stages, "Pipeline workers p (Chimera: D, even)")
       ->capture_default_str();
@@ -61,8 +65,17 @@ void add_compile_options(CLI::App& app, CompileCommandOptions& options) {
                  "Micro-batches per training step (interleaved: a multiple of p; chimera: a "
                  "multiple of D)")
       ->capture_default_str();
-  app.add_option("--chunks,-v", options.chunks,
-                 "Model chunks per worker (interleaved only; others need 1)")
+  app.add_option_function<int>(
+         "--chunks,-v",
+         [&options](int value) {
+           options.chunks = value;
+           options.chunks_given = true;
+         },
+         "Model chunks per worker (interleaved: any; zbv: 2, its default; others need 1)")
+      ->default_str(std::to_string(options.chunks));
+  app.add_option("--max-in-flight", options.max_in_flight,
+                 "zbh1 / zbh2: micro-batches a worker may hold between forward and "
+                 "backward-weight, in [p, 2p-1] (0: p for zbh1, 2p-1 for zbh2)")
       ->capture_default_str();
   app.add_option("--layers", options.layers,
                  "Encoder layers to place over the chunks, balanced (0: one per chunk)")
@@ -128,6 +141,10 @@ sched::Schedule build_schedule(const CompileCommandOptions& options) {
   params.workers = options.stages;
   params.microbatches = options.microbatches;
   params.chunks_per_worker = options.chunks;
+  if (params.kind == sched::ScheduleKind::kZeroBubbleV && !options.chunks_given) {
+    params.chunks_per_worker = 2;
+  }
+  params.max_in_flight = options.max_in_flight;
   params.num_layers = options.layers;
   params.data_parallel = options.data_parallel;
   params.split_backward = options.split_backward;

@@ -15,11 +15,13 @@ class App;  // CLI11; only the .cpp files include it (see CMakeLists.txt)
 namespace pf::cli {
 
 struct CompileCommandOptions {
-  std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved, chimera
+  std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved, chimera, zbh1, zbh2, zbv
   bool schedule_given = false;    // --schedule appeared on the command line
   int stages = 4;
   int microbatches = 8;
   int chunks = 1;
+  bool chunks_given = false;  // --chunks appeared (zbv defaults to 2)
+  int max_in_flight = 0;      // zbh1 / zbh2 memory limit; 0 = the kind's own
   int layers = 0;
   int data_parallel = 1;
   bool split_backward = false;
