@@ -775,22 +775,30 @@ class Validator {
           }
           case OpKind::kInvertA:
           case OpKind::kInvertB: {
+            // Both factors: the pi-adjusted damping of either inverse needs both.
             const bool is_a = in.kind == OpKind::kInvertA;
-            const std::int32_t last = std::max(is_a ? last_a[lk] : last_b[lk], last_sync[lk]);
+            const std::int32_t last = std::max({last_a[lk], last_b[lk], last_sync[lk]});
             if (last > pos) {
               fail(w, pos,
                    std::string(is_a ? "inversion A" : "inversion B") + " of " + layer_name +
-                       " before its curvature or sync at position " + str(last));
+                       " before the curvature (A and B) or sync at position " + str(last));
             }
             break;
           }
           default: {  // precondition
-            const std::int32_t last =
-                last_backward_[keys_.chunk_index(in.step, ref.pipeline, ref.chunk)];
+            const std::size_t ck = keys_.chunk_index(in.step, ref.pipeline, ref.chunk);
+            const std::int32_t last = last_backward_[ck];
             if (last > pos) {
               fail(w, pos,
                    "precondition of " + layer_name +
                        " before the last backward of its chunk at position " + str(last));
+            }
+            // Every replica preconditions the same, reduced, gradient.
+            const std::int32_t reduced = std::max(reduce_pipelines_pos_[ck], reduce_dp_pos_[ck]);
+            if (reduced != kNone && reduced > pos) {
+              fail(w, pos,
+                   "precondition of " + layer_name +
+                       " before the gradient reduction of its chunk at position " + str(reduced));
             }
             const std::int32_t opt =
                 optimizer_pos_[static_cast<std::size_t>(w) * static_cast<std::size_t>(keys_.steps) +

@@ -261,8 +261,12 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
         if (auto it = sync_of.find(k); it != sync_of.end()) {
           deps.push_back(it->second);
         } else {
-          const auto& factor = kind == OpKind::kInvertA ? curvature_a : curvature_b;
-          if (auto f = factor.find(k); f != factor.end()) deps = f->second;
+          // Both factors: the pi-adjusted damping of either inverse needs both (damping.h).
+          for (const auto* factor : {&curvature_a, &curvature_b}) {
+            if (auto f = factor->find(k); f != factor->end()) {
+              deps.insert(deps.end(), f->second.begin(), f->second.end());
+            }
+          }
         }
         inversions[k].push_back(add(
             replica.worker,
@@ -272,8 +276,10 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
     }
   }
 
-  // Preconditioning: after the step's last weight-gradient backward of the chunk. The refresh's
-  // last step uses the new inverses; earlier steps use the previous refresh's.
+  // Preconditioning: after the step's last weight-gradient backward of the chunk and after its
+  // gradient reductions (Chimera's replicas, data parallelism), so that every replica
+  // preconditions the same reduced gradient. The refresh's last step uses the new inverses;
+  // earlier steps use the previous refresh's.
   for (int step = 0; step < refresh_steps; ++step) {
     for (int w = 0; w < base.num_workers(); ++w) {
       const auto& stream = base.streams[static_cast<std::size_t>(w)];
@@ -281,6 +287,10 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
       for (std::size_t x = 0; x < stream.size(); ++x) {
         if (produces_weight_gradient(stream[x].kind)) {
           chunk_of(base, stream[x], w, x);
+          last_backward[{stream[x].pipeline, stream[x].chunk}] = static_cast<int>(x);
+        }
+        if (stream[x].kind == OpKind::kReduceGradPipelines ||
+            stream[x].kind == OpKind::kReduceGradDataParallel) {
           last_backward[{stream[x].pipeline, stream[x].chunk}] = static_cast<int>(x);
         }
       }

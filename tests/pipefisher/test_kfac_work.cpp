@@ -67,10 +67,11 @@ TEST(KfacWork, OneFOneBCountsAndDependencies) {
       }
       case OpKind::kInvertA:
       case OpKind::kInvertB:
-        EXPECT_EQ(task.task_deps.size(), 8u);  // the factor's curvature of every micro-batch
+        // Both factors' curvature of every micro-batch: pi-adjusted damping needs A and B.
+        EXPECT_EQ(task.task_deps.size(), 16u);
         for (int dep : task.task_deps) {
-          EXPECT_EQ(work.tasks[static_cast<std::size_t>(dep)].kind(),
-                    task.kind() == OpKind::kInvertA ? OpKind::kCurvatureA : OpKind::kCurvatureB);
+          const auto kind = work.tasks[static_cast<std::size_t>(dep)].kind();
+          EXPECT_TRUE(kind == OpKind::kCurvatureA || kind == OpKind::kCurvatureB);
           EXPECT_EQ(work.tasks[static_cast<std::size_t>(dep)].instructions[0].layer, in.layer);
         }
         break;

@@ -390,7 +390,7 @@ TEST(Validator, KfacOrderViolations) {
                  "curvature sync of layer 1 ffn_in before its curvature");
   expect_message(gpipe_with_kfac(
                      {{6, kfac(OpKind::kInvertB, 1, -1)}, {7, kfac(OpKind::kCurvatureB, 1, 1, 1)}}),
-                 "inversion B of layer 1 ffn_in before its curvature");
+                 "inversion B of layer 1 ffn_in before the curvature");
   expect_message(gpipe_with_kfac({{6, kfac(OpKind::kPrecondition, 1, -1)}}),
                  "precondition of layer 1 ffn_in before the last backward");
   expect_message(gpipe_with_kfac({{9, kfac(OpKind::kPrecondition, 1, -1)}}),

@@ -1,0 +1,83 @@
+#pragma once
+// How workers talk: point-to-point messages matched by (peer, tag = the schedule's pair id),
+// and collectives over an explicit group of ranks. The executor sees only this interface, so
+// threads (InProcessWorld), MPI processes and NCCL on GPUs can sit behind it.
+//
+// Every blocking call takes a deadline and throws TimeoutError when it passes, AbortedError when
+// another rank has failed and called abort(): distributed code never hangs.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace pf::comm {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+// A wait ran past its deadline; what() says what was awaited.
+class TimeoutError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+// The run was aborted by another rank's failure; what() carries that rank's reason.
+class AbortedError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// An outstanding send or receive.
+class Request {
+ public:
+  virtual ~Request() = default;
+  Request() = default;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  // True once the operation has completed (a receive's buffer holds the data).
+  virtual bool test() = 0;
+  // Blocks until completion; throws TimeoutError / AbortedError.
+  virtual void wait(Deadline deadline) = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Messages between one (sender, receiver) pair with one tag are delivered in the order sent
+  // (MPI's non-overtaking rule), so pair ids may repeat from one training step to the next.
+  // The send's data may be reused as soon as the request completes.
+  virtual std::unique_ptr<Request> isend(int peer, std::int64_t tag,
+                                         std::span<const std::byte> data) = 0;
+  // The receive's buffer must stay alive until the request completes; a message of another
+  // size is an error naming both sizes.
+  virtual std::unique_ptr<Request> irecv(int peer, std::int64_t tag, std::span<std::byte> data) = 0;
+
+  // In-place sum over `group` (distinct ranks in ascending order, this rank among them). The
+  // members add in ascending rank order, so every member gets the same bits. Every member must
+  // make its collectives over a given group in the same order.
+  virtual void all_reduce_sum(std::span<float> data, std::span<const int> group,
+                              Deadline deadline) = 0;
+  virtual void all_reduce_sum(std::span<double> data, std::span<const int> group,
+                              Deadline deadline) = 0;
+  // root's data to every member of `group`.
+  virtual void broadcast(std::span<std::byte> data, int root, std::span<const int> group,
+                         Deadline deadline) = 0;
+
+  // Makes every current and future blocking call of every rank throw AbortedError(reason).
+  virtual void abort(const std::string& reason) = 0;
+};
+
+// "{0, 2, 3}"
+std::string group_to_string(std::span<const int> group);
+
+}  // namespace pf::comm

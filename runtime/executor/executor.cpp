@@ -1,0 +1,1084 @@
+#include "runtime/executor/executor.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "kernels/rng.h"
+#include "kfac/factors.h"
+#include "kfac/precondition.h"
+#include "runtime/comm/in_process.h"
+#include "runtime/tensor/cpu_backend.h"
+#include "scheduler/grid.h"
+#include "scheduler/validate.h"
+
+namespace pf::exec {
+
+using sched::Instruction;
+using sched::LinearKind;
+using sched::OpKind;
+
+namespace {
+
+using Seconds = std::chrono::duration<double>;
+
+// Hugging Face name of a preconditioned Linear's weight (its bias replaces "weight").
+std::string linear_weight_name(int layer, LinearKind linear) {
+  static constexpr std::array<const char*, sched::kNumLinearKinds> kNames = {
+      "attention.self.query",   "attention.self.key", "attention.self.value",
+      "attention.output.dense", "intermediate.dense", "output.dense"};
+  return "bert.encoder.layer." + std::to_string(layer) + "." +
+         kNames[static_cast<std::size_t>(linear)] + ".weight";
+}
+
+std::string bias_name_of(const std::string& weight_name) {
+  return weight_name.substr(0, weight_name.size() - std::string("weight").size()) + "bias";
+}
+
+Lane lane_of(OpKind kind) {
+  if (sched::is_kfac(kind) && kind != OpKind::kCurvatureSync) return Lane::kKfac;
+  if (sched::is_point_to_point(kind) || sched::is_reduction(kind)) return Lane::kCommunication;
+  return Lane::kCompute;
+}
+
+// A micro-batch's data at one chunk: (stream step, pipeline, chunk, micro-batch).
+struct MicroKey {
+  int step = 0, pipeline = 0, chunk = 0, microbatch = 0;
+  friend auto operator<=>(const MicroKey&, const MicroKey&) = default;
+};
+
+// Captured K-FAC data of one Linear for one micro-batch of one stream step.
+struct CaptureKey {
+  int step = 0, pipeline = 0, microbatch = 0, layer = 0;
+  LinearKind linear = LinearKind::kQuery;
+  friend auto operator<=>(const CaptureKey&, const CaptureKey&) = default;
+};
+struct Captured {
+  std::shared_ptr<std::vector<float>> data;  // rows x cols, row-major (shared by q/k/v inputs)
+  std::int64_t rows = 0;
+  std::int64_t sequences = 0;  // of the micro-batch
+};
+
+struct FactorKey {
+  int pipeline = 0, layer = 0;
+  LinearKind linear = LinearKind::kQuery;
+  friend auto operator<=>(const FactorKey&, const FactorKey&) = default;
+};
+
+// K-FAC bookkeeping of one Linear held by this worker, per round.
+struct KfacSlot {
+  int expected_a = 0, expected_b = 0;  // curvature tasks of one round in this stream
+  int done_a = 0, done_b = 0;
+  bool inverted_a = false, inverted_b = false;             // in the current round
+  Eigen::MatrixXf previous_a_inverse, previous_b_inverse;  // before this round's inversion
+};
+
+struct Flight {
+  int position = 0;
+  std::int64_t global_step = 0;
+  std::string label;
+  const char* phase = "";
+  double time_s = 0.0;
+};
+
+}  // namespace
+
+void check_run_setup(const model::BertConfig& config, const sched::Schedule& schedule) {
+  config.validate();
+  if (schedule.placement.num_layers != config.num_layers) {
+    throw std::invalid_argument("schedule places " + std::to_string(schedule.placement.num_layers) +
+                                " encoder layers, the model has " +
+                                std::to_string(config.num_layers));
+  }
+  if (schedule.num_workers() < 1 || schedule.num_steps < 1) {
+    throw std::invalid_argument("schedule has no workers or no steps");
+  }
+  if (schedule.params.data_parallel < 1) {
+    throw std::invalid_argument("schedule: data_parallel must be >= 1");
+  }
+  if (schedule.params.microbatches < 1) {
+    throw std::invalid_argument("schedule: micro-batches must be >= 1");
+  }
+  bool has_step = false;
+  for (const auto& stream : schedule.streams) {
+    for (const auto& in : stream) has_step |= in.kind == OpKind::kOptimizerStep;
+  }
+  if (!has_step) {
+    throw std::invalid_argument(
+        "schedule has no optimizer step: compile it with communication and steps (a "
+        "compute-only schedule cannot be executed)");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker
+// ---------------------------------------------------------------------------------------------
+
+template <typename T>
+struct Worker<T>::Impl final : model::KfacCapture<T> {
+  const RunSetup<T>& setup;
+  const sched::Schedule& schedule;
+  comm::Communicator& comm;
+  int workers = 1, replicas = 1, rank = 0, replica = 0, self = 0;
+  int microbatches_total = 1;  // per step and replica, all pipelines
+  int per_pipeline = 1;        // micro-batches per pipeline and step
+  int last_chunk = 0;          // chunks per pipeline - 1
+  const std::vector<Instruction>* stream = nullptr;
+  // Declared before the chunks, which allocate from it.
+  std::unique_ptr<tensor::Backend> cpu_backend = std::make_unique<tensor::CpuBackend>();
+
+  struct Slot {
+    int pipeline = 0, chunk = 0;
+    std::unique_ptr<model::BertChunk<T>> model;
+  };
+  std::vector<Slot> slots;
+  std::unique_ptr<optim::BasicOptimizer<T>> optimizer;
+  std::vector<optim::BasicParamView<T>> param_views;
+  std::vector<std::size_t> unique_params;  // indices counted in the global gradient norm
+
+  // Messages and local hand-offs.
+  struct Incoming {
+    std::vector<T> buffer;
+    std::unique_ptr<comm::Request> request;
+    std::int64_t pair_id = -1;
+    int peer = -1;
+    double posted_s = 0.0;
+  };
+  std::map<MicroKey, Incoming> incoming_activations, incoming_gradients;
+  std::map<MicroKey, kernels::ConstMatrixView<T>> outputs;  // forward outputs awaiting their send
+  std::map<MicroKey, kernels::ConstMatrixView<T>> local_activations;  // next chunk, same worker
+  std::map<MicroKey, std::vector<T>> gradients_out;    // input gradients awaiting their send
+  std::map<MicroKey, std::vector<T>> local_gradients;  // previous chunk, same worker
+  struct PendingSend {
+    std::vector<T> buffer;  // alive until the send completes
+    std::unique_ptr<comm::Request> request;
+  };
+  std::vector<PendingSend> pending_sends;
+
+  // K-FAC.
+  std::map<int, kfac::KfacState> kfac_states;  // per pipeline
+  std::map<FactorKey, KfacSlot> kfac_slots;
+  std::set<CaptureKey> wanted_a, wanted_b;
+  std::map<CaptureKey, Captured> captures;
+  std::size_t capture_bytes = 0;
+  int capture_step = 0, capture_pipeline = 0;
+  const T* last_input = nullptr;  // q, k and v share their input: one copy
+  std::shared_ptr<std::vector<float>> last_input_copy;
+  int curvature_steps_seen = 0;
+  bool has_kfac = false;
+
+  // Step accounting.
+  double mlm_sum = 0.0, nsp_sum = 0.0;
+  bool refreshed_this_step = false;
+  Worker<T>::Impl* self_ptr = nullptr;
+
+  // Flight recorder and events.
+  std::vector<Flight> flights;
+  std::size_t flight_next = 0;
+  comm::Clock::time_point epoch;
+  std::vector<InstructionEvent> events;
+  double last_step_end_s = 0.0;
+
+  Impl(const RunSetup<T>& setup_, comm::Communicator& comm_)
+      : setup(setup_), schedule(setup_.schedule), comm(comm_), epoch(comm::Clock::now()) {
+    workers = schedule.num_workers();
+    replicas = schedule.params.data_parallel;
+    if (comm.size() != workers * replicas) {
+      throw std::invalid_argument("executor: the communicator has " + std::to_string(comm.size()) +
+                                  " ranks, the schedule needs " + std::to_string(workers) +
+                                  " workers x " + std::to_string(replicas) +
+                                  " data-parallel replicas");
+    }
+    rank = comm.rank();
+    replica = rank / workers;
+    self = rank % workers;
+    stream = &schedule.streams[static_cast<std::size_t>(self)];
+    microbatches_total = schedule.params.microbatches;
+    per_pipeline = microbatches_total / schedule.placement.num_pipelines;
+    last_chunk = schedule.placement.chunks_per_pipeline - 1;
+    flights.resize(24);
+
+    for (const auto& placed : schedule.placement.chunks) {
+      if (placed.worker != self) continue;
+      Slot slot;
+      slot.pipeline = placed.pipeline;
+      slot.chunk = placed.chunk;
+      slot.model =
+          std::make_unique<model::BertChunk<T>>(setup.config, model::chunk_spec(placed), backend());
+      slot.model->init_weights(setup.options.init_seed);
+      slots.push_back(std::move(slot));
+    }
+    std::sort(slots.begin(), slots.end(), [](const Slot& a, const Slot& b) {
+      return std::pair(a.pipeline, a.chunk) < std::pair(b.pipeline, b.chunk);
+    });
+    const auto tied = model::tied_parameter_names();
+    for (auto& slot : slots) {
+      for (auto& p : slot.model->parameters()) {
+        // Chimera's pipeline 1 holds replicas of pipeline 0's chunks, and a split model's head
+        // holds a copy of the word embeddings: neither counts again in the gradient norm.
+        const bool duplicate = slot.pipeline > 0 || p.name == tied.second;
+        if (!duplicate) unique_params.push_back(param_views.size());
+        param_views.push_back({p.name, p.value, p.grad, static_cast<std::size_t>(p.size), p.shape,
+                               p.is_bias_or_layernorm});
+      }
+    }
+    // Chimera: two replicas on one worker would share names (never with its placement).
+    {
+      std::set<std::string> names;
+      for (const auto& view : param_views) {
+        if (!names.insert(view.name).second) {
+          throw std::invalid_argument("executor: worker " + std::to_string(self) +
+                                      " holds parameter '" + view.name + "' twice");
+        }
+      }
+    }
+    optimizer = setup.make_optimizer();
+    if (!optimizer) throw std::invalid_argument("executor: no optimizer");
+    prepare_kfac();
+  }
+
+  tensor::Backend& backend() { return *cpu_backend; }
+
+  // --- K-FAC preparation: what to capture and how many curvature tasks a round holds.
+  void prepare_kfac() {
+    for (const auto& in : *stream) {
+      if (!sched::is_kfac(in.kind)) continue;
+      has_kfac = true;
+      const FactorKey key{in.pipeline, in.layer, in.linear};
+      auto& slot = kfac_slots[key];
+      const CaptureKey capture{in.step, in.pipeline, in.microbatch, in.layer, in.linear};
+      if (in.kind == OpKind::kCurvatureA) {
+        ++slot.expected_a;
+        wanted_a.insert(capture);
+      } else if (in.kind == OpKind::kCurvatureB) {
+        ++slot.expected_b;
+        wanted_b.insert(capture);
+      }
+    }
+    if (!has_kfac) return;
+    if constexpr (!std::is_same_v<T, float>) {
+      throw std::invalid_argument("executor: K-FAC runs in float; this model is " +
+                                  std::string(sizeof(T) == 8 ? "double" : "another type"));
+    } else {
+      const std::int64_t H = setup.config.hidden_size, I = setup.config.intermediate_size;
+      for (auto& [key, slot] : kfac_slots) {
+        const bool ffn_in = key.linear == LinearKind::kFfnIn;
+        const bool ffn_out = key.linear == LinearKind::kFfnOut;
+        const std::int64_t d_in = ffn_out ? I : H;
+        const std::int64_t d_out = ffn_in ? I : H;
+        kfac_states[key.pipeline].add_layer({key.layer, key.linear}, d_in, d_out);
+        if (!find_param(linear_weight_name(key.layer, key.linear))) {
+          throw std::invalid_argument("executor: worker " + std::to_string(self) +
+                                      " has K-FAC work for layer " + std::to_string(key.layer) +
+                                      " " + std::string(sched::to_string(key.linear)) +
+                                      " but does not hold that layer");
+        }
+      }
+    }
+  }
+
+  optim::BasicParamView<T>* find_param(const std::string& name) {
+    for (auto& view : param_views) {
+      if (view.name == name) return &view;
+    }
+    return nullptr;
+  }
+
+  Slot& slot_of(int pipeline, int chunk) {
+    for (auto& slot : slots) {
+      if (slot.pipeline == pipeline && slot.chunk == chunk) return slot;
+    }
+    throw std::runtime_error("this worker does not hold chunk " + std::to_string(chunk) +
+                             " of pipeline " + std::to_string(pipeline));
+  }
+
+  comm::Deadline deadline() const { return comm::Clock::now() + setup.options.wait_timeout; }
+  double now_s() const { return Seconds(comm::Clock::now() - epoch).count(); }
+  int rank_of(int replica_index, int worker_index) const {
+    return replica_index * workers + worker_index;
+  }
+
+  void record(int position, std::int64_t global_step, const Instruction& in, const char* phase) {
+    auto& f = flights[flight_next % flights.size()];
+    f = {position, global_step, sched::short_label(in), phase, now_s()};
+    ++flight_next;
+  }
+
+  std::string history() const {
+    std::ostringstream out;
+    const std::size_t count = std::min(flight_next, flights.size());
+    for (std::size_t i = flight_next - count; i < flight_next; ++i) {
+      const auto& f = flights[i % flights.size()];
+      out << "    t=" << f.time_s << "s step " << f.global_step << " position " << f.position << " "
+          << f.label << " " << f.phase << "\n";
+    }
+    if (count == 0) out << "    (nothing executed)\n";
+    return out.str();
+  }
+
+  // --- KfacCapture: copies what the stream's curvature tasks will need, nothing else.
+  void on_input(int layer, LinearKind linear, int microbatch,
+                kernels::ConstMatrixView<T> a) override {
+    const CaptureKey key{capture_step, capture_pipeline, microbatch, layer, linear};
+    if (!wanted_a.contains(key)) return;
+    if (a.data != last_input || !last_input_copy) {
+      last_input_copy = copy_matrix(a);
+      last_input = a.data;
+    }
+    store(key, false, last_input_copy, a.rows);
+  }
+  void on_output_grad(int layer, LinearKind linear, int microbatch,
+                      kernels::ConstMatrixView<T> g) override {
+    const CaptureKey key{capture_step, capture_pipeline, microbatch, layer, linear};
+    if (!wanted_b.contains(key)) return;
+    store(key, true, copy_matrix(g), g.rows);
+  }
+  static std::shared_ptr<std::vector<float>> copy_matrix(kernels::ConstMatrixView<T> m) {
+    auto copy = std::make_shared<std::vector<float>>(static_cast<std::size_t>(m.rows * m.cols));
+    for (std::int64_t r = 0; r < m.rows; ++r) {
+      const T* row = m.row(r);
+      for (std::int64_t c = 0; c < m.cols; ++c) {
+        (*copy)[static_cast<std::size_t>(r * m.cols + c)] = static_cast<float>(row[c]);
+      }
+    }
+    return copy;
+  }
+  std::map<CaptureKey, Captured> captures_b;
+  std::int64_t capture_sequences = 0;  // sequences of the micro-batch being captured
+  void store(const CaptureKey& key, bool is_b, std::shared_ptr<std::vector<float>> data,
+             std::int64_t rows) {
+    (is_b ? captures_b : captures)[key] = {std::move(data), rows, capture_sequences};
+    recount_captures();
+  }
+  void recount_captures() {
+    std::set<const std::vector<float>*> seen;
+    std::size_t bytes = 0;
+    for (const auto* map : {&captures, &captures_b}) {
+      for (const auto& [key, value] : *map) {
+        if (seen.insert(value.data.get()).second) bytes += value.data->size() * sizeof(float);
+      }
+    }
+    capture_bytes = bytes;
+  }
+
+  // --- The micro-batch of (stream step, pipeline, micro-batch).
+  int global_index(int pipeline, int microbatch) const {
+    return replica * microbatches_total + pipeline * per_pipeline + microbatch;
+  }
+  std::uint64_t dropout_seed(std::int64_t global_step, int index) const {
+    return kernels::derive_seed(
+        kernels::derive_seed(setup.options.dropout_seed, static_cast<std::uint64_t>(global_step)),
+        static_cast<std::uint64_t>(index));
+  }
+  T loss_scale() const { return T(1) / static_cast<T>(microbatches_total * replicas); }
+
+  // --- Instructions.
+  void forward(const Instruction& in, std::int64_t global_step, int position) {
+    auto& slot = slot_of(in.pipeline, in.chunk);
+    const int index = global_index(in.pipeline, in.microbatch);
+    const auto batch = setup.batches->batch(global_step, index);
+    const MicroKey key{in.step, in.pipeline, in.chunk, in.microbatch};
+    kernels::ConstMatrixView<T> input;
+    std::vector<T> received;
+    if (in.chunk > 0) {
+      if (auto local = local_activations.find(key); local != local_activations.end()) {
+        input = local->second;
+        local_activations.erase(local);
+      } else {
+        auto it = incoming_activations.find(key);
+        if (it == incoming_activations.end()) {
+          throw std::runtime_error(
+              "forward has no input: no receive of its activation was "
+              "posted before it and the previous chunk is on another worker");
+        }
+        await(it->second, "the activation", position, global_step, in);
+        received = std::move(it->second.buffer);
+        incoming_activations.erase(it);
+        input = {received.data(), batch->tokens(), setup.config.hidden_size};
+      }
+    }
+    model::ForwardOptions options;
+    options.seed = dropout_seed(global_step, index);
+    capture_step = in.step;
+    capture_pipeline = in.pipeline;
+    capture_sequences = batch->batch_size;
+    last_input = nullptr;
+    last_input_copy.reset();
+    auto result = slot.model->forward(in.microbatch + in.step * microbatches_total, *batch, input,
+                                      options, has_kfac ? this : nullptr);
+    last_input_copy.reset();
+    if (result.losses) {
+      if (setup.options.check_finite) model::check_finite_loss(*result.losses, global_step);
+      mlm_sum += result.losses->mlm;
+      nsp_sum += result.losses->nsp;
+    } else {
+      const MicroKey next{in.step, in.pipeline, in.chunk + 1, in.microbatch};
+      if (schedule.placement.worker_of(in.pipeline, in.chunk + 1) == self) {
+        local_activations[next] = result.output;
+      } else {
+        outputs[key] = result.output;
+      }
+    }
+  }
+
+  void backward(const Instruction& in, std::int64_t global_step, int position) {
+    auto& slot = slot_of(in.pipeline, in.chunk);
+    const MicroKey key{in.step, in.pipeline, in.chunk, in.microbatch};
+    const int stash_id = in.microbatch + in.step * microbatches_total;
+    if (in.kind == OpKind::kBackwardWeight) {
+      slot.model->backward_weight(stash_id);
+      return;
+    }
+    const auto batch = setup.batches->batch(global_step, global_index(in.pipeline, in.microbatch));
+    const std::int64_t rows = batch->tokens(), H = setup.config.hidden_size;
+    kernels::ConstMatrixView<T> grad_output;
+    std::vector<T> received;
+    if (in.chunk < last_chunk) {
+      if (auto local = local_gradients.find(key); local != local_gradients.end()) {
+        received = std::move(local->second);
+        local_gradients.erase(local);
+      } else {
+        auto it = incoming_gradients.find(key);
+        if (it == incoming_gradients.end()) {
+          throw std::runtime_error(
+              "backward has no output gradient: no receive was posted "
+              "before it and the next chunk is on another worker");
+        }
+        await(it->second, "the output gradient", position, global_step, in);
+        received = std::move(it->second.buffer);
+        incoming_gradients.erase(it);
+      }
+      grad_output = {received.data(), rows, H};
+    }
+    std::vector<T> grad_input;
+    kernels::MatrixView<T> grad_input_view;
+    if (in.chunk > 0) {
+      grad_input.resize(static_cast<std::size_t>(rows * H));
+      grad_input_view = {grad_input.data(), rows, H};
+    }
+    capture_step = in.step;
+    capture_pipeline = in.pipeline;
+    capture_sequences = batch->batch_size;
+    auto* capture = has_kfac ? this : nullptr;
+    if (in.kind == OpKind::kBackward) {
+      slot.model->backward(stash_id, grad_output, grad_input_view, loss_scale(), capture);
+    } else {
+      slot.model->backward_input(stash_id, grad_output, grad_input_view, loss_scale(), capture);
+    }
+    if (in.chunk > 0) {
+      const MicroKey previous{in.step, in.pipeline, in.chunk - 1, in.microbatch};
+      if (schedule.placement.worker_of(in.pipeline, in.chunk - 1) == self) {
+        local_gradients[previous] = std::move(grad_input);
+      } else {
+        gradients_out[key] = std::move(grad_input);
+      }
+    }
+  }
+
+  void await(Incoming& incoming, const char* what, int position, std::int64_t global_step,
+             const Instruction& in) {
+    if (incoming.request->test()) return;
+    record(position, global_step, in, "waiting");
+    const WaitTimer timer(*this);
+    try {
+      incoming.request->wait(deadline());
+    } catch (const comm::TimeoutError& error) {
+      throw std::runtime_error(
+          std::string("waited ") + std::to_string(setup.options.wait_timeout.count() / 1000.0) +
+          " s for " + what + " from worker " + std::to_string(incoming.peer % workers) + " (pair " +
+          std::to_string(incoming.pair_id) + "): " + error.what());
+    }
+  }
+
+  void send(const Instruction& in, std::int64_t& bytes) {
+    const MicroKey key{in.step, in.pipeline, in.chunk, in.microbatch};
+    const int peer = rank_of(replica, in.peer);
+    if (in.kind == OpKind::kSendActivation) {
+      auto it = outputs.find(key);
+      if (it == outputs.end()) {
+        throw std::runtime_error(
+            "nothing to send: the forward of this micro-batch has not run "
+            "on this worker");
+      }
+      const auto& view = it->second;
+      std::vector<T> packed(static_cast<std::size_t>(view.rows * view.cols));
+      for (std::int64_t r = 0; r < view.rows; ++r) {
+        std::copy_n(view.row(r), view.cols, packed.data() + r * view.cols);
+      }
+      bytes = static_cast<std::int64_t>(packed.size() * sizeof(T));
+      outputs.erase(it);
+      post_send(peer, in.pair_id, std::move(packed));
+    } else {
+      auto it = gradients_out.find(key);
+      if (it == gradients_out.end()) {
+        throw std::runtime_error(
+            "nothing to send: the backward of this micro-batch has not run "
+            "on this worker");
+      }
+      bytes = static_cast<std::int64_t>(it->second.size() * sizeof(T));
+      std::vector<T> buffer = std::move(it->second);
+      gradients_out.erase(it);
+      post_send(peer, in.pair_id, std::move(buffer));
+    }
+  }
+
+  // Sends complete in the background; finished ones are dropped as new ones are posted, and all
+  // are awaited at the optimizer step.
+  void post_send(int peer, std::int64_t tag, std::vector<T> buffer) {
+    PendingSend pending;
+    pending.buffer = std::move(buffer);
+    pending.request = comm.isend(peer, tag, std::as_bytes(std::span<const T>(pending.buffer)));
+    if (!pending.request->test()) pending_sends.push_back(std::move(pending));
+    std::erase_if(pending_sends, [](PendingSend& p) { return p.request->test(); });
+  }
+  void finish_sends() {
+    for (auto& pending : pending_sends) pending.request->wait(deadline());
+    pending_sends.clear();
+  }
+
+  void receive(const Instruction& in, std::int64_t global_step) {
+    const MicroKey key{in.step, in.pipeline, in.chunk, in.microbatch};
+    const auto batch = setup.batches->batch(global_step, global_index(in.pipeline, in.microbatch));
+    Incoming incoming;
+    incoming.buffer.resize(static_cast<std::size_t>(batch->tokens() * setup.config.hidden_size));
+    incoming.pair_id = in.pair_id;
+    incoming.peer = rank_of(replica, in.peer);
+    incoming.posted_s = now_s();
+    incoming.request = comm.irecv(incoming.peer, in.pair_id,
+                                  std::as_writable_bytes(std::span<T>(incoming.buffer)));
+    auto& target = in.kind == OpKind::kRecvActivation ? incoming_activations : incoming_gradients;
+    if (target.contains(key)) {
+      throw std::runtime_error("a receive for this micro-batch is already posted");
+    }
+    target[key] = std::move(incoming);
+  }
+
+  void reduce(std::span<T> data, const std::vector<int>& group) {
+    const WaitTimer timer(*this);
+    comm.all_reduce_sum(data, group, deadline());
+  }
+
+  // Time blocked on other workers, excluded from instructions' busy time.
+  double waited_s = 0.0;
+  struct WaitTimer {
+    explicit WaitTimer(Impl& impl_) : impl(impl_), start(impl_.now_s()) {}
+    ~WaitTimer() { impl.waited_s += impl.now_s() - start; }
+    WaitTimer(const WaitTimer&) = delete;
+    WaitTimer& operator=(const WaitTimer&) = delete;
+    Impl& impl;
+    double start;
+  };
+
+  std::vector<int> pipeline_pair_group(const Instruction& in) const {
+    std::vector<int> group = {rank_of(replica, schedule.placement.worker_of(0, in.chunk)),
+                              rank_of(replica, schedule.placement.worker_of(1, in.chunk))};
+    std::sort(group.begin(), group.end());
+    group.erase(std::unique(group.begin(), group.end()), group.end());
+    return group;
+  }
+  std::vector<int> data_parallel_group(int worker_index) const {
+    std::vector<int> group;
+    for (int r = 0; r < replicas; ++r) group.push_back(rank_of(r, worker_index));
+    return group;
+  }
+
+  // The word embeddings' gradient and the head's copy: summed, then equal on both.
+  void tied_embedding_sum() {
+    const auto [word, decoder] = model::tied_parameter_names();
+    for (int pipeline = 0; pipeline < schedule.placement.num_pipelines; ++pipeline) {
+      const int embedding_worker = schedule.placement.worker_of(pipeline, 0);
+      const int head_worker = schedule.placement.worker_of(pipeline, last_chunk);
+      if (last_chunk == 0) continue;  // one chunk holds one tensor
+      if (embedding_worker != self && head_worker != self) continue;
+      if (embedding_worker == self && head_worker == self) {
+        auto word_view = slot_of(pipeline, 0).model->parameter(word);
+        auto decoder_view = slot_of(pipeline, last_chunk).model->parameter(decoder);
+        for (std::int64_t i = 0; i < word_view->size; ++i) {
+          word_view->grad[i] += decoder_view->grad[i];
+          decoder_view->grad[i] = word_view->grad[i];
+        }
+        continue;
+      }
+      const bool holds_embedding = embedding_worker == self;
+      auto view = slot_of(pipeline, holds_embedding ? 0 : last_chunk)
+                      .model->parameter(holds_embedding ? word : decoder);
+      std::vector<int> group = {rank_of(replica, embedding_worker), rank_of(replica, head_worker)};
+      std::sort(group.begin(), group.end());
+      reduce({view->grad, static_cast<std::size_t>(view->size)}, group);
+    }
+  }
+
+  void optimizer_step(const Instruction& in, std::int64_t global_step,
+                      const std::function<void(const StepResult&)>& on_step) {
+    {
+      const WaitTimer timer(*this);
+      finish_sends();
+    }
+    tied_embedding_sum();
+    double square_sum = 0.0;
+    if (replica == 0) {
+      for (std::size_t index : unique_params) {
+        const auto& view = param_views[index];
+        for (std::size_t i = 0; i < view.size; ++i) {
+          const double g = static_cast<double>(view.grad[i]);
+          square_sum += g * g;
+        }
+      }
+    }
+    std::array<double, 4> stats = {square_sum, mlm_sum, nsp_sum, refreshed_this_step ? 1.0 : 0.0};
+    std::vector<int> world(static_cast<std::size_t>(comm.size()));
+    for (int r = 0; r < comm.size(); ++r) world[static_cast<std::size_t>(r)] = r;
+    {
+      const WaitTimer timer(*this);
+      comm.all_reduce_sum(std::span<double>(stats), world, deadline());
+    }
+    const double norm = std::sqrt(stats[0]);
+    if (setup.options.check_finite) {
+      for (auto& slot : slots) slot.model->check_finite_gradients(global_step);
+    }
+    const double lr = setup.learning_rate(global_step);
+    optimizer->step(param_views, static_cast<T>(lr), norm);
+    for (auto& slot : slots) slot.model->zero_grad();
+    StepResult result;
+    result.step = global_step;
+    const double count = static_cast<double>(microbatches_total * replicas);
+    result.mlm_loss = stats[1] / count;
+    result.nsp_loss = stats[2] / count;
+    result.grad_norm = norm;
+    result.learning_rate = lr;
+    result.kfac_refresh = stats[3] > 0;
+    const double end = now_s();
+    result.seconds = end - last_step_end_s;
+    last_step_end_s = end;
+    mlm_sum = nsp_sum = 0.0;
+    refreshed_this_step = false;
+    (void)in;
+    if (on_step) on_step(result);
+  }
+
+  // --- K-FAC kinds (float models only; checked at construction).
+  kfac::KfacLayerState& kfac_layer(const Instruction& in) {
+    return kfac_states.at(in.pipeline).at({in.layer, in.linear});
+  }
+  KfacSlot& kfac_slot(const Instruction& in) {
+    return kfac_slots.at({in.pipeline, in.layer, in.linear});
+  }
+
+  void curvature(const Instruction& in) {
+    if constexpr (std::is_same_v<T, float>) {
+      const CaptureKey key{in.step, in.pipeline, in.microbatch, in.layer, in.linear};
+      const bool is_a = in.kind == OpKind::kCurvatureA;
+      auto& store_map = is_a ? captures : captures_b;
+      auto it = store_map.find(key);
+      if (it == store_map.end()) {
+        throw std::runtime_error(std::string("no captured ") +
+                                 (is_a ? "input" : "output gradient") +
+                                 " for this micro-batch: its " + (is_a ? "forward" : "backward") +
+                                 " has not run on this worker");
+      }
+      auto& layer = kfac_layer(in);
+      auto& slot = kfac_slot(in);
+      if (is_a) {
+        kfac::accumulate_a(layer, it->second.data->data(), it->second.rows);
+        ++slot.done_a;
+      } else {
+        // B = s g^T g undoes the loss's means (over the micro-batch's sequences and over the
+        // global batch's micro-batches) so that B is a per-example Fisher (factors.h).
+        const float scale = kfac::output_grad_scale(it->second.sequences, it->second.rows,
+                                                    microbatches_total * replicas);
+        kfac::accumulate_b(layer, it->second.data->data(), it->second.rows, scale);
+        ++slot.done_b;
+      }
+      store_map.erase(it);
+      recount_captures();
+    }
+  }
+
+  void curvature_sync(const Instruction& in) {
+    std::vector<int> group = data_parallel_group(self);
+    if (in.peer >= 0) {
+      for (int member : data_parallel_group(in.peer)) group.push_back(member);
+    }
+    std::sort(group.begin(), group.end());
+    auto& layer = kfac_layer(in);
+    for (auto* factor : {&layer.a, &layer.b}) {
+      if (factor->sum.size() == 0) {
+        throw std::runtime_error("curvature sync before any curvature of this refresh");
+      }
+      comm.all_reduce_sum(
+          std::span<float>(factor->sum.data(), static_cast<std::size_t>(factor->sum.size())), group,
+          deadline());
+      std::array<double, 1> count = {static_cast<double>(factor->microbatches)};
+      comm.all_reduce_sum(std::span<double>(count), group, deadline());
+      factor->microbatches = static_cast<std::int64_t>(count[0]);
+    }
+  }
+
+  void invert(const Instruction& in) {
+    auto& layer = kfac_layer(in);
+    auto& slot = kfac_slot(in);
+    const bool is_a = in.kind == OpKind::kInvertA;
+    auto finalize_if_complete = [&](bool a_factor) {
+      auto& factor = a_factor ? layer.a : layer.b;
+      if (factor.microbatches == 0) return;  // finalized already this refresh
+      const int done = a_factor ? slot.done_a : slot.done_b;
+      const int expected = a_factor ? slot.expected_a : slot.expected_b;
+      if (done < expected) {
+        throw std::runtime_error(
+            std::string("inversion before every curvature task of the refresh: factor ") +
+            (a_factor ? "A" : "B") + " has " + std::to_string(done) + " of " +
+            std::to_string(expected) +
+            " micro-batches (pi-adjusted damping needs both factors complete)");
+      }
+      if (a_factor) {
+        kfac::finalize_a(layer, setup.options.kfac.running_average);
+      } else {
+        kfac::finalize_b(layer, setup.options.kfac.running_average);
+      }
+    };
+    finalize_if_complete(true);
+    finalize_if_complete(false);
+    const auto damping =
+        kfac::layer_damping(layer, setup.options.kfac.damping, setup.options.kfac.pi_adjusted);
+    if (is_a) {
+      slot.previous_a_inverse = layer.a.inverse;
+      kfac::invert_a(layer, damping.a, setup.options.kfac.method);
+      slot.inverted_a = true;
+    } else {
+      slot.previous_b_inverse = layer.b.inverse;
+      kfac::invert_b(layer, damping.b, setup.options.kfac.method);
+      slot.inverted_b = true;
+    }
+  }
+
+  void precondition(const Instruction& in) {
+    if constexpr (std::is_same_v<T, float>) {
+      auto& layer = kfac_layer(in);
+      auto& slot = kfac_slot(in);
+      // The refresh's last step uses the new inverses; earlier steps the previous refresh's.
+      const bool newest = in.step == schedule.num_steps - 1;
+      const Eigen::MatrixXf& a_inv =
+          newest || !slot.inverted_a ? layer.a.inverse : slot.previous_a_inverse;
+      const Eigen::MatrixXf& b_inv =
+          newest || !slot.inverted_b ? layer.b.inverse : slot.previous_b_inverse;
+      if (a_inv.size() == 0 || b_inv.size() == 0) return;  // before the first refresh: identity
+      if (newest) refreshed_this_step = true;
+      const std::string weight = linear_weight_name(in.layer, in.linear);
+      auto* w = find_param(weight);
+      auto* b = find_param(bias_name_of(weight));
+      float* bias = b != nullptr ? b->grad : nullptr;
+      kfac::precondition(a_inv, b_inv, w->grad, bias, w->shape[0], w->shape[1], w->grad, bias);
+    }
+  }
+
+  void begin_round() {
+    for (auto& [key, slot] : kfac_slots) {
+      slot.done_a = slot.done_b = 0;
+      slot.inverted_a = slot.inverted_b = false;
+    }
+  }
+
+  void execute(const Instruction& in, int position, std::int64_t global_step,
+               const std::function<void(const StepResult&)>& on_step) {
+    const double start = setup.options.record_events ? now_s() : 0.0;
+    const double waited_before = waited_s;
+    std::int64_t bytes = 0;
+    switch (in.kind) {
+      case OpKind::kForward:
+        forward(in, global_step, position);
+        break;
+      case OpKind::kBackward:
+      case OpKind::kBackwardInput:
+      case OpKind::kBackwardWeight:
+        backward(in, global_step, position);
+        break;
+      case OpKind::kSendActivation:
+      case OpKind::kSendGradient:
+        send(in, bytes);
+        break;
+      case OpKind::kRecvActivation:
+      case OpKind::kRecvGradient:
+        receive(in, global_step);
+        break;
+      case OpKind::kReduceGradPipelines: {
+        auto grads = slot_of(in.pipeline, in.chunk).model->flat_grads();
+        reduce(grads, pipeline_pair_group(in));
+        bytes = static_cast<std::int64_t>(grads.size_bytes());
+        break;
+      }
+      case OpKind::kReduceGradDataParallel: {
+        auto grads = slot_of(in.pipeline, in.chunk).model->flat_grads();
+        reduce(grads, data_parallel_group(self));
+        bytes = static_cast<std::int64_t>(grads.size_bytes());
+        break;
+      }
+      case OpKind::kOptimizerStep:
+        optimizer_step(in, global_step, on_step);
+        break;
+      case OpKind::kCurvatureA:
+      case OpKind::kCurvatureB:
+        curvature(in);
+        break;
+      case OpKind::kCurvatureSync:
+        curvature_sync(in);
+        break;
+      case OpKind::kInvertA:
+      case OpKind::kInvertB:
+        invert(in);
+        break;
+      case OpKind::kPrecondition:
+        precondition(in);
+        break;
+    }
+    if (setup.options.record_events) {
+      const double end = now_s();
+      const double waited = waited_s - waited_before;
+      const Lane lane = lane_of(in.kind);
+      // A reduction's own time cannot be told from waiting for its peers here: all of it counts.
+      const double busy = lane == Lane::kCommunication ? end - start : end - start - waited;
+      events.push_back({rank, position, global_step, in, lane, start, end, busy, bytes});
+    }
+  }
+
+  void run(std::int64_t first_step, std::int64_t last_step,
+           const std::function<void(const StepResult&)>& on_step) {
+    omp_set_num_threads(std::max(1, setup.options.threads_per_worker));
+    const std::int64_t k = schedule.num_steps;
+    last_step_end_s = now_s();
+    for (std::int64_t round = first_step / k; round * k < last_step; ++round) {
+      const std::int64_t round_start = round * k;
+      if (round_start >= first_step) begin_round();
+      for (std::size_t x = 0; x < stream->size(); ++x) {
+        const Instruction& in = (*stream)[x];
+        const std::int64_t global_step = round_start + in.step;
+        if (global_step < first_step || global_step >= last_step) continue;
+        const int position = static_cast<int>(x);
+        record(position, global_step, in, "started");
+        try {
+          execute(in, position, global_step, on_step);
+        } catch (const comm::AbortedError&) {
+          record(position, global_step, in, "aborted");
+          throw;
+        } catch (const std::exception& error) {
+          record(position, global_step, in, "FAILED");
+          throw WorkerError("worker " + std::to_string(self) + " (replica " +
+                                std::to_string(replica) + ", rank " + std::to_string(rank) +
+                                "), step " + std::to_string(global_step) + ", stream position " +
+                                std::to_string(position) + ", " + sched::short_label(in) + ": " +
+                                error.what(),
+                            rank, position);
+        }
+        record(position, global_step, in, "done");
+      }
+      if (setup.batches != nullptr && self == 0 && replica == 0) {
+        // Batches of finished steps are no longer needed (all ranks passed the step's
+        // all-reduce at its optimizer step, so none will ask again).
+        setup.batches->release_before(std::min(round_start + k, last_step) - 1);
+      }
+    }
+  }
+};
+
+template <typename T>
+Worker<T>::Worker(const RunSetup<T>& setup, comm::Communicator& comm)
+    : impl_(std::make_unique<Impl>(setup, comm)) {}
+template <typename T>
+Worker<T>::~Worker() = default;
+template <typename T>
+int Worker<T>::rank() const {
+  return impl_->rank;
+}
+template <typename T>
+int Worker<T>::replica() const {
+  return impl_->replica;
+}
+template <typename T>
+int Worker<T>::worker() const {
+  return impl_->self;
+}
+template <typename T>
+void Worker<T>::run(std::int64_t first_step, std::int64_t last_step,
+                    const std::function<void(const StepResult&)>& on_step) {
+  impl_->run(first_step, last_step, on_step);
+}
+template <typename T>
+std::vector<model::BertChunk<T>*> Worker<T>::chunks() {
+  std::vector<model::BertChunk<T>*> result;
+  for (auto& slot : impl_->slots) result.push_back(slot.model.get());
+  return result;
+}
+template <typename T>
+model::BertChunk<T>* Worker<T>::chunk(int pipeline, int chunk) {
+  for (auto& slot : impl_->slots) {
+    if (slot.pipeline == pipeline && slot.chunk == chunk) return slot.model.get();
+  }
+  return nullptr;
+}
+template <typename T>
+optim::BasicOptimizer<T>& Worker<T>::optimizer() {
+  return *impl_->optimizer;
+}
+template <typename T>
+kfac::KfacState& Worker<T>::kfac_state(int pipeline) {
+  return impl_->kfac_states[pipeline];
+}
+template <typename T>
+TransientMemory Worker<T>::transient_memory() const {
+  TransientMemory memory;
+  for (const auto& slot : impl_->slots) memory.activation_stash += slot.model->stash_bytes();
+  auto add = [&](const auto& map) {
+    for (const auto& [key, value] : map) memory.message_buffers += value.buffer.size() * sizeof(T);
+  };
+  add(impl_->incoming_activations);
+  add(impl_->incoming_gradients);
+  for (const auto& [key, value] : impl_->gradients_out) {
+    memory.message_buffers += value.size() * sizeof(T);
+  }
+  for (const auto& [key, value] : impl_->local_gradients) {
+    memory.message_buffers += value.size() * sizeof(T);
+  }
+  for (const auto& pending : impl_->pending_sends) {
+    memory.message_buffers += pending.buffer.size() * sizeof(T);
+  }
+  memory.kfac_captures = impl_->capture_bytes;
+  return memory;
+}
+template <typename T>
+std::vector<InstructionEvent> Worker<T>::take_events() {
+  return std::exchange(impl_->events, {});
+}
+template <typename T>
+std::string Worker<T>::history() const {
+  return impl_->history();
+}
+
+// ---------------------------------------------------------------------------------------------
+// ThreadedExecutor
+// ---------------------------------------------------------------------------------------------
+
+template <typename T>
+struct ThreadedExecutor<T>::Impl {
+  RunSetup<T> setup;
+  std::unique_ptr<comm::InProcessWorld> world;
+  std::vector<std::unique_ptr<Worker<T>>> workers;
+};
+
+template <typename T>
+ThreadedExecutor<T>::ThreadedExecutor(RunSetup<T> setup) : impl_(std::make_unique<Impl>()) {
+  check_run_setup(setup.config, setup.schedule);
+  sched::validate(setup.schedule);
+  if (setup.batches == nullptr) throw std::invalid_argument("executor: no batch source");
+  if (!setup.learning_rate) throw std::invalid_argument("executor: no learning-rate schedule");
+  impl_->setup = std::move(setup);
+  const int ranks =
+      impl_->setup.schedule.num_workers() * impl_->setup.schedule.params.data_parallel;
+  impl_->world = std::make_unique<comm::InProcessWorld>(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    impl_->workers.push_back(std::make_unique<Worker<T>>(impl_->setup, impl_->world->rank(r)));
+  }
+}
+
+template <typename T>
+ThreadedExecutor<T>::~ThreadedExecutor() = default;
+
+template <typename T>
+int ThreadedExecutor<T>::num_ranks() const {
+  return static_cast<int>(impl_->workers.size());
+}
+template <typename T>
+Worker<T>& ThreadedExecutor<T>::worker(int rank) {
+  return *impl_->workers.at(static_cast<std::size_t>(rank));
+}
+template <typename T>
+const RunSetup<T>& ThreadedExecutor<T>::setup() const {
+  return impl_->setup;
+}
+template <typename T>
+std::size_t ThreadedExecutor<T>::pending_messages() const {
+  return impl_->world->pending_messages();
+}
+
+template <typename T>
+void ThreadedExecutor<T>::run(std::int64_t first_step, std::int64_t last_step,
+                              const std::function<void(const StepResult&)>& on_step) {
+  if (first_step < 0 || last_step < first_step) {
+    throw std::invalid_argument("executor: bad step range [" + std::to_string(first_step) + ", " +
+                                std::to_string(last_step) + ")");
+  }
+  const int ranks = num_ranks();
+  std::mutex mutex;
+  std::exception_ptr first_error;
+  int failed_rank = -1, failed_position = -1;
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        impl_->workers[static_cast<std::size_t>(r)]->run(
+            first_step, last_step, r == 0 ? on_step : std::function<void(const StepResult&)>{});
+      } catch (const comm::AbortedError&) {
+        // Stopped because another worker failed: that worker reports.
+      } catch (...) {
+        std::lock_guard lock(mutex);
+        if (!first_error) {
+          first_error = std::current_exception();
+          try {
+            throw;
+          } catch (const WorkerError& error) {
+            failed_rank = error.rank();
+            failed_position = error.position();
+          } catch (...) {
+            failed_rank = r;
+          }
+          impl_->world->rank(r).abort("worker at rank " + std::to_string(r) + " failed");
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  if (!first_error) return;
+  std::string message;
+  try {
+    std::rethrow_exception(first_error);
+  } catch (const std::exception& error) {
+    message = error.what();
+  }
+  std::ostringstream report;
+  report << message << "\nrecent instructions of every worker (newest last):\n";
+  for (int r = 0; r < ranks; ++r) {
+    report << "  rank " << r << (r == failed_rank ? " (failed)" : "") << ":\n"
+           << impl_->workers[static_cast<std::size_t>(r)]->history();
+  }
+  if (failed_rank >= 0 && failed_position >= 0) {
+    const int worker = failed_rank % impl_->setup.schedule.num_workers();
+    report << "schedule around the failed instruction (worker " << worker << ", position "
+           << failed_position << "):\n"
+           << sched::render_grid_around(impl_->setup.schedule, worker, failed_position);
+  }
+  throw std::runtime_error(report.str());
+}
+
+template <typename T>
+std::vector<InstructionEvent> ThreadedExecutor<T>::take_events() {
+  std::vector<InstructionEvent> all;
+  for (auto& worker : impl_->workers) {
+    auto events = worker->take_events();
+    all.insert(all.end(), events.begin(), events.end());
+  }
+  return all;
+}
+
+template class Worker<float>;
+template class Worker<double>;
+template class ThreadedExecutor<float>;
+template class ThreadedExecutor<double>;
+
+}  // namespace pf::exec

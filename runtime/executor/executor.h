@@ -1,0 +1,187 @@
+#pragma once
+// The runtime: executes a compiled schedule's per-worker instruction streams for real — the
+// streams the simulator replays and the PipeFisher pass fills. One Worker per (data-parallel
+// replica, pipeline worker) walks its own stream in order, running forward and backward (fused,
+// or split into backward-input and backward-weight) of its BERT chunks, sends and receives
+// matched by pair id, Chimera's replica and data-parallel gradient reductions, the tied
+// word-embedding gradient sum, every K-FAC kind where the pass put it, and the optimizer step.
+// Workers talk only through a comm::Communicator: ThreadedExecutor runs them on threads of one
+// process; an MPI or NCCL communicator runs one Worker per process.
+//
+// Ranks: rank = replica * workers + worker (a replica's pipeline neighbours are adjacent ranks).
+// A multi-step schedule (the PipeFisher pass's k steps) is one "round": global step t runs
+// stream step t mod k of round t / k.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kfac/inverse.h"
+#include "kfac/layer_state.h"
+#include "runtime/comm/communicator.h"
+#include "runtime/executor/batch_source.h"
+#include "runtime/model/bert_chunk.h"
+#include "runtime/model/bert_config.h"
+#include "runtime/optim/optimizer.h"
+#include "scheduler/schedule.h"
+
+namespace pf::exec {
+
+struct KfacSettings {
+  float damping = 1e-3F;  // lambda of the Tikhonov damping (pi-adjusted between A and B)
+  bool pi_adjusted = true;
+  kfac::InverseMethod method = kfac::InverseMethod::kCholesky;
+  float running_average = 0.0F;  // 0: each refresh replaces the factors (PipeFisher)
+};
+
+template <typename T>
+using OptimizerFactory = std::function<std::unique_ptr<optim::BasicOptimizer<T>>()>;
+// Learning rate of the update that ends global step `step` (0-based).
+using LearningRate = std::function<double(std::int64_t step)>;
+
+struct ExecutorOptions {
+  int threads_per_worker = 1;  // OpenMP threads of each worker's kernels
+  std::chrono::milliseconds wait_timeout = std::chrono::minutes(10);  // every wait's deadline
+  std::uint64_t init_seed = 0;     // weights (identical on every replica)
+  std::uint64_t dropout_seed = 0;  // dropout streams, per (step, micro-batch)
+  KfacSettings kfac;
+  bool record_events = false;  // keep a timed event per executed instruction (traces, profiles)
+  bool check_finite = true;    // non-finite loss or gradient stops the run naming the tensor
+};
+
+// What every rank learns at the end of a step (all-reduced at the optimizer step).
+struct StepResult {
+  std::int64_t step = 0;
+  double mlm_loss = 0.0;  // mean over the step's micro-batches (global batch)
+  double nsp_loss = 0.0;
+  double loss() const { return mlm_loss + nsp_loss; }
+  double grad_norm = 0.0;  // of the whole model's gradients entering the optimizer
+  double learning_rate = 0.0;
+  bool kfac_refresh = false;  // new inverses were used in this step's preconditioning
+  double seconds = 0.0;       // rank's time from the previous step's end to this one's
+};
+
+enum class Lane : std::uint8_t { kCompute, kCommunication, kKfac };
+
+// One executed instruction, timed on the executor's steady clock (seconds since its start).
+struct InstructionEvent {
+  int rank = 0;
+  int position = 0;  // in the worker's stream
+  std::int64_t global_step = 0;
+  sched::Instruction instruction;
+  Lane lane = Lane::kCompute;
+  double start_s = 0.0;
+  double end_s = 0.0;
+  // end - start less the time spent waiting for other workers (data to arrive, collectives to
+  // gather): the instruction's own work, what a cost model should predict.
+  double busy_s = 0.0;
+  std::int64_t bytes = 0;  // payload moved (communication)
+};
+
+// Live bytes a worker holds beyond its parameters and optimizer/K-FAC state.
+struct TransientMemory {
+  std::size_t activation_stash = 0;  // chunks' in-flight micro-batches
+  std::size_t message_buffers = 0;   // received or to-be-sent activations and gradients
+  std::size_t kfac_captures = 0;     // a and g awaiting their curvature task
+  std::size_t total() const { return activation_stash + message_buffers + kfac_captures; }
+};
+
+// Thrown by a worker; the message names the rank, stream position and instruction.
+class WorkerError : public std::runtime_error {
+ public:
+  WorkerError(const std::string& message, int rank, int position)
+      : std::runtime_error(message), rank_(rank), position_(position) {}
+  int rank() const { return rank_; }
+  int position() const { return position_; }
+
+ private:
+  int rank_;
+  int position_;
+};
+
+// Everything the workers share and read only.
+template <typename T>
+struct RunSetup {
+  model::BertConfig config;
+  sched::Schedule schedule;  // compiled (with communication), possibly k steps with K-FAC
+  ExecutorOptions options;
+  OptimizerFactory<T> make_optimizer;
+  LearningRate learning_rate;
+  BatchSource* batches = nullptr;
+};
+
+// One rank's worker. Not thread-safe: one thread calls run().
+template <typename T>
+class Worker {
+ public:
+  Worker(const RunSetup<T>& setup, comm::Communicator& comm);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  int rank() const;
+  int replica() const;
+  int worker() const;
+
+  // Runs global steps [first_step, last_step). A first step inside a round resumes that round
+  // (its earlier stream steps are skipped). on_step is called after each step's optimizer update.
+  void run(std::int64_t first_step, std::int64_t last_step,
+           const std::function<void(const StepResult&)>& on_step);
+
+  // The chunks this worker holds, and the model chunk of (pipeline, chunk) or nullptr.
+  std::vector<model::BertChunk<T>*> chunks();
+  model::BertChunk<T>* chunk(int pipeline, int chunk);
+  optim::BasicOptimizer<T>& optimizer();
+  kfac::KfacState& kfac_state(int pipeline);  // per pipeline (Chimera holds two replicas)
+
+  TransientMemory transient_memory() const;
+  std::vector<InstructionEvent> take_events();
+  // The worker's last instructions, newest last, one per line (the flight recorder).
+  std::string history() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Workers on threads of this process, talking through an in-process communicator.
+template <typename T>
+class ThreadedExecutor {
+ public:
+  // Validates the schedule (sched::validate) and the configuration; throws
+  // std::invalid_argument naming what is wrong before anything runs.
+  explicit ThreadedExecutor(RunSetup<T> setup);
+  ~ThreadedExecutor();
+
+  int num_ranks() const;
+  Worker<T>& worker(int rank);
+  const RunSetup<T>& setup() const;
+
+  // Runs [first_step, last_step) on all workers; on_step is called on rank 0's thread. When a
+  // worker fails (an error, a wait past its deadline), every worker stops and this throws
+  // std::runtime_error with the failure, each worker's recent history and the schedule grid
+  // around the failed instruction.
+  void run(std::int64_t first_step, std::int64_t last_step,
+           const std::function<void(const StepResult&)>& on_step = {});
+
+  std::vector<InstructionEvent> take_events();
+  std::size_t pending_messages() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Checks a configuration against a schedule before a run: layers, micro-batch counts, K-FAC
+// with a non-float model, and so on. Throws std::invalid_argument.
+void check_run_setup(const model::BertConfig& config, const sched::Schedule& schedule);
+
+extern template class Worker<float>;
+extern template class Worker<double>;
+extern template class ThreadedExecutor<float>;
+extern template class ThreadedExecutor<double>;
+
+}  // namespace pf::exec

@@ -1,0 +1,197 @@
+#include "runtime/executor/measured.h"
+
+#include <algorithm>
+#include <map>
+
+#include "traces/chrome_trace.h"
+
+namespace pf::exec {
+
+namespace {
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+  std::nth_element(values.begin(), middle, values.end());
+  double result = *middle;
+  if (values.size() % 2 == 0) {
+    result = (result + *std::max_element(values.begin(), middle)) / 2.0;
+  }
+  return result;
+}
+
+}  // namespace
+
+nlohmann::json measured_trace(const sched::Schedule& schedule,
+                              const std::vector<InstructionEvent>& events) {
+  // The executed instructions unrolled into one stream per rank (rounds one after another),
+  // with pair ids made unique per round and peers turned into ranks.
+  const int workers = schedule.num_workers();
+  const int replicas = schedule.params.data_parallel;
+  std::int64_t pair_span = 1;
+  for (const auto& stream : schedule.streams) {
+    for (const auto& in : stream) pair_span = std::max(pair_span, in.pair_id + 1);
+  }
+  sched::Schedule unrolled;
+  unrolled.params = schedule.params;
+  unrolled.params.workers = workers * replicas;
+  unrolled.placement = schedule.placement;
+  unrolled.streams.resize(static_cast<std::size_t>(workers * replicas));
+  std::vector<std::vector<traces::SpanTiming>> timings(unrolled.streams.size());
+  std::vector<const InstructionEvent*> ordered;
+  ordered.reserve(events.size());
+  for (const auto& event : events) ordered.push_back(&event);
+  std::stable_sort(ordered.begin(), ordered.end(), [](const auto* a, const auto* b) {
+    return std::pair(a->rank, a->start_s) < std::pair(b->rank, b->start_s);
+  });
+  for (const auto* event : ordered) {
+    if (event->rank < 0 || event->rank >= workers * replicas) continue;
+    sched::Instruction in = event->instruction;
+    const std::int64_t round = event->global_step / schedule.num_steps;
+    if (in.pair_id >= 0) in.pair_id += round * pair_span;
+    if (in.peer >= 0) in.peer += (event->rank / workers) * workers;
+    in.step = static_cast<std::int16_t>(std::min<std::int64_t>(event->global_step, 32767));
+    if (in.bytes == 0) in.bytes = event->bytes;
+    unrolled.streams[static_cast<std::size_t>(event->rank)].push_back(in);
+    timings[static_cast<std::size_t>(event->rank)].push_back(
+        {event->start_s * 1e6, (event->end_s - event->start_s) * 1e6});
+  }
+  return traces::make_chrome_trace(unrolled, timings);
+}
+
+sim::Profile measured_profile(const sched::Schedule& schedule,
+                              const std::vector<InstructionEvent>& events, int warmup_steps,
+                              const std::string& description) {
+  using sched::OpKind;
+  struct ChunkTimes {
+    std::vector<double> forward, backward, backward_input, backward_weight;
+    double activation_bytes = 0.0;
+  };
+  std::map<std::pair<int, int>, ChunkTimes> chunks;
+  std::vector<double> send_rates, reduction_rates, optimizer;
+  struct KfacTimes {
+    std::vector<double> a, b, inv_a, inv_b, precondition, sync;
+  };
+  std::map<std::pair<int, int>, KfacTimes> kfac;  // (layer, linear)
+  for (const auto& event : events) {
+    if (event.global_step < warmup_steps) continue;
+    const auto& in = event.instruction;
+    auto& times = chunks[{in.pipeline, in.chunk}];
+    switch (in.kind) {
+      case OpKind::kForward:
+        times.forward.push_back(event.busy_s);
+        break;
+      case OpKind::kBackward:
+        times.backward.push_back(event.busy_s);
+        break;
+      case OpKind::kBackwardInput:
+        times.backward_input.push_back(event.busy_s);
+        break;
+      case OpKind::kBackwardWeight:
+        times.backward_weight.push_back(event.busy_s);
+        break;
+      case OpKind::kSendActivation:
+      case OpKind::kSendGradient:
+        if (event.busy_s > 0 && event.bytes > 0) {
+          send_rates.push_back(static_cast<double>(event.bytes) / event.busy_s);
+        }
+        times.activation_bytes = static_cast<double>(event.bytes);
+        break;
+      case OpKind::kReduceGradPipelines:
+      case OpKind::kReduceGradDataParallel:
+        if (event.busy_s > 0 && event.bytes > 0) {
+          reduction_rates.push_back(static_cast<double>(event.bytes) / event.busy_s);
+        }
+        break;
+      case OpKind::kOptimizerStep:
+        optimizer.push_back(event.busy_s);
+        break;
+      case OpKind::kRecvActivation:
+      case OpKind::kRecvGradient:
+        break;
+      default: {
+        auto& k = kfac[{in.layer, static_cast<int>(in.linear)}];
+        if (in.kind == OpKind::kCurvatureA) k.a.push_back(event.busy_s);
+        if (in.kind == OpKind::kCurvatureB) k.b.push_back(event.busy_s);
+        if (in.kind == OpKind::kInvertA) k.inv_a.push_back(event.busy_s);
+        if (in.kind == OpKind::kInvertB) k.inv_b.push_back(event.busy_s);
+        if (in.kind == OpKind::kPrecondition) k.precondition.push_back(event.busy_s);
+        if (in.kind == OpKind::kCurvatureSync) k.sync.push_back(event.busy_s);
+        break;
+      }
+    }
+  }
+  sim::Profile profile;
+  profile.description = description;
+  for (const auto& [key, times] : chunks) {
+    if (times.forward.empty()) continue;
+    sim::ChunkProfile chunk;
+    chunk.pipeline = key.first;
+    chunk.chunk = key.second;
+    chunk.forward_s = median(times.forward);
+    if (!times.backward.empty()) {
+      chunk.backward_s = median(times.backward);
+    } else {
+      chunk.backward_input_s = median(times.backward_input);
+      chunk.backward_weight_s = median(times.backward_weight);
+      chunk.backward_s = chunk.backward_input_s + chunk.backward_weight_s;
+    }
+    chunk.activation_bytes = times.activation_bytes;
+    chunk.gradient_bytes = times.activation_bytes;
+    profile.chunks.push_back(chunk);
+  }
+  // Sends are copies into the receiver's mailbox: a rate, no latency.
+  profile.communication.bandwidth = send_rates.empty() ? 1e12 : median(send_rates);
+  profile.reduction.bandwidth =
+      reduction_rates.empty() ? profile.communication.bandwidth : median(reduction_rates);
+  profile.optimizer_step_s = median(optimizer);
+  for (const auto& [key, k] : kfac) {
+    sim::KfacProfile entry;
+    entry.layer = key.first;
+    entry.linear = static_cast<sched::LinearKind>(key.second);
+    entry.curvature_a_s = median(k.a);
+    entry.curvature_b_s = median(k.b);
+    entry.invert_a_s = median(k.inv_a);
+    entry.invert_b_s = median(k.inv_b);
+    entry.precondition_s = median(k.precondition);
+    if (!k.sync.empty()) entry.curvature_sync_s = median(k.sync);
+    profile.kfac.push_back(entry);
+  }
+  (void)schedule;
+  return profile;
+}
+
+std::vector<StepTiming> step_timings(const std::vector<InstructionEvent>& events, int ranks,
+                                     int warmup_steps) {
+  std::map<std::int64_t, StepTiming> steps;
+  std::map<std::int64_t, std::pair<double, double>> span;
+  for (const auto& event : events) {
+    const auto step = event.global_step;
+    if (step < warmup_steps) continue;
+    auto& timing = steps[step];
+    timing.step = step;
+    timing.compute_busy_s.resize(static_cast<std::size_t>(ranks));
+    timing.kfac_busy_s.resize(static_cast<std::size_t>(ranks));
+    // K-FAC tasks of an earlier step run in this step's bubbles: time them where they ran.
+    if (event.lane == Lane::kCompute) {
+      timing.compute_busy_s[static_cast<std::size_t>(event.rank)] += event.busy_s;
+      auto [it, fresh] = span.try_emplace(step, event.start_s, event.end_s);
+      if (!fresh) {
+        it->second.first = std::min(it->second.first, event.start_s);
+        it->second.second = std::max(it->second.second, event.end_s);
+      }
+    } else if (event.lane == Lane::kKfac) {
+      timing.kfac_busy_s[static_cast<std::size_t>(event.rank)] += event.busy_s;
+    }
+  }
+  std::vector<StepTiming> result;
+  for (auto& [step, timing] : steps) {
+    if (auto it = span.find(step); it != span.end()) {
+      timing.wall_s = it->second.second - it->second.first;
+    }
+    result.push_back(std::move(timing));
+  }
+  return result;
+}
+
+}  // namespace pf::exec

@@ -1,0 +1,24 @@
+#pragma once
+// What the PipeFisher pass needs to place K-FAC work on this machine: measured times of the
+// base schedule's instructions (a few steps of a throw-away copy of the model on synthetic
+// batches of the run's shapes) and of the K-FAC kernels at the model's Linear sizes.
+#include <cstdint>
+
+#include "runtime/executor/executor.h"
+#include "sim/measured_cost_model.h"
+
+namespace pf::train {
+
+struct ProfileShape {
+  std::int64_t micro_batch_size = 8;
+  std::int64_t seq_len = 128;
+  std::int64_t max_predictions = 20;
+};
+
+// Runs `steps` steps (the first is warm-up) of `base` and times the K-FAC kernels; the profile
+// has chunk entries for every chunk and one K-FAC entry per Linear kind (all layers).
+sim::Profile profile_schedule(const model::BertConfig& config, const sched::Schedule& base,
+                              const ProfileShape& shape, const exec::ExecutorOptions& options,
+                              int steps = 3);
+
+}  // namespace pf::train

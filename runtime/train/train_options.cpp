@@ -1,0 +1,119 @@
+#include "runtime/train/train_options.h"
+
+#include <stdexcept>
+
+#include <CLI/CLI.hpp>
+
+namespace pf::train {
+
+void add_train_options(CLI::App& app, TrainOptions& o) {
+  app.add_option("--model", o.model,
+                 "BERT preset (tiny, mini, small, medium, base, large) or a Hugging Face "
+                 "config.json; a preset takes its vocabulary size from the data")
+      ->capture_default_str();
+  app.add_option("--data", o.data,
+                 "Directory of pretraining shards from pipefisher_data (*.pfshard), or "
+                 "'synthetic' for reproducible random batches")
+      ->required();
+  app.add_option("--micro-batch-size", o.micro_batch_size, "Sequences per micro-batch")
+      ->capture_default_str();
+  app.add_option("--seq-len", o.seq_len,
+                 "Sequence length; must match the shards (default: theirs; 128 for synthetic)");
+  app.add_option("--precision", o.precision, "fp32, or fp64 (exact checks; no K-FAC)")
+      ->capture_default_str();
+  app.add_option("--schedule", o.schedule, "gpipe, 1f1b, interleaved or chimera")
+      ->capture_default_str();
+  app.add_option("--stages,-p", o.stages, "Pipeline workers p (Chimera: D, even)")
+      ->capture_default_str();
+  app.add_option("--chunks,-v", o.chunks, "Model chunks per worker (interleaved)")
+      ->capture_default_str();
+  app.add_option("--microbatches,-m", o.microbatches, "Micro-batches per step and replica")
+      ->capture_default_str();
+  app.add_option("--data-parallel", o.data_parallel, "Data-parallel replicas of the pipeline")
+      ->capture_default_str();
+  app.add_flag("--split-backward", o.split_backward,
+               "Backward split into backward-input and backward-weight (zero-bubble style)");
+  app.add_option("--schedule-file", o.schedule_file,
+                 "Run a saved schedule instead (JSON, e.g. from pipefisher_sim --out or "
+                 "--kfac --out, or a torch.distributed.pipelining CSV)");
+  app.add_option("--optimizer", o.optimizer, "lamb (NVIDIA's BERT recipe), adamw or sgd")
+      ->capture_default_str();
+  app.add_option("--lr", o.lr, "Peak learning rate (default: lamb 2e-3, adamw 1e-3, sgd 0.05)");
+  app.add_option("--warmup", o.warmup,
+                 "Linear warm-up, then polynomial decay (power 0.5) to 0: a fraction of --steps "
+                 "when < 1, else a number of steps")
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "Total training steps (a resumed run continues up to it)")
+      ->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "Decoupled weight decay (lamb, adamw, sgd)")
+      ->capture_default_str();
+  app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
+  pipefisher::add_kfac_options(app, o.kfac);
+  app.add_option("--kfac-damping", o.kfac_damping,
+                 "K-FAC Tikhonov damping lambda (pi-adjusted between the two factors)")
+      ->capture_default_str();
+  app.add_option("--kfac-profile", o.kfac_profile,
+                 "Measured profile (pipefisher_train --profile-out) for the PipeFisher pass; "
+                 "without it the run profiles the schedule and the K-FAC kernels first");
+  app.add_option("--threads-per-worker", o.threads_per_worker, "OpenMP threads of each worker")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of the weights, dropout and data order")
+      ->capture_default_str();
+  app.add_option("--wait-timeout", o.wait_timeout_s,
+                 "Seconds any worker waits for another before the run stops with a report")
+      ->capture_default_str();
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "Directory of checkpoints (one is always written at the end)");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "Steps between checkpoints (0: end)")
+      ->capture_default_str();
+  app.add_flag("--resume", o.resume, "Continue from the latest checkpoint in --checkpoint-dir");
+  app.add_option("--metrics", o.metrics, "JSON Lines file: one record per step");
+  app.add_option("--trace", o.trace, "Chrome trace of the measured run (Perfetto)");
+  app.add_option("--profile-out", o.profile_out,
+                 "Measured profile for pipefisher_sim --profile (same schedule)");
+  app.add_option("--log-every", o.log_every, "Steps between progress lines")->capture_default_str();
+  app.add_flag("--quiet,-q", o.quiet, "Only the final summary");
+}
+
+namespace {
+[[noreturn]] void bad(const std::string& message) {
+  throw std::invalid_argument(message);
+}
+}  // namespace
+
+void validate_options(const TrainOptions& o) {
+  if (o.micro_batch_size < 1) bad("--micro-batch-size must be >= 1");
+  if (o.seq_len < 0) bad("--seq-len must be >= 1");
+  if (o.precision != "fp32" && o.precision != "fp64") {
+    bad("--precision must be fp32 or fp64, got '" + o.precision + "'");
+  }
+  if (o.stages < 1) bad("--stages must be >= 1");
+  if (o.chunks < 1) bad("--chunks must be >= 1");
+  if (o.microbatches < 1) bad("--microbatches must be >= 1");
+  if (o.data_parallel < 1) bad("--data-parallel must be >= 1");
+  if (o.optimizer != "lamb" && o.optimizer != "adamw" && o.optimizer != "sgd") {
+    bad("--optimizer must be lamb, adamw or sgd, got '" + o.optimizer + "'");
+  }
+  if (!(o.lr >= 0)) bad("--lr must be > 0");
+  if (!(o.warmup >= 0)) bad("--warmup must be >= 0");
+  if (o.warmup >= 1 && static_cast<double>(o.steps) <= o.warmup) {
+    bad("--warmup of " + std::to_string(static_cast<std::int64_t>(o.warmup)) +
+        " steps leaves no step of --steps " + std::to_string(o.steps) + " after it");
+  }
+  if (o.steps < 1) bad("--steps must be >= 1");
+  if (!(o.weight_decay >= 0)) bad("--weight-decay must be >= 0");
+  if (!(o.momentum >= 0 && o.momentum < 1)) bad("--momentum must lie in [0, 1)");
+  if (!(o.kfac_damping > 0)) bad("--kfac-damping must be > 0");
+  if (o.kfac.enabled && o.precision != "fp32") bad("--kfac runs in fp32: drop --precision fp64");
+  if (!o.kfac_profile.empty() && !o.kfac.enabled) bad("--kfac-profile needs --kfac");
+  if (o.threads_per_worker < 1) bad("--threads-per-worker must be >= 1");
+  if (!(o.wait_timeout_s > 0)) bad("--wait-timeout must be > 0 seconds");
+  if (o.checkpoint_every < 0) bad("--checkpoint-every must be >= 0");
+  if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) {
+    bad("--checkpoint-every needs --checkpoint-dir");
+  }
+  if (o.resume && o.checkpoint_dir.empty()) bad("--resume needs --checkpoint-dir");
+  if (o.log_every < 1) bad("--log-every must be >= 1");
+}
+
+}  // namespace pf::train

@@ -1,0 +1,62 @@
+#pragma once
+// pipefisher_train's command line: the options, their flags (the schedule flags spelled as
+// pipefisher_sim spells them) and the checks that refuse an impossible run before any work.
+#include <cstdint>
+#include <string>
+
+#include "scheduler/pipefisher/kfac_command.h"
+
+namespace CLI {
+class App;  // CLI11; only the .cpp files include it
+}  // namespace CLI
+
+namespace pf::train {
+
+struct TrainOptions {
+  // Model and data.
+  std::string model = "mini";  // preset or Hugging Face config.json
+  std::string data;            // shards directory (pipefisher_data), or "synthetic"
+  int micro_batch_size = 8;
+  int seq_len = 0;                 // 0: the shards' sequence length (128 for synthetic data)
+  std::string precision = "fp32";  // fp32 or fp64 (CPU)
+  // Schedule.
+  std::string schedule = "1f1b";
+  int stages = 2;
+  int chunks = 1;
+  int microbatches = 4;
+  int data_parallel = 1;
+  bool split_backward = false;
+  std::string schedule_file;  // saved or PipeFisher-augmented schedule (JSON or torch CSV)
+  // Optimization.
+  std::string optimizer = "lamb";  // lamb, adamw, sgd
+  double lr = 0.0;                 // 0: the optimizer's default
+  double warmup = 0.1;             // fraction of the steps (< 1) or a number of steps (>= 1)
+  std::int64_t steps = 20;
+  double weight_decay = 0.01;
+  double momentum = 0.9;  // sgd
+  // K-FAC (PipeFisher).
+  pipefisher::KfacCommandOptions kfac;
+  double kfac_damping = 1e-3;
+  std::string kfac_profile;  // measured profile for the pass (else the run profiles itself)
+  // Runtime.
+  int threads_per_worker = 1;
+  std::uint64_t seed = 1;
+  double wait_timeout_s = 600.0;
+  // Outputs.
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0;  // 0: only at the end
+  bool resume = false;
+  std::string metrics;      // JSON Lines, one record per step
+  std::string trace;        // Chrome trace of the measured run
+  std::string profile_out;  // measured profile in the simulator's format
+  int log_every = 1;
+  bool quiet = false;
+};
+
+// Registers every flag on app; --help documents them.
+void add_train_options(CLI::App& app, TrainOptions& options);
+
+// One clear error (std::invalid_argument) for a bad value or an impossible combination.
+void validate_options(const TrainOptions& options);
+
+}  // namespace pf::train

@@ -1,0 +1,337 @@
+#include "runtime/train/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "runtime/executor/executor.h"
+#include "runtime/executor/measured.h"
+#include "runtime/executor/shard_batches.h"
+#include "runtime/optim/adamw.h"
+#include "runtime/optim/lamb.h"
+#include "runtime/optim/lr_schedule.h"
+#include "runtime/optim/sgd.h"
+#include "runtime/train/self_profile.h"
+#include "scheduler/pipefisher/pass.h"
+#include "scheduler/schedule_json.h"
+#include "sim/cli/compile_command.h"
+#include "sim/measured_cost_model.h"
+#include "traces/chrome_trace.h"
+
+namespace pf::train {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<std::int64_t>(seconds + 0.5);
+  std::ostringstream out;
+  if (s >= 3600) out << s / 3600 << "h";
+  if (s >= 60) out << (s / 60) % 60 << "m";
+  out << s % 60 << "s";
+  return out.str();
+}
+
+std::vector<std::string> shard_files(const std::string& directory) {
+  if (!fs::is_directory(directory)) {
+    throw std::invalid_argument("--data " + directory +
+                                ": not a directory of shards (make one with pipefisher_data, or "
+                                "pass --data synthetic)");
+  }
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(directory)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".pfshard") {
+      files.push_back(entry.path().string());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  if (files.empty()) {
+    throw std::invalid_argument("--data " + directory + ": no *.pfshard files in it");
+  }
+  return files;
+}
+
+bool has_kfac(const sched::Schedule& schedule) {
+  for (const auto& stream : schedule.streams) {
+    for (const auto& in : stream) {
+      if (sched::is_kfac(in.kind)) return true;
+    }
+  }
+  return false;
+}
+
+double default_lr(const std::string& optimizer) {
+  if (optimizer == "adamw") return 1e-3;
+  if (optimizer == "sgd") return 0.05;
+  return 2e-3;
+}
+
+struct RunContext {
+  model::BertConfig config;
+  sched::Schedule schedule;
+  std::unique_ptr<exec::BatchSource> batches;
+  exec::ShardBatches* shards = nullptr;
+  std::int64_t micro_batch_size = 0, seq_len = 0, max_predictions = 0;
+  std::string kfac_summary;
+};
+
+template <typename T>
+exec::OptimizerFactory<T> optimizer_factory(const TrainOptions& o) {
+  if (o.optimizer == "adamw") {
+    return [o] {
+      return std::make_unique<optim::BasicAdamW<T>>(
+          optim::AdamWOptions{.weight_decay = o.weight_decay});
+    };
+  }
+  if (o.optimizer == "sgd") {
+    return [o] {
+      return std::make_unique<optim::BasicSgd<T>>(
+          optim::SgdOptions{.momentum = o.momentum, .weight_decay = o.weight_decay});
+    };
+  }
+  return [o] {
+    return std::make_unique<optim::BasicLamb<T>>(
+        optim::LambOptions{.weight_decay = o.weight_decay});
+  };
+}
+
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path) {
+    if (path.empty()) return;
+    file_.open(path, std::ios::app);
+    if (!file_) throw std::invalid_argument("--metrics " + path + ": cannot open for writing");
+  }
+  void write(const nlohmann::json& record) {
+    if (!file_.is_open()) return;
+    file_ << record.dump() << "\n";
+    file_.flush();
+  }
+
+ private:
+  std::ofstream file_;
+};
+
+template <typename T>
+int train(const TrainOptions& o, RunContext& context, std::ostream& out) {
+  const auto& config = context.config;
+  exec::RunSetup<T> setup;
+  setup.config = config;
+  setup.schedule = context.schedule;
+  setup.options.threads_per_worker = o.threads_per_worker;
+  setup.options.wait_timeout =
+      std::chrono::milliseconds(static_cast<std::int64_t>(o.wait_timeout_s * 1000.0));
+  setup.options.init_seed = o.seed;
+  setup.options.dropout_seed = o.seed + 1;
+  setup.options.kfac.damping = static_cast<float>(o.kfac_damping);
+  setup.options.record_events = !o.trace.empty() || !o.profile_out.empty();
+  setup.make_optimizer = optimizer_factory<T>(o);
+  optim::PolyWarmupSchedule lr_schedule;
+  lr_schedule.base_lr = static_cast<float>(o.lr > 0 ? o.lr : default_lr(o.optimizer));
+  lr_schedule.total_steps = o.steps;
+  lr_schedule.warmup_fraction = o.warmup < 1 ? o.warmup : o.warmup / static_cast<double>(o.steps);
+  setup.learning_rate = [lr_schedule](std::int64_t step) {
+    return static_cast<double>(lr_schedule.learning_rate(step));
+  };
+  setup.batches = context.batches.get();
+
+  exec::ThreadedExecutor<T> executor(setup);
+  const auto& schedule = executor.setup().schedule;
+  const std::int64_t sequences_per_step = static_cast<std::int64_t>(schedule.params.microbatches) *
+                                          schedule.params.data_parallel * context.micro_batch_size;
+  if (!o.quiet) {
+    out << "pipefisher_train: BERT " << config.name << " (" << config.num_layers
+        << " layers, hidden " << config.hidden_size << ", vocab " << config.vocab_size << "), "
+        << sched::to_string(schedule.params.kind) << " on " << schedule.num_workers()
+        << " worker thread(s) x " << schedule.params.data_parallel << " replica(s), "
+        << schedule.params.microbatches << " micro-batches of " << context.micro_batch_size << " x "
+        << context.seq_len << " tokens per step, " << o.optimizer << ", " << o.steps << " steps\n";
+    if (!context.kfac_summary.empty()) out << context.kfac_summary;
+  }
+
+  MetricsWriter metrics(o.metrics);
+  const bool tty = isatty(STDOUT_FILENO) != 0 && &out == &std::cout;
+  const std::int64_t first_step = 0;
+  const auto start = std::chrono::steady_clock::now();
+  double last_loss = 0.0;
+  std::int64_t done = 0;
+  auto on_step = [&](const exec::StepResult& r) {
+    ++done;
+    last_loss = r.loss();
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double per_step = elapsed / static_cast<double>(done);
+    const double throughput = static_cast<double>(sequences_per_step) / r.seconds;
+    metrics.write({{"step", r.step + 1},
+                   {"loss", r.loss()},
+                   {"mlm_loss", r.mlm_loss},
+                   {"nsp_loss", r.nsp_loss},
+                   {"lr", r.learning_rate},
+                   {"grad_norm", r.grad_norm},
+                   {"step_time_s", r.seconds},
+                   {"sequences_per_s", throughput},
+                   {"kfac_refresh", r.kfac_refresh}});
+    const bool last = r.step + 1 == o.steps;
+    if (o.quiet || (!last && (r.step + 1) % o.log_every != 0)) return;
+    std::ostringstream line;
+    line << "step " << std::setw(5) << r.step + 1 << "/" << o.steps << "  loss " << std::fixed
+         << std::setprecision(4) << r.loss() << " (mlm " << r.mlm_loss << ", nsp " << r.nsp_loss
+         << ")  lr " << std::scientific << std::setprecision(2) << r.learning_rate << std::fixed
+         << "  " << std::setprecision(1) << throughput << " seq/s"
+         << (r.kfac_refresh ? "  K-FAC refresh" : "") << "  ETA "
+         << format_duration(per_step * static_cast<double>(o.steps - r.step - 1));
+    if (tty && !last) {
+      out << "\r" << line.str() << "   " << std::flush;
+    } else {
+      out << (tty ? "\r" : "") << line.str() << "\n";
+    }
+  };
+  executor.run(first_step, o.steps, on_step);
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  const auto events =
+      setup.options.record_events ? executor.take_events() : std::vector<exec::InstructionEvent>{};
+  if (!o.trace.empty()) {
+    traces::write_json_file(o.trace, exec::measured_trace(schedule, events));
+  }
+  if (!o.profile_out.empty()) {
+    const auto profile = exec::measured_profile(
+        schedule, events, std::min<std::int64_t>(1, o.steps - 1),
+        "pipefisher_train " + std::string(sched::to_string(schedule.params.kind)) + ", " +
+            config.name + ", micro-batch " + std::to_string(context.micro_batch_size) + " x " +
+            std::to_string(context.seq_len));
+    traces::write_json_file(o.profile_out, sim::profile_to_json(profile));
+  }
+  out << "done: " << done << " steps in " << format_duration(elapsed) << " ("
+      << std::setprecision(1) << std::fixed
+      << static_cast<double>(done * sequences_per_step) / elapsed << " sequences/s), final loss "
+      << std::setprecision(4) << last_loss << "\n";
+  if (!o.metrics.empty()) out << "metrics: " << o.metrics << "\n";
+  if (!o.trace.empty()) out << "trace: " << o.trace << " (open in https://ui.perfetto.dev)\n";
+  if (!o.profile_out.empty()) out << "profile: " << o.profile_out << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int run_training(const TrainOptions& o, std::ostream& out) {
+  validate_options(o);
+  RunContext context;
+  context.config = model::resolve_bert_config(o.model);
+  const bool preset = !fs::exists(o.model);
+  context.micro_batch_size = o.micro_batch_size;
+
+  // The schedule first (its micro-batch and replica counts size the data streams).
+  cli::CompileCommandOptions compile;
+  compile.schedule = o.schedule;
+  compile.stages = o.stages;
+  compile.chunks = o.chunks;
+  compile.microbatches = o.microbatches;
+  compile.data_parallel = o.data_parallel;
+  compile.split_backward = o.split_backward;
+  compile.layers = context.config.num_layers;
+  compile.schedule_file = o.schedule_file;
+
+  if (o.data == "synthetic") {
+    context.seq_len = o.seq_len > 0 ? o.seq_len : 128;
+    context.max_predictions = std::max<std::int64_t>(1, (context.seq_len * 15 + 50) / 100);
+  } else {
+    const auto files = shard_files(o.data);
+    data::LoaderOptions probe;
+    probe.shards = files;
+    probe.micro_batch_size = static_cast<std::size_t>(o.micro_batch_size);
+    probe.prefetch_batches = 1;
+    data::ShardLoader loader(probe);
+    context.seq_len = static_cast<std::int64_t>(loader.seq_length());
+    context.max_predictions = static_cast<std::int64_t>(loader.max_predictions());
+    if (o.seq_len > 0 && o.seq_len != context.seq_len) {
+      throw std::invalid_argument("--seq-len " + std::to_string(o.seq_len) + ": the shards in " +
+                                  o.data + " hold sequences of " + std::to_string(context.seq_len));
+    }
+    const auto vocab = static_cast<int>(loader.vocab_size());
+    if (preset) {
+      context.config.vocab_size = vocab;
+    } else if (context.config.vocab_size != vocab) {
+      throw std::invalid_argument(
+          "--model " + o.model + ": vocab_size " + std::to_string(context.config.vocab_size) +
+          ", but the shards were made with a vocabulary of " + std::to_string(vocab));
+    }
+  }
+  if (context.seq_len > context.config.max_position_embeddings) {
+    throw std::invalid_argument("sequence length " + std::to_string(context.seq_len) +
+                                " exceeds the model's max_position_embeddings " +
+                                std::to_string(context.config.max_position_embeddings));
+  }
+  const std::int64_t element = o.precision == "fp64" ? 8 : 4;
+  compile.activation_bytes =
+      context.micro_batch_size * context.seq_len * context.config.hidden_size * element;
+  compile.gradient_bytes = compile.activation_bytes;
+  context.schedule = cli::build_schedule(compile);
+  exec::check_run_setup(context.config, context.schedule);
+  const auto& params = context.schedule.params;
+  const int replica_microbatches = params.microbatches;
+
+  exec::ExecutorOptions profile_options;
+  profile_options.threads_per_worker = o.threads_per_worker;
+  profile_options.init_seed = o.seed;
+  profile_options.kfac.damping = static_cast<float>(o.kfac_damping);
+  if (o.kfac.enabled) {
+    if (has_kfac(context.schedule)) {
+      throw std::invalid_argument("--schedule-file " + o.schedule_file +
+                                  " already holds K-FAC work: drop --kfac to run it as it is");
+    }
+    sim::Profile profile;
+    std::string source = o.kfac_profile;
+    if (!o.kfac_profile.empty()) {
+      profile = sim::profile_from_json_file(o.kfac_profile);
+    } else {
+      if (!o.quiet)
+        out << "profiling the schedule and the K-FAC kernels for the PipeFisher pass...\n";
+      profile = profile_schedule(
+          context.config, context.schedule,
+          {context.micro_batch_size, context.seq_len, context.max_predictions}, profile_options);
+      source = "self-profile";
+    }
+    const auto pass =
+        pipefisher::run_pipefisher(context.schedule, sim::MeasuredCostModel(profile, source),
+                                   pipefisher::to_kfac_options(o.kfac));
+    std::ostringstream summary;
+    summary << "PipeFisher: K-FAC refresh every " << pass.report.refresh_steps
+            << " step(s); predicted utilization " << std::fixed << std::setprecision(1)
+            << 100.0 * pass.report.utilization_before << "% -> "
+            << 100.0 * pass.report.utilization_after << "%, step time " << std::showpos
+            << 100.0 * pass.report.step_time_overhead << std::noshowpos << "% (" << source << ")\n";
+    context.kfac_summary = summary.str();
+    context.schedule = pass.schedule;
+  }
+
+  if (o.data == "synthetic") {
+    context.batches = std::make_unique<exec::SyntheticBatches>(
+        context.config, context.micro_batch_size, context.seq_len, context.max_predictions,
+        o.seed + 2);
+  } else {
+    data::LoaderOptions loader;
+    loader.shards = shard_files(o.data);
+    loader.micro_batch_size = static_cast<std::size_t>(o.micro_batch_size);
+    loader.seed = o.seed;
+    auto shards = std::make_unique<exec::ShardBatches>(
+        loader, params.data_parallel, replica_microbatches, std::vector<data::LoaderPosition>{}, 0);
+    context.shards = shards.get();
+    context.batches = std::move(shards);
+  }
+  if (o.precision == "fp64") return train<double>(o, context, out);
+  return train<float>(o, context, out);
+}
+
+}  // namespace pf::train

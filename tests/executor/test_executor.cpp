@@ -1,0 +1,387 @@
+// The runtime's proof: pipelined execution of every schedule equals single-worker training.
+#include <cmath>
+#include <map>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "runtime/comm/in_process.h"
+#include "runtime/executor/executor.h"
+#include "runtime/optim/adamw.h"
+#include "runtime/optim/lamb.h"
+#include "scheduler/compile.h"
+#include "scheduler/pipefisher/pass.h"
+#include "scheduler/torch_csv.h"
+#include "sim/uniform_cost_model.h"
+#include "tests/executor/reference_trainer.h"
+
+namespace pf::exec {
+namespace {
+
+model::BertConfig test_config(int layers) {
+  model::BertConfig config;
+  config.name = "test";
+  config.vocab_size = 29;
+  config.hidden_size = 8;
+  config.num_layers = layers;
+  config.num_heads = 2;
+  config.intermediate_size = 12;
+  config.max_position_embeddings = 10;
+  config.type_vocab_size = 2;
+  config.hidden_dropout = 0.1F;
+  config.attention_dropout = 0.1F;
+  return config;
+}
+
+constexpr std::int64_t kMicroBatchSize = 2, kSeqLen = 6, kPredictions = 2;
+constexpr std::uint64_t kInitSeed = 7, kDropoutSeed = 11, kDataSeed = 13;
+
+double learning_rate(std::int64_t step) {
+  return 1e-2 * (1.0 + 0.5 * static_cast<double>(step));
+}
+
+template <typename T>
+RunSetup<T> make_setup(const model::BertConfig& config, sched::Schedule schedule,
+                       BatchSource& batches) {
+  RunSetup<T> setup;
+  setup.config = config;
+  setup.schedule = std::move(schedule);
+  setup.options.init_seed = kInitSeed;
+  setup.options.dropout_seed = kDropoutSeed;
+  setup.options.wait_timeout = std::chrono::seconds(60);
+  setup.make_optimizer = [] {
+    return std::make_unique<optim::BasicLamb<T>>(optim::LambOptions{.max_grad_norm = 0.5});
+  };
+  setup.learning_rate = learning_rate;
+  setup.batches = &batches;
+  return setup;
+}
+
+// Largest |a - b| / max(max |b| of the tensor, 1e-3) over every parameter of every rank's chunks.
+template <typename T>
+double max_relative_difference(ThreadedExecutor<T>& executor, model::BertChunk<T>& reference) {
+  const auto [word, decoder] = model::tied_parameter_names();
+  double worst = 0.0;
+  for (int r = 0; r < executor.num_ranks(); ++r) {
+    for (auto* chunk : executor.worker(r).chunks()) {
+      for (const auto& p : chunk->parameters()) {
+        auto expected = reference.parameter(p.name == decoder ? word : p.name);
+        EXPECT_TRUE(expected) << p.name;
+        if (!expected) continue;
+        double scale = 0.0, diff = 0.0;
+        for (std::int64_t i = 0; i < p.size; ++i) {
+          scale = std::max(scale, std::abs(static_cast<double>(expected->value[i])));
+          diff = std::max(diff, std::abs(static_cast<double>(p.value[i] - expected->value[i])));
+        }
+        // Floor: the key biases get no gradient (softmax ignores a shift of every key) and stay at
+        // rounding noise of 1e-18, where a relative difference means nothing.
+        worst = std::max(worst, diff / std::max(scale, 1e-3));
+      }
+    }
+  }
+  return worst;
+}
+
+// Largest |update - reference update| / max |reference update| of the tensor, where an update
+// is the parameter's change since `initial`.
+double max_relative_update_difference(ThreadedExecutor<float>& executor,
+                                      model::BertChunk<float>& reference,
+                                      const std::map<std::string, std::vector<float>>& initial,
+                                      double min_update) {
+  const auto [word, decoder] = model::tied_parameter_names();
+  double worst = 0.0;
+  for (int r = 0; r < executor.num_ranks(); ++r) {
+    for (auto* chunk : executor.worker(r).chunks()) {
+      for (const auto& p : chunk->parameters()) {
+        const std::string name = p.name == decoder ? word : p.name;
+        auto expected = reference.parameter(name);
+        const auto& start = initial.at(name);
+        double scale = 0.0, diff = 0.0;
+        for (std::int64_t i = 0; i < p.size; ++i) {
+          const auto index = static_cast<std::size_t>(i);
+          const double reference_update = double{expected->value[i]} - start[index];
+          scale = std::max(scale, std::abs(reference_update));
+          diff = std::max(diff, std::abs(double{p.value[i]} - start[index] - reference_update));
+        }
+        // Tensors that barely move are left out: the key biases' gradient is exactly zero (the
+        // softmax ignores a shift of every key), so theirs is rounding noise, which K-FAC's
+        // inverse and LAMB's normalization turn into steps of random sign.
+        if (scale > min_update) worst = std::max(worst, diff / scale);
+      }
+    }
+  }
+  return worst;
+}
+
+struct Case {
+  sched::ScheduleKind kind;
+  int workers;
+  int chunks_per_worker;
+  bool split_backward;
+  int data_parallel;
+};
+
+std::string name_of(const Case& c) {
+  return std::string(sched::to_string(c.kind)) + "_p" + std::to_string(c.workers) + "_v" +
+         std::to_string(c.chunks_per_worker) + (c.split_backward ? "_split" : "") + "_dp" +
+         std::to_string(c.data_parallel);
+}
+
+class PipelinedEqualsSingleWorker : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PipelinedEqualsSingleWorker, InDouble) {
+  const Case c = GetParam();
+  const int layers = 8;
+  const auto config = test_config(layers);
+  sched::ScheduleParams params;
+  params.kind = c.kind;
+  params.workers = c.workers;
+  params.microbatches = 4;
+  params.chunks_per_worker = c.chunks_per_worker;
+  params.num_layers = layers;
+  params.data_parallel = c.data_parallel;
+  params.split_backward = c.split_backward;
+  SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
+  ThreadedExecutor<double> executor(make_setup<double>(config, sched::compile(params), batches));
+  std::vector<StepResult> results;
+  executor.run(0, 3, [&](const StepResult& r) { results.push_back(r); });
+
+  testing::ReferenceTrainer<double> reference(
+      config, kInitSeed, kDropoutSeed,
+      std::make_unique<optim::BasicLamb<double>>(optim::LambOptions{.max_grad_norm = 0.5}),
+      learning_rate);
+  for (std::int64_t step = 0; step < 3; ++step) {
+    reference.step(step, batches, params.microbatches * params.data_parallel);
+  }
+  EXPECT_LT(max_relative_difference(executor, reference.model()), 1e-12);
+  ASSERT_EQ(results.size(), 3U);
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    EXPECT_EQ(results[i].step, static_cast<std::int64_t>(i));
+    EXPECT_GT(results[i].mlm_loss, 0.0);
+    EXPECT_GT(results[i].nsp_loss, 0.0);
+    EXPECT_GT(results[i].grad_norm, 0.0);
+  }
+  // Nothing is left alive after the run: activations, messages, captures.
+  for (int r = 0; r < executor.num_ranks(); ++r) {
+    EXPECT_EQ(executor.worker(r).transient_memory().total(), 0U) << "rank " << r;
+  }
+  EXPECT_EQ(executor.pending_messages(), 0U);
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, PipelinedEqualsSingleWorker,
+                         ::testing::Values(Case{sched::ScheduleKind::kGPipe, 1, 1, false, 1},
+                                           Case{sched::ScheduleKind::kGPipe, 2, 1, false, 1},
+                                           Case{sched::ScheduleKind::kGPipe, 4, 1, false, 2},
+                                           Case{sched::ScheduleKind::kOneFOneB, 1, 1, false, 2},
+                                           Case{sched::ScheduleKind::kOneFOneB, 2, 1, false, 1},
+                                           Case{sched::ScheduleKind::kOneFOneB, 4, 1, false, 1},
+                                           Case{sched::ScheduleKind::kOneFOneB, 2, 1, false, 2},
+                                           Case{sched::ScheduleKind::kOneFOneB, 4, 1, true, 1},
+                                           Case{sched::ScheduleKind::kOneFOneB, 2, 1, true, 2},
+                                           Case{sched::ScheduleKind::kInterleaved, 1, 2, false, 1},
+                                           Case{sched::ScheduleKind::kInterleaved, 2, 2, false, 1},
+                                           Case{sched::ScheduleKind::kInterleaved, 4, 2, false, 1},
+                                           Case{sched::ScheduleKind::kInterleaved, 2, 2, true, 2},
+                                           Case{sched::ScheduleKind::kChimera, 2, 1, false, 1},
+                                           Case{sched::ScheduleKind::kChimera, 4, 1, false, 1},
+                                           Case{sched::ScheduleKind::kChimera, 4, 1, false, 2}),
+                         [](const ::testing::TestParamInfo<Case>& case_info) {
+                           return name_of(case_info.param);
+                         });
+
+TEST(Executor, FloatWithinTolerance) {
+  const auto config = test_config(4);
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.workers = 4;
+  params.microbatches = 8;
+  SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
+  ThreadedExecutor<float> executor(make_setup<float>(config, sched::compile(params), batches));
+  executor.run(0, 4);
+  testing::ReferenceTrainer<float> reference(
+      config, kInitSeed, kDropoutSeed,
+      std::make_unique<optim::BasicLamb<float>>(optim::LambOptions{.max_grad_norm = 0.5}),
+      learning_rate);
+  for (std::int64_t step = 0; step < 4; ++step) reference.step(step, batches, 8);
+  // fp32 sums in another order: a few ulps per step, amplified a little by LAMB's division.
+  EXPECT_LT(max_relative_difference(executor, reference.model()), 1e-5);
+}
+
+TEST(Executor, TorchCsvScheduleRuns) {
+  const auto config = test_config(4);
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.workers = 2;
+  params.microbatches = 4;
+  params.num_layers = 4;
+  params.split_backward = true;
+  const std::string csv = sched::to_torch_csv(sched::compile(params), false);
+  sched::TorchCsvImportOptions import;
+  import.num_layers = 4;
+  const auto schedule = sched::schedule_from_torch_csv(csv, "test.csv", import);
+  SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
+  ThreadedExecutor<double> executor(make_setup<double>(config, schedule, batches));
+  executor.run(0, 2);
+  testing::ReferenceTrainer<double> reference(
+      config, kInitSeed, kDropoutSeed,
+      std::make_unique<optim::BasicLamb<double>>(optim::LambOptions{.max_grad_norm = 0.5}),
+      learning_rate);
+  for (std::int64_t step = 0; step < 2; ++step) reference.step(step, batches, 4);
+  EXPECT_LT(max_relative_difference(executor, reference.model()), 1e-12);
+}
+
+// K-FAC in the bubbles (the PipeFisher pass's k-step schedule) equals the same K-FAC updates
+// run in sequence after each step.
+void check_kfac(sched::ScheduleKind kind, int workers, int refresh_steps, int data_parallel) {
+  const auto config = test_config(4);
+  sched::ScheduleParams params;
+  params.kind = kind;
+  params.workers = workers;
+  params.microbatches = 4;
+  params.num_layers = 4;
+  params.data_parallel = data_parallel;
+  sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
+  costs.curvature_a_s = costs.curvature_b_s = 0.05;
+  costs.invert_a_s = costs.invert_b_s = 0.2;
+  costs.precondition_s = 0.02;
+  costs.curvature_sync_s = 0.05;
+  pipefisher::KfacOptions kfac;
+  kfac.refresh_steps = refresh_steps;
+  const auto pass =
+      pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), kfac);
+  const int k = pass.schedule.num_steps;
+  SCOPED_TRACE("k = " + std::to_string(k));
+  SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
+  auto setup = make_setup<float>(config, pass.schedule, batches);
+  setup.options.kfac.damping = 1e-2F;
+  // A small learning rate keeps the runs from amplifying fp32 rounding (the factors are summed
+  // in another order), so that the updates themselves can be compared.
+  const LearningRate small_lr = [](std::int64_t) { return 1e-4; };
+  setup.learning_rate = small_lr;
+  ThreadedExecutor<float> executor(setup);
+  const std::int64_t steps = 2 * k + 1;  // two whole refreshes and a partial one
+  int refreshes = 0;
+  executor.run(0, steps, [&](const StepResult& r) { refreshes += r.kfac_refresh ? 1 : 0; });
+  EXPECT_EQ(refreshes, steps / k);  // complete refreshes
+  testing::ReferenceKfac reference_kfac{k, setup.options.kfac};
+  testing::ReferenceTrainer<float> reference(
+      config, kInitSeed, kDropoutSeed,
+      std::make_unique<optim::BasicLamb<float>>(optim::LambOptions{.max_grad_norm = 0.5}), small_lr,
+      reference_kfac);
+  std::map<std::string, std::vector<float>> initial;
+  for (const auto& p : reference.model().parameters()) {
+    initial[p.name].assign(p.value, p.value + p.size);
+  }
+  for (std::int64_t step = 0; step < steps; ++step) {
+    reference.step(step, batches, params.microbatches * data_parallel);
+  }
+  EXPECT_LT(max_relative_update_difference(executor, reference.model(), initial, 1e-3 * 1e-4),
+            1e-3);
+  for (int r = 0; r < executor.num_ranks(); ++r) {
+    EXPECT_EQ(executor.worker(r).transient_memory().total(), 0U) << "rank " << r;
+  }
+}
+
+TEST(ExecutorKfac, OneFOneBAutomaticRefresh) {
+  check_kfac(sched::ScheduleKind::kOneFOneB, 2, 0, 1);
+}
+TEST(ExecutorKfac, GPipeFixedRefresh) {
+  check_kfac(sched::ScheduleKind::kGPipe, 2, 3, 1);
+}
+TEST(ExecutorKfac, OneFOneBDataParallel) {
+  check_kfac(sched::ScheduleKind::kOneFOneB, 2, 2, 2);
+}
+TEST(ExecutorKfac, ChimeraRefreshEveryStep) {
+  check_kfac(sched::ScheduleKind::kChimera, 2, 1, 1);
+}
+TEST(ExecutorKfac, ChimeraWithDataParallel) {
+  check_kfac(sched::ScheduleKind::kChimera, 2, 2, 2);
+}
+
+TEST(Executor, BrokenScheduleIsRefusedBeforeRunning) {
+  const auto config = test_config(4);
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.workers = 2;
+  params.microbatches = 2;
+  params.num_layers = 4;
+  auto schedule = sched::compile(params);
+  // Drop worker 1's first receive: its forward would wait forever.
+  auto& stream = schedule.streams[1];
+  stream.erase(std::find_if(stream.begin(), stream.end(), [](const sched::Instruction& in) {
+    return in.kind == sched::OpKind::kRecvActivation;
+  }));
+  SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
+  EXPECT_THROW(ThreadedExecutor<double>(make_setup<double>(config, schedule, batches)),
+               std::invalid_argument);
+  // A model of another depth.
+  EXPECT_THROW(
+      ThreadedExecutor<double>(make_setup<double>(test_config(6), sched::compile(params), batches)),
+      std::invalid_argument);
+}
+
+// A failing worker stops every worker; the error names it, its position and instruction.
+class FailingBatches final : public BatchSource {
+ public:
+  explicit FailingBatches(BatchSource& inner) : inner_(&inner) {}
+  std::shared_ptr<const model::Batch> batch(std::int64_t step, int index) override {
+    if (step == 1 && index == 2) throw std::runtime_error("corrupt record in shard 3");
+    return inner_->batch(step, index);
+  }
+
+ private:
+  BatchSource* inner_;
+};
+
+TEST(Executor, OneFailureStopsEveryWorkerWithContext) {
+  const auto config = test_config(4);
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.workers = 4;
+  params.microbatches = 4;
+  params.num_layers = 4;
+  SyntheticBatches inner(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
+  FailingBatches batches(inner);
+  ThreadedExecutor<double> executor(make_setup<double>(config, sched::compile(params), batches));
+  try {
+    executor.run(0, 3);
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("corrupt record in shard 3"), std::string::npos) << message;
+    EXPECT_NE(message.find("step 1"), std::string::npos) << message;
+    EXPECT_NE(message.find("stream position"), std::string::npos) << message;
+    EXPECT_NE(message.find("recent instructions of every worker"), std::string::npos) << message;
+    EXPECT_NE(message.find("rank 3"), std::string::npos) << message;
+  }
+}
+
+// A peer that never arrives: the wait ends at its deadline with what was awaited.
+TEST(Executor, WaitsHaveDeadlines) {
+  const auto config = test_config(4);
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.workers = 2;
+  params.microbatches = 2;
+  params.num_layers = 4;
+  SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
+  auto setup = make_setup<double>(config, sched::compile(params), batches);
+  setup.options.wait_timeout = std::chrono::milliseconds(200);
+  comm::InProcessWorld world(2);
+  Worker<double> last_stage(setup, world.rank(1));  // worker 0 never runs
+  const auto start = comm::Clock::now();
+  try {
+    last_stage.run(0, 1, {});
+    FAIL() << "expected a timeout";
+  } catch (const WorkerError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("worker 1"), std::string::npos) << message;
+    EXPECT_NE(message.find("the activation from worker 0"), std::string::npos) << message;
+    EXPECT_GE(error.position(), 0);
+  }
+  EXPECT_LT(comm::Clock::now() - start, std::chrono::seconds(10));
+  EXPECT_NE(last_stage.history().find("waiting"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pf::exec
