@@ -788,7 +788,9 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
 
   void execute(const Instruction& in, int position, std::int64_t global_step,
                const std::function<void(const StepResult&)>& on_step) {
-    const double start = setup.options.record_events ? now_s() : 0.0;
+    const bool recording =
+        setup.options.record_events && global_step < setup.options.record_events_before_step;
+    const double start = recording ? now_s() : 0.0;
     const double waited_before = waited_s;
     std::int64_t bytes = 0;
     switch (in.kind) {
@@ -838,7 +840,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         precondition(in);
         break;
     }
-    if (setup.options.record_events) {
+    if (recording) {
       const double end = now_s();
       const double waited = waited_s - waited_before;
       const Lane lane = lane_of(in.kind);

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,7 +50,9 @@ struct ExecutorOptions {
   std::uint64_t dropout_seed = 0;  // dropout streams, per (step, micro-batch)
   KfacSettings kfac;
   bool record_events = false;  // keep a timed event per executed instruction (traces, profiles)
-  bool check_finite = true;    // non-finite loss or gradient stops the run naming the tensor
+  // Events only of global steps before this one (bounds the memory of a long run's summary).
+  std::int64_t record_events_before_step = std::numeric_limits<std::int64_t>::max();
+  bool check_finite = true;  // non-finite loss or gradient stops the run naming the tensor
 };
 
 // What every rank learns at the end of a step (all-reduced at the optimizer step).

@@ -194,4 +194,62 @@ std::vector<StepTiming> step_timings(const std::vector<InstructionEvent>& events
   return result;
 }
 
+RunSummary summarize_run(const std::vector<InstructionEvent>& events, int ranks, int warmup_steps) {
+  RunSummary summary;
+  summary.compute_busy_s.assign(static_cast<std::size_t>(ranks), 0.0);
+  summary.kfac_busy_s.assign(static_cast<std::size_t>(ranks), 0.0);
+  if (events.empty()) return summary;
+  std::int64_t last = 0;
+  for (const auto& event : events) last = std::max(last, event.global_step);
+  const std::int64_t first = std::min<std::int64_t>(std::max(warmup_steps, 0), last);
+  // The window opens when the last rank finishes step first - 1.
+  double open = 0.0, close = 0.0;
+  bool has_previous = false;
+  for (const auto& event : events) {
+    if (event.global_step == first - 1) {
+      open = std::max(open, event.end_s);
+      has_previous = true;
+    }
+    if (event.global_step == last) close = std::max(close, event.end_s);
+  }
+  if (!has_previous) {
+    open = events.front().start_s;
+    for (const auto& event : events) open = std::min(open, event.start_s);
+  }
+  for (const auto& event : events) {
+    if (event.global_step < first || event.rank < 0 || event.rank >= ranks) continue;
+    const auto r = static_cast<std::size_t>(event.rank);
+    if (event.lane == Lane::kCompute) summary.compute_busy_s[r] += event.busy_s;
+    if (event.lane == Lane::kKfac) summary.kfac_busy_s[r] += event.busy_s;
+  }
+  summary.first_step = first;
+  summary.last_step = last + 1;
+  summary.window_s = std::max(0.0, close - open);
+  summary.step_time_s = summary.window_s / static_cast<double>(summary.last_step - first);
+  return summary;
+}
+
+double RunSummary::compute_utilization() const {
+  if (window_s <= 0 || compute_busy_s.empty()) return 0.0;
+  double sum = 0.0;
+  for (double busy : compute_busy_s) sum += busy;
+  return sum / (window_s * static_cast<double>(compute_busy_s.size()));
+}
+
+double RunSummary::utilization_with_kfac() const {
+  if (window_s <= 0 || compute_busy_s.empty()) return 0.0;
+  double sum = 0.0;
+  for (std::size_t r = 0; r < compute_busy_s.size(); ++r) sum += compute_busy_s[r] + kfac_busy_s[r];
+  return sum / (window_s * static_cast<double>(compute_busy_s.size()));
+}
+
+double RunSummary::idle_fraction_of_busiest() const {
+  if (window_s <= 0) return 0.0;
+  double busiest = 0.0;
+  for (std::size_t r = 0; r < compute_busy_s.size(); ++r) {
+    busiest = std::max(busiest, compute_busy_s[r] + kfac_busy_s[r]);
+  }
+  return (window_s - busiest) / window_s;
+}
+
 }  // namespace pf::exec

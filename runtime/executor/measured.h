@@ -34,4 +34,25 @@ struct StepTiming {
 std::vector<StepTiming> step_timings(const std::vector<InstructionEvent>& events, int ranks,
                                      int warmup_steps);
 
+// A run's steady state: the window from the end of step warmup_steps - 1 (the run's start when
+// warmup_steps is 0) to the end of the last recorded step, and each rank's busy time inside it.
+// Steps overlap across ranks (a worker starts the next step while its neighbour finishes), so a
+// window over whole steps, not a sum of per-step spans, gives the step time.
+struct RunSummary {
+  std::int64_t first_step = 0;  // steps [first_step, last_step) lie in the window
+  std::int64_t last_step = 0;
+  double window_s = 0.0;
+  double step_time_s = 0.0;            // window_s / steps
+  std::vector<double> compute_busy_s;  // per rank: forward, backward, optimizer
+  std::vector<double> kfac_busy_s;     // per rank: K-FAC compute
+  // busy / window: the measured counterparts of the simulator's utilization (before K-FAC is
+  // compute only; with K-FAC adds its compute), averaged over ranks.
+  double compute_utilization() const;
+  double utilization_with_kfac() const;
+  // Step time less the busiest rank's compute (and K-FAC) time per step, as a fraction of the
+  // step: for one worker, the executor's own overhead; with a pipeline it includes the bubble.
+  double idle_fraction_of_busiest() const;
+};
+RunSummary summarize_run(const std::vector<InstructionEvent>& events, int ranks, int warmup_steps);
+
 }  // namespace pf::exec

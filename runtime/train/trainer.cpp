@@ -24,6 +24,7 @@
 #include "scheduler/schedule_json.h"
 #include "sim/cli/compile_command.h"
 #include "sim/measured_cost_model.h"
+#include "sim/simulator.h"
 #include "traces/chrome_trace.h"
 
 namespace pf::train {
@@ -122,6 +123,35 @@ class MetricsWriter {
   std::ofstream file_;
 };
 
+// Steps the end-of-run summary measures when no trace or profile asks for every step.
+constexpr std::int64_t kSummarySteps = 200;
+
+// Measured step time and utilization, and the simulator's replay of the measured durations on
+// the same schedule: how far the run is from what its own profile predicts (executor overhead
+// plus the simulator's modelling error).
+void print_measured_summary(const sched::Schedule& schedule,
+                            const std::vector<exec::InstructionEvent>& events, int ranks,
+                            std::int64_t first_step, std::ostream& out) {
+  std::int64_t last_step = first_step;
+  for (const auto& event : events) last_step = std::max(last_step, event.global_step);
+  // The first step allocates and touches memory: leave it out when there are others.
+  const auto warmup = static_cast<int>(first_step + (last_step > first_step ? 1 : 0));
+  const auto summary = exec::summarize_run(events, ranks, warmup);
+  if (summary.window_s <= 0) return;
+  const auto profile = exec::measured_profile(schedule, events, warmup, "this run");
+  const auto replay = sim::simulate(schedule, sim::MeasuredCostModel(profile, "this run"));
+  out << std::fixed << std::setprecision(3) << "measured over steps " << summary.first_step + 1
+      << "-" << summary.last_step << ": " << summary.step_time_s << " s/step, utilization "
+      << std::setprecision(1) << 100.0 * summary.compute_utilization() << "%";
+  if (summary.utilization_with_kfac() > summary.compute_utilization()) {
+    out << " (" << 100.0 * summary.utilization_with_kfac() << "% with K-FAC)";
+  }
+  out << "\nsimulator replay of these durations: " << std::setprecision(3) << replay.step_time_s
+      << " s/step (" << std::showpos << std::setprecision(1)
+      << 100.0 * (replay.step_time_s - summary.step_time_s) / summary.step_time_s << std::noshowpos
+      << "% vs measured)\n";
+}
+
 template <typename T>
 int train(const TrainOptions& o, RunContext& context, std::ostream& out) {
   const auto& config = context.config;
@@ -134,7 +164,11 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out) {
   setup.options.init_seed = o.seed;
   setup.options.dropout_seed = o.seed + 1;
   setup.options.kfac.damping = static_cast<float>(o.kfac_damping);
-  setup.options.record_events = !o.trace.empty() || !o.profile_out.empty();
+  // Events feed the summary (a bounded window of a long run), the trace and the profile.
+  setup.options.record_events = true;
+  if (o.trace.empty() && o.profile_out.empty()) {
+    setup.options.record_events_before_step = kSummarySteps + 1;
+  }
   setup.make_optimizer = optimizer_factory<T>(o);
   optim::PolyWarmupSchedule lr_schedule;
   lr_schedule.base_lr = static_cast<float>(o.lr > 0 ? o.lr : default_lr(o.optimizer));
@@ -200,8 +234,7 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out) {
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  const auto events =
-      setup.options.record_events ? executor.take_events() : std::vector<exec::InstructionEvent>{};
+  const auto events = executor.take_events();
   if (!o.trace.empty()) {
     traces::write_json_file(o.trace, exec::measured_trace(schedule, events));
   }
@@ -217,6 +250,7 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out) {
       << std::setprecision(1) << std::fixed
       << static_cast<double>(done * sequences_per_step) / elapsed << " sequences/s), final loss "
       << std::setprecision(4) << last_loss << "\n";
+  print_measured_summary(schedule, events, executor.num_ranks(), first_step, out);
   if (!o.metrics.empty()) out << "metrics: " << o.metrics << "\n";
   if (!o.trace.empty()) out << "trace: " << o.trace << " (open in https://ui.perfetto.dev)\n";
   if (!o.profile_out.empty()) out << "profile: " << o.profile_out << "\n";
