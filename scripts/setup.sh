@@ -23,10 +23,17 @@ for p in "${packages[@]}"; do
 done
 
 if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
   sudo_cmd=()
   if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}"
+  # apt and dpkg print a screen per package: keep it in a log, show it only on failure.
+  log=$(mktemp /tmp/pipefisher-setup.XXXXXX.log)
+  echo "setup: installing ${#missing[@]} Debian package(s): ${missing[*]} (log: $log)"
+  if ! { "${sudo_cmd[@]}" apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq \
+      --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    echo "setup: apt-get failed (full log: $log)" >&2
+    exit 1
+  fi
+  echo "setup: installed"
 fi

@@ -227,7 +227,7 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out) {
     if (tty && !last) {
       out << "\r" << line.str() << "   " << std::flush;
     } else {
-      out << (tty ? "\r" : "") << line.str() << "\n";
+      out << (tty ? "\r" : "") << line.str() << "\n" << std::flush;  // logs follow along
     }
   };
   executor.run(first_step, o.steps, on_step);

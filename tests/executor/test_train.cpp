@@ -1,0 +1,182 @@
+// pipefisher_train: the training loop's outputs (progress, metrics, summary, trace, profile that
+// the simulator replays), --kfac on a self-profile, and the program's refusals (exit status 2).
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "runtime/train/train_options.h"
+#include "runtime/train/trainer.h"
+#include "sim/cli/compile_command.h"
+#include "sim/measured_cost_model.h"
+#include "sim/simulator.h"
+
+namespace pf::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TrainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("pf_train_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+    // A small model keeps the test fast: 2 layers, hidden 16, a vocabulary of 64.
+    std::ofstream(dir_ / "config.json") << R"({"vocab_size": 64, "hidden_size": 16,
+      "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 32,
+      "max_position_embeddings": 32, "type_vocab_size": 2, "hidden_dropout_prob": 0.1,
+      "attention_probs_dropout_prob": 0.1, "model_type": "bert"})";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  TrainOptions small_run() const {
+    TrainOptions o;
+    o.model = (dir_ / "config.json").string();
+    o.data = "synthetic";
+    o.seq_len = 12;
+    o.micro_batch_size = 2;
+    o.stages = 2;
+    o.microbatches = 4;
+    o.steps = 3;
+    o.wait_timeout_s = 60;
+    return o;
+  }
+
+  fs::path dir_;
+};
+
+std::string read(const fs::path& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST_F(TrainTest, WritesMetricsTraceProfileAndSummary) {
+  auto o = small_run();
+  o.metrics = (dir_ / "m.jsonl").string();
+  o.trace = (dir_ / "t.json").string();
+  o.profile_out = (dir_ / "p.json").string();
+  std::ostringstream out;
+  ASSERT_EQ(run_training(o, out), 0);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("step     3/3  loss"), std::string::npos) << text;
+  EXPECT_NE(text.find("measured over steps 2-3"), std::string::npos) << text;
+  EXPECT_NE(text.find("simulator replay of these durations"), std::string::npos) << text;
+
+  std::istringstream lines(read(o.metrics));
+  std::string line;
+  int records = 0;
+  while (std::getline(lines, line)) {
+    const auto record = nlohmann::json::parse(line);
+    EXPECT_EQ(record.at("step").get<int>(), ++records);
+    for (const char* key : {"loss", "mlm_loss", "nsp_loss", "lr", "grad_norm", "step_time_s"}) {
+      EXPECT_TRUE(record.at(key).is_number()) << key;
+    }
+    EXPECT_GT(record.at("loss").get<double>(), 0.0);
+  }
+  EXPECT_EQ(records, 3);
+
+  const auto trace = nlohmann::json::parse(read(o.trace));
+  EXPECT_GT(trace.at("traceEvents").size(), 20U);
+
+  // The measured profile replays in the simulator on the same schedule.
+  const auto profile = sim::profile_from_json_file(o.profile_out);
+  cli::CompileCommandOptions compile;
+  compile.schedule = "1f1b";
+  compile.stages = 2;
+  compile.microbatches = 4;
+  compile.layers = 2;
+  const auto replay =
+      sim::simulate(cli::build_schedule(compile), sim::MeasuredCostModel(profile, "test"));
+  EXPECT_GT(replay.step_time_s, 0.0);
+}
+
+TEST_F(TrainTest, KfacRunsOnSelfProfile) {
+  auto o = small_run();
+  o.kfac.enabled = true;
+  o.kfac.refresh_steps = 2;
+  o.steps = 4;
+  o.metrics = (dir_ / "m.jsonl").string();
+  std::ostringstream out;
+  ASSERT_EQ(run_training(o, out), 0);
+  EXPECT_NE(out.str().find("PipeFisher: K-FAC refresh every 2 step(s)"), std::string::npos)
+      << out.str();
+  int refreshes = 0;
+  std::istringstream lines(read(o.metrics));
+  for (std::string line; std::getline(lines, line);) {
+    refreshes += nlohmann::json::parse(line).at("kfac_refresh").get<bool>() ? 1 : 0;
+  }
+  EXPECT_EQ(refreshes, 2);  // steps 2 and 4 end a refresh
+}
+
+TEST_F(TrainTest, DoublePrecisionAndOtherSchedules) {
+  for (const char* schedule : {"gpipe", "interleaved", "chimera"}) {
+    auto o = small_run();
+    o.schedule = schedule;
+    o.precision = "fp64";
+    o.steps = 2;
+    if (o.schedule == "interleaved") {
+      o.stages = 1;
+      o.chunks = 2;
+    }
+    std::ostringstream out;
+    EXPECT_EQ(run_training(o, out), 0) << schedule;
+  }
+}
+
+TEST_F(TrainTest, RefusesImpossibleRunsBeforeAnyWork) {
+  auto expect_refused = [&](TrainOptions o, const std::string& fragment) {
+    std::ostringstream out;
+    try {
+      run_training(o, out);
+      ADD_FAILURE() << "accepted; expected an error containing '" << fragment << "'";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
+    }
+    EXPECT_EQ(out.str().find("step "), std::string::npos) << "training started";
+  };
+  auto o = small_run();
+  o.data = (dir_ / "missing").string();
+  expect_refused(o, "not a directory of shards");
+  o = small_run();
+  o.stages = 4;  // 4 chunks for 2 layers
+  expect_refused(o, "layers");
+  o = small_run();
+  o.precision = "fp64";
+  o.kfac.enabled = true;
+  expect_refused(o, "fp64");
+  o = small_run();
+  o.seq_len = 64;  // the model has 32 positions
+  expect_refused(o, "max_position_embeddings");
+  o = small_run();
+  o.schedule_file = (dir_ / "missing.json").string();
+  expect_refused(o, "missing.json");
+}
+
+int run_program(const std::string& arguments) {
+  const int status = std::system(
+      (std::string(PF_TRAIN_BINARY) + " " + arguments + " > /dev/null 2> /dev/null").c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST_F(TrainTest, ProgramExitStatus) {
+  EXPECT_EQ(run_program("--help"), 0);
+  EXPECT_EQ(run_program("--data synthetic --stages 0"), 2);
+  EXPECT_EQ(run_program("--data synthetic --optimizer adam"), 2);
+  EXPECT_EQ(run_program("--no-such-flag"), 2);
+  EXPECT_EQ(run_program("--model " + (dir_ / "config.json").string() +
+                        " --data synthetic --seq-len 12 --micro-batch-size 2 --steps 1 --quiet"),
+            0);
+}
+
+}  // namespace
+}  // namespace pf::train
