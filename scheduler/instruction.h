@@ -53,6 +53,10 @@ struct Instruction {
   std::int64_t bytes = 0;                  // payload of communication instructions
   std::int32_t layer = -1;                 // K-FAC kinds: encoder layer index (global)
   LinearKind linear = LinearKind::kQuery;  // K-FAC kinds: which Linear of that layer
+  // A forward that may run concurrently with the next instruction of its stream, a backward on
+  // another chunk (torch's composite OVERLAP_F_B, DualPipeV). Running the two one after the
+  // other is always correct; a runtime that can overlap them may.
+  bool overlap_next = false;
 
   friend bool operator==(const Instruction&, const Instruction&) = default;
 };

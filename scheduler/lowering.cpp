@@ -100,8 +100,22 @@ class Lowerer {
             progress = true;
             continue;
           }
+          if (in.overlap_next) {
+            // A composite (torch's OVERLAP_F_B): both parts issue together once both are
+            // ready, then the communication of each.
+            const Instruction& partner = overlap_partner(w, stream, head[wi]);
+            if (!ready(in) || !ready(partner)) continue;
+            record_compute(w, in);
+            record_compute(w, partner);
+            emit_follow_ups(w, in);
+            emit_follow_ups(w, partner);
+            head[wi] += 2;
+            progress = true;
+            continue;
+          }
           if (!ready(in)) continue;
-          emit_compute(w, in);
+          record_compute(w, in);
+          emit_follow_ups(w, in);
         } else {
           out_[wi].push_back(in);  // K-FAC work stays where it is
         }
@@ -163,12 +177,34 @@ class Lowerer {
     }
   }
 
-  void emit_compute(int w, const Instruction& in) {
-    auto& stream = out_[static_cast<std::size_t>(w)];
-    stream.push_back(in);
+  const Instruction& overlap_partner(int w, const std::vector<Instruction>& stream,
+                                     std::size_t position) const {
+    const Instruction& in = stream[position];
+    if (in.kind != OpKind::kForward || position + 1 >= stream.size() ||
+        (stream[position + 1].kind != OpKind::kBackward &&
+         stream[position + 1].kind != OpKind::kBackwardInput)) {
+      throw std::invalid_argument("cannot lower: " + where(w, position, in) +
+                                  " overlaps with the next instruction, which must be a backward "
+                                  "or backward-input (a forward overlaps with a backward)");
+    }
+    return stream[position + 1];
+  }
+
+  // Appends a compute to its worker's stream and marks its output as produced.
+  void record_compute(int w, const Instruction& in) {
+    out_[static_cast<std::size_t>(w)].push_back(in);
     const std::size_t key = keys_.index(in.step, in.pipeline, in.chunk, in.microbatch);
+    if (in.kind == OpKind::kForward) forward_done_[key] = 1;
+    if (in.kind == OpKind::kBackward || in.kind == OpKind::kBackwardInput) {
+      backward_done_[key] = 1;
+    }
+  }
+
+  // The communication a compute's output needs, and the data-parallel reduction after the last
+  // backward of a chunk.
+  void emit_follow_ups(int w, const Instruction& in) {
+    auto& stream = out_[static_cast<std::size_t>(w)];
     if (in.kind == OpKind::kForward) {
-      forward_done_[key] = 1;
       if (in.chunk + 1 < keys_.chunks) {
         emit_pair(w, in, placement_.worker_of(in.pipeline, in.chunk + 1), OpKind::kSendActivation,
                   OpKind::kRecvActivation, in.chunk + 1, options_.activation_bytes);
@@ -176,7 +212,6 @@ class Lowerer {
       return;
     }
     if (in.kind == OpKind::kBackward || in.kind == OpKind::kBackwardInput) {
-      backward_done_[key] = 1;
       if (in.chunk > 0) {
         emit_pair(w, in, placement_.worker_of(in.pipeline, in.chunk - 1), OpKind::kSendGradient,
                   OpKind::kRecvGradient, in.chunk - 1, options_.gradient_bytes);

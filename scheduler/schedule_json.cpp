@@ -26,6 +26,7 @@ json instruction_to_json(const Instruction& in) {
   if (in.bytes != defaults.bytes) j["bytes"] = in.bytes;
   if (in.layer != defaults.layer) j["layer"] = in.layer;
   if (in.linear != defaults.linear) j["linear"] = to_string(in.linear);
+  if (in.overlap_next) j["overlap_next"] = true;
   return j;
 }
 
@@ -123,7 +124,7 @@ constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
 Instruction instruction_from_json(const json& j, const std::string& path) {
   ObjectReader r(j, path);
   for (const char* key : {"kind", "pipeline", "step", "chunk", "microbatch", "peer", "pair_id",
-                          "bytes", "layer", "linear"}) {
+                          "bytes", "layer", "linear", "overlap_next"}) {
     r.remember(key);
   }
   Instruction in;
@@ -154,6 +155,7 @@ Instruction instruction_from_json(const json& j, const std::string& path) {
     }
     in.linear = *lk;
   }
+  in.overlap_next = r.boolean("overlap_next", false);
   r.finish();
   return in;
 }

@@ -327,6 +327,7 @@ class Validator {
         if (in.step < 0 || in.step >= keys_.steps) {
           fail(w, pos, "step " + str(in.step) + " outside [0, " + str(keys_.steps) + ")");
         }
+        if (in.overlap_next) check_overlap(w, stream, i);
         if (is_kfac(in.kind)) continue;  // checked in check_kfac
         if (in.kind == OpKind::kOptimizerStep) {
           put(optimizer_pos_,
@@ -455,6 +456,26 @@ class Validator {
       }
     }
     check_unique_pair_ids(pair_count, max_pair);
+  }
+
+  // A composite (torch's OVERLAP_F_B): a forward directly followed by a backward (or
+  // backward-input) of another chunk, which may run at the same time.
+  void check_overlap(int w, const std::vector<Instruction>& stream, std::size_t i) const {
+    const Instruction& in = stream[i];
+    const auto pos = static_cast<std::int64_t>(i);
+    if (in.kind != OpKind::kForward) {
+      fail(w, pos, "only a forward can overlap with the next instruction (OVERLAP_F_B)");
+    }
+    if (i + 1 >= stream.size() ||
+        (stream[i + 1].kind != OpKind::kBackward && stream[i + 1].kind != OpKind::kBackwardInput)) {
+      fail(w, pos,
+           "a forward that overlaps with the next instruction needs a backward or "
+           "backward-input right after it (OVERLAP_F_B)");
+    }
+    const Instruction& next = stream[i + 1];
+    if (next.pipeline == in.pipeline && next.chunk == in.chunk) {
+      fail(w, pos, "a forward and a backward of the same chunk cannot overlap");
+    }
   }
 
   // Each pair id names exactly one pair: count the sends (and pipeline-0 reductions).

@@ -103,9 +103,13 @@ void add_compile_options(CLI::App& app, CompileCommandOptions& options) {
                  "Write the schedule as JSON to FILE.json (with --kfac: the k-step schedule with "
                  "the K-FAC work)");
   app.add_option("--csv", options.out_csv,
-                 "Write the schedule in torch.distributed.pipelining's CSV action format");
+                 "Write the schedule in torch.distributed.pipelining's CSV action format; by "
+                 "default with communication, the form torch's "
+                 "_load_csv(format=\"compute_comms\") reads (SEND/RECV, WAIT_SEND_F/B, "
+                 "REDUCE_GRAD + WAIT_REDUCE_GRAD)");
   app.add_flag("--csv-compute-only", options.csv_compute_only,
-               "With --csv: write compute actions only (F, B, I, W), no SEND/RECV");
+               "With --csv: write compute actions only (F, B, I, W, OVERLAP_F_B), torch's "
+               "\"compute_only\" form, which torchtitan's schedule loader reads");
   app.add_option("--trace", options.out_trace,
                  "Write a Chrome trace (Perfetto / chrome://tracing) of the schedule laid out "
                  "with unit durations (forward 1 us, backward 2 us, communication 0); with a "
