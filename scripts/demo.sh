@@ -36,10 +36,11 @@ cmake --build build/release -j "$PF_JOBS" --target pipefisher_data pipefisher_tr
 if (($#)); then exec build/release/runtime/train/pipefisher_train "$@"; fi
 if ! compgen -G "out/data/shards/*.pfshard" >/dev/null; then
   echo "demo: building the demo corpus, vocabulary and shards in out/data..."
-  build/release/runtime/data/pipefisher_data demo --out-dir out/data >out/data-report.json
+  build/release/runtime/data/pipefisher_data demo --out-dir out/data --vocab-size 8192 \
+    >out/data-report.json
 fi
 rm -rf out/checkpoints out/metrics.jsonl
 exec build/release/runtime/train/pipefisher_train --model mini --data out/data/shards \
-  --schedule 1f1b --stages 2 --microbatches 8 --micro-batch-size 8 --steps 40 --kfac \
+  --schedule 1f1b --stages 2 --microbatches 8 --micro-batch-size 8 --steps 40 --lr 1e-2 --kfac \
   --checkpoint-dir out/checkpoints --metrics out/metrics.jsonl --trace out/train_trace.json \
   --log-every 2
