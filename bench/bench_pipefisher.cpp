@@ -1,6 +1,7 @@
 // The PipeFisher pass on BERT with the analytic cost model.
 //   bench_pipefisher [benchmark flags]   time the pass (BERT-Large, 8 stages, Chimera, 64 mb ...)
 //   bench_pipefisher --figures           print the docs' table (docs/pipefisher.md)
+//   bench_pipefisher --zero-bubble N     zero-bubble schedules against 1F1B with K-FAC, m = N*p
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
@@ -111,6 +112,63 @@ int print_figures(int microbatches_per_stage) {
   return 0;
 }
 
+// Zero-bubble schedules against 1F1B, K-FAC in their bubbles (docs/pipefisher.md, "Zero-bubble
+// schedules"): the automatic refresh interval, and the step time at 1F1B's interval (equal
+// staleness), where what does not fit runs after the flush.
+std::string zero_bubble_row(const char* model, int stages, int microbatches, ScheduleKind kind,
+                            int one_f_one_b_k, double one_f_one_b_step_s) {
+  const int chunks = kind == ScheduleKind::kZeroBubbleV ? 2 : 1;
+  const Setup setup{model, "h100", kind, stages, microbatches, chunks};
+  const auto costs = cost_model(model, "h100");
+  const auto base = compiled(setup);
+  char automatic[160];
+  try {
+    const auto r = pf::pipefisher::run_pipefisher(base, costs).report;
+    std::snprintf(automatic, sizeof automatic, "%d | %.1f%% | %.2f | %+.1f%%", r.refresh_steps,
+                  100 * r.utilization_after, 1e3 * r.step_time_after_s, 100 * r.step_time_overhead);
+  } catch (const std::exception&) {
+    std::snprintf(automatic, sizeof automatic, "none | | |");  // no bubble holds the refresh
+  }
+  pf::pipefisher::KfacOptions fixed;
+  fixed.refresh_steps = one_f_one_b_k;
+  const auto f = pf::pipefisher::run_pipefisher(base, costs, fixed).report;
+  char row[400];
+  std::snprintf(row, sizeof row, "| %s | %d | %d | %s | %.1f%% | %.2f | %s | %.2f | %d | %.3f |\n",
+                model, stages, microbatches, std::string(pf::sched::to_string(kind)).c_str(),
+                100 * f.utilization_before, 1e3 * f.step_time_before_s, automatic,
+                1e3 * f.step_time_after_s, f.spilled_tasks,
+                one_f_one_b_step_s > 0.0 ? f.step_time_after_s / one_f_one_b_step_s : 1.0);
+  return row;
+}
+
+int print_zero_bubble_figures(int microbatches_per_stage) {
+  std::printf(
+      "| model | p | m | schedule | util before | step before (ms) | k (auto) | util after | "
+      "step after (ms) | overhead | step at 1F1B's k (ms) | spilled tasks | vs 1F1B at that k "
+      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const char* model : {"base", "large"}) {
+    for (int stages : {4, 8}) {
+      const int microbatches = microbatches_per_stage * stages;
+      const Setup reference{model, "h100", ScheduleKind::kOneFOneB, stages, microbatches, 1};
+      const auto one_f_one_b =
+          pf::pipefisher::run_pipefisher(compiled(reference), cost_model(model, "h100")).report;
+      for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1,
+                                ScheduleKind::kZeroBubbleH2, ScheduleKind::kZeroBubbleV}) {
+        try {
+          std::fputs(zero_bubble_row(model, stages, microbatches, kind, one_f_one_b.refresh_steps,
+                                     one_f_one_b.step_time_after_s)
+                         .c_str(),
+                     stdout);
+        } catch (const std::exception& error) {
+          std::printf("| %s | %d | %d | %s | n/a: %s |||||||||\n", model, stages, microbatches,
+                      std::string(pf::sched::to_string(kind)).c_str(), error.what());
+        }
+      }
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,6 +176,10 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--figures") == 0) {
       const int per_stage = i + 1 < argc ? std::atoi(argv[i + 1]) : 1;
       return print_figures(per_stage > 0 ? per_stage : 1);
+    }
+    if (std::strcmp(argv[i], "--zero-bubble") == 0) {
+      const int per_stage = i + 1 < argc ? std::atoi(argv[i + 1]) : 1;
+      return print_zero_bubble_figures(per_stage > 0 ? per_stage : 1);
     }
   }
   benchmark::Initialize(&argc, argv);

@@ -184,7 +184,12 @@ INSTANTIATE_TEST_SUITE_P(Schedules, PipelinedEqualsSingleWorker,
                                            Case{sched::ScheduleKind::kInterleaved, 2, 2, true, 2},
                                            Case{sched::ScheduleKind::kChimera, 2, 1, false, 1},
                                            Case{sched::ScheduleKind::kChimera, 4, 1, false, 1},
-                                           Case{sched::ScheduleKind::kChimera, 4, 1, false, 2}),
+                                           Case{sched::ScheduleKind::kChimera, 4, 1, false, 2},
+                                           Case{sched::ScheduleKind::kZeroBubbleH1, 4, 1, true, 1},
+                                           Case{sched::ScheduleKind::kZeroBubbleH2, 4, 1, true, 1},
+                                           Case{sched::ScheduleKind::kZeroBubbleH2, 2, 1, true, 2},
+                                           Case{sched::ScheduleKind::kZeroBubbleV, 2, 2, true, 1},
+                                           Case{sched::ScheduleKind::kZeroBubbleV, 4, 2, true, 1}),
                          [](const ::testing::TestParamInfo<Case>& case_info) {
                            return name_of(case_info.param);
                          });
@@ -232,12 +237,14 @@ TEST(Executor, TorchCsvScheduleRuns) {
 
 // K-FAC in the bubbles (the PipeFisher pass's k-step schedule) equals the same K-FAC updates
 // run in sequence after each step.
-void check_kfac(sched::ScheduleKind kind, int workers, int refresh_steps, int data_parallel) {
+void check_kfac(sched::ScheduleKind kind, int workers, int refresh_steps, int data_parallel,
+                int chunks_per_worker = 1) {
   const auto config = test_config(4);
   sched::ScheduleParams params;
   params.kind = kind;
   params.workers = workers;
   params.microbatches = 4;
+  params.chunks_per_worker = chunks_per_worker;
   params.num_layers = 4;
   params.data_parallel = data_parallel;
   sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
@@ -296,6 +303,41 @@ TEST(ExecutorKfac, ChimeraRefreshEveryStep) {
 }
 TEST(ExecutorKfac, ChimeraWithDataParallel) {
   check_kfac(sched::ScheduleKind::kChimera, 2, 2, 2);
+}
+
+// Zero-bubble schedules: K-FAC in what bubbles they leave, curvature B after backward-input,
+// preconditioning after the last backward-weight.
+TEST(ExecutorKfac, ZeroBubbleH1AutomaticRefresh) {
+  check_kfac(sched::ScheduleKind::kZeroBubbleH1, 2, 0, 1);
+}
+TEST(ExecutorKfac, ZeroBubbleVFixedRefresh) {
+  check_kfac(sched::ScheduleKind::kZeroBubbleV, 2, 2, 1, 2);
+}
+
+// Schedules written by PyTorch's own ZBV and DualPipeV classes (V-shaped placement; DualPipeV
+// with composite OVERLAP_F_B actions) train exactly as single-worker training does.
+TEST(Executor, TorchWrittenVShapeSchedulesRun) {
+  for (const char* name : {"zbv_p4_m8", "dualpipev_p4_m8"}) {
+    SCOPED_TRACE(name);
+    const int layers = 8;
+    const auto config = test_config(layers);
+    sched::TorchCsvImportOptions import;
+    import.num_layers = layers;
+    const auto schedule = sched::load_torch_csv(
+        std::string("tests/fixtures/torch_schedules/") + name + ".compute_comms.csv", import);
+    ASSERT_TRUE(schedule.params.v_shape);
+    SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
+    ThreadedExecutor<double> executor(make_setup<double>(config, schedule, batches));
+    executor.run(0, 2);
+    testing::ReferenceTrainer<double> reference(
+        config, kInitSeed, kDropoutSeed,
+        std::make_unique<optim::BasicLamb<double>>(optim::LambOptions{.max_grad_norm = 0.5}),
+        learning_rate);
+    for (std::int64_t step = 0; step < 2; ++step) {
+      reference.step(step, batches, schedule.params.microbatches);
+    }
+    EXPECT_LT(max_relative_difference(executor, reference.model()), 1e-12);
+  }
 }
 
 TEST(Executor, BrokenScheduleIsRefusedBeforeRunning) {

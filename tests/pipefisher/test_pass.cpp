@@ -72,9 +72,15 @@ struct Case {
   int chunks;
 };
 
-const Case kCases[] = {{ScheduleKind::kGPipe, 4, 4, 1},       {ScheduleKind::kOneFOneB, 4, 8, 1},
-                       {ScheduleKind::kInterleaved, 4, 8, 2}, {ScheduleKind::kChimera, 4, 4, 1},
-                       {ScheduleKind::kChimera, 4, 8, 1},     {ScheduleKind::kOneFOneB, 2, 2, 1}};
+const Case kCases[] = {{ScheduleKind::kGPipe, 4, 4, 1},
+                       {ScheduleKind::kOneFOneB, 4, 8, 1},
+                       {ScheduleKind::kInterleaved, 4, 8, 2},
+                       {ScheduleKind::kChimera, 4, 4, 1},
+                       {ScheduleKind::kChimera, 4, 8, 1},
+                       {ScheduleKind::kOneFOneB, 2, 2, 1},
+                       // Zero-bubble H1 (split backward: curvature B after backward-input,
+                       // preconditioning after the last backward-weight) keeps some bubbles.
+                       {ScheduleKind::kZeroBubbleH1, 4, 8, 1}};
 
 TEST(PipeFisherPass, AugmentedSchedulesValidateAndFillBubbles) {
   const sim::UniformCostModel costs(kfac_costs());
@@ -218,6 +224,32 @@ TEST(PipeFisherPass, FixedIntervalSpillsWhatDoesNotFit) {
   EXPECT_GT(fixed.report.spilled_tasks, 0);
   EXPECT_GT(fixed.report.step_time_overhead, automatic.report.step_time_overhead);
   EXPECT_NO_THROW(sched::validate(fixed.schedule));
+}
+
+// ZB-H2 and ZB-V leave worker 0 no idle time at all with uniform F = I = W: no refresh interval
+// can hold K-FAC, which the automatic search says; a fixed interval runs it after the flush.
+TEST(PipeFisherPass, ZeroBubbleWithoutBubblesNeedsAFixedInterval) {
+  const sim::UniformCostModel costs(kfac_costs());
+  for (const Case& c :
+       {Case{ScheduleKind::kZeroBubbleH2, 4, 8, 1}, Case{ScheduleKind::kZeroBubbleV, 4, 8, 2}}) {
+    SCOPED_TRACE(std::string(sched::to_string(c.kind)));
+    const auto base = compiled(c.kind, c.workers, c.microbatches, c.chunks);
+    try {
+      run_pipefisher(base, costs);
+      ADD_FAILURE() << "automatic refresh accepted";
+    } catch (const std::runtime_error& error) {
+      EXPECT_STREQ(error.what(),
+                   "PipeFisher pass: worker 0 has no idle time to fill; fix the refresh interval "
+                   "(refresh_steps) to run K-FAC work after the flush");
+    }
+    KfacOptions options;
+    options.refresh_steps = 2;
+    const auto fixed = run_pipefisher(base, costs, options);
+    EXPECT_NO_THROW(sched::validate(fixed.schedule));
+    EXPECT_EQ(fixed.schedule.num_steps, 2);
+    EXPECT_GT(fixed.report.spilled_tasks, 0);
+    EXPECT_GT(fixed.report.step_time_overhead, 0.0);
+  }
 }
 
 TEST(PipeFisherPass, EveryStepCurvatureAndJson) {

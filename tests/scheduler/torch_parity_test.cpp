@@ -1,7 +1,8 @@
 // Parity with PyTorch 2.x schedule CSVs: files written by torch's own schedule classes, lowering
-// and _dump_csv (tests/fixtures/torch_schedules, made by make_torch_csvs.py with torch 2.15) load
-// here, validate, simulate, and export back identical where the format allows; a file is never
-// reinterpreted as another kind; malformed files get messages naming row, column and text.
+// and _dump_csv (tests/fixtures/torch_schedules, written by `scripts/torch_parity.py fixtures`
+// with torch 2.15.0) load here, validate, simulate, and export back identical where the format
+// allows; a file is never reinterpreted as another kind; malformed files get messages naming row,
+// column and text.
 #include <gtest/gtest.h>
 
 #include <algorithm>
