@@ -22,7 +22,8 @@ it reads the files this script writes, kept in tests/fixtures/torch_schedules.
            REDUCE_GRAD/WAIT_REDUCE_GRAD, no-ops with one replica), except that a receive may be
            posted at another position: torch's lowering spends a round on each per-stage action,
            so a peer's send (and the receive it posts) can come earlier in torch's order.
-        Prints one line per check and exits 1 if any failed.
+        Prints one line per check and exits 1 if any failed. Without torch it exits 2, or 77
+        with --skip-without-torch (ctest's torch_parity test: skipped where torch is missing).
 """
 import argparse
 import contextlib
@@ -240,12 +241,14 @@ def main():
     fixtures.add_argument("out_dir", nargs="?", default=FIXTURES)
     checker = sub.add_parser("check", help="check parity both ways")
     checker.add_argument("--sim", required=True, help="path of the pipefisher_sim binary")
+    checker.add_argument("--skip-without-torch", action="store_true",
+                         help="exit 77 (a skipped test to ctest) where torch is not installed")
     args = parser.parse_args()
     try:
         import_torch()
     except ImportError as error:
         print(f"torch_parity.py: needs PyTorch 2.x ({error}); pip install torch", file=sys.stderr)
-        return 2
+        return 77 if getattr(args, "skip_without_torch", False) else 2
     if args.command == "fixtures":
         print("torch", write_fixtures(args.out_dir), "wrote", args.out_dir)
         return 0
