@@ -246,7 +246,7 @@ def main():
     args = parser.parse_args()
     try:
         import_torch()
-    except ImportError as error:
+    except Exception as error:  # ImportError, or a torch that cannot load its libraries
         print(f"torch_parity.py: needs PyTorch 2.x ({error}); pip install torch", file=sys.stderr)
         return 77 if getattr(args, "skip_without_torch", False) else 2
     if args.command == "fixtures":
