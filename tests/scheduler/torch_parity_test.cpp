@@ -13,6 +13,7 @@
 #include "scheduler/compile.h"
 #include "scheduler/generators.h"
 #include "scheduler/placement.h"
+#include "scheduler/schedule_json.h"
 #include "scheduler/torch_csv.h"
 #include "scheduler/unit_timings.h"
 #include "scheduler/validate.h"
@@ -141,6 +142,45 @@ TEST(TorchParity, CompositeOverlapIsKeptAsTwoParts) {
   ASSERT_LT(i + 1, stream.size());
   EXPECT_EQ(short_label(stream[i]), "F7.c0");
   EXPECT_EQ(short_label(stream[i + 1]), "B3.c7");
+}
+
+// The overlap survives JSON, and the validator names a composite that is not a forward directly
+// followed by a backward of another chunk.
+TEST(TorchParity, CompositeOverlapInJsonAndValidation) {
+  const Schedule s =
+      schedule_from_torch_csv(fixture("dualpipev_p4_m8", "compute_comms"), "dualpipev");
+  const Schedule back = schedule_from_json(to_json(s), "dualpipev.json");
+  EXPECT_EQ(back.streams, s.streams);
+
+  auto first_overlap = [](Schedule& schedule) {
+    auto& stream = schedule.streams[0];
+    std::size_t i = 0;
+    while (!stream[i].overlap_next) ++i;
+    return i;
+  };
+  auto error_of = [](const Schedule& schedule) -> std::string {
+    try {
+      validate(schedule);
+    } catch (const std::invalid_argument& error) {
+      return error.what();
+    }
+    return "valid";
+  };
+  EXPECT_EQ(error_of(s), "valid");
+  Schedule on_backward = s;
+  const std::size_t at = first_overlap(on_backward);
+  on_backward.streams[0][at].overlap_next = false;
+  on_backward.streams[0][at + 1].overlap_next = true;  // the backward, followed by a send
+  EXPECT_NE(error_of(on_backward).find("only a forward can overlap with the next instruction"),
+            std::string::npos)
+      << error_of(on_backward);
+  Schedule swapped = s;
+  std::swap(swapped.streams[0][at], swapped.streams[0][at + 1]);
+  swapped.streams[0][at].overlap_next = false;
+  swapped.streams[0][at + 1].overlap_next = true;  // a forward followed by whatever comes next
+  EXPECT_NE(error_of(swapped).find("needs a backward or backward-input right after it"),
+            std::string::npos)
+      << error_of(swapped);
 }
 
 // Export of a torch file gives torch's file back: compute-only exactly (without idle cells);
