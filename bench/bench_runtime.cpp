@@ -9,6 +9,7 @@
 //
 //   bench_runtime [--model mini] [--stages 2] [--microbatches 8] [--micro-batch-size 8]
 //                 [--seq-len 128] [--steps 5] [--repeats 3] [--kfac-refresh 0]
+//                 [--vocab N] (default: the preset's, 30522)
 //                 [--profile-out FILE]   (the pipeline's profile, for pipefisher_sim --profile)
 //   bench_runtime --smoke                (a tiny model, for the test suite)
 #include <algorithm>
@@ -45,14 +46,16 @@ struct Settings {
   int repeats = 3;
   int kfac_refresh = 0;
   std::string profile_out;
+  int vocab = 0;  // 0: the preset's
 };
 
 struct Measurement {
   double step_time_s = 0.0;
   double compute_utilization = 0.0;
   double utilization_with_kfac = 0.0;
-  double idle_of_busiest = 0.0;  // (step - busiest rank's busy time) / step
-  double replay_error = 0.0;     // (simulated - measured) / measured
+  double idle_of_busiest = 0.0;    // (step - busiest rank's busy time) / step
+  double replay_error = 0.0;       // (simulated - measured) / measured, median durations
+  double replay_error_mean = 0.0;  // the same with mean durations
   sim::Profile profile;
 };
 
@@ -98,6 +101,11 @@ Measurement run(const model::BertConfig& config, const sched::Schedule& schedule
   m.profile = exec::measured_profile(schedule, events, 1, "bench_runtime");
   const auto replay = sim::simulate(schedule, sim::MeasuredCostModel(m.profile, "bench_runtime"));
   m.replay_error = (replay.step_time_s - m.step_time_s) / m.step_time_s;
+  const auto mean_profile =
+      exec::measured_profile(schedule, events, 1, "bench_runtime", exec::ProfileStatistic::kMean);
+  const auto mean_replay =
+      sim::simulate(schedule, sim::MeasuredCostModel(mean_profile, "bench_runtime"));
+  m.replay_error_mean = (mean_replay.step_time_s - m.step_time_s) / m.step_time_s;
   return m;
 }
 
@@ -142,6 +150,8 @@ Settings parse(int argc, char** argv) {
       s.repeats = std::max(1, parse_int(argv[i - 1], value));
     } else if (flag == "--kfac-refresh") {
       s.kfac_refresh = parse_int(argv[i - 1], value);
+    } else if (flag == "--vocab") {
+      s.vocab = parse_int(argv[i - 1], value);
     } else if (flag == "--profile-out") {
       s.profile_out = value;
     } else {
@@ -157,6 +167,7 @@ Settings parse(int argc, char** argv) {
 int main(int argc, char** argv) try {
   const Settings s = parse(argc, argv);
   auto config = model::bert_preset(s.model);
+  if (s.vocab > 0) config.vocab_size = s.vocab;
   const int layers = config.num_layers;
   const auto pipeline = compile_schedule(sched::ScheduleKind::kOneFOneB, s.stages, s, layers);
   const auto single = compile_schedule(sched::ScheduleKind::kGPipe, 1, s, layers);
@@ -193,12 +204,12 @@ int main(int argc, char** argv) try {
   const double sequences =
       static_cast<double>(s.microbatches) * static_cast<double>(s.micro_batch_size);
   std::printf(
-      "bench_runtime: BERT %s, seq %lld, %d micro-batches of %lld, %d steps (first left out), "
-      "median of %d repeats\n",
-      s.model.c_str(), static_cast<long long>(s.seq_len), s.microbatches,
+      "bench_runtime: BERT %s (vocab %d), seq %lld, %d micro-batches of %lld, %d steps (first "
+      "left out), median of %d repeats\n",
+      s.model.c_str(), config.vocab_size, static_cast<long long>(s.seq_len), s.microbatches,
       static_cast<long long>(s.micro_batch_size), s.steps, s.repeats);
-  std::printf("%-42s %10s %10s %12s %12s %14s\n", "run", "s/step", "seq/s", "utilization", "+K-FAC",
-              "sim replay err");
+  std::printf("%-42s %10s %10s %12s %12s %14s %14s\n", "run", "s/step", "seq/s", "utilization",
+              "+K-FAC", "replay median", "replay mean");
   const std::vector<std::pair<std::string, std::string>> rows = {
       {"pipeline", "1F1B p=" + std::to_string(s.stages) + " x 1 thread"},
       {"single", "1 worker x " + std::to_string(s.stages) + " threads"},
@@ -207,18 +218,22 @@ int main(int argc, char** argv) try {
                    " + K-FAC (k=" + std::to_string(pass.schedule.num_steps) + ")"}};
   for (const auto& [key, label] : rows) {
     const double step = figure(key, &Measurement::step_time_s);
-    std::printf("%-42s %10.4f %10.2f %11.1f%% %11.1f%% %+13.1f%%\n", label.c_str(), step,
+    std::printf("%-42s %10.4f %10.2f %11.1f%% %11.1f%% %+13.1f%% %+13.1f%%\n", label.c_str(), step,
                 sequences / step, 100.0 * figure(key, &Measurement::compute_utilization),
                 100.0 * figure(key, &Measurement::utilization_with_kfac),
-                100.0 * figure(key, &Measurement::replay_error));
+                100.0 * figure(key, &Measurement::replay_error),
+                100.0 * figure(key, &Measurement::replay_error_mean));
   }
   const double pipeline_step = figure("pipeline", &Measurement::step_time_s);
   std::printf("\nexecutor overhead (1 worker x 1 thread: step time less compute): %.2f%%\n",
               100.0 * figure("single-1t", &Measurement::idle_of_busiest));
   std::printf("throughput pipeline / single worker (same global batch): %.3f\n",
               figure("single", &Measurement::step_time_s) / pipeline_step);
-  std::printf("simulator replay of the pipeline's measured profile: %+.1f%% step time\n",
-              100.0 * figure("pipeline", &Measurement::replay_error));
+  std::printf(
+      "simulator replay of the pipeline's measured profile: %+.1f%% step time (median durations), "
+      "%+.1f%% (mean durations)\n",
+      100.0 * figure("pipeline", &Measurement::replay_error),
+      100.0 * figure("pipeline", &Measurement::replay_error_mean));
   std::printf(
       "K-FAC: utilization %.1f%% -> %.1f%% measured (%.1f%% -> %.1f%% predicted), step time "
       "%+.1f%% measured (%+.1f%% predicted), k = %d\n",

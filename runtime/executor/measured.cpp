@@ -1,6 +1,7 @@
 #include "runtime/executor/measured.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 
 #include "traces/chrome_trace.h"
@@ -61,7 +62,13 @@ nlohmann::json measured_trace(const sched::Schedule& schedule,
 
 sim::Profile measured_profile(const sched::Schedule& schedule,
                               const std::vector<InstructionEvent>& events, int warmup_steps,
-                              const std::string& description) {
+                              const std::string& description, ProfileStatistic statistic) {
+  const auto typical = [statistic](const std::vector<double>& values) {
+    if (statistic == ProfileStatistic::kMedian || values.empty()) return median(values);
+    double sum = 0.0;
+    for (double value : values) sum += value;
+    return sum / static_cast<double>(values.size());
+  };
   using sched::OpKind;
   struct ChunkTimes {
     std::vector<double> forward, backward, backward_input, backward_weight;
@@ -128,12 +135,12 @@ sim::Profile measured_profile(const sched::Schedule& schedule,
     sim::ChunkProfile chunk;
     chunk.pipeline = key.first;
     chunk.chunk = key.second;
-    chunk.forward_s = median(times.forward);
+    chunk.forward_s = typical(times.forward);
     if (!times.backward.empty()) {
-      chunk.backward_s = median(times.backward);
+      chunk.backward_s = typical(times.backward);
     } else {
-      chunk.backward_input_s = median(times.backward_input);
-      chunk.backward_weight_s = median(times.backward_weight);
+      chunk.backward_input_s = typical(times.backward_input);
+      chunk.backward_weight_s = typical(times.backward_weight);
       chunk.backward_s = chunk.backward_input_s + chunk.backward_weight_s;
     }
     chunk.activation_bytes = times.activation_bytes;
@@ -141,20 +148,20 @@ sim::Profile measured_profile(const sched::Schedule& schedule,
     profile.chunks.push_back(chunk);
   }
   // Sends are copies into the receiver's mailbox: a rate, no latency.
-  profile.communication.bandwidth = send_rates.empty() ? 1e12 : median(send_rates);
+  profile.communication.bandwidth = send_rates.empty() ? 1e12 : typical(send_rates);
   profile.reduction.bandwidth =
-      reduction_rates.empty() ? profile.communication.bandwidth : median(reduction_rates);
-  profile.optimizer_step_s = median(optimizer);
+      reduction_rates.empty() ? profile.communication.bandwidth : typical(reduction_rates);
+  profile.optimizer_step_s = typical(optimizer);
   for (const auto& [key, k] : kfac) {
     sim::KfacProfile entry;
     entry.layer = key.first;
     entry.linear = static_cast<sched::LinearKind>(key.second);
-    entry.curvature_a_s = median(k.a);
-    entry.curvature_b_s = median(k.b);
-    entry.invert_a_s = median(k.inv_a);
-    entry.invert_b_s = median(k.inv_b);
-    entry.precondition_s = median(k.precondition);
-    if (!k.sync.empty()) entry.curvature_sync_s = median(k.sync);
+    entry.curvature_a_s = typical(k.a);
+    entry.curvature_b_s = typical(k.b);
+    entry.invert_a_s = typical(k.inv_a);
+    entry.invert_b_s = typical(k.inv_b);
+    entry.precondition_s = typical(k.precondition);
+    if (!k.sync.empty()) entry.curvature_sync_s = typical(k.sync);
     profile.kfac.push_back(entry);
   }
   (void)schedule;
@@ -198,26 +205,33 @@ RunSummary summarize_run(const std::vector<InstructionEvent>& events, int ranks,
   RunSummary summary;
   summary.compute_busy_s.assign(static_cast<std::size_t>(ranks), 0.0);
   summary.kfac_busy_s.assign(static_cast<std::size_t>(ranks), 0.0);
-  if (events.empty()) return summary;
-  std::int64_t last = 0;
-  for (const auto& event : events) last = std::max(last, event.global_step);
+  // Steps are delimited by the optimizer steps: an event's global_step is the step whose data it
+  // uses, and K-FAC work of one step may run several steps later, so only the optimizer steps
+  // (every rank runs one per step, last) say when a step ended.
+  std::int64_t last = -1;
+  for (const auto& event : events) {
+    if (event.instruction.kind == sched::OpKind::kOptimizerStep) {
+      last = std::max(last, event.global_step);
+    }
+  }
+  if (last < 0) return summary;
   const std::int64_t first = std::min<std::int64_t>(std::max(warmup_steps, 0), last);
-  // The window opens when the last rank finishes step first - 1.
-  double open = 0.0, close = 0.0;
+  double open = std::numeric_limits<double>::infinity(), close = 0.0;
   bool has_previous = false;
   for (const auto& event : events) {
+    open = first == 0 ? std::min(open, event.start_s) : open;
+    if (event.instruction.kind != sched::OpKind::kOptimizerStep) continue;
     if (event.global_step == first - 1) {
-      open = std::max(open, event.end_s);
+      open = has_previous ? std::max(open, event.end_s) : event.end_s;
       has_previous = true;
     }
     if (event.global_step == last) close = std::max(close, event.end_s);
   }
-  if (!has_previous) {
-    open = events.front().start_s;
-    for (const auto& event : events) open = std::min(open, event.start_s);
-  }
+  // Busy time of everything that started inside the window, whatever step its data belongs to.
   for (const auto& event : events) {
-    if (event.global_step < first || event.rank < 0 || event.rank >= ranks) continue;
+    if (event.start_s < open || event.start_s >= close || event.rank < 0 || event.rank >= ranks) {
+      continue;
+    }
     const auto r = static_cast<std::size_t>(event.rank);
     if (event.lane == Lane::kCompute) summary.compute_busy_s[r] += event.busy_s;
     if (event.lane == Lane::kKfac) summary.kfac_busy_s[r] += event.busy_s;

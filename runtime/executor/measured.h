@@ -4,6 +4,7 @@
 // from each send to its receive), and a profile (sim/measured_cost_model.h) of median busy
 // times per instruction kind and chunk, so that `pipefisher_sim --profile` can replay the same
 // schedule and be checked against the measured step time.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -18,10 +19,14 @@ namespace pf::exec {
 nlohmann::json measured_trace(const sched::Schedule& schedule,
                               const std::vector<InstructionEvent>& events);
 
-// Medians over the events; steps before `warmup_steps` are left out (allocation, first touch).
+// Medians (robust to a noisy machine: the profile to keep for other runs) or means (what a sum
+// of the run's own durations needs: the replay of this very run) over the events; steps before
+// `warmup_steps` are left out (allocation, first touch).
+enum class ProfileStatistic : std::uint8_t { kMedian, kMean };
 sim::Profile measured_profile(const sched::Schedule& schedule,
                               const std::vector<InstructionEvent>& events, int warmup_steps,
-                              const std::string& description);
+                              const std::string& description,
+                              ProfileStatistic statistic = ProfileStatistic::kMedian);
 
 // Per-step wall time (first event start to last event end over all ranks) and each rank's
 // compute busy time, for overhead figures. Steps before warmup_steps are left out.

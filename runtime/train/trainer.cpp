@@ -138,7 +138,8 @@ void print_measured_summary(const sched::Schedule& schedule,
   const auto warmup = static_cast<int>(first_step + (last_step > first_step ? 1 : 0));
   const auto summary = exec::summarize_run(events, ranks, warmup);
   if (summary.window_s <= 0) return;
-  const auto profile = exec::measured_profile(schedule, events, warmup, "this run");
+  const auto profile =
+      exec::measured_profile(schedule, events, warmup, "this run", exec::ProfileStatistic::kMean);
   const auto replay = sim::simulate(schedule, sim::MeasuredCostModel(profile, "this run"));
   out << std::fixed << std::setprecision(3) << "measured over steps " << summary.first_step + 1
       << "-" << summary.last_step << ": " << summary.step_time_s << " s/step, utilization "
