@@ -162,6 +162,78 @@ void BM_LayerNormForwardBackward(benchmark::State& state) {
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One BERT-Large encoder layer (hidden 1024, 16 heads, FFN 4096), B = 32, S = 128, dropout 0.1,
+// forward + backward through CudaOps, the sequence of ops of runtime/model's layer: fused QKV,
+// attention, output projection, dropout + residual, LayerNorm, FFN with bias+GELU, dropout +
+// residual, LayerNorm; the backward in reverse (parameter gradients accumulated).
+void BM_BertLayerForwardBackward(benchmark::State& state) {
+  const auto precision = static_cast<GemmPrecision>(state.range(0));
+  const std::int64_t B = 32, S = 128, H = 1024, N = 16, I = 4096, T = B * S;
+  const AttentionShape shape{B, S, N, H / N};
+  cuda::CudaOps ops(device().backend, &device().stream, precision);
+  const auto n = [](std::int64_t count) { return static_cast<std::size_t>(count); };
+  DeviceArray w_qkv(n(3 * H * H), 0.02F), b_qkv(n(3 * H)), w_o(n(H * H), 0.02F), b_o(n(H)),
+      w_i(n(I * H), 0.02F), b_i(n(I)), w_out(n(H * I), 0.02F), b_out(n(H)), g1(n(H)), be1(n(H)),
+      g2(n(H)), be2(n(H));
+  DeviceArray dw_qkv(n(3 * H * H)), db_qkv(n(3 * H)), dw_o(n(H * H)), db_o(n(H)), dw_i(n(I * H)),
+      db_i(n(I)), dw_out(n(H * I)), db_out(n(H)), dg1(n(H)), dbe1(n(H)), dg2(n(H)), dbe2(n(H));
+  DeviceArray x(n(T * H)), qkv(n(T * 3 * H)), probs(n(pf::kernels::attention_probs_size(shape))),
+      work(n(ops.attention_workspace_size(shape))), ctx(n(T * H)), h1_pre(n(T * H)), h1(n(T * H)),
+      mean1(n(T)), rstd1(n(T)), ffn_pre(n(T * I)), act(n(T * I)), h2_pre(n(T * H)), y(n(T * H)),
+      mean2(n(T)), rstd2(n(T)), dy(n(T * H)), d_h2(n(T * H)), d_tmp(n(T * H)), d_act(n(T * I)),
+      d_h1(n(T * H)), d_ctx(n(T * H)), d_qkv(n(T * 3 * H)), dx(n(T * H));
+  std::vector<std::int64_t> mask(n(T), 1);
+  auto* d_mask = static_cast<std::int64_t*>(device().backend.allocate(mask.size() * 8));
+  CUDA_CHECK(cudaMemcpy(d_mask, mask.data(), mask.size() * 8, cudaMemcpyHostToDevice));
+  const auto m = [](DeviceArray& a, std::int64_t rows, std::int64_t cols) {
+    return MatrixView<float>(a.data, rows, cols);
+  };
+  const float p = 0.1F;
+  time_on_gpu(state, 3, [&] {
+    // forward
+    ops.linear_forward(m(x, T, H), m(w_qkv, 3 * H, H), b_qkv.data, m(qkv, T, 3 * H));
+    ops.attention_forward(shape, m(qkv, T, 3 * H), d_mask, p, 1, probs.data, work.data,
+                          m(ctx, T, H));
+    ops.linear_forward(m(ctx, T, H), m(w_o, H, H), b_o.data, m(h1_pre, T, H));
+    ops.dropout_add_forward(m(h1_pre, T, H), m(x, T, H), m(h1_pre, T, H), p, 2);
+    ops.layernorm_forward(m(h1_pre, T, H), g1.data, be1.data, 1e-12F, m(h1, T, H), mean1.data,
+                          rstd1.data);
+    ops.linear_forward(m(h1, T, H), m(w_i, I, H), nullptr, m(ffn_pre, T, I));
+    ops.bias_gelu_forward(m(ffn_pre, T, I), b_i.data, m(act, T, I));
+    ops.linear_forward(m(act, T, I), m(w_out, H, I), b_out.data, m(h2_pre, T, H));
+    ops.dropout_add_forward(m(h2_pre, T, H), m(h1, T, H), m(h2_pre, T, H), p, 3);
+    ops.layernorm_forward(m(h2_pre, T, H), g2.data, be2.data, 1e-12F, m(y, T, H), mean2.data,
+                          rstd2.data);
+    // backward
+    ops.layernorm_backward(m(h2_pre, T, H), m(dy, T, H), g2.data, mean2.data, rstd2.data,
+                           m(d_h2, T, H), dg2.data, dbe2.data);
+    ops.dropout_backward(m(d_h2, T, H), m(d_tmp, T, H), p, 3, 0);
+    ops.linear_backward(m(act, T, I), m(w_out, H, I), m(d_tmp, T, H), m(d_act, T, I),
+                        m(dw_out, H, I), db_out.data);
+    ops.gelu_backward(m(ffn_pre, T, I), m(d_act, T, I), m(d_act, T, I));
+    ops.linear_backward(m(h1, T, H), m(w_i, I, H), m(d_act, T, I), m(d_h1, T, H), m(dw_i, I, H),
+                        db_i.data);
+    ops.accumulate(m(d_h2, T, H), m(d_h1, T, H));
+    ops.layernorm_backward(m(h1_pre, T, H), m(d_h1, T, H), g1.data, mean1.data, rstd1.data,
+                           m(d_h1, T, H), dg1.data, dbe1.data);
+    ops.dropout_backward(m(d_h1, T, H), m(d_tmp, T, H), p, 2, 0);
+    ops.linear_backward(m(ctx, T, H), m(w_o, H, H), m(d_tmp, T, H), m(d_ctx, T, H), m(dw_o, H, H),
+                        db_o.data);
+    ops.attention_backward(shape, m(qkv, T, 3 * H), probs.data, m(d_ctx, T, H), p, 1, work.data,
+                           m(d_qkv, T, 3 * H));
+    ops.linear_backward(m(x, T, H), m(w_qkv, 3 * H, H), m(d_qkv, T, 3 * H), m(dx, T, H),
+                        m(dw_qkv, 3 * H, H), db_qkv.data);
+    ops.accumulate(m(d_h1, T, H), m(dx, T, H));
+  });
+  const double flops =
+      3.0 * (2.0 * static_cast<double>(T) * (H * 3 * H + H * H + 2 * H * I) +
+             4.0 * static_cast<double>(B * N) * static_cast<double>(S * S * (H / N)));
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(pf::kernels::to_string(precision)));
+  device().backend.deallocate(d_mask, mask.size() * 8);
+}
+
 constexpr int kFp32 = static_cast<int>(GemmPrecision::kFp32);
 constexpr int kTf32 = static_cast<int>(GemmPrecision::kTf32);
 constexpr int kBf16 = static_cast<int>(GemmPrecision::kBf16);
@@ -189,6 +261,12 @@ BENCHMARK(BM_AttentionForwardBackward)
     ->Args({8, 512, kFp32})
     ->Args({8, 512, kTf32})
     ->Args({8, 512, kBf16})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_BertLayerForwardBackward)
+    ->Arg(kFp32)
+    ->Arg(kTf32)
+    ->Arg(kBf16)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_LayerNormForwardBackward)

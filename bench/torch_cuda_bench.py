@@ -144,6 +144,19 @@ def bench_kfac():
                flops=2.0 * d_out * d_in * (d_out + d_in))
 
 
+def bench_optim():
+    # One BERT-Large encoder layer's parameters (12.6 M values), torch's fused AdamW and foreach SGD.
+    sizes = [3 * 1024 * 1024, 3 * 1024, 1024 * 1024, 1024, 1024, 1024,
+             4096 * 1024, 4096, 1024 * 4096, 1024, 1024, 1024]
+    params = [torch.nn.Parameter(torch.randn(n, device="cuda")) for n in sizes]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    adamw = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    report("torch optimizer step AdamW (fused) BERT-Large layer", time_cuda(adamw.step))
+    sgd = torch.optim.SGD(params, lr=1e-4, momentum=0.9, foreach=True)
+    report("torch optimizer step SGD momentum (foreach) BERT-Large layer", time_cuda(sgd.step))
+
+
 def bench_layer():
     # One BERT-Large encoder layer (hidden 1024, 16 heads, FFN 4096), B=32, S=128, dropout 0.1.
     from torch import nn
@@ -188,12 +201,12 @@ def bench_layer():
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--only", default="gemm,attention,layernorm,kfac,layer")
+    parser.add_argument("--only", default="gemm,attention,layernorm,kfac,layer,optim")
     args = parser.parse_args()
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}", flush=True)
     for part in args.only.split(","):
         {"gemm": bench_gemm, "attention": bench_attention, "layernorm": bench_layernorm,
-         "kfac": bench_kfac, "layer": bench_layer}[part]()
+         "kfac": bench_kfac, "layer": bench_layer, "optim": bench_optim}[part]()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,150 @@
+// K-FAC on the GPU (kfac/cuda) against the CPU path (kfac/) on the same factors: curvature,
+// damping, Cholesky and eigen inversion, the Cholesky-to-eigen fallback with its info code,
+// errors naming the layer, preconditioning in place. Skipped without a CUDA device.
+#include "kfac/eigen_core.h"  // first: silences GCC 12's AVX-512 false positives in Eigen
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "kfac/cuda/kfac_cuda.h"
+#include "kfac/damping.h"
+#include "kfac/factors.h"
+#include "kfac/inverse.h"
+#include "kfac/precondition.h"
+#include "tests/kernels/cuda_test_util.h"
+
+namespace pf::kfac::cuda {
+namespace {
+
+using pf::testing::expect_close;
+
+std::vector<float> as_vector(const Eigen::MatrixXf& m) {
+  return {m.data(), m.data() + m.size()};
+}
+
+class KfacCudaTest : public pf::testing::CudaTest {
+ protected:
+  void SetUp() override {
+    CudaTest::SetUp();
+    if (backend_ != nullptr) kfac_ = std::make_unique<KfacCuda>(*backend_);
+  }
+  // A symmetric positive definite factor: Gram matrix of `rows` random rows plus a ramp.
+  Eigen::MatrixXf factor(std::int64_t d, std::int64_t rows = 64) {
+    const auto x = random(static_cast<std::size_t>(rows * d));
+    Eigen::MatrixXf f = Eigen::MatrixXf::Zero(d, d);
+    add_gram_lower(f, x.data(), rows, d, 1.0F / static_cast<float>(rows));
+    fill_upper_from_lower(f);
+    f.diagonal() += Eigen::VectorXf::LinSpaced(d, 0.01F, 0.1F);
+    return f;
+  }
+  float* upload_matrix(const Eigen::MatrixXf& m) { return upload(as_vector(m)); }
+  std::vector<float> get(const float* device, std::int64_t count) {
+    return download(device, static_cast<std::size_t>(count));
+  }
+  std::unique_ptr<KfacCuda> kfac_;
+};
+
+TEST_F(KfacCudaTest, CurvatureIsTheCpuGramMatrix) {
+  const std::int64_t rows = 301, d = 67;
+  const auto x = random(static_cast<std::size_t>(rows * d));
+  Eigen::MatrixXf expected = Eigen::MatrixXf::Identity(d, d);
+  add_gram_lower(expected, x.data(), rows, d, 0.5F);
+  fill_upper_from_lower(expected);
+  float* sum = upload_matrix(Eigen::MatrixXf::Identity(d, d));
+  kfac_->add_gram_lower(sum, d, upload(x), rows, 0.5F);
+  kfac_->fill_upper_from_lower(sum, d);
+  expect_close(get(sum, d * d), as_vector(expected), 1e-5, "gram");
+}
+
+TEST_F(KfacCudaTest, DampingMatchesTheCpu) {
+  const auto a = factor(48), b = factor(20);
+  const auto expected = factored_damping(a, b, 0.03F);
+  const auto actual = kfac_->factored_damping(upload_matrix(a), 48, upload_matrix(b), 20, 0.03F);
+  EXPECT_NEAR(actual.pi, expected.pi, 1e-6 * expected.pi);
+  EXPECT_NEAR(actual.a, expected.a, 1e-6F * expected.a);
+  EXPECT_NEAR(actual.b, expected.b, 1e-6F * expected.b);
+  EXPECT_THROW(kfac_->factored_damping(upload_matrix(a), 48, upload_matrix(b), 20, -1.0F),
+               std::invalid_argument);
+}
+
+TEST_F(KfacCudaTest, CholeskyAndEigenInversesMatchTheCpu) {
+  for (const std::int64_t d : {33, 257}) {
+    const auto f = factor(d);
+    float* device_factor = upload_matrix(f);
+    float* inverse = upload_matrix(Eigen::MatrixXf::Zero(d, d));
+    for (const auto method : {InverseMethod::kCholesky, InverseMethod::kEigen}) {
+      const auto expected = damped_inverse(f, 0.01F, method);
+      const auto result = kfac_->damped_inverse(device_factor, d, 0.01F, method, inverse, "layer");
+      EXPECT_FALSE(result.fell_back_to_eigen);
+      const auto actual = get(inverse, d * d);
+      expect_close(actual, as_vector(expected.inverse), 2e-4,
+                   "inverse d=" + std::to_string(d) +
+                       (method == InverseMethod::kEigen ? " eigen" : " cholesky"));
+      for (std::int64_t i = 0; i < d; ++i) {  // exactly symmetric, like the CPU's
+        for (std::int64_t j = 0; j < i; ++j) {
+          ASSERT_EQ(actual[static_cast<std::size_t>(i + j * d)],
+                    actual[static_cast<std::size_t>(j + i * d)]);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(KfacCudaTest, IndefiniteFactorFallsBackToEigenLikeTheCpu) {
+  const std::int64_t d = 40;
+  Eigen::MatrixXf f = factor(d);
+  f(5, 5) = -2.0F;  // an eigenvalue below -damping: Cholesky fails
+  const auto expected = damped_inverse(f, 0.05F, InverseMethod::kCholesky);
+  ASSERT_TRUE(expected.fell_back_to_eigen);
+  float* inverse = upload_matrix(Eigen::MatrixXf::Zero(d, d));
+  const auto result =
+      kfac_->damped_inverse(upload_matrix(f), d, 0.05F, InverseMethod::kCholesky, inverse, "l");
+  EXPECT_TRUE(result.fell_back_to_eigen);
+  EXPECT_GT(result.cholesky_info, 0);
+  EXPECT_LE(result.cholesky_info, 6);  // the leading minor that is not positive definite
+  expect_close(get(inverse, d * d), as_vector(expected.inverse), 2e-4, "fallback inverse");
+}
+
+TEST_F(KfacCudaTest, BadFactorsThrowNamingTheLayer) {
+  const std::int64_t d = 8;
+  float* inverse = upload_matrix(Eigen::MatrixXf::Zero(d, d));
+  Eigen::MatrixXf nan_factor = factor(d);
+  nan_factor(2, 3) = std::numeric_limits<float>::quiet_NaN();
+  const auto message = [&](const Eigen::MatrixXf& f, float damping) {
+    try {
+      kfac_->damped_inverse(upload_matrix(f), d, damping, InverseMethod::kCholesky, inverse,
+                            "layer 3 query A");
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(nan_factor, 0.1F).find("layer 3 query A: the factor has non-finite"),
+            std::string::npos);
+  EXPECT_NE(message(Eigen::MatrixXf::Zero(d, d), 0.0F)
+                .find("layer 3 query A: the factor is "
+                      "singular"),
+            std::string::npos);
+  EXPECT_NE(message(factor(d), -1.0F).find("damping must be >= 0"), std::string::npos);
+}
+
+TEST_F(KfacCudaTest, PreconditioningInPlaceMatchesTheCpu) {
+  const std::int64_t d_out = 24, d_in = 56;
+  const auto a_inv = damped_inverse(factor(d_in), 0.1F, InverseMethod::kCholesky).inverse;
+  const auto b_inv = damped_inverse(factor(d_out), 0.1F, InverseMethod::kCholesky).inverse;
+  auto grad_w = random(static_cast<std::size_t>(d_out * d_in));
+  auto grad_b = random(static_cast<std::size_t>(d_out));
+  float* device_w = upload(grad_w);
+  float* device_b = upload(grad_b);
+  precondition(a_inv, b_inv, grad_w.data(), grad_b.data(), d_out, d_in, grad_w.data(),
+               grad_b.data());
+  kfac_->precondition(upload_matrix(a_inv), upload_matrix(b_inv), device_w, device_b, d_out, d_in,
+                      device_w, device_b);
+  expect_close(get(device_w, d_out * d_in), grad_w, 1e-5, "preconditioned weight");
+  expect_close(get(device_b, d_out), grad_b, 1e-5, "preconditioned bias");
+}
+
+}  // namespace
+}  // namespace pf::kfac::cuda
