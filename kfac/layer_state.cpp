@@ -11,15 +11,16 @@ namespace pf::kfac {
 namespace {
 
 void accumulate(FactorState& factor, std::int64_t dim, const float* x, std::int64_t tokens,
-                float scale, const char* which) {
+                float scale, int unit_begin, int unit_end, const char* which) {
   if (tokens <= 0) {
     throw std::invalid_argument(std::string("accumulate_") + which +
                                 ": a micro-batch needs at least one token, got " +
                                 std::to_string(tokens));
   }
+  const ItemRange rows = piece_items(tokens, unit_begin, unit_end);
   if (factor.sum.size() == 0) factor.sum = Eigen::MatrixXf::Zero(dim, dim);
-  add_gram_lower(factor.sum, x, tokens, dim, scale);
-  ++factor.microbatches;
+  if (rows.size() > 0) add_gram_lower(factor.sum, x + rows.begin * dim, rows.size(), dim, scale);
+  if (unit_end == kPieceUnits) ++factor.microbatches;
 }
 
 void finalize(FactorState& factor, float running_average, const char* which) {
@@ -65,18 +66,19 @@ KfacLayerState::KfacLayerState(std::int64_t in, std::int64_t out) : d_in(in), d_
   }
 }
 
-void accumulate_a(KfacLayerState& layer, const float* a, std::int64_t tokens) {
+void accumulate_a(KfacLayerState& layer, const float* a, std::int64_t tokens, int unit_begin,
+                  int unit_end) {
   accumulate(layer.a, layer.d_in, a, tokens, tokens > 0 ? 1.0F / static_cast<float>(tokens) : 0.0F,
-             "a");
+             unit_begin, unit_end, "a");
 }
 
 void accumulate_b(KfacLayerState& layer, const float* g, std::int64_t tokens,
-                  float output_grad_scale) {
+                  float output_grad_scale, int unit_begin, int unit_end) {
   if (!(output_grad_scale > 0.0F)) {
     throw std::invalid_argument("accumulate_b: output_grad_scale must be > 0, got " +
                                 std::to_string(output_grad_scale));
   }
-  accumulate(layer.b, layer.d_out, g, tokens, output_grad_scale, "b");
+  accumulate(layer.b, layer.d_out, g, tokens, output_grad_scale, unit_begin, unit_end, "b");
 }
 
 void finalize_a(KfacLayerState& layer, float running_average) {

@@ -17,6 +17,7 @@
 
 #include "kfac/damping.h"
 #include "kfac/inverse.h"
+#include "kfac/pieces.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "scheduler/instruction.h"
 
@@ -46,10 +47,14 @@ struct KfacLayerState {
 };
 
 // Curvature of one micro-batch: a is tokens x d_in row-major; adds a^T a / tokens.
-void accumulate_a(KfacLayerState& layer, const float* a, std::int64_t tokens);
+// A piece [unit_begin, unit_end) of the task (pieces.h) adds only its token rows' partial sum
+// (still scaled by the whole micro-batch's 1 / tokens); the piece ending at kPieceUnits counts
+// the micro-batch. Pieces of one micro-batch must run in order for a reproducible sum.
+void accumulate_a(KfacLayerState& layer, const float* a, std::int64_t tokens, int unit_begin = 0,
+                  int unit_end = kPieceUnits);
 // g is tokens x d_out row-major; adds output_grad_scale * g^T g (see factors.h for the scale).
 void accumulate_b(KfacLayerState& layer, const float* g, std::int64_t tokens,
-                  float output_grad_scale);
+                  float output_grad_scale, int unit_begin = 0, int unit_end = kPieceUnits);
 
 // Ends the refresh of one factor: mean of the accumulated micro-batches, symmetrized, then
 // replaces (running_average == 0 or first refresh) or blends into the factor. Releases the

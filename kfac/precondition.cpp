@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "kfac/pieces.h"
+
 namespace pf::kfac {
 
 namespace {
@@ -43,6 +45,28 @@ void precondition(const Eigen::Ref<const Eigen::MatrixXf>& a_inv,
   if (grad_b != nullptr) {
     const Eigen::VectorXf bias = Eigen::Map<const Eigen::VectorXf>(grad_b, d_out);
     Eigen::Map<Eigen::VectorXf>(out_b, d_out).noalias() = b_inv * bias;
+  }
+}
+
+void precondition_rows(const Eigen::Ref<const Eigen::MatrixXf>& a_inv,
+                       const Eigen::Ref<const Eigen::MatrixXf>& b_inv, const float* grad_w,
+                       const float* grad_b, std::int64_t d_out, std::int64_t d_in, int unit_begin,
+                       int unit_end, float* out_w, float* out_b) {
+  check_sizes(a_inv.rows(), a_inv.cols(), b_inv.rows(), b_inv.cols(), d_out, d_in, grad_w, out_w,
+              grad_b, out_b);
+  if ((d_out > 0 && d_in > 0 && out_w == grad_w) || (grad_b != nullptr && out_b == grad_b)) {
+    throw std::invalid_argument(
+        "precondition_rows: the output aliases the gradient (each piece reads all of it)");
+  }
+  const ItemRange rows = piece_items(d_out, unit_begin, unit_end);
+  if (rows.size() == 0 || d_in == 0) return;
+  const Eigen::Map<const RowMatrix> grad(grad_w, d_out, d_in);
+  const RowMatrix left = b_inv.middleRows(rows.begin, rows.size()) * grad;
+  Eigen::Map<RowMatrix>(out_w + rows.begin * d_in, rows.size(), d_in).noalias() = left * a_inv;
+  if (grad_b != nullptr) {
+    const Eigen::Map<const Eigen::VectorXf> bias(grad_b, d_out);
+    Eigen::Map<Eigen::VectorXf>(out_b + rows.begin, rows.size()).noalias() =
+        b_inv.middleRows(rows.begin, rows.size()) * bias;
   }
 }
 

@@ -21,6 +21,18 @@ void precondition(const Eigen::Ref<const Eigen::MatrixXf>& a_inv,
                   const float* grad_b, std::int64_t d_out, std::int64_t d_in, float* out_w,
                   float* out_b);
 
+// One piece of the preconditioning, the gradient rows [r0, r1) of the piece's share
+// [unit_begin, unit_end) of d_out rows (pieces.h):
+//   out_w[r0:r1] = (b_inv[r0:r1, :] grad_w) a_inv,   out_b[r0:r1] = b_inv[r0:r1, :] grad_b.
+// Every piece reads the whole gradient, so out_w / out_b must not alias grad_w / grad_b (keep a
+// copy of the gradient while the pieces run); the FLOPs of all pieces add up to those of
+// precondition(). Same pieces => bit-identical; against precondition() fp32 rounding only (the
+// products associate differently). Throws std::invalid_argument for aliasing or bad sizes.
+void precondition_rows(const Eigen::Ref<const Eigen::MatrixXf>& a_inv,
+                       const Eigen::Ref<const Eigen::MatrixXf>& b_inv, const float* grad_w,
+                       const float* grad_b, std::int64_t d_out, std::int64_t d_in, int unit_begin,
+                       int unit_end, float* out_w, float* out_b);
+
 // kfac-pytorch's eigenvalue-product damping: (B kron A + lambda I)^-1 vec(G) exactly,
 //   dW = Q_B [(Q_B^T G Q_A) / (e_B e_A^T + lambda)] Q_A^T,   db = Q_B [(Q_B^T g_b) / (e_B +
 //   lambda)]
@@ -36,7 +48,7 @@ void precondition_eigen_exact(const EigenFactor& a, const EigenFactor& b, float 
 double kl_clip_dot(const float* preconditioned, const float* grad, std::size_t size);
 float kl_clip_scale(double total_dot, float learning_rate, float kappa);
 
-// FLOP model of one call, for benchmarks and the scheduler's cost model.
+// FLOP model of one call (or of all its row pieces), for benchmarks and the cost model.
 double precondition_flops(std::int64_t d_out, std::int64_t d_in);
 
 }  // namespace pf::kfac

@@ -1,0 +1,162 @@
+#include "kfac/inverse_chain.h"
+
+#include <omp.h>
+
+#include <Eigen/Cholesky>
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "kfac/factors.h"
+
+namespace pf::kfac {
+
+std::vector<InverseChainStep> inverse_chain_steps(Eigen::Index n, Eigen::Index block) {
+  if (n <= 0 || block <= 0) {
+    throw std::invalid_argument("inverse_chain_steps: size " + std::to_string(n) + " and block " +
+                                std::to_string(block) + " must be positive");
+  }
+  std::vector<InverseChainStep> steps;
+  const double nd = static_cast<double>(n);
+  for (Eigen::Index first = 0; first < n; first += block) {
+    const Eigen::Index width = std::min(block, n - first);
+    const double b = static_cast<double>(width);
+    const double trailing = static_cast<double>(n - first - width);
+    // Diagonal LLT b^3/3, panel TRSM t b^2, trailing SYRK t^2 b.
+    const double flops = b * b * b / 3.0 + trailing * b * b + trailing * trailing * b;
+    steps.push_back({InverseChainStep::Kind::kCholeskyColumn, first, width, flops});
+  }
+  for (Eigen::Index first = 0; first < n; first += block) {
+    const Eigen::Index width = std::min(block, n - first);
+    const double below = static_cast<double>(n - first);
+    // Forward solve on the rows from `first` down, then the full backward solve.
+    const double flops = (below * below + nd * nd) * static_cast<double>(width);
+    steps.push_back({InverseChainStep::Kind::kSolveColumns, first, width, flops});
+  }
+  return steps;
+}
+
+double inverse_chain_flops(Eigen::Index n, Eigen::Index block) {
+  double total = 0.0;
+  for (const auto& step : inverse_chain_steps(n, block)) total += step.flops;
+  return total;
+}
+
+StepRange inverse_chain_piece(const std::vector<InverseChainStep>& steps, int unit_begin,
+                              int unit_end) {
+  check_piece_units(unit_begin, unit_end, "inverse_chain_piece");
+  double total = 0.0;
+  for (const auto& step : steps) total += step.flops;
+  // Step s belongs to the piece whose share holds the step's starting FLOP: compare
+  // start * U against unit * total so that adjacent pieces agree exactly on their boundary.
+  const auto first_step_at = [&](int unit) {
+    if (unit == 0) return std::size_t{0};
+    if (unit == kPieceUnits) return steps.size();
+    double start = 0.0;
+    std::size_t s = 0;
+    while (s < steps.size() && start * kPieceUnits < static_cast<double>(unit) * total) {
+      start += steps[s].flops;
+      ++s;
+    }
+    return s;
+  };
+  return {first_step_at(unit_begin), first_step_at(unit_end)};
+}
+
+InverseChain::InverseChain(const Eigen::Ref<const Eigen::MatrixXf>& factor, float damping,
+                           Eigen::Index block)
+    : factor_(factor), damping_(damping) {
+  if (factor_.rows() == 0 || factor_.rows() != factor_.cols()) {
+    throw std::invalid_argument("InverseChain: factor is " + std::to_string(factor_.rows()) +
+                                " x " + std::to_string(factor_.cols()) +
+                                ", expected square, non-empty");
+  }
+  if (!(damping >= 0.0F)) {
+    throw std::invalid_argument("InverseChain: damping must be >= 0, got " +
+                                std::to_string(damping));
+  }
+  if (!factor_.allFinite()) {
+    throw std::runtime_error("InverseChain: the factor has non-finite entries (NaN or inf)");
+  }
+  steps_ = inverse_chain_steps(factor_.rows(), block);
+  cholesky_ = factor_;
+  cholesky_.diagonal().array() += damping;
+  inverse_.resize(factor_.rows(), factor_.cols());
+}
+
+void InverseChain::run(int unit_begin, int unit_end) {
+  check_piece_units(unit_begin, unit_end, "InverseChain::run");
+  if (unit_begin != next_unit_) {
+    throw std::logic_error("InverseChain::run: piece [" + std::to_string(unit_begin) + ", " +
+                           std::to_string(unit_end) + ") out of order: the chain is at unit " +
+                           std::to_string(next_unit_));
+  }
+  const auto range = inverse_chain_piece(steps_, unit_begin, unit_end);
+  for (std::size_t s = range.first; s < range.last; ++s) {
+    if (!fell_back_) run_step(steps_[s]);
+  }
+  next_unit_ = unit_end;
+}
+
+void InverseChain::run_step(const InverseChainStep& step) {
+  const Eigen::Index n = cholesky_.rows();
+  const Eigen::Index first = step.first;
+  const Eigen::Index width = step.width;
+  const Eigen::Index rest = n - first - width;
+  if (step.kind == InverseChainStep::Kind::kCholeskyColumn) {
+    auto diagonal = cholesky_.block(first, first, width, width);
+    Eigen::LLT<Eigen::Ref<Eigen::MatrixXf>, Eigen::Lower> llt(diagonal);  // in place
+    if (llt.info() != Eigen::Success) {
+      // Not positive definite in fp32: the eigen path, as damped_inverse falls back to.
+      inverse_ = damped_inverse(factor_, damping_, InverseMethod::kEigen).inverse;
+      fell_back_ = true;
+      return;
+    }
+    if (rest == 0) return;
+    auto panel = cholesky_.block(first + width, first, rest, width);
+    // L21 = A21 L11^-T.
+    diagonal.triangularView<Eigen::Lower>().transpose().solveInPlace<Eigen::OnTheRight>(panel);
+    auto trailing = cholesky_.block(first + width, first + width, rest, rest);
+    trailing.selfadjointView<Eigen::Lower>().rankUpdate(panel, -1.0F);
+    return;
+  }
+  // X[:, first:first+width] = L^-T L^-1 E: the identity's columns are zero above `first`, so
+  // the forward solve runs on rows [first, n). Threads take disjoint column slices.
+  const Eigen::Index below = n - first;
+  auto columns = inverse_.middleCols(first, width);
+  columns.setZero();
+  const int threads = n >= 256 ? std::min<int>(omp_get_max_threads(), static_cast<int>(width)) : 1;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (int part = 0; part < threads; ++part) {
+    const Eigen::Index c0 = width * part / threads;
+    const Eigen::Index c1 = width * (part + 1) / threads;
+    if (c1 <= c0) continue;
+    auto slice = columns.middleCols(c0, c1 - c0);
+    for (Eigen::Index j = c0; j < c1; ++j) slice(first + j, j - c0) = 1.0F;
+    auto lower_rows = slice.bottomRows(below);
+    cholesky_.bottomRightCorner(below, below)
+        .triangularView<Eigen::Lower>()
+        .solveInPlace(lower_rows);
+    cholesky_.triangularView<Eigen::Lower>().transpose().solveInPlace(slice);
+  }
+  if (first + width == n) symmetrize(inverse_);
+}
+
+InverseResult InverseChain::take() {
+  if (!finished()) {
+    throw std::logic_error("InverseChain::take: the chain is at unit " +
+                           std::to_string(next_unit_) + " of " + std::to_string(kPieceUnits));
+  }
+  InverseResult result{std::move(inverse_), fell_back_};
+  factor_ = Eigen::MatrixXf();
+  cholesky_ = Eigen::MatrixXf();
+  inverse_ = Eigen::MatrixXf();
+  return result;
+}
+
+std::int64_t InverseChain::bytes() const {
+  return static_cast<std::int64_t>(sizeof(float)) *
+         (factor_.size() + cholesky_.size() + inverse_.size());
+}
+
+}  // namespace pf::kfac
