@@ -1,0 +1,94 @@
+#pragma once
+// The communicator for one worker per MPI process (OpenMPI, `mpirun -np N`).
+//
+// - Point-to-point: MPI_Isend / MPI_Irecv on a private duplicate of MPI_COMM_WORLD, the pair id
+//   as the MPI tag (MPI's non-overtaking rule gives the interface's FIFO per (peer, tag)).
+// - Progress off the compute path: a progress thread of the communicator polls every
+//   outstanding request (MPI_Testsome), so a large message moves while its sender computes;
+//   waits block on that thread's completions until their deadline. MPI must therefore provide
+//   MPI_THREAD_MULTIPLE (Debian's OpenMPI does); MpiSession checks it at initialisation.
+// - Collectives over a group use one MPI communicator per group (MPI_Comm_create_group, made
+//   at the group's first collective and cached). Sums are deterministic and bit-identical to
+//   InProcessWorld's: each member owns a segment of the vector, receives that segment from every
+//   member (MPI_Ialltoallv), adds the contributions in ascending rank order, and the segments
+//   are gathered back (MPI_Iallgatherv). MPI_Allreduce is not used: its order is unspecified.
+//   Every collective first exchanges (kind, size, root) so that members which disagree get an
+//   error naming both sides instead of corrupt data.
+// - Deadlines: every wait polls until its deadline, then throws TimeoutError naming the rank,
+//   the peer or group, and the tag or collective. Creating a group's communicator is the one
+//   step without a deadline (MPI offers no non-blocking form); it happens once per group.
+// - abort(reason): prints the reason on stderr with the rank, then MPI_Abort(MPI_COMM_WORLD):
+//   mpirun ends every rank with an error. (InProcessWorld raises AbortedError in the other
+//   threads instead; processes cannot be reached that way, so the job ends as a whole.)
+//
+// Every MPI call is checked (PF_MPI_CHECK); a failure throws std::runtime_error naming the rank
+// and the call.
+#include <memory>
+#include <string>
+
+#include "runtime/comm/communicator.h"
+
+namespace pf::comm {
+
+// MPI's lifetime in this process: MPI_Init_thread(MPI_THREAD_MULTIPLE) ... MPI_Finalize. One per
+// process, created before and destroyed after every MpiCommunicator.
+class MpiSession {
+ public:
+  // Throws std::runtime_error when MPI is already initialised or provides less than
+  // MPI_THREAD_MULTIPLE (the message says which level it gave and what is needed).
+  MpiSession(int* argc, char*** argv);
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+
+  int world_rank() const { return rank_; }
+  int world_size() const { return size_; }
+
+  // True when this process was started by an MPI launcher (mpirun / mpiexec / srun with PMI):
+  // OMPI_COMM_WORLD_SIZE (OpenMPI), PMI_SIZE (MPICH, Slurm) or PMIX_RANK is set.
+  static bool launched_by_mpirun();
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+// One rank's communicator over MPI_COMM_WORLD (duplicated: its traffic never meets other
+// users'). Constructing and destroying it are collective over the world. Not thread-safe: one
+// thread (the worker) calls it; its own progress thread runs inside.
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(const MpiSession& session);
+  ~MpiCommunicator() override;
+
+  int rank() const override;
+  int size() const override;
+
+  std::unique_ptr<Request> isend(int peer, std::int64_t tag,
+                                 std::span<const std::byte> data) override;
+  std::unique_ptr<Request> irecv(int peer, std::int64_t tag, std::span<std::byte> data) override;
+
+  void all_reduce_sum(std::span<float> data, std::span<const int> group,
+                      Deadline deadline) override;
+  void all_reduce_sum(std::span<double> data, std::span<const int> group,
+                      Deadline deadline) override;
+  void broadcast(std::span<std::byte> data, int root, std::span<const int> group,
+                 Deadline deadline) override;
+
+  // Prints "rank R: aborting the MPI job: <reason>" on stderr and calls MPI_Abort; does not
+  // return.
+  void abort(const std::string& reason) override;
+
+  // Every rank waits for every other (tests and the process runner's start line).
+  void barrier(Deadline deadline);
+  // Gathers each rank's bytes to rank 0 (others get an empty result), in rank order.
+  std::vector<std::vector<std::byte>> gather_to_root(std::span<const std::byte> data,
+                                                     Deadline deadline);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pf::comm
