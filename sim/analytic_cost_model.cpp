@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "sim/communication.h"
+#include "sim/kfac_kernels.h"
 
 namespace pf::sim {
 
@@ -14,16 +15,28 @@ AnalyticCostModel::AnalyticCostModel(Workload workload, DeviceSpec device)
     : workload_(std::move(workload)), device_(std::move(device)) {
   workload_.validate();
   device_.validate("device '" + device_.name + "'");
-  matmul_rate_ = device_.peak_flops(workload_.precision) * device_.matmul_efficiency;
-  kfac_matmul_rate_ = device_.kfac_matmul_peak(workload_.precision) * device_.matmul_efficiency;
-  inversion_rate_ = device_.peak_fp32_flops * device_.matmul_efficiency;
-  layer_ = encoder_layer_work(workload_);
-  embeddings_ = embeddings_work(workload_);
-  heads_ = heads_work(workload_);
+  (void)device_.peak_flops(workload_.precision);  // throws when the device lacks the precision
+  layer_ = price_piece(encoder_layer_kernels(workload_));
+  embeddings_ = price_piece(embeddings_kernels(workload_));
+  heads_ = price_piece(heads_kernels(workload_));
+  const Precision products = kfac_product_precision(device_, workload_.precision);
+  const double T = workload_.tokens(), e = element_bytes(workload_.precision);
+  for (int i = 0; i < sched::kNumLinearKinds; ++i) {
+    const LinearDims d = linear_dims(workload_.config, static_cast<sched::LinearKind>(i));
+    auto& k = kfac_[static_cast<std::size_t>(i)];
+    k.curvature_a = price(device_, curvature_kernels(products, T, d.in, e));
+    k.curvature_b = price(device_, curvature_kernels(products, T, d.out, e));
+    k.invert_a = price(device_, inversion_kernels(d.in));
+    k.invert_b = price(device_, inversion_kernels(d.out));
+    k.precondition = price(device_, precondition_kernels(products, d.in, d.out));
+  }
 }
 
-double AnalyticCostModel::seconds(const Work& work) const {
-  return work.matmul_flops / matmul_rate_ + work.memory_bytes / device_.memory_bandwidth;
+AnalyticCostModel::PricedPiece AnalyticCostModel::price_piece(const PieceKernels& kernels) const {
+  Kernels fused = kernels.backward_input;
+  fused.insert(fused.end(), kernels.backward_weight.begin(), kernels.backward_weight.end());
+  return {price(device_, kernels.forward), price(device_, kernels.backward_input),
+          price(device_, kernels.backward_weight), price(device_, fused)};
 }
 
 const sched::ChunkPlacement& AnalyticCostModel::chunk_at(const sched::Schedule& schedule,
@@ -59,46 +72,49 @@ double AnalyticCostModel::worker_params(const sched::Schedule& schedule, int wor
 double AnalyticCostModel::compute_seconds(const sched::Schedule& schedule,
                                           const sched::Instruction& in) const {
   const auto& placed = chunk_at(schedule, in.pipeline, in.chunk);
-  auto piece = [&](const PieceWork& w) -> const Work& {
+  auto piece = [&](const PricedPiece& p) -> const PricedKernels& {
     switch (in.kind) {
       case OpKind::kForward:
-        return w.forward;
+        return p.forward;
       case OpKind::kBackwardInput:
-        return w.backward_input;
+        return p.backward_input;
+      case OpKind::kBackwardWeight:
+        return p.backward_weight;
       default:
-        return w.backward_weight;
+        return p.backward;
     }
   };
-  Work work = placed.num_layers * piece(layer_);
-  if (placed.has_embeddings) work += piece(embeddings_);
-  if (placed.has_head) work += piece(heads_);
-  if (in.kind == OpKind::kBackward) {
-    Work input = placed.num_layers * layer_.backward_input;
-    if (placed.has_embeddings) input += embeddings_.backward_input;
-    if (placed.has_head) input += heads_.backward_input;
-    work += input;
-  }
-  return seconds(work);
+  // Issue order: forward embeddings -> layers -> heads, backward the reverse.
+  std::array<QueuedPart, 3> parts{};
+  int n = 0;
+  const bool forward = in.kind == OpKind::kForward;
+  if (forward && placed.has_embeddings) parts[n++] = {&piece(embeddings_), 1, -1.0};
+  if (!forward && placed.has_head) parts[n++] = {&piece(heads_), 1, -1.0};
+  if (placed.num_layers > 0) parts[n++] = {&piece(layer_), placed.num_layers, -1.0};
+  if (forward && placed.has_head) parts[n++] = {&piece(heads_), 1, -1.0};
+  if (!forward && placed.has_embeddings) parts[n++] = {&piece(embeddings_), 1, -1.0};
+  const double launch = forward ? device_.launch_overhead_s : device_.backward_launch_s();
+  return queued_seconds(std::span<const QueuedPart>(parts.data(), static_cast<std::size_t>(n)),
+                        launch);
 }
 
 double AnalyticCostModel::kfac_seconds(const sched::Schedule& schedule,
                                        const sched::Instruction& in) const {
   const LinearDims d = linear_dims(workload_.config, in.linear);
-  const double T = workload_.tokens(), e = element_bytes(workload_.precision);
   const double d_in = d.in, d_out = d.out;
+  const auto& k = kfac_[static_cast<std::size_t>(in.linear)];
+  const double launch = device_.launch_overhead_s;
   switch (in.kind) {
-    case OpKind::kCurvatureA:  // A = a^T a: read a (T x d_in), write d_in^2 fp32
-      return 2.0 * T * d_in * d_in / kfac_matmul_rate_ +
-             (T * d_in * e + 4.0 * d_in * d_in) / device_.memory_bandwidth;
+    case OpKind::kCurvatureA:
+      return queued_seconds(k.curvature_a, launch);
     case OpKind::kCurvatureB:
-      return 2.0 * T * d_out * d_out / kfac_matmul_rate_ +
-             (T * d_out * e + 4.0 * d_out * d_out) / device_.memory_bandwidth;
+      return queued_seconds(k.curvature_b, launch);
     case OpKind::kInvertA:
-      return d_in * d_in * d_in / inversion_rate_;
+      return queued_seconds(k.invert_a, launch);
     case OpKind::kInvertB:
-      return d_out * d_out * d_out / inversion_rate_;
+      return queued_seconds(k.invert_b, launch);
     case OpKind::kPrecondition:
-      return 2.0 * d_out * d_in * (d_in + d_out) / kfac_matmul_rate_;
+      return queued_seconds(k.precondition, launch);
     case OpKind::kCurvatureSync: {
       const int replicas = std::max(1, schedule.placement.num_pipelines) *
                            std::max(1, schedule.params.data_parallel);
@@ -141,7 +157,8 @@ double AnalyticCostModel::duration(const sched::Schedule& schedule, int worker,
                                     device_.link_latency_s);
     }
     case OpKind::kOptimizerStep:
-      return 28.0 * worker_params(schedule, worker) / device_.memory_bandwidth;
+      return device_.launch_overhead_s +
+             kernel_seconds(device_, memory_kernel(28.0 * worker_params(schedule, worker)));
     case OpKind::kCurvatureA:
     case OpKind::kCurvatureB:
     case OpKind::kCurvatureSync:

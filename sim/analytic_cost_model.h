@@ -1,18 +1,21 @@
 #pragma once
-// Analytic costs from the model's FLOPs and bytes on a device (sim/bert_costs.h for the model
-// side, sim/device.h for the device side). Formulas in docs/simulator.md:
-// - compute: matmul_flops / (peak(precision) * matmul_efficiency) + memory_bytes / bandwidth;
-//   backward = 2x forward (backward-input and backward-weight split it as bert_costs.h says);
+// Analytic costs from the kernels the model launches on a device (sim/bert_kernels.h and
+// sim/kfac_kernels.h for the work, sim/device.h for the per-class rates, sim/kernel_costs.h for
+// pricing a kernel sequence with its launch floor). Formulas in docs/simulator.md:
+// - compute: the chunk's kernels (embeddings, n layers, heads) queued behind the host's launches;
+//   backward priced op by op (input-gradient and weight-gradient products, element-wise
+//   backward), the fused backward = backward-input then backward-weight kernels;
 // - send / receive: link_latency + bytes / link_bandwidth (bytes = instruction.bytes, or the
 //   T x H boundary tensor when 0);
 // - gradient reductions and curvature sync: ring all-reduce (sim/communication.h);
 // - optimizer step: 28 bytes per parameter (LAMB/Adam read w, g, m, v and write w, m, v in fp32)
 //   over the memory bandwidth;
-// - K-FAC (fp32): curvature A 2 T d_in^2 and B 2 T d_out^2 FLOPs, precondition
-//   2 d_out d_in (d_in + d_out), at the tf32 tensor-core peak where the device has one and the run
-//   is not strict fp32 (fp32 peak otherwise); inversions d^3 (Cholesky d^3/3 + inverse 2d^3/3)
-//   at the fp32 peak (cuSOLVER's factorizations do not use tensor cores).
-#include "sim/bert_costs.h"
+// - K-FAC (fp32): curvature, Cholesky inversion and preconditioning kernels (kfac_kernels.h):
+//   products at the tf32 tensor-core peak where the device has one and the run is not strict
+//   fp32, factorizations at the fp32 peak (cuSOLVER's do not use tensor cores).
+#include <array>
+
+#include "sim/bert_kernels.h"
 #include "sim/cost_model.h"
 #include "sim/device.h"
 
@@ -33,7 +36,6 @@ class AnalyticCostModel final : public CostModel {
 
   const Workload& workload() const { return workload_; }
   const DeviceSpec& device() const { return device_; }
-  double seconds(const Work& work) const;
   double chunk_params(const sched::Schedule& schedule, int pipeline, int chunk) const;
   double worker_params(const sched::Schedule& schedule, int worker) const;
 
@@ -43,12 +45,23 @@ class AnalyticCostModel final : public CostModel {
   double compute_seconds(const sched::Schedule& schedule, const sched::Instruction& in) const;
   double kfac_seconds(const sched::Schedule& schedule, const sched::Instruction& in) const;
 
+  // Priced kernels of one piece: forward, backward-input, backward-weight, and the fused
+  // backward (input then weight).
+  struct PricedPiece {
+    PricedKernels forward, backward_input, backward_weight, backward;
+  };
+  PricedPiece price_piece(const PieceKernels& kernels) const;
+  // K-FAC kernels of one Linear kind (index LinearKind): curvature A, B; inversion A, B;
+  // precondition.
+  struct PricedKfac {
+    PricedKernels curvature_a, curvature_b, invert_a, invert_b, precondition;
+  };
+
   Workload workload_;
   DeviceSpec device_;
-  double matmul_rate_ = 0.0;       // FLOP/s achieved by the model's matrix products
-  double kfac_matmul_rate_ = 0.0;  // FLOP/s of K-FAC's fp32 products
-  double inversion_rate_ = 0.0;    // FLOP/s of fp32 factorizations
-  PieceWork layer_, embeddings_, heads_;
+  PricedPiece layer_, embeddings_, heads_;
+  std::array<PricedKfac, 6> kfac_{};
+  PricedKernels optimizer_;  // per parameter
 };
 
 }  // namespace pf::sim

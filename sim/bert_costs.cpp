@@ -28,54 +28,6 @@ void Workload::validate() const {
   }
 }
 
-PieceWork encoder_layer_work(const Workload& w) {
-  const auto& c = w.config;
-  const double T = w.tokens(), H = c.hidden_size, I = c.intermediate_size, a = c.num_heads;
-  const double b = w.micro_batch_size, S = w.seq_len, e = element_bytes(w.precision);
-  // Linear layers: Q, K, V and attention output 4 x 2H^2 per token, FFN 2 x 2HI per token.
-  const double linear_flops = T * (8.0 * H * H + 4.0 * H * I);
-  // Attention core: Q K^T and probabilities x V, 2 S H each per token.
-  const double attention_flops = 4.0 * b * S * S * H;
-  // Element-wise traffic (elements read + written): 22 hidden-sized passes per token (head
-  // reshapes of Q, K, V and the context 8, two dropout + residual + LayerNorm blocks 14), GELU
-  // over the intermediate (2 I), softmax + dropout over the a S x S scores (5 passes).
-  const double elementwise = e * (22.0 * T * H + 2.0 * T * I + 5.0 * b * a * S * S);
-  PieceWork work;
-  work.forward = {linear_flops + attention_flops, elementwise};
-  // Backward: input gradients of the linears and both operands of the attention products;
-  // weight gradients of the linears. Element-wise backward traffic is twice the forward's.
-  work.backward_input = {linear_flops + 2.0 * attention_flops, 2.0 * elementwise};
-  work.backward_weight = {linear_flops, 0.0};
-  return work;
-}
-
-PieceWork embeddings_work(const Workload& w) {
-  const double T = w.tokens(), H = w.config.hidden_size, e = element_bytes(w.precision);
-  // Three gathers, their sum, LayerNorm and dropout: 11 hidden-sized passes per token. The
-  // backward (scatter-add into the tables) is weight-gradient work.
-  PieceWork work;
-  work.forward = {0.0, e * 11.0 * T * H};
-  work.backward_weight = {0.0, 2.0 * e * 11.0 * T * H};
-  return work;
-}
-
-PieceWork heads_work(const Workload& w) {
-  const auto& c = w.config;
-  const double H = c.hidden_size, V = c.vocab_size, b = w.micro_batch_size;
-  const double P = b * w.predictions(), e = element_bytes(w.precision);
-  // MLM: transform dense 2 H^2 and decoder 2 H V per scored position; pooler 2 H^2 and NSP 4 H
-  // per sequence.
-  const double flops = P * (2.0 * H * H + 2.0 * H * V) + b * (2.0 * H * H + 4.0 * H);
-  // Gather of the scored positions, GELU and LayerNorm (7 passes of P x H), and the softmax
-  // cross-entropy over fp32 logits (3 passes of P x V x 4 bytes).
-  const double elementwise = e * 7.0 * P * H + 3.0 * 4.0 * P * V;
-  PieceWork work;
-  work.forward = {flops, elementwise};
-  work.backward_input = {flops, 2.0 * elementwise};
-  work.backward_weight = {flops, 0.0};
-  return work;
-}
-
 double encoder_layer_params(const model::BertConfig& c) {
   const double H = c.hidden_size, I = c.intermediate_size;
   return 4.0 * H * H + 2.0 * H * I + 9.0 * H + I;
@@ -131,9 +83,14 @@ LinearDims linear_dims(const model::BertConfig& c, sched::LinearKind linear) {
 }
 
 double model_flops_per_sequence(const Workload& w) {
-  const double forward = w.config.num_layers * encoder_layer_work(w).forward.matmul_flops +
-                         heads_work(w).forward.matmul_flops;
-  return 3.0 * forward / w.micro_batch_size;
+  const auto& c = w.config;
+  const double T = w.tokens(), H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const double b = w.micro_batch_size, S = w.seq_len, P = b * w.predictions();
+  // Layer: Q, K, V, attention output 4 x 2 H^2 and FFN 2 x 2 H I per token, attention products
+  // 4 S H per token; heads: MLM transform and decoder per scored position, pooler and NSP.
+  const double layer = T * (8.0 * H * H + 4.0 * H * I) + 4.0 * b * S * S * H;
+  const double heads = P * (2.0 * H * H + 2.0 * H * V) + b * (2.0 * H * H + 4.0 * H);
+  return 3.0 * (c.num_layers * layer + heads) / w.micro_batch_size;
 }
 
 }  // namespace pf::sim

@@ -1,9 +1,10 @@
 #pragma once
-// FLOPs, memory traffic, parameters and stashed activations of the pieces of BERT (an encoder
-// layer, the embeddings, the pooler + MLM/NSP heads) for one micro-batch. Every formula is
-// written out here and in docs/simulator.md. Notation: b micro-batch size, S sequence length,
-// T = b*S tokens, H hidden, I intermediate (FFN), a heads, V vocabulary, P = b * predictions
-// (masked positions the MLM head scores), e bytes per activation element.
+// The workload, parameters and stashed activations of the pieces of BERT (an encoder layer, the
+// embeddings, the pooler + MLM/NSP heads) for one micro-batch; their kernels (FLOPs and bytes)
+// are in sim/bert_kernels.h. Every formula is written out here and in docs/simulator.md. Notation:
+// b micro-batch size, S sequence length, T = b*S tokens, H hidden, I intermediate (FFN), a heads, V
+// vocabulary, P = b * predictions (masked positions the MLM head scores), e bytes per activation
+// element.
 #include "runtime/model/bert_config.h"
 #include "scheduler/instruction.h"
 #include "sim/device.h"
@@ -24,33 +25,6 @@ struct Workload {
   // Throws std::invalid_argument naming the field (and the model's limit).
   void validate() const;
 };
-
-// Work of one piece: matrix-product FLOPs (run at the precision's peak times the device's matmul
-// efficiency) and bytes moved by the memory-bound element-wise operations.
-struct Work {
-  double matmul_flops = 0.0;
-  double memory_bytes = 0.0;
-  Work& operator+=(const Work& other) {
-    matmul_flops += other.matmul_flops;
-    memory_bytes += other.memory_bytes;
-    return *this;
-  }
-  friend Work operator*(double k, const Work& w) {
-    return {k * w.matmul_flops, k * w.memory_bytes};
-  }
-};
-
-// Forward, backward-input and backward-weight work of one micro-batch. A full backward is
-// backward_input + backward_weight = 2x the forward matmul FLOPs and 2x its memory traffic.
-struct PieceWork {
-  Work forward;
-  Work backward_input;
-  Work backward_weight;
-};
-
-PieceWork encoder_layer_work(const Workload& w);
-PieceWork embeddings_work(const Workload& w);
-PieceWork heads_work(const Workload& w);
 
 // Parameter counts.
 double encoder_layer_params(const model::BertConfig& c);  // 4H^2 + 2HI + 9H + I

@@ -1,5 +1,6 @@
 #include "sim/device.h"
 
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <stdexcept>
@@ -60,6 +61,40 @@ Precision precision_from_string(std::string_view name) {
                               "' (allowed: fp32, tf32, bf16, fp16)");
 }
 
+namespace {
+constexpr std::array<std::string_view, kNumOpClasses> kOpClassNames = {
+    "gemm", "attention", "memory", "factorization", "triangular_solve", "eigendecomposition"};
+constexpr std::array<std::string_view, 4> kPrecisionNames = {"fp32", "tf32", "bf16", "fp16"};
+}  // namespace
+
+std::string_view to_string(OpClass op_class) {
+  return kOpClassNames[static_cast<std::size_t>(op_class)];
+}
+
+OpClass op_class_from_string(std::string_view name) {
+  for (int i = 0; i < kNumOpClasses; ++i) {
+    if (kOpClassNames[static_cast<std::size_t>(i)] == name) return static_cast<OpClass>(i);
+  }
+  std::string allowed;
+  for (const auto n : kOpClassNames) allowed += (allowed.empty() ? "" : ", ") + std::string(n);
+  throw std::invalid_argument("unknown operation class '" + std::string(name) +
+                              "' (allowed: " + allowed + ")");
+}
+
+double DeviceSpec::efficiency(OpClass op_class) const {
+  const double set = classes[static_cast<std::size_t>(op_class)].efficiency;
+  if (set > 0.0) return set;
+  if (op_class == OpClass::kMemory) return 1.0;
+  // Triangular solves with many right-hand sides are blocked into fp32 products (trsm).
+  if (op_class == OpClass::kTriangularSolve) return gemm_efficiency(Precision::kFp32);
+  return matmul_efficiency;
+}
+
+double DeviceSpec::gemm_efficiency(Precision precision) const {
+  const double set = gemm_efficiency_by_precision[static_cast<std::size_t>(precision)];
+  return set > 0.0 ? set : efficiency(OpClass::kGemm);
+}
+
 int element_bytes(Precision precision) {
   return precision == Precision::kBf16 || precision == Precision::kFp16 ? 2 : 4;
 }
@@ -113,6 +148,26 @@ void DeviceSpec::validate(std::string_view source) const {
   check(memory_bandwidth, "memory_bandwidth", false);
   check(link_bandwidth, "link_bandwidth", false);
   check(link_latency_s, "link_latency_s", true);
+  auto fraction = [&](double value, const std::string& field) {
+    if (!std::isfinite(value) || value > 1.0) {
+      throw std::invalid_argument(std::string(source) + ": field '" + field +
+                                  "' = " + std::to_string(value) +
+                                  " (a fraction in (0, 1]; 0 or less: not set)");
+    }
+  };
+  for (int i = 0; i < kNumOpClasses; ++i) {
+    const std::string field = "classes." + std::string(kOpClassNames[static_cast<std::size_t>(i)]);
+    fraction(classes[static_cast<std::size_t>(i)].efficiency, field + ".efficiency");
+    check(classes[static_cast<std::size_t>(i)].latency_s, (field + ".latency_s").c_str(), true);
+  }
+  for (std::size_t p = 0; p < kPrecisionNames.size(); ++p) {
+    fraction(gemm_efficiency_by_precision[p],
+             "classes.gemm.by_precision." + std::string(kPrecisionNames[p]));
+  }
+  check(launch_overhead_s, "launch_overhead_s", true);
+  if (backward_launch_overhead_s >= 0.0 || !std::isfinite(backward_launch_overhead_s)) {
+    check(backward_launch_overhead_s, "backward_launch_overhead_s", true);
+  }
 }
 
 std::vector<std::string> device_preset_names() {
@@ -168,10 +223,72 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
   d.peak_tf32_flops = number(*peaks, "tf32", "peak_flops.tf32", false, 0.0);
   d.peak_bf16_flops = number(*peaks, "bf16", "peak_flops.bf16", false, 0.0);
   d.peak_fp16_flops = number(*peaks, "fp16", "peak_flops.fp16", false, 0.0);
-  d.matmul_efficiency = number(json, "matmul_efficiency", "matmul_efficiency", true, 0.0);
+  const auto classes = json.find("classes");
+  if (classes != json.end()) {
+    if (!classes->is_object()) {
+      throw std::invalid_argument(where +
+                                  ": field 'classes' must be an object of class -> "
+                                  "{efficiency, latency_s}, got " +
+                                  classes->dump());
+    }
+    for (const auto& [key, value] : classes->items()) {
+      OpClass op_class{};
+      try {
+        op_class = op_class_from_string(key);
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(where + ": field 'classes." + key + "': " + e.what());
+      }
+      const std::string path = "classes." + key;
+      if (!value.is_object()) {
+        throw std::invalid_argument(where + ": field '" + path +
+                                    "' must be an object {efficiency, latency_s}, got " +
+                                    value.dump());
+      }
+      for (const auto& [field, ignored] : value.items()) {
+        (void)ignored;
+        if (field != "efficiency" && field != "latency_s" &&
+            !(field == "by_precision" && op_class == OpClass::kGemm)) {
+          throw std::invalid_argument(where + ": unknown field '" + path + "." + field +
+                                      "' (allowed: efficiency, latency_s" +
+                                      (op_class == OpClass::kGemm ? ", by_precision" : "") + ")");
+        }
+      }
+      auto& rate = d.classes[static_cast<std::size_t>(op_class)];
+      rate.efficiency = number(value, "efficiency", path + ".efficiency", false, 0.0);
+      rate.latency_s = number(value, "latency_s", path + ".latency_s", false, 0.0);
+      const auto by_precision = value.find("by_precision");
+      if (by_precision != value.end()) {
+        if (!by_precision->is_object()) {
+          throw std::invalid_argument(where + ": field '" + path +
+                                      ".by_precision' must be an object of precision -> "
+                                      "efficiency, got " +
+                                      by_precision->dump());
+        }
+        for (const auto& [precision, ignored] : by_precision->items()) {
+          (void)ignored;
+          Precision p{};
+          try {
+            p = precision_from_string(precision);
+          } catch (const std::invalid_argument& e) {
+            throw std::invalid_argument(where + ": field '" + path + ".by_precision." + precision +
+                                        "': " + e.what());
+          }
+          d.gemm_efficiency_by_precision[static_cast<std::size_t>(p)] = number(
+              *by_precision, precision.c_str(), path + ".by_precision." + precision, true, 0.0);
+        }
+      }
+    }
+  }
+  // matmul_efficiency may be left out when the gemm class sets its own.
+  const bool gemm_set = d.classes[static_cast<std::size_t>(OpClass::kGemm)].efficiency > 0.0;
+  d.matmul_efficiency = number(json, "matmul_efficiency", "matmul_efficiency", !gemm_set,
+                               d.classes[static_cast<std::size_t>(OpClass::kGemm)].efficiency);
   d.memory_bandwidth = number(json, "memory_bandwidth", "memory_bandwidth", true, 0.0);
   d.link_bandwidth = number(json, "link_bandwidth", "link_bandwidth", true, 0.0);
   d.link_latency_s = number(json, "link_latency_s", "link_latency_s", true, 0.0);
+  d.launch_overhead_s = number(json, "launch_overhead_s", "launch_overhead_s", false, 0.0);
+  d.backward_launch_overhead_s =
+      number(json, "backward_launch_overhead_s", "backward_launch_overhead_s", false, -1.0);
   d.validate(where);
   return d;
 }
@@ -193,12 +310,34 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
   if (d.peak_tf32_flops > 0) peaks["tf32"] = d.peak_tf32_flops;
   if (d.peak_bf16_flops > 0) peaks["bf16"] = d.peak_bf16_flops;
   if (d.peak_fp16_flops > 0) peaks["fp16"] = d.peak_fp16_flops;
-  return {{"name", d.name},
-          {"peak_flops", peaks},
-          {"matmul_efficiency", d.matmul_efficiency},
-          {"memory_bandwidth", d.memory_bandwidth},
-          {"link_bandwidth", d.link_bandwidth},
-          {"link_latency_s", d.link_latency_s}};
+  nlohmann::json json = {{"name", d.name},
+                         {"peak_flops", peaks},
+                         {"matmul_efficiency", d.matmul_efficiency},
+                         {"memory_bandwidth", d.memory_bandwidth},
+                         {"link_bandwidth", d.link_bandwidth},
+                         {"link_latency_s", d.link_latency_s},
+                         {"launch_overhead_s", d.launch_overhead_s}};
+  if (d.backward_launch_overhead_s >= 0.0) {
+    json["backward_launch_overhead_s"] = d.backward_launch_overhead_s;
+  }
+  nlohmann::json classes = nlohmann::json::object();
+  for (int i = 0; i < kNumOpClasses; ++i) {
+    const auto op_class = static_cast<OpClass>(i);
+    nlohmann::json entry = {{"efficiency", d.efficiency(op_class)},
+                            {"latency_s", d.latency_s(op_class)}};
+    if (op_class == OpClass::kGemm) {
+      nlohmann::json by_precision = nlohmann::json::object();
+      for (std::size_t p = 0; p < kPrecisionNames.size(); ++p) {
+        if (d.gemm_efficiency_by_precision[p] > 0.0) {
+          by_precision[std::string(kPrecisionNames[p])] = d.gemm_efficiency_by_precision[p];
+        }
+      }
+      if (!by_precision.empty()) entry["by_precision"] = by_precision;
+    }
+    classes[std::string(to_string(op_class))] = entry;
+  }
+  json["classes"] = classes;
+  return json;
 }
 
 DeviceSpec resolve_device(std::string_view name_or_path) {

@@ -2,6 +2,8 @@
 // What the analytic cost model needs to know about an accelerator: peak FLOP/s per precision,
 // how much of it matrix products achieve, memory bandwidth, and the link to its pipeline
 // neighbours. Presets (dense peaks, per GPU): h100, h200, a100, v100, p100; or a JSON file.
+#include <array>
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -18,6 +20,37 @@ Precision precision_from_string(std::string_view name);  // throws naming the al
 // tensor-core arithmetic), 2 for bf16 and fp16.
 int element_bytes(Precision precision);
 
+// Classes of device work, each with its own achieved rate and per-kernel latency
+// (sim/kernel_costs.h prices a kernel of a class):
+// - gemm: dense matrix products (Linear layers, K-FAC curvature and preconditioning) at the
+//   precision's peak;
+// - attention: the batched per-head products of attention (Q K^T, probabilities x V);
+// - memory: bandwidth-bound element-wise work (bias, GELU, softmax, LayerNorm, dropout, copies);
+// - factorization: Cholesky (potrf) of a K-FAC factor, fp32 peak;
+// - triangular_solve: the triangular solves / inverse that turn a Cholesky factor into the
+//   inverse, fp32 peak;
+// - eigendecomposition: symmetric eigensolver (syevd), fp32 peak.
+enum class OpClass : std::uint8_t {
+  kGemm,
+  kAttention,
+  kMemory,
+  kFactorization,
+  kTriangularSolve,
+  kEigendecomposition
+};
+inline constexpr int kNumOpClasses = 6;
+std::string_view to_string(OpClass op_class);
+OpClass op_class_from_string(std::string_view name);  // throws naming the allowed values
+
+// Achieved rate of one class: a fraction of its peak (FLOP/s, or the memory bandwidth for the
+// memory class) and a fixed device time per kernel (per panel for factorizations, see
+// kernel_costs.h). efficiency <= 0 means "not set": 1 for memory, the fp32 gemm efficiency for
+// triangular solves (blocked into products), matmul_efficiency for the other FLOP classes.
+struct ClassRate {
+  double efficiency = 0.0;
+  double latency_s = 0.0;
+};
+
 struct DeviceSpec {
   std::string name = "custom";
   // Dense peak FLOP/s; 0 where the device has no such mode (e.g. no tf32 before A100).
@@ -29,6 +62,24 @@ struct DeviceSpec {
   double memory_bandwidth = 0.0;   // bytes/s
   double link_bandwidth = 0.0;     // bytes/s per direction to a neighbour
   double link_latency_s = 0.0;     // per message
+  // Per-class rates (indexed by OpClass) and, for dense products, a per-precision efficiency
+  // (indexed by Precision; <= 0: the gemm class's).
+  std::array<ClassRate, kNumOpClasses> classes{};
+  std::array<double, 4> gemm_efficiency_by_precision{};
+  // Host time to issue one kernel (framework dispatch + driver launch). Kernels queue behind it:
+  // a run of small kernels costs (kernels x launch overhead), not their device time.
+  double launch_overhead_s = 0.0;
+  // The same for backward kernels; < 0: launch_overhead_s. (Eager frameworks dispatch the
+  // forward from Python and the backward from a C++ autograd engine.)
+  double backward_launch_overhead_s = -1.0;
+
+  // Efficiency and latency of a class after the defaults above.
+  double efficiency(OpClass op_class) const;
+  double gemm_efficiency(Precision precision) const;
+  double latency_s(OpClass op_class) const { return classes[static_cast<int>(op_class)].latency_s; }
+  double backward_launch_s() const {
+    return backward_launch_overhead_s < 0.0 ? launch_overhead_s : backward_launch_overhead_s;
+  }
 
   // Peak for the given precision; throws (naming the device) when the device lacks the mode.
   double peak_flops(Precision precision) const;
@@ -43,8 +94,13 @@ DeviceSpec device_preset(std::string_view name);  // throws with the list of pre
 std::vector<std::string> device_preset_names();
 
 // {"name": "...", "peak_flops": {"fp32": F, "tf32": F, "bf16": F, "fp16": F},
-//  "matmul_efficiency": E, "memory_bandwidth": B, "link_bandwidth": B, "link_latency_s": S}
-// fp32 is required; the other precisions are optional (absent = unsupported).
+//  "matmul_efficiency": E, "memory_bandwidth": B, "link_bandwidth": B, "link_latency_s": S,
+//  optional: "launch_overhead_s": S, "backward_launch_overhead_s": S,
+//            "classes": {"gemm": {"efficiency": E, "latency_s": S, "by_precision": {"bf16": E}},
+//                        "attention": {...}, "memory": {...}, "factorization": {...},
+//                        "triangular_solve": {...}, "eigendecomposition": {...}}}
+// fp32 is required; the other precisions are optional (absent = unsupported). Files without the
+// optional fields price every product at matmul_efficiency with no latencies (the first model).
 DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source);
 DeviceSpec device_from_json_file(const std::filesystem::path& path);
 nlohmann::json device_to_json(const DeviceSpec& device);

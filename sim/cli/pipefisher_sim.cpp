@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "sim/calibrate_command.h"
 #include "sim/cli/compile_command.h"
 #include "sim/sim_command.h"
 
@@ -24,6 +25,8 @@ int main(int argc, char** argv) {
   pf::cli::add_sim_options(app, sim_options);
   pf::pipefisher::KfacCommandOptions kfac_options;
   pf::pipefisher::add_kfac_options(app, kfac_options);
+  pf::cli::CalibrateOptions calibrate_options;
+  CLI::App* calibrate = pf::cli::add_calibrate_command(app, calibrate_options);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -32,6 +35,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (*calibrate) return pf::cli::run_calibrate_command(calibrate_options, std::cout);
     return pf::cli::run_sim_command(options, sim_options, std::cout, kfac_options);
   } catch (const std::exception& error) {
     std::cerr << "pipefisher_sim: error: " << error.what() << "\n";

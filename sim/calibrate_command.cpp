@@ -1,0 +1,122 @@
+#include "sim/calibrate_command.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <ostream>
+#include <stdexcept>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "sim/calibration.h"
+
+namespace pf::cli {
+namespace {
+
+struct ErrorSummary {
+  std::vector<double> errors;  // |relative error|
+  double median() const {
+    auto sorted = errors;
+    std::sort(sorted.begin(), sorted.end());
+    const std::size_t n = sorted.size();
+    return n % 2 == 1 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  }
+  double worst() const { return *std::max_element(errors.begin(), errors.end()); }
+};
+
+std::string format(const char* pattern, double a) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, pattern, a);
+  return buffer;
+}
+
+}  // namespace
+
+CLI::App* add_calibrate_command(CLI::App& app, CalibrateOptions& options) {
+  CLI::App* command = app.add_subcommand(
+      "calibrate",
+      "Fit a device's per-class efficiencies, latencies and launch overheads to measured "
+      "durations (docs/simulator.md, 'Calibration') and write a device JSON for --device; "
+      "with --no-fit, report a device's error against the measurements");
+  command->add_option("--measurements", options.measurements, "Measured durations (JSON)")
+      ->required();
+  command->add_option("--device", options.device,
+                      "Device to start from (or to evaluate with --no-fit): preset or JSON file");
+  command->add_option("--out", options.out, "Write the fitted device to FILE.json");
+  command->add_option("--name", options.name, "Name of the fitted device");
+  command->add_option("--report", options.report, "Write every record's residual to FILE.json");
+  command->add_option("--hold-out", options.hold_outs,
+                      "FIELD=VALUE: leave records with that field out of the fit (still "
+                      "reported); repeatable");
+  command->add_flag("--no-fit", options.no_fit, "Only report the device's error");
+  return command;
+}
+
+int run_calibrate_command(const CalibrateOptions& options, std::ostream& out) {
+  const sim::DeviceSpec start = sim::resolve_device(options.device);
+  auto measurements = sim::measurements_from_json_file(options.measurements, start);
+  for (const auto& rule : options.hold_outs) sim::hold_out(measurements, rule);
+  sim::DeviceSpec device = start;
+  if (!options.no_fit) {
+    const sim::FitResult fit = sim::fit_device(start, measurements);
+    device = fit.device;
+    if (!options.name.empty()) device.name = options.name;
+    out << "fitted " << fit.parameters.size() << " parameters to "
+        << std::count_if(measurements.begin(), measurements.end(),
+                         [](const sim::Measurement& m) { return !m.held_out; })
+        << " records (" << fit.evaluations << " evaluations, rms log error "
+        << format("%.4f", fit.rms_log_error) << "):\n";
+    for (const auto& p : fit.parameters) {
+      out << "  " << p.name() << " = " << format("%.6g", p.get(device)) << "\n";
+    }
+  }
+  const auto rows = sim::residuals(device, measurements);
+  out << "\ndevice '" << device.name << "' against " << options.measurements << "\n";
+  out << "record                                   measured ms  predicted ms   error\n";
+  for (const auto& r : rows) {
+    char line[200];
+    std::snprintf(line, sizeof line, "%-40s %11.4f %13.4f %+7.1f%%%s\n", r.label.c_str(),
+                  r.measured_s * 1e3, r.predicted_s * 1e3, 100.0 * r.relative_error,
+                  r.held_out ? "  (held out)" : "");
+    out << line;
+  }
+  std::map<std::pair<std::string, bool>, ErrorSummary> summaries;
+  for (const auto& r : rows) {
+    summaries[{r.operation, r.held_out}].errors.push_back(std::abs(r.relative_error));
+  }
+  out << "\noperation               records  median |error|  worst |error|\n";
+  for (const auto& [key, summary] : summaries) {
+    char line[160];
+    std::snprintf(line, sizeof line, "%-20s%-4s %7zu %14.1f%% %13.1f%%\n", key.first.c_str(),
+                  key.second ? " (h)" : "", summary.errors.size(), 100.0 * summary.median(),
+                  100.0 * summary.worst());
+    out << line;
+  }
+  if (!options.out.empty()) {
+    std::ofstream file(options.out);
+    if (!file) throw std::invalid_argument("cannot write " + options.out);
+    file << sim::device_to_json(device).dump(2) << "\n";
+    out << "\nwrote " << options.out << "\n";
+  }
+  if (!options.report.empty()) {
+    nlohmann::json json = nlohmann::json::array();
+    for (const auto& r : rows) {
+      json.push_back({{"record", r.label},
+                      {"operation", r.operation},
+                      {"measured_s", r.measured_s},
+                      {"predicted_s", r.predicted_s},
+                      {"relative_error", r.relative_error},
+                      {"held_out", r.held_out}});
+    }
+    std::ofstream file(options.report);
+    if (!file) throw std::invalid_argument("cannot write " + options.report);
+    file << nlohmann::json{{"device", sim::device_to_json(device)}, {"residuals", json}}.dump(2)
+         << "\n";
+  }
+  return 0;
+}
+
+}  // namespace pf::cli

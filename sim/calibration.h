@@ -1,0 +1,112 @@
+#pragma once
+// Fitting a device's per-class rates and launch overheads (sim/device.h) to measured durations,
+// and the error of a device against them.
+//
+// Measurements file (times in seconds):
+// {"format_version": 1, "description": "...",
+//  "defaults": {...fields every record gets unless it sets them...},
+//  "measurements": [
+//    {"operation": "layer_forward" | "layer_backward" | "layer_curvature" | "layer_inversion" |
+//                  "layer_precondition",
+//     "model": preset or config.json, "seq_len": 128, "micro_batch_size": 8,
+//     "precision": "fp32", "input_requires_grad": true, "separate_grad_accumulation": false,
+//     "seconds": 0.0029},
+//    {"operation": "gemm", "m": 4096, "n": 1024, "k": 1024, "precision": "fp32", "seconds": ...},
+//    {"operation": "attention", "batch": 384, "m": 128, "n": 128, "k": 64, "precision": ...},
+//    {"operation": "memory", "bytes": 3.2e7, "seconds": ...},
+//    {"operation": "cholesky_inverse" | "eigen_inverse", "order": 1024, "seconds": ...}]}
+// layer_* price one encoder layer (bert_kernels.h): forward; backward (the backward issued right
+// after the forward, as a harness that times forward+backward minus forward sees it); and K-FAC
+// work of all six Linears for one micro-batch: curvature of their 12 factors, inversion of the
+// 12 factors (Cholesky), preconditioning of the 6 gradients (kfac_kernels.h). A record may carry
+// "count": kernels of the same shape run back to back in the timed region (default 1), and any
+// other fields (kept for --hold-out and the report).
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "sim/device.h"
+#include "sim/kernel_costs.h"
+
+namespace pf::sim {
+
+inline constexpr int kMeasurementsFormatVersion = 1;
+
+// What to predict for one record: the `timed` kernels issued after `before` (untimed, e.g. the
+// forward ahead of a timed backward); timed_backward: the timed kernels are dispatched as backward
+// work (DeviceSpec::backward_launch_overhead_s).
+struct Measurement {
+  std::string label;      // e.g. "layer_forward large b=8"
+  std::string operation;  // the record's "operation"
+  double seconds = 0.0;
+  nlohmann::json record;  // after defaults
+  Kernels before;
+  Kernels timed;
+  bool timed_backward = false;
+  bool held_out = false;
+};
+
+// Throws std::invalid_argument naming `source`, the record index, the field and the value.
+// `device` fixes the precision of K-FAC products (tf32 where it has tensor cores and the run is
+// not fp32) and must have every record's precision.
+std::vector<Measurement> measurements_from_json(const nlohmann::json& json,
+                                                const std::string& source,
+                                                const DeviceSpec& device);
+std::vector<Measurement> measurements_from_json_file(const std::filesystem::path& path,
+                                                     const DeviceSpec& device);
+
+// Predicted seconds of a record on a device.
+double predict(const DeviceSpec& device, const Measurement& measurement);
+
+// Marks records whose field `key` equals `value` (numbers and strings compared as text) held out
+// of the fit. `rule` is "key=value"; throws when malformed.
+void hold_out(std::vector<Measurement>& measurements, const std::string& rule);
+
+struct Residual {
+  std::string label;
+  std::string operation;
+  double measured_s = 0.0;
+  double predicted_s = 0.0;
+  double relative_error = 0.0;  // predicted / measured - 1
+  bool held_out = false;
+};
+std::vector<Residual> residuals(const DeviceSpec& device,
+                                const std::vector<Measurement>& measurements);
+
+// One fitted quantity of the device.
+struct FitParameter {
+  enum class Kind { kEfficiency, kLatency, kGemmPrecisionEfficiency, kLaunch, kBackwardLaunch };
+  Kind kind = Kind::kLaunch;
+  int index = 0;  // OpClass or Precision
+  std::string name() const;
+  double get(const DeviceSpec& device) const;
+  void set(DeviceSpec& device, double value) const;
+};
+
+struct FitOptions {
+  int max_evaluations = 20000;
+  int restarts = 3;
+};
+
+struct FitResult {
+  DeviceSpec device;
+  std::vector<FitParameter> parameters;  // what was fitted
+  double rms_log_error = 0.0;            // over the fitted records
+  int evaluations = 0;
+};
+
+// The parameters the fitted records depend on: the efficiency and latency of every class their
+// kernels use (per precision for gemm; not triangular_solve, which no record times apart from its
+// factorization: it keeps the fp32 gemm rate), the launch overhead, and the backward launch
+// overhead when a record times backward work.
+std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurements);
+
+// Minimizes the sum over records not held out of log(predicted / measured)^2 over
+// `parameters_of` (efficiencies in (0, 1], times >= 0), starting from `start`, by Nelder-Mead
+// with restarts. Throws std::invalid_argument when no record is left to fit.
+FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& measurements,
+                     const FitOptions& options = {});
+
+}  // namespace pf::sim

@@ -1,0 +1,108 @@
+#include "sim/kernel_costs.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace pf::sim {
+namespace {
+
+// Blocked factorizations (cuSOLVER, MAGMA, Eigen) advance one panel of this many columns per
+// dependent step; each step pays the class latency.
+constexpr double kPanelColumns = 256.0;
+
+bool is_matrix_function(OpClass op_class) {
+  return op_class == OpClass::kFactorization || op_class == OpClass::kTriangularSolve ||
+         op_class == OpClass::kEigendecomposition;
+}
+
+}  // namespace
+
+Kernel gemm_kernel(Precision precision, double m, double n, double k, double element_bytes,
+                   int count) {
+  Kernel kernel;
+  kernel.op_class = OpClass::kGemm;
+  kernel.precision = precision;
+  kernel.flops = 2.0 * m * n * k;
+  kernel.bytes = element_bytes * (m * k + k * n + m * n);
+  kernel.count = count;
+  return kernel;
+}
+
+Kernel memory_kernel(double bytes, int count) {
+  Kernel kernel;
+  kernel.bytes = bytes;
+  kernel.count = count;
+  return kernel;
+}
+
+double kernel_seconds(const DeviceSpec& device, const Kernel& kernel) {
+  double peak = device.peak_fp32_flops;
+  double efficiency = device.efficiency(kernel.op_class);
+  if (kernel.op_class == OpClass::kGemm) {
+    peak = device.peak_flops(kernel.precision);
+    efficiency = device.gemm_efficiency(kernel.precision);
+  } else if (kernel.op_class == OpClass::kAttention) {
+    peak = device.peak_flops(kernel.precision);
+  }
+  const double compute = kernel.flops > 0.0 ? kernel.flops / (peak * efficiency) : 0.0;
+  const double memory =
+      kernel.bytes / (device.memory_bandwidth * device.efficiency(OpClass::kMemory));
+  const double panels = is_matrix_function(kernel.op_class)
+                            ? std::max(1.0, std::ceil(kernel.size / kPanelColumns))
+                            : 1.0;
+  return device.latency_s(kernel.op_class) * panels + std::max(compute, memory);
+}
+
+PricedKernels price(const DeviceSpec& device, const Kernels& kernels) {
+  PricedKernels priced;
+  for (const Kernel& kernel : kernels) {
+    const double seconds = kernel_seconds(device, kernel);
+    for (int i = 0; i < kernel.count; ++i) {
+      priced.seconds.push_back(seconds);
+      priced.host_sync.push_back(kernel.host_sync);
+    }
+  }
+  return priced;
+}
+
+double queued_seconds(std::span<const QueuedPart> parts, double launch_overhead_s) {
+  double host = 0.0, device = 0.0;
+  for (const QueuedPart& part : parts) {
+    const auto& k = *part.kernels;
+    const double launch =
+        part.launch_overhead_s >= 0.0 ? part.launch_overhead_s : launch_overhead_s;
+    for (int r = 0; r < part.repeat; ++r) {
+      for (std::size_t i = 0; i < k.seconds.size(); ++i) {
+        host += launch;
+        device = std::max(device, host) + k.seconds[i];
+        if (k.host_sync[i]) host = device;
+      }
+    }
+  }
+  return device;
+}
+
+double queued_seconds(const PricedKernels& priced, double launch_overhead_s, int repeat) {
+  const QueuedPart part{&priced, repeat, -1.0};
+  return queued_seconds(std::span<const QueuedPart>(&part, 1), launch_overhead_s);
+}
+
+double total_flops(const Kernels& kernels) {
+  double flops = 0.0;
+  for (const Kernel& k : kernels) flops += k.count * k.flops;
+  return flops;
+}
+
+double total_bytes(const Kernels& kernels) {
+  double bytes = 0.0;
+  for (const Kernel& k : kernels) bytes += k.count * k.bytes;
+  return bytes;
+}
+
+int total_kernels(const Kernels& kernels) {
+  int count = 0;
+  for (const Kernel& k : kernels) count += k.count;
+  return count;
+}
+
+}  // namespace pf::sim

@@ -1,0 +1,63 @@
+#pragma once
+// Prices work as the device runs it: a sequence of kernels, each of one operation class
+// (sim/device.h). A kernel takes
+//   latency(class) x panels + max(flops / (peak(precision) x efficiency(class)),
+//                                 bytes / (memory_bandwidth x efficiency(memory)))
+// on the device (panels = ceil(d / 256) for the factorization classes of a d x d matrix, 1
+// otherwise: blocked factorizations run one dependent step per panel). The host issues the
+// kernels one after another, launch_overhead_s apart, and the device runs each once it is issued
+// and the previous one is done:
+//   issue_i = issue_{i-1} + launch;  end_i = max(end_{i-1}, issue_i) + device_time_i
+// so a run of small kernels costs its launches (the "launch floor") and a run of large ones its
+// device time. A kernel with host_sync makes the host wait for it (error-info checks, .item()).
+#include <span>
+#include <vector>
+
+#include "sim/device.h"
+
+namespace pf::sim {
+
+struct Kernel {
+  OpClass op_class = OpClass::kMemory;
+  Precision precision = Precision::kFp32;  // arithmetic of gemm / attention kernels
+  double flops = 0.0;
+  double bytes = 0.0;  // bytes read + written
+  double size = 0.0;   // matrix order d of a factorization, solve or eigendecomposition
+  int count = 1;       // identical kernels in a row
+  bool host_sync = false;
+};
+using Kernels = std::vector<Kernel>;
+
+// Shorthands for the kernel lists of bert_kernels.h and kfac_kernels.h.
+Kernel gemm_kernel(Precision precision, double m, double n, double k, double element_bytes,
+                   int count = 1);  // 2mnk FLOPs; reads m x k and k x n, writes m x n
+Kernel memory_kernel(double bytes, int count = 1);
+
+// Device time of one kernel (above). Throws std::invalid_argument when the device lacks the
+// kernel's precision.
+double kernel_seconds(const DeviceSpec& device, const Kernel& kernel);
+
+// Device times of a kernel list, ready to be queued (the precision checks happen once).
+struct PricedKernels {
+  std::vector<double> seconds;  // per kernel (one entry per count)
+  std::vector<bool> host_sync;
+};
+PricedKernels price(const DeviceSpec& device, const Kernels& kernels);
+
+// Time from the first launch until the device finishes the last kernel of `priced`, issued by a
+// host `launch_overhead_s` per kernel; `repeat` runs the list that many times back to back.
+double queued_seconds(const PricedKernels& priced, double launch_overhead_s, int repeat = 1);
+// The same for several lists issued back to back (e.g. embeddings, n layers, heads).
+struct QueuedPart {
+  const PricedKernels* kernels = nullptr;
+  int repeat = 1;
+  double launch_overhead_s = -1.0;  // < 0: the call's
+};
+double queued_seconds(std::span<const QueuedPart> parts, double launch_overhead_s);
+
+// Totals of a list (for FLOP counts and tests).
+double total_flops(const Kernels& kernels);
+double total_bytes(const Kernels& kernels);
+int total_kernels(const Kernels& kernels);
+
+}  // namespace pf::sim

@@ -1,0 +1,205 @@
+// The per-class device model (sim/kernel_costs.h) and its calibration (sim/calibration.h):
+// launch floor, per-class rates, the fit recovering known parameters, measurement-file errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "sim/calibration.h"
+#include "sim/device.h"
+#include "sim/kernel_costs.h"
+#include "sim/kfac_kernels.h"
+
+namespace pf::sim {
+namespace {
+
+std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// A device with simple numbers: 1 TFLOP/s fp32, 100 GB/s.
+DeviceSpec simple_device() {
+  DeviceSpec d;
+  d.name = "simple";
+  d.peak_fp32_flops = 1e12;
+  d.matmul_efficiency = 0.5;
+  d.memory_bandwidth = 1e11;
+  d.link_bandwidth = 1e10;
+  return d;
+}
+
+TEST(SimKernelCosts, LaunchFloorBoundsARunOfSmallKernels) {
+  DeviceSpec d = simple_device();
+  d.launch_overhead_s = 10e-6;
+  // 100 tiny element-wise kernels of 1 KB: device time 10 ns each, so the host's launches bound
+  // the run: 100 x 10 us (the last one then runs its 10 ns).
+  const PricedKernels tiny = price(d, {memory_kernel(1e3, 100)});
+  EXPECT_NEAR(queued_seconds(tiny, d.launch_overhead_s), 100 * 10e-6 + 1e-8, 1e-12);
+  // One large product: launch once, then its device time 2 x 1024^3 / (0.5 x 1e12).
+  const PricedKernels big = price(d, {gemm_kernel(Precision::kFp32, 1024, 1024, 1024, 4.0)});
+  EXPECT_NEAR(queued_seconds(big, d.launch_overhead_s), 10e-6 + 2.0 * std::pow(1024, 3) / 0.5e12,
+              1e-12);
+  // A host sync makes the next launch wait for the device.
+  Kernel synced = memory_kernel(1e7);  // 100 us
+  synced.host_sync = true;
+  const PricedKernels with_sync = price(d, {synced, memory_kernel(1e3)});
+  EXPECT_NEAR(queued_seconds(with_sync, d.launch_overhead_s), 10e-6 + 100e-6 + 10e-6 + 1e-8, 1e-12);
+}
+
+TEST(SimKernelCosts, ChangingOneClassMovesOnlyItsOperations) {
+  const DeviceSpec base = simple_device();
+  // Shapes large enough to stay compute-bound even at 5% of the memory bandwidth.
+  const Kernel gemm = gemm_kernel(Precision::kFp32, 2048, 2048, 2048, 4.0);
+  Kernel attention = gemm;
+  attention.op_class = OpClass::kAttention;
+  const Kernel memory = memory_kernel(1e8);
+  Kernel potrf;  // the Cholesky factorization of a 4096 x 4096 factor
+  for (const Kernel& k : inversion_kernels(4096)) {
+    if (k.op_class == OpClass::kFactorization) potrf = k;
+  }
+  auto all = [&](const DeviceSpec& d) {
+    return std::array<double, 4>{kernel_seconds(d, gemm), kernel_seconds(d, attention),
+                                 kernel_seconds(d, memory), kernel_seconds(d, potrf)};
+  };
+  const auto before = all(base);
+  const OpClass classes[] = {OpClass::kGemm, OpClass::kAttention, OpClass::kMemory,
+                             OpClass::kFactorization};
+  for (int c = 0; c < 4; ++c) {
+    DeviceSpec changed = base;
+    changed.classes[static_cast<std::size_t>(classes[c])].efficiency = 0.05;
+    const auto after = all(changed);
+    for (int o = 0; o < 4; ++o) {
+      if (o == c) {
+        EXPECT_GT(after[o], before[o] * 1.5) << "class " << c << " op " << o;
+      } else {
+        EXPECT_DOUBLE_EQ(after[o], before[o]) << "class " << c << " op " << o;
+      }
+    }
+  }
+  // The triangular solves that finish the inverse inherit the fp32 gemm rate (blocked trsm).
+  DeviceSpec slower_gemm = base;
+  slower_gemm.classes[static_cast<std::size_t>(OpClass::kGemm)].efficiency = 0.05;
+  EXPECT_DOUBLE_EQ(slower_gemm.efficiency(OpClass::kTriangularSolve), 0.05);
+  // A factorization latency is paid per 256-column panel: 16 panels at d = 4096.
+  DeviceSpec slow = base;
+  slow.classes[static_cast<std::size_t>(OpClass::kFactorization)].latency_s = 1e-3;
+  EXPECT_NEAR(kernel_seconds(slow, potrf) - kernel_seconds(base, potrf), 16e-3, 1e-12);
+}
+
+// Synthetic records: GEMMs of several shapes, element-wise passes, Cholesky inverses.
+nlohmann::json synthetic_records() {
+  nlohmann::json records = nlohmann::json::array();
+  for (double n : {64.0, 256.0, 1024.0, 2048.0}) {
+    records.push_back({{"operation", "gemm"}, {"m", n}, {"n", n}, {"k", n}, {"seconds", 1.0}});
+  }
+  records.push_back({{"operation", "gemm"}, {"m", 4096}, {"n", 64}, {"k", 256}, {"seconds", 1.0}});
+  for (double bytes : {1e4, 1e6, 1e8}) {
+    records.push_back({{"operation", "memory"}, {"bytes", bytes}, {"seconds", 1.0}});
+  }
+  for (double d : {128.0, 512.0, 1024.0, 2048.0}) {
+    records.push_back({{"operation", "cholesky_inverse"}, {"order", d}, {"seconds", 1.0}});
+  }
+  return {{"format_version", 1}, {"measurements", records}};
+}
+
+TEST(SimCalibration, FitRecoversKnownParametersFromSyntheticDurations) {
+  DeviceSpec truth = simple_device();
+  truth.classes[static_cast<std::size_t>(OpClass::kGemm)].efficiency = 0.6;
+  truth.classes[static_cast<std::size_t>(OpClass::kGemm)].latency_s = 3e-6;
+  truth.classes[static_cast<std::size_t>(OpClass::kMemory)].efficiency = 0.8;
+  truth.classes[static_cast<std::size_t>(OpClass::kFactorization)].efficiency = 0.2;
+  truth.classes[static_cast<std::size_t>(OpClass::kFactorization)].latency_s = 50e-6;
+  truth.launch_overhead_s = 5e-6;
+  auto measurements = measurements_from_json(synthetic_records(), "synthetic", truth);
+  for (auto& m : measurements) m.seconds = predict(truth, m);
+
+  const FitResult fit = fit_device(simple_device(), measurements);
+  EXPECT_LT(fit.rms_log_error, 1e-3);
+  auto near = [](double got, double want, const char* what) {
+    EXPECT_NEAR(got / want, 1.0, 0.03) << what << ": " << got << " vs " << want;
+  };
+  near(fit.device.gemm_efficiency(Precision::kFp32), 0.6, "gemm efficiency");
+  near(fit.device.efficiency(OpClass::kMemory), 0.8, "memory efficiency");
+  near(fit.device.efficiency(OpClass::kFactorization), 0.2, "factorization efficiency");
+  near(fit.device.latency_s(OpClass::kFactorization), 50e-6, "factorization latency");
+  near(fit.device.launch_overhead_s + fit.device.latency_s(OpClass::kGemm), 8e-6,
+       "launch + gemm latency");
+  for (const auto& r : residuals(fit.device, measurements)) {
+    EXPECT_NEAR(r.relative_error, 0.0, 0.01) << r.label;
+  }
+}
+
+TEST(SimCalibration, HeldOutRecordsAreNotFitted) {
+  DeviceSpec truth = simple_device();
+  truth.classes[static_cast<std::size_t>(OpClass::kGemm)].efficiency = 0.3;
+  auto measurements = measurements_from_json(synthetic_records(), "synthetic", truth);
+  for (auto& m : measurements) m.seconds = predict(truth, m);
+  hold_out(measurements, "operation=gemm");
+  for (const auto& p : parameters_of(measurements)) {
+    EXPECT_NE(p.kind, FitParameter::Kind::kGemmPrecisionEfficiency) << p.name();
+  }
+  hold_out(measurements, "operation=memory");
+  hold_out(measurements, "operation=cholesky_inverse");
+  EXPECT_NE(error_of([&] { fit_device(simple_device(), measurements); }).find("no measurement"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { hold_out(measurements, "model"); }).find("FIELD=VALUE"),
+            std::string::npos);
+}
+
+TEST(SimCalibration, BadMeasurementFilesNameTheRecordAndField) {
+  const DeviceSpec d = simple_device();
+  auto parse = [&](const nlohmann::json& json) {
+    return error_of([&] { measurements_from_json(json, "m.json", d); });
+  };
+  EXPECT_NE(parse({{"measurements", nlohmann::json::array()}}).find("format_version"),
+            std::string::npos);
+  const nlohmann::json bad_op = {{"format_version", 1},
+                                 {"measurements", {{{"operation", "conv"}, {"seconds", 1.0}}}}};
+  EXPECT_NE(parse(bad_op).find("measurements[0].'operation'"), std::string::npos) << parse(bad_op);
+  const nlohmann::json negative = {
+      {"format_version", 1},
+      {"measurements", {{{"operation", "memory"}, {"bytes", 1e6}, {"seconds", -1.0}}}}};
+  EXPECT_NE(parse(negative).find("'seconds'"), std::string::npos) << parse(negative);
+  const nlohmann::json no_bf16 = {{"format_version", 1},
+                                  {"measurements",
+                                   {{{"operation", "gemm"},
+                                     {"m", 8},
+                                     {"n", 8},
+                                     {"k", 8},
+                                     {"precision", "bf16"},
+                                     {"seconds", 1.0}}}}};
+  EXPECT_NE(parse(no_bf16).find("bf16"), std::string::npos) << parse(no_bf16);
+}
+
+TEST(SimCalibration, DeviceJsonRoundTripsTheClasses) {
+  DeviceSpec d = simple_device();
+  d.classes[static_cast<std::size_t>(OpClass::kAttention)].efficiency = 0.25;
+  d.classes[static_cast<std::size_t>(OpClass::kEigendecomposition)].latency_s = 1e-4;
+  d.gemm_efficiency_by_precision[static_cast<std::size_t>(Precision::kFp32)] = 0.45;
+  d.launch_overhead_s = 7e-6;
+  d.backward_launch_overhead_s = 3e-6;
+  const DeviceSpec back = device_from_json(device_to_json(d), "round trip");
+  EXPECT_DOUBLE_EQ(back.efficiency(OpClass::kAttention), 0.25);
+  EXPECT_DOUBLE_EQ(back.latency_s(OpClass::kEigendecomposition), 1e-4);
+  EXPECT_DOUBLE_EQ(back.gemm_efficiency(Precision::kFp32), 0.45);
+  EXPECT_DOUBLE_EQ(back.launch_overhead_s, 7e-6);
+  EXPECT_DOUBLE_EQ(back.backward_launch_s(), 3e-6);
+  nlohmann::json bad = device_to_json(d);
+  bad["classes"]["gemm"]["efficiency"] = 1.5;
+  EXPECT_NE(error_of([&] { device_from_json(bad, "bad"); }).find("classes.gemm.efficiency"),
+            std::string::npos);
+  bad = device_to_json(d);
+  bad["classes"]["tensor"] = nlohmann::json::object();
+  EXPECT_NE(error_of([&] { device_from_json(bad, "bad"); }).find("tensor"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pf::sim
