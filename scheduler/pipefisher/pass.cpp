@@ -35,6 +35,10 @@ struct Plan {
   std::vector<int> order;  // item index -> task index
   PackResult packed;
   double spilled_bound_s = 0.0;
+  // Spilled items (no step bound) that no k could place: longer than every steady bubble of one
+  // of their workers, or after such an item. The rest spilled for want of room.
+  int unavoidable_spills = 0;
+  int avoidable_spills() const { return packed.spilled_items - unavoidable_spills; }
 
   const KfacWork& work() const { return prepared->work; }
   const BubbleMap& bubbles() const { return prepared->bubbles; }
@@ -80,6 +84,37 @@ std::vector<int> packing_order(const KfacWork& work, PackingPolicy policy) {
   return order;
 }
 
+// The longest bubble of each worker in a steady step (steps 1 and 2 of a 3-step map; step 0's
+// head, before the first forward arrives, can hold no K-FAC work, which all follows a forward):
+// for any task, and for collectives. More steps only repeat these bubbles, so a task longer
+// than them fits under no refresh interval.
+struct LongestBubbles {
+  std::vector<double> any, collective;
+
+  // 0 on a worker without bubbles: that is the "no idle time" error's case, not this one.
+  bool never_fits(const std::vector<int>& workers, double duration, double margin) const {
+    return std::any_of(workers.begin(), workers.end(), [&](int w) {
+      const double longest = (workers.size() > 1 ? collective : any)[static_cast<std::size_t>(w)];
+      return longest > 0.0 && duration * (1.0 + margin) > longest;
+    });
+  }
+};
+
+LongestBubbles longest_steady_bubbles(const BubbleMap& map) {
+  LongestBubbles out;
+  const auto& bubbles = map.problem.bubbles;
+  out.any.assign(bubbles.size(), 0.0);
+  out.collective.assign(bubbles.size(), 0.0);
+  for (std::size_t w = 0; w < bubbles.size(); ++w) {
+    for (const Bubble& b : bubbles[w]) {
+      if (b.step < 1) continue;
+      out.any[w] = std::max(out.any[w], b.end - b.start);
+      if (b.accepts_collective) out.collective[w] = std::max(out.collective[w], b.end - b.start);
+    }
+  }
+  return out;
+}
+
 std::shared_ptr<const Prepared> prepare(const sched::Schedule& base, const Timeline& timeline,
                                         const KfacOptions& options, const DurationFn& duration,
                                         int k) {
@@ -91,7 +126,7 @@ std::shared_ptr<const Prepared> prepare(const sched::Schedule& base, const Timel
 }
 
 Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timeline,
-               const KfacOptions& options, PackingPolicy policy) {
+               const KfacOptions& options, PackingPolicy policy, const LongestBubbles& longest) {
   Plan plan;
   plan.refresh_steps = prepared->refresh_steps;
   plan.policy = policy;
@@ -117,21 +152,28 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
     items.push_back(std::move(item));
   }
   plan.packed = pack(plan.bubbles().problem, items, policy, options.safety_margin);
+  std::vector<bool> unavoidable(items.size(), false);
   for (std::size_t i = 0; i < items.size(); ++i) {
-    if (plan.packed.placements[i].spilled && items[i].step_bound >= 0) {
-      plan.spilled_bound_s += items[i].duration;
+    const auto& item = items[i];
+    const bool spilled = plan.packed.placements[i].spilled;
+    if (spilled && item.step_bound >= 0) plan.spilled_bound_s += item.duration;
+    if (item.step_bound >= 0) continue;
+    unavoidable[i] = longest.never_fits(item.workers, item.duration, options.safety_margin);
+    for (int pred : item.preds) {
+      if (unavoidable[static_cast<std::size_t>(pred)]) unavoidable[i] = true;
     }
+    if (unavoidable[i] && spilled) ++plan.unavoidable_spills;
   }
   return plan;
 }
 
 // For each policy, the smallest k whose packing needs no curvature / sync / inversion after a
-// flush (per-step preconditioning may still spill: it is needed every step whatever k is), or
-// the fixed k. The policies share each candidate k's work and bubbles.
-// With curvature from every step, the last step's curvature, and the syncs and inversions after
-// it, must fit in that step's bubbles. Where a worker has no bubble left after them (worker 0 of
-// GPipe/1F1B ends the step with a backward), no refresh interval can hold them: say so instead
-// of searching on.
+// flush (per-step preconditioning may still spill: it is needed every step whatever k is; so may
+// a task longer than every steady bubble, which no k can hold), or the fixed k. The policies share
+// each candidate k's work and bubbles. With curvature from every step, the last step's curvature,
+// and the syncs and inversions after it, must fit in that step's bubbles. Where a worker has no
+// bubble left after them (worker 0 of GPipe/1F1B ends the step with a backward), no refresh
+// interval can hold them: say so instead of searching on.
 void check_last_step_curvature(const Plan& plan, const KfacOptions& options) {
   const int last = plan.refresh_steps - 1;
   for (std::size_t i = 0; i < plan.order.size(); ++i) {
@@ -164,12 +206,13 @@ void check_last_step_curvature(const Plan& plan, const KfacOptions& options) {
 
 std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
                          const KfacOptions& options, const DurationFn& duration,
-                         const std::vector<PackingPolicy>& policies, int lower_bound) {
+                         const std::vector<PackingPolicy>& policies, int lower_bound,
+                         const LongestBubbles& longest) {
   std::map<int, std::shared_ptr<const Prepared>> prepared;  // by k, shared by the policies
   auto plan_for = [&](int k, PackingPolicy policy) {
     auto& entry = prepared[k];
     if (!entry) entry = prepare(base, timeline, options, duration, k);
-    return make_plan(entry, timeline, options, policy);
+    return make_plan(entry, timeline, options, policy, longest);
   };
   std::vector<Plan> plans;
   for (PackingPolicy policy : policies) {
@@ -186,7 +229,7 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
     std::optional<Plan> fits;
     while (k <= options.max_refresh_steps) {
       Plan plan = plan_for(k, policy);
-      if (plan.packed.spilled_items == 0) {
+      if (plan.avoidable_spills() == 0) {
         fits = std::move(plan);
         break;
       }
@@ -206,7 +249,7 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
     while (fits->refresh_steps - failed > 1) {
       const int middle = failed + (fits->refresh_steps - failed) / 2;
       Plan plan = plan_for(middle, policy);
-      if (plan.packed.spilled_items == 0) {
+      if (plan.avoidable_spills() == 0) {
         fits = std::move(plan);
       } else {
         failed = middle;
@@ -218,16 +261,25 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
 }
 
 // A lower bound on k: no worker can do more K-FAC work in k steps than k steps' bubbles hold.
-int refresh_lower_bound(const sched::Schedule& base, const Timeline& timeline,
-                        const KfacOptions& options, const DurationFn& duration) {
+// Tasks no bubble can hold, and the work after them, run after a flush whatever k is: they do
+// not bound k.
+int refresh_lower_bound(const sched::Schedule& base, const BubbleMap& map,
+                        const LongestBubbles& longest, const KfacOptions& options,
+                        const DurationFn& duration) {
   const KfacWork work = build_kfac_work(base, options, 1, duration);
-  const BubbleMap map = find_bubbles(base, timeline, 3);  // step 1 is a whole steady step
   // Per worker: curvature (repeated every step with every_step curvature) and the rest.
   std::vector<double> curvature(static_cast<std::size_t>(base.num_workers()), 0.0);
   std::vector<double> rest(curvature.size(), 0.0);
   const bool every_step = options.curvature == CurvatureSource::kEveryStep;
-  for (const auto& task : work.tasks) {
+  std::vector<bool> spills_anyway(work.tasks.size(), false);
+  for (std::size_t t = 0; t < work.tasks.size(); ++t) {
+    const auto& task = work.tasks[t];
     if (task.kind() == OpKind::kPrecondition) continue;
+    spills_anyway[t] = longest.never_fits(task.workers, task.duration_s, options.safety_margin);
+    for (int dep : task.task_deps) {
+      if (spills_anyway[static_cast<std::size_t>(dep)]) spills_anyway[t] = true;
+    }
+    if (spills_anyway[t]) continue;
     const bool per_step =
         every_step && (task.kind() == OpKind::kCurvatureA || task.kind() == OpKind::kCurvatureB);
     for (int w : task.workers) {
@@ -390,14 +442,17 @@ PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& cos
     return seconds;
   };
   const Timeline timeline = measure_timeline(base, costs, sim_options);
+  const BubbleMap steady = find_bubbles(base, timeline, 3);  // step 1 is a whole steady step
+  const LongestBubbles longest = longest_steady_bubbles(steady);
   const int lower_bound = options.refresh_steps > 0
                               ? options.refresh_steps
-                              : refresh_lower_bound(base, timeline, options, duration);
+                              : refresh_lower_bound(base, steady, longest, options, duration);
 
   std::vector<PackingPolicy> policies;
   if (options.policy != PackingPolicy::kBestFit) policies.push_back(PackingPolicy::kFirstFit);
   if (options.policy != PackingPolicy::kFirstFit) policies.push_back(PackingPolicy::kBestFit);
-  const std::vector<Plan> plans = search(base, timeline, options, duration, policies, lower_bound);
+  const std::vector<Plan> plans =
+      search(base, timeline, options, duration, policies, lower_bound, longest);
   const Plan* chosen = &plans.front();
   for (const Plan& plan : plans) {
     if (better(plan, *chosen)) chosen = &plan;

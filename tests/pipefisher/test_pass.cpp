@@ -226,6 +226,26 @@ TEST(PipeFisherPass, FixedIntervalSpillsWhatDoesNotFit) {
   EXPECT_NO_THROW(sched::validate(fixed.schedule));
 }
 
+// An inversion longer than every bubble fits under no refresh interval: the automatic search
+// runs it (and only it) after the flush and sizes k for the rest, instead of searching on.
+TEST(PipeFisherPass, TaskLongerThanEveryBubbleSpillsAndKStillFound) {
+  const auto base = compiled(ScheduleKind::kOneFOneB, 4, 8);
+  auto oversize = kfac_costs();
+  oversize.invert_b_s = 100.0;  // the step itself takes about 33 s
+  const auto result = run_pipefisher(base, sim::UniformCostModel(oversize));
+  const auto normal = run_pipefisher(base, sim::UniformCostModel(kfac_costs()));
+  EXPECT_LE(result.report.refresh_steps, normal.report.refresh_steps);
+  EXPECT_FALSE(result.report.fixed_interval);
+  int inversions_b = 0;
+  for (const auto& stream : result.schedule.streams) {
+    for (const auto& in : stream) inversions_b += in.kind == OpKind::kInvertB ? 1 : 0;
+  }
+  EXPECT_GT(inversions_b, 0);
+  EXPECT_EQ(result.report.spilled_tasks, inversions_b);
+  EXPECT_EQ(normal.report.spilled_tasks, 0);
+  EXPECT_NO_THROW(sched::validate(result.schedule));
+}
+
 // ZB-H2 and ZB-V leave worker 0 no idle time at all with uniform F = I = W: no refresh interval
 // can hold K-FAC, which the automatic search says; a fixed interval runs it after the flush.
 TEST(PipeFisherPass, ZeroBubbleWithoutBubblesNeedsAFixedInterval) {
