@@ -6,6 +6,7 @@
 #include <random>
 #include <stdexcept>
 
+#include "kernels/make_ops.h"
 #include "kernels/ops.h"
 #include "kernels/rng.h"
 
@@ -133,10 +134,13 @@ struct BertChunk<T>::Stash {
 };
 
 template <typename T>
-BertChunk<T>::BertChunk(const BertConfig& config, const ChunkSpec& spec, tensor::Backend& backend)
+BertChunk<T>::BertChunk(const BertConfig& config, const ChunkSpec& spec, tensor::Backend& backend,
+                        tensor::Stream* stream, kernels::GemmPrecision precision)
     : config_(config),
       spec_(spec),
       backend_(&backend),
+      stream_(stream),
+      ops_(kernels::make_ops<T>(backend, stream, precision)),
       offsets_(std::make_unique<Offsets>()),
       pool_(backend),
       scratch_(std::make_unique<tensor::Arena>(backend)) {
@@ -226,8 +230,10 @@ BertChunk<T>::~BertChunk() = default;
 template <typename T>
 void BertChunk<T>::init_weights(std::uint64_t seed) {
   T* values = values_.template data<T>();
+  std::vector<T> host;  // one tensor at a time, drawn on the host
   for (const auto& entry : registry_) {
-    T* target = values + entry.offset;
+    host.resize(static_cast<std::size_t>(entry.size));
+    T* target = host.data();
     switch (entry.init) {
       case Init::kZero:
         std::fill(target, target + entry.size, T(0));
@@ -247,6 +253,27 @@ void BertChunk<T>::init_weights(std::uint64_t seed) {
         break;
       }
     }
+    upload(values + entry.offset, target, host.size() * sizeof(T));
+  }
+  ops_->synchronize();  // `host` is reused and freed
+}
+
+template <typename T>
+void BertChunk<T>::upload(void* destination, const void* source, std::size_t bytes) {
+  backend_->copy(destination, source, bytes, tensor::CopyKind::kHostToDevice, stream_);
+}
+
+template <typename T>
+void BertChunk<T>::copy_rows(ConstMatrixView<T> from, T* to) {
+  const auto row_bytes = static_cast<std::size_t>(from.cols) * sizeof(T);
+  if (from.ld == from.cols) {
+    backend_->copy(to, from.data, row_bytes * static_cast<std::size_t>(from.rows),
+                   tensor::CopyKind::kDeviceToDevice, stream_);
+    return;
+  }
+  for (std::int64_t r = 0; r < from.rows; ++r) {
+    backend_->copy(to + r * from.cols, from.row(r), row_bytes, tensor::CopyKind::kDeviceToDevice,
+                   stream_);
   }
 }
 
@@ -289,23 +316,25 @@ std::span<T> BertChunk<T>::flat_grads() {
 
 template <typename T>
 void BertChunk<T>::zero_grad() {
-  backend_->fill_zero(grads_.raw_data(), grads_.nbytes());
+  backend_->fill_zero(grads_.raw_data(), grads_.nbytes(), stream_);
 }
 
 template <typename T>
 void BertChunk<T>::check_finite_gradients(std::int64_t step) const {
   const T* grads = grads_.template data<T>();
   for (const auto& entry : registry_) {
-    if (!kernels::all_finite(grads + entry.offset, entry.size)) {
-      std::int64_t index = 0;
-      while (index < entry.size &&
-             std::isfinite(static_cast<double>(grads[entry.offset + index]))) {
-        ++index;
-      }
+    if (!ops_->all_finite(grads + entry.offset, entry.size)) {
+      // Rare: fetch the tensor to name the element.
+      std::vector<T> host(static_cast<std::size_t>(entry.size));
+      backend_->copy(host.data(), grads + entry.offset, host.size() * sizeof(T),
+                     tensor::CopyKind::kDeviceToHost, stream_);
+      ops_->synchronize();
+      std::size_t index = 0;
+      while (index < host.size() && std::isfinite(static_cast<double>(host[index]))) ++index;
+      const double value = index < host.size() ? static_cast<double>(host[index]) : 0.0;
       throw std::runtime_error("non-finite gradient at step " + std::to_string(step) + " in '" +
                                entry.name + "' (element " + std::to_string(index) + " is " +
-                               std::to_string(static_cast<double>(grads[entry.offset + index])) +
-                               ")");
+                               std::to_string(value) + ")");
     }
   }
 }
@@ -397,10 +426,12 @@ ForwardResult<T> BertChunk<T>::forward_stashed(Stash& st, const Batch& batch,
   scratch_->reset();
 
   tensor::Arena& arena = *st.arena;
+  // Index arrays are built on the host and uploaded into the stash (the copies finish reading
+  // the host vectors before they return, so they may be temporaries).
   auto copy_ids = [&](const std::vector<std::int64_t>& source) {
     auto* target =
         arena.template allocate_array<std::int64_t>(static_cast<std::int64_t>(source.size()));
-    std::copy(source.begin(), source.end(), target);
+    upload(target, source.data(), source.size() * sizeof(std::int64_t));
     return target;
   };
   auto buffer = [&](std::int64_t count) { return arena.template allocate_array<T>(count); };
@@ -413,27 +444,28 @@ ForwardResult<T> BertChunk<T>::forward_stashed(Stash& st, const Batch& batch,
   if (spec_.has_embeddings) {
     st.ids = copy_ids(batch.input_ids);
     st.types = copy_ids(batch.token_type_ids);
-    st.positions = arena.template allocate_array<std::int64_t>(tokens);
-    for (std::int64_t t = 0; t < tokens; ++t) st.positions[t] = t % S;
+    std::vector<std::int64_t> positions(static_cast<std::size_t>(tokens));
+    for (std::int64_t t = 0; t < tokens; ++t) positions[static_cast<std::size_t>(t)] = t % S;
+    st.positions = copy_ids(positions);
     st.emb_sum = buffer(tokens * H);
     st.emb_mean = buffer(tokens);
     st.emb_rstd = buffer(tokens);
     st.emb_out = buffer(tokens * H);
     MatrixView<T> sum(st.emb_sum, tokens, H);
-    kernels::embedding_forward<T>({values + o.word, V, H}, st.ids, sum, "input_ids");
-    kernels::embedding_forward<T>({values + o.position, config_.max_position_embeddings, H},
-                                  st.positions, sum, "position", true);
-    kernels::embedding_forward<T>({values + o.token_type, config_.type_vocab_size, H}, st.types,
-                                  sum, "token_type_ids", true);
+    ops_->embedding_forward({values + o.word, V, H}, st.ids, sum, "input_ids");
+    ops_->embedding_forward({values + o.position, config_.max_position_embeddings, H}, st.positions,
+                            sum, "position", true);
+    ops_->embedding_forward({values + o.token_type, config_.type_vocab_size, H}, st.types, sum,
+                            "token_type_ids", true);
     MatrixView<T> out(st.emb_out, tokens, H);
-    kernels::layernorm_forward<T>(sum, values + o.emb_ln_g, values + o.emb_ln_b, eps, out,
-                                  st.emb_mean, st.emb_rstd);
-    kernels::dropout_forward<T>(out, out, st.hidden_dropout,
-                                kernels::derive_seed(st.seed, kEmbeddingDropoutSalt));
+    ops_->layernorm_forward(sum, values + o.emb_ln_g, values + o.emb_ln_b, eps, out, st.emb_mean,
+                            st.emb_rstd);
+    ops_->dropout_forward(out, out, st.hidden_dropout,
+                          kernels::derive_seed(st.seed, kEmbeddingDropoutSalt));
     x = st.emb_out;
   } else {
     st.input = buffer(tokens * H);
-    for (std::int64_t r = 0; r < tokens; ++r) std::copy_n(input.row(r), H, st.input + r * H);
+    copy_rows(input, st.input);
     x = st.input;
   }
 
@@ -450,49 +482,46 @@ ForwardResult<T> BertChunk<T>::forward_stashed(Stash& st, const Batch& batch,
       }
     }
     a.qkv = buffer(tokens * 3 * H);
-    kernels::linear_forward<T>(in, {values + w.qkv_w, 3 * H, H}, values + w.qkv_b,
-                               {a.qkv, tokens, 3 * H});
+    ops_->linear_forward(in, {values + w.qkv_w, 3 * H, H}, values + w.qkv_b,
+                         {a.qkv, tokens, 3 * H});
     a.probs = buffer(kernels::attention_probs_size(shape));
     a.ctx = buffer(tokens * H);
-    T* workspace =
-        st.attention_dropout > 0.0F
-            ? scratch_->template allocate_array<T>(kernels::attention_workspace_size(shape))
-            : nullptr;
-    kernels::attention_forward<T>(shape, {a.qkv, tokens, 3 * H}, st.mask, st.attention_dropout,
-                                  site_seed(st.seed, w.global, 0), a.probs, workspace,
-                                  {a.ctx, tokens, H});
+    T* workspace = st.attention_dropout > 0.0F
+                       ? scratch_->template allocate_array<T>(ops_->attention_workspace_size(shape))
+                       : nullptr;
+    ops_->attention_forward(shape, {a.qkv, tokens, 3 * H}, st.mask, st.attention_dropout,
+                            site_seed(st.seed, w.global, 0), a.probs, workspace,
+                            {a.ctx, tokens, H});
     ConstMatrixView<T> ctx(a.ctx, tokens, H);
     if (capture != nullptr) capture->on_input(w.global, LinearKind::kAttentionOut, microbatch, ctx);
     a.attn_sum = buffer(tokens * H);
     MatrixView<T> attn_sum(a.attn_sum, tokens, H);
-    kernels::linear_forward<T>(ctx, {values + w.o_w, H, H}, values + w.o_b, attn_sum);
-    kernels::dropout_forward<T>(attn_sum, attn_sum, st.hidden_dropout,
-                                site_seed(st.seed, w.global, 1));
-    kernels::accumulate<T>(in, attn_sum);
+    ops_->linear_forward(ctx, {values + w.o_w, H, H}, values + w.o_b, attn_sum);
+    ops_->dropout_forward(attn_sum, attn_sum, st.hidden_dropout, site_seed(st.seed, w.global, 1));
+    ops_->accumulate(in, attn_sum);
     a.mean1 = buffer(tokens);
     a.rstd1 = buffer(tokens);
     a.h1 = buffer(tokens * H);
-    kernels::layernorm_forward<T>(attn_sum, values + w.ln1_g, values + w.ln1_b, eps,
-                                  {a.h1, tokens, H}, a.mean1, a.rstd1);
+    ops_->layernorm_forward(attn_sum, values + w.ln1_g, values + w.ln1_b, eps, {a.h1, tokens, H},
+                            a.mean1, a.rstd1);
     ConstMatrixView<T> h1(a.h1, tokens, H);
     if (capture != nullptr) capture->on_input(w.global, LinearKind::kFfnIn, microbatch, h1);
     a.ffn_pre = buffer(tokens * I);
     a.ffn_act = buffer(tokens * I);
-    kernels::linear_forward<T>(h1, {values + w.in_w, I, H}, nullptr, {a.ffn_pre, tokens, I});
-    kernels::bias_gelu_forward<T>({a.ffn_pre, tokens, I}, values + w.in_b, {a.ffn_act, tokens, I});
+    ops_->linear_forward(h1, {values + w.in_w, I, H}, nullptr, {a.ffn_pre, tokens, I});
+    ops_->bias_gelu_forward({a.ffn_pre, tokens, I}, values + w.in_b, {a.ffn_act, tokens, I});
     ConstMatrixView<T> act(a.ffn_act, tokens, I);
     if (capture != nullptr) capture->on_input(w.global, LinearKind::kFfnOut, microbatch, act);
     a.ffn_sum = buffer(tokens * H);
     MatrixView<T> ffn_sum(a.ffn_sum, tokens, H);
-    kernels::linear_forward<T>(act, {values + w.out_w, H, I}, values + w.out_b, ffn_sum);
-    kernels::dropout_forward<T>(ffn_sum, ffn_sum, st.hidden_dropout,
-                                site_seed(st.seed, w.global, 2));
-    kernels::accumulate<T>(h1, ffn_sum);
+    ops_->linear_forward(act, {values + w.out_w, H, I}, values + w.out_b, ffn_sum);
+    ops_->dropout_forward(ffn_sum, ffn_sum, st.hidden_dropout, site_seed(st.seed, w.global, 2));
+    ops_->accumulate(h1, ffn_sum);
     a.mean2 = buffer(tokens);
     a.rstd2 = buffer(tokens);
     a.out = buffer(tokens * H);
-    kernels::layernorm_forward<T>(ffn_sum, values + w.ln2_g, values + w.ln2_b, eps,
-                                  {a.out, tokens, H}, a.mean2, a.rstd2);
+    ops_->layernorm_forward(ffn_sum, values + w.ln2_g, values + w.ln2_b, eps, {a.out, tokens, H},
+                            a.mean2, a.rstd2);
     x = a.out;
   }
 
@@ -505,63 +534,66 @@ ForwardResult<T> BertChunk<T>::forward_stashed(Stash& st, const Batch& batch,
   ConstMatrixView<T> sequence(x, tokens, H);
   Losses losses;
   // NSP: pooler on the first token of each sequence, then the 2-way classifier.
-  st.first_index = arena.template allocate_array<std::int64_t>(B);
-  for (std::int64_t b = 0; b < B; ++b) st.first_index[b] = b * S;
+  std::vector<std::int64_t> first_index(static_cast<std::size_t>(B));
+  for (std::int64_t b = 0; b < B; ++b) first_index[static_cast<std::size_t>(b)] = b * S;
+  st.first_index = copy_ids(first_index);
   st.nsp_labels = copy_ids(batch.next_sentence_labels);
   st.first_tokens = buffer(B * H);
-  kernels::gather_rows<T>(sequence, st.first_index, {st.first_tokens, B, H});
+  ops_->gather_rows(sequence, st.first_index, {st.first_tokens, B, H});
   T* pooled_pre = scratch_->template allocate_array<T>(B * H);
   st.pooled = buffer(B * H);
-  kernels::linear_forward<T>({st.first_tokens, B, H}, {values + o.pool_w, H, H}, nullptr,
-                             {pooled_pre, B, H});
-  kernels::bias_tanh_forward<T>({pooled_pre, B, H}, values + o.pool_b, {st.pooled, B, H});
+  ops_->linear_forward({st.first_tokens, B, H}, {values + o.pool_w, H, H}, nullptr,
+                       {pooled_pre, B, H});
+  ops_->bias_tanh_forward({pooled_pre, B, H}, values + o.pool_b, {st.pooled, B, H});
   st.nsp_probs = buffer(B * 2);
   MatrixView<T> nsp(st.nsp_probs, B, 2);
-  kernels::linear_forward<T>({st.pooled, B, H}, {values + o.nsp_w, 2, H}, values + o.nsp_b, nsp);
+  ops_->linear_forward({st.pooled, B, H}, {values + o.nsp_w, 2, H}, values + o.nsp_b, nsp);
   if (options.keep_logits) {
     T* kept = buffer(B * 2);
-    std::copy_n(st.nsp_probs, B * 2, kept);
+    copy_rows({st.nsp_probs, B, 2}, kept);
     result.nsp_logits = ConstMatrixView<T>(kept, B, 2);
   }
   losses.nsp = static_cast<double>(
-      kernels::cross_entropy_forward<T>(nsp, st.nsp_labels, nullptr, "next_sentence_labels"));
+      ops_->cross_entropy_forward(nsp, st.nsp_labels, nullptr, "next_sentence_labels"));
   // MLM: gather the masked positions, transform, decode with the (tied) word embeddings.
   const std::int64_t R = B * P;
   if (R > 0) {
-    st.mlm_index = arena.template allocate_array<std::int64_t>(R);
+    std::vector<std::int64_t> mlm_index(static_cast<std::size_t>(R));
+    std::vector<T> mlm_weights(static_cast<std::size_t>(R));
     for (std::int64_t r = 0; r < R; ++r) {
-      st.mlm_index[r] = (r / P) * S + batch.masked_lm_positions[static_cast<std::size_t>(r)];
+      const auto i = static_cast<std::size_t>(r);
+      mlm_index[i] = (r / P) * S + batch.masked_lm_positions[i];
+      mlm_weights[i] = static_cast<T>(batch.masked_lm_weights[i]);
     }
+    st.mlm_index = copy_ids(mlm_index);
     st.mlm_labels = copy_ids(batch.masked_lm_ids);
     st.mlm_weights = buffer(R);
-    for (std::int64_t r = 0; r < R; ++r) {
-      st.mlm_weights[r] = static_cast<T>(batch.masked_lm_weights[static_cast<std::size_t>(r)]);
-    }
+    upload(st.mlm_weights, mlm_weights.data(), mlm_weights.size() * sizeof(T));
     st.gathered = buffer(R * H);
-    kernels::gather_rows<T>(sequence, st.mlm_index, {st.gathered, R, H});
+    ops_->gather_rows(sequence, st.mlm_index, {st.gathered, R, H});
     st.transform_pre = buffer(R * H);
     st.transform_act = buffer(R * H);
-    kernels::linear_forward<T>({st.gathered, R, H}, {values + o.transform_w, H, H}, nullptr,
-                               {st.transform_pre, R, H});
-    kernels::bias_gelu_forward<T>({st.transform_pre, R, H}, values + o.transform_b,
-                                  {st.transform_act, R, H});
+    ops_->linear_forward({st.gathered, R, H}, {values + o.transform_w, H, H}, nullptr,
+                         {st.transform_pre, R, H});
+    ops_->bias_gelu_forward({st.transform_pre, R, H}, values + o.transform_b,
+                            {st.transform_act, R, H});
     st.transform_mean = buffer(R);
     st.transform_rstd = buffer(R);
     st.transform_out = buffer(R * H);
-    kernels::layernorm_forward<T>({st.transform_act, R, H}, values + o.transform_ln_g,
-                                  values + o.transform_ln_b, eps, {st.transform_out, R, H},
-                                  st.transform_mean, st.transform_rstd);
+    ops_->layernorm_forward({st.transform_act, R, H}, values + o.transform_ln_g,
+                            values + o.transform_ln_b, eps, {st.transform_out, R, H},
+                            st.transform_mean, st.transform_rstd);
     st.mlm_probs = buffer(R * V);
     MatrixView<T> logits(st.mlm_probs, R, V);
-    kernels::linear_forward<T>({st.transform_out, R, H}, {values + o.decoder_w, V, H},
-                               values + o.decoder_b, logits);
+    ops_->linear_forward({st.transform_out, R, H}, {values + o.decoder_w, V, H},
+                         values + o.decoder_b, logits);
     if (options.keep_logits) {
       T* kept = buffer(R * V);
-      std::copy_n(st.mlm_probs, R * V, kept);
+      copy_rows({st.mlm_probs, R, V}, kept);
       result.mlm_logits = ConstMatrixView<T>(kept, R, V);
     }
     losses.mlm = static_cast<double>(
-        kernels::cross_entropy_forward<T>(logits, st.mlm_labels, st.mlm_weights, "masked_lm_ids"));
+        ops_->cross_entropy_forward(logits, st.mlm_labels, st.mlm_weights, "masked_lm_ids"));
   }
   result.losses = losses;
   return result;
@@ -614,8 +646,9 @@ void BertChunk<T>::backward_input(int microbatch, ConstMatrixView<T> grad_output
   auto scratch = [&](std::int64_t count) { return scratch_->template allocate_array<T>(count); };
   auto keep = [&](std::int64_t count) { return st.arena->template allocate_array<T>(count); };
   // dx = dy W of a Linear y = x W^T + b (its weight half runs in backward_weight).
-  auto linear_input_grad = [](ConstMatrixView<T> dy, ConstMatrixView<T> weight, MatrixView<T> dx) {
-    kernels::gemm<T>(dy, kernels::Transpose::kNo, weight, kernels::Transpose::kNo, dx);
+  auto linear_input_grad = [this](ConstMatrixView<T> dy, ConstMatrixView<T> weight,
+                                  MatrixView<T> dx) {
+    ops_->gemm(dy, kernels::Transpose::kNo, weight, kernels::Transpose::kNo, dx);
   };
   T* values = values_.template data<T>();
   T* grads = grads_.template data<T>();
@@ -626,33 +659,33 @@ void BertChunk<T>::backward_input(int microbatch, ConstMatrixView<T> grad_output
   ConstMatrixView<T> d = grad_output;
   if (spec_.has_head) {
     MatrixView<T> dseq(ping, tokens, H);
-    std::fill_n(ping, tokens * H, T(0));
+    backend_->fill_zero(ping, static_cast<std::size_t>(tokens * H) * sizeof(T), stream_);
     // NSP.
     MatrixView<T> dnsp(st.nsp_probs, B, 2);
-    kernels::cross_entropy_backward<T>(dnsp, st.nsp_labels, nullptr, loss_scale);
+    ops_->cross_entropy_backward(dnsp, st.nsp_labels, nullptr, loss_scale);
     st.d_pooled = keep(B * H);
     MatrixView<T> dpooled(st.d_pooled, B, H);
     linear_input_grad(dnsp, {values + o.nsp_w, 2, H}, dpooled);
-    kernels::tanh_backward<T>({st.pooled, B, H}, dpooled, dpooled);
+    ops_->tanh_backward({st.pooled, B, H}, dpooled, dpooled);
     T* dfirst = scratch(B * H);
     linear_input_grad(dpooled, {values + o.pool_w, H, H}, {dfirst, B, H});
-    kernels::scatter_add_rows<T>({dfirst, B, H}, st.first_index, dseq);
+    ops_->scatter_add_rows({dfirst, B, H}, st.first_index, dseq);
     // MLM.
     const std::int64_t R = B * P;
     if (R > 0) {
       MatrixView<T> dlogits(st.mlm_probs, R, V);
-      kernels::cross_entropy_backward<T>(dlogits, st.mlm_labels, st.mlm_weights, loss_scale);
+      ops_->cross_entropy_backward(dlogits, st.mlm_labels, st.mlm_weights, loss_scale);
       T* dout = scratch(R * H);
       linear_input_grad(dlogits, {values + o.decoder_w, V, H}, {dout, R, H});
       st.d_transform = keep(R * H);
       MatrixView<T> dact(st.d_transform, R, H);
-      kernels::layernorm_backward<T>(
-          {st.transform_act, R, H}, {dout, R, H}, values + o.transform_ln_g, st.transform_mean,
-          st.transform_rstd, dact, grads + o.transform_ln_g, grads + o.transform_ln_b);
-      kernels::gelu_backward<T>({st.transform_pre, R, H}, dact, dact);
+      ops_->layernorm_backward({st.transform_act, R, H}, {dout, R, H}, values + o.transform_ln_g,
+                               st.transform_mean, st.transform_rstd, dact, grads + o.transform_ln_g,
+                               grads + o.transform_ln_b);
+      ops_->gelu_backward({st.transform_pre, R, H}, dact, dact);
       T* dgathered = scratch(R * H);
       linear_input_grad(dact, {values + o.transform_w, H, H}, {dgathered, R, H});
-      kernels::scatter_add_rows<T>({dgathered, R, H}, st.mlm_index, dseq);
+      ops_->scatter_add_rows({dgathered, R, H}, st.mlm_index, dseq);
     }
     d = dseq;
     std::swap(ping, pong);
@@ -661,7 +694,7 @@ void BertChunk<T>::backward_input(int microbatch, ConstMatrixView<T> grad_output
   const kernels::AttentionShape shape{B, S, config_.num_heads, config_.head_dim()};
   T* d_sum = scratch(tokens * H);
   T* d_ctx = scratch(tokens * H);
-  T* workspace = scratch(kernels::attention_workspace_size(shape));
+  T* workspace = scratch(ops_->attention_workspace_size(shape));
   for (std::size_t l = layers_.size(); l-- > 0;) {
     const auto& w = layers_[l];
     auto& a = st.layers[l];
@@ -673,58 +706,59 @@ void BertChunk<T>::backward_input(int microbatch, ConstMatrixView<T> grad_output
     MatrixView<T> dinput = last ? grad_input : MatrixView<T>(ping, tokens, H);
     // Output LayerNorm; its input is h1 + dropout(FFN(h1)).
     MatrixView<T> dsum(d_sum, tokens, H);
-    kernels::layernorm_backward<T>({a.ffn_sum, tokens, H}, d, values + w.ln2_g, a.mean2, a.rstd2,
-                                   dsum, grads + w.ln2_g, grads + w.ln2_b);
+    ops_->layernorm_backward({a.ffn_sum, tokens, H}, d, values + w.ln2_g, a.mean2, a.rstd2, dsum,
+                             grads + w.ln2_g, grads + w.ln2_b);
     MatrixView<T> dffn_out(a.d_ffn_out, tokens, H);
-    kernels::dropout_backward<T>(dsum, dffn_out, st.hidden_dropout,
-                                 site_seed(st.seed, w.global, 2));
+    ops_->dropout_backward(dsum, dffn_out, st.hidden_dropout, site_seed(st.seed, w.global, 2));
     if (capture != nullptr)
       capture->on_output_grad(w.global, LinearKind::kFfnOut, microbatch, dffn_out);
     MatrixView<T> dact(a.d_ffn_in, tokens, I);
     linear_input_grad(dffn_out, {values + w.out_w, H, I}, dact);
-    kernels::gelu_backward<T>({a.ffn_pre, tokens, I}, dact, dact);
+    ops_->gelu_backward({a.ffn_pre, tokens, I}, dact, dact);
     if (capture != nullptr) capture->on_output_grad(w.global, LinearKind::kFfnIn, microbatch, dact);
     // dh1 = FFN-in input gradient + the residual's.
     MatrixView<T> dh1(d_ctx, tokens, H);
     linear_input_grad(dact, {values + w.in_w, I, H}, dh1);
-    kernels::accumulate<T>(dsum, dh1);
+    ops_->accumulate(dsum, dh1);
     // Attention LayerNorm; its input is x + dropout(attention output projection).
-    kernels::layernorm_backward<T>({a.attn_sum, tokens, H}, dh1, values + w.ln1_g, a.mean1, a.rstd1,
-                                   dsum, grads + w.ln1_g, grads + w.ln1_b);
+    ops_->layernorm_backward({a.attn_sum, tokens, H}, dh1, values + w.ln1_g, a.mean1, a.rstd1, dsum,
+                             grads + w.ln1_g, grads + w.ln1_b);
     MatrixView<T> dattn_out(a.d_attn_out, tokens, H);
-    kernels::dropout_backward<T>(dsum, dattn_out, st.hidden_dropout,
-                                 site_seed(st.seed, w.global, 1));
+    ops_->dropout_backward(dsum, dattn_out, st.hidden_dropout, site_seed(st.seed, w.global, 1));
     if (capture != nullptr) {
       capture->on_output_grad(w.global, LinearKind::kAttentionOut, microbatch, dattn_out);
     }
     MatrixView<T> dctx(d_ctx, tokens, H);
     linear_input_grad(dattn_out, {values + w.o_w, H, H}, dctx);
     MatrixView<T> dqkv(a.d_qkv, tokens, 3 * H);
-    kernels::attention_backward<T>(shape, {a.qkv, tokens, 3 * H}, a.probs, dctx,
-                                   st.attention_dropout, site_seed(st.seed, w.global, 0), workspace,
-                                   dqkv);
+    ops_->attention_backward(shape, {a.qkv, tokens, 3 * H}, a.probs, dctx, st.attention_dropout,
+                             site_seed(st.seed, w.global, 0), workspace, dqkv);
     if (capture != nullptr) {
       capture->on_output_grad(w.global, LinearKind::kQuery, microbatch, dqkv.block_cols(0, H));
       capture->on_output_grad(w.global, LinearKind::kKey, microbatch, dqkv.block_cols(H, H));
       capture->on_output_grad(w.global, LinearKind::kValue, microbatch, dqkv.block_cols(2 * H, H));
     }
     linear_input_grad(dqkv, {values + w.qkv_w, 3 * H, H}, dinput);
-    kernels::accumulate<T>(dsum, dinput);
+    ops_->accumulate(dsum, dinput);
     d = dinput;
     std::swap(ping, pong);
   }
 
   if (spec_.has_embeddings) {
     MatrixView<T> dln(d_sum, tokens, H);
-    kernels::dropout_backward<T>(d, dln, st.hidden_dropout,
-                                 kernels::derive_seed(st.seed, kEmbeddingDropoutSalt));
+    ops_->dropout_backward(d, dln, st.hidden_dropout,
+                           kernels::derive_seed(st.seed, kEmbeddingDropoutSalt));
     st.d_embeddings = keep(tokens * H);
-    kernels::layernorm_backward<T>({st.emb_sum, tokens, H}, dln, values + o.emb_ln_g, st.emb_mean,
-                                   st.emb_rstd, {st.d_embeddings, tokens, H}, grads + o.emb_ln_g,
-                                   grads + o.emb_ln_b);
+    ops_->layernorm_backward({st.emb_sum, tokens, H}, dln, values + o.emb_ln_g, st.emb_mean,
+                             st.emb_rstd, {st.d_embeddings, tokens, H}, grads + o.emb_ln_g,
+                             grads + o.emb_ln_b);
   } else if (layers_.empty()) {
     // A chunk with no layers passes the gradient through.
-    for (std::int64_t r = 0; r < tokens; ++r) std::copy_n(d.row(r), H, grad_input.row(r));
+    if (grad_input.ld == H) {
+      copy_rows(d, grad_input.data);
+    } else {
+      for (std::int64_t r = 0; r < tokens; ++r) copy_rows(d.block_rows(r, 1), grad_input.row(r));
+    }
   }
   st.input_done = true;
 }
@@ -746,10 +780,10 @@ void BertChunk<T>::backward_weight(int microbatch) {
   T* grads = grads_.template data<T>();
   const auto& o = *offsets_;
   // dW += dy^T x and db += sum_rows dy of a Linear (its input half ran in backward_input).
-  auto linear_weight_grad = [](ConstMatrixView<T> x, ConstMatrixView<T> weight,
-                               ConstMatrixView<T> dy, T* dweight, T* dbias) {
-    kernels::linear_backward<T>(x, weight, dy, MatrixView<T>(nullptr, x.rows, x.cols),
-                                {dweight, weight.rows, weight.cols}, dbias);
+  auto linear_weight_grad = [this](ConstMatrixView<T> x, ConstMatrixView<T> weight,
+                                   ConstMatrixView<T> dy, T* dweight, T* dbias) {
+    ops_->linear_backward(x, weight, dy, MatrixView<T>(nullptr, x.rows, x.cols),
+                          {dweight, weight.rows, weight.cols}, dbias);
   };
   if (spec_.has_head) {
     linear_weight_grad({st.pooled, B, H}, {values + o.nsp_w, 2, H}, {st.nsp_probs, B, 2},
@@ -777,11 +811,10 @@ void BertChunk<T>::backward_weight(int microbatch) {
   }
   if (spec_.has_embeddings) {
     ConstMatrixView<T> dsum(st.d_embeddings, tokens, H);
-    kernels::embedding_backward<T>(dsum, st.ids, {grads + o.word, V, H}, config_.pad_token_id);
-    kernels::embedding_backward<T>(dsum, st.positions,
-                                   {grads + o.position, config_.max_position_embeddings, H});
-    kernels::embedding_backward<T>(dsum, st.types,
-                                   {grads + o.token_type, config_.type_vocab_size, H});
+    ops_->embedding_backward(dsum, st.ids, {grads + o.word, V, H}, config_.pad_token_id);
+    ops_->embedding_backward(dsum, st.positions,
+                             {grads + o.position, config_.max_position_embeddings, H});
+    ops_->embedding_backward(dsum, st.types, {grads + o.token_type, config_.type_vocab_size, H});
   }
   discard(microbatch);
 }
@@ -795,12 +828,13 @@ void check_finite_loss(const Losses& losses, std::int64_t step) {
 template <typename T>
 std::vector<std::unique_ptr<BertChunk<T>>> make_chunks(const BertConfig& config,
                                                        const std::vector<ChunkSpec>& specs,
-                                                       tensor::Backend& backend,
-                                                       std::uint64_t seed) {
+                                                       tensor::Backend& backend, std::uint64_t seed,
+                                                       tensor::Stream* stream,
+                                                       kernels::GemmPrecision precision) {
   validate_chunk_specs(config, specs);
   std::vector<std::unique_ptr<BertChunk<T>>> chunks;
   for (const auto& spec : specs) {
-    chunks.push_back(std::make_unique<BertChunk<T>>(config, spec, backend));
+    chunks.push_back(std::make_unique<BertChunk<T>>(config, spec, backend, stream, precision));
     chunks.back()->init_weights(seed);
   }
   return chunks;
@@ -809,8 +843,10 @@ std::vector<std::unique_ptr<BertChunk<T>>> make_chunks(const BertConfig& config,
 template class BertChunk<float>;
 template class BertChunk<double>;
 template std::vector<std::unique_ptr<BertChunk<float>>> make_chunks<float>(
-    const BertConfig&, const std::vector<ChunkSpec>&, tensor::Backend&, std::uint64_t);
+    const BertConfig&, const std::vector<ChunkSpec>&, tensor::Backend&, std::uint64_t,
+    tensor::Stream*, kernels::GemmPrecision);
 template std::vector<std::unique_ptr<BertChunk<double>>> make_chunks<double>(
-    const BertConfig&, const std::vector<ChunkSpec>&, tensor::Backend&, std::uint64_t);
+    const BertConfig&, const std::vector<ChunkSpec>&, tensor::Backend&, std::uint64_t,
+    tensor::Stream*, kernels::GemmPrecision);
 
 }  // namespace pf::model

@@ -12,6 +12,13 @@
 // (load/init), their gradients must be summed before the optimizer step (see
 // tied_parameter_names()) and identical updates keep them equal, as Megatron does with its
 // embedding group.
+//
+// Device: every op runs through the kernels' BackendOps of the backend's device (CpuOps on the
+// CPU, CudaOps on a GPU, issued on `stream`), so the chunk's parameters, gradients, stashes,
+// outputs and the views it hands to a KfacCapture live on that device; inputs, output
+// gradients and grad_input buffers must too. The Batch stays on the host (it is validated there
+// and its index arrays uploaded). Losses come back to the host (the cross-entropy waits for the
+// device).
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -21,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/backend_ops.h"
 #include "kernels/matrix_view.h"
 #include "runtime/model/batch.h"
 #include "runtime/model/bert_config.h"
@@ -82,23 +90,34 @@ struct ForwardResult {
 template <typename T>
 class BertChunk {
  public:
-  BertChunk(const BertConfig& config, const ChunkSpec& spec, tensor::Backend& backend);
+  // Ops issue on `stream` (null: the backend's default stream); `precision` picks how a GPU's
+  // matrix products run (the CPU always computes in T). Throws std::invalid_argument when this
+  // build has no ops of T for the backend's device.
+  BertChunk(const BertConfig& config, const ChunkSpec& spec, tensor::Backend& backend,
+            tensor::Stream* stream = nullptr,
+            kernels::GemmPrecision precision = kernels::GemmPrecision::kFp32);
   ~BertChunk();
   BertChunk(const BertChunk&) = delete;
   BertChunk& operator=(const BertChunk&) = delete;
 
   const BertConfig& config() const { return config_; }
   const ChunkSpec& spec() const { return spec_; }
+  tensor::Device device() const { return backend_->device(); }
+  tensor::Backend& backend() const { return *backend_; }
+  tensor::Stream* stream() const { return stream_; }
+  // The ops the chunk runs on (e.g. for K-FAC work on the same device and stream).
+  kernels::BackendOps<T>& ops() const { return *ops_; }
 
   // normal(0, initializer_range) weights and embeddings (the padding row zero), zero biases,
   // LayerNorm 1/0. Each tensor's values depend only on (seed, its name), so any chunking of the
-  // model is initialised identically.
+  // model is initialised identically, on any device (drawn on the host, then uploaded).
   void init_weights(std::uint64_t seed);
 
   std::vector<ParameterView<T>> parameters();
   // nullopt when this chunk has no parameter of that name.
   std::optional<ParameterView<T>> parameter(std::string_view name);
-  // All values / gradients of the chunk as one contiguous array (parameters() order).
+  // All values / gradients of the chunk as one contiguous array (parameters() order), in the
+  // device's memory (parameters() too).
   std::span<T> flat_values();
   std::span<T> flat_grads();
   void zero_grad();
@@ -143,9 +162,16 @@ class BertChunk {
                                    kernels::ConstMatrixView<T> input, const ForwardOptions& options,
                                    KfacCapture<T>* capture);
 
+  // Host to device (the chunk's stream); plain copies on the CPU.
+  void upload(void* destination, const void* source, std::size_t bytes);
+  // Device to device, row by row unless `from` is contiguous.
+  void copy_rows(kernels::ConstMatrixView<T> from, T* to);
+
   BertConfig config_;
   ChunkSpec spec_;
   tensor::Backend* backend_;
+  tensor::Stream* stream_;
+  std::unique_ptr<kernels::BackendOps<T>> ops_;
   tensor::Tensor values_;
   tensor::Tensor grads_;
   std::vector<Registered> registry_;
@@ -161,10 +187,10 @@ class BertChunk {
 
 // One chunk per spec (validated with validate_chunk_specs), initialised from `seed`.
 template <typename T>
-std::vector<std::unique_ptr<BertChunk<T>>> make_chunks(const BertConfig& config,
-                                                       const std::vector<ChunkSpec>& specs,
-                                                       tensor::Backend& backend,
-                                                       std::uint64_t seed);
+std::vector<std::unique_ptr<BertChunk<T>>> make_chunks(
+    const BertConfig& config, const std::vector<ChunkSpec>& specs, tensor::Backend& backend,
+    std::uint64_t seed, tensor::Stream* stream = nullptr,
+    kernels::GemmPrecision precision = kernels::GemmPrecision::kFp32);
 
 extern template class BertChunk<float>;
 extern template class BertChunk<double>;

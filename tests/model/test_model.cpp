@@ -253,6 +253,53 @@ TEST(BertModel, SplitBackwardEqualsFusedBitForBit) {
   EXPECT_THROW(split_model.chunks[0]->backward_weight(0), std::invalid_argument);  // freed
 }
 
+// Activations and gradients handed over as strided views (columns of a wider buffer, as a
+// receive buffer may be) give what contiguous ones give, bit for bit, through a chunk with layers
+// and through one without (which passes the gradient through).
+TEST(BertModel, StridedInputsAndGradientBuffersAreCopiedRowByRow) {
+  auto config = tiny_test_config();
+  config.num_layers = 1;
+  tensor::CpuBackend backend;
+  const Batch batch = make_random_batch(config, 2, 6, 2, 5);
+  const std::int64_t rows = batch.tokens(), hidden = config.hidden_size, wide = hidden + 3;
+  std::vector<float> input(static_cast<std::size_t>(rows * hidden));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  for (auto& v : input) v = normal(rng);
+  std::vector<float> input_wide(static_cast<std::size_t>(rows * wide), -7.0F);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::copy_n(input.data() + r * hidden, hidden, input_wide.data() + r * wide + 2);
+  }
+  const kernels::ConstMatrixView<float> contiguous(input.data(), rows, hidden);
+  const kernels::ConstMatrixView<float> strided(input_wide.data() + 2, rows, hidden, wide);
+  for (const int layers : {1, 0}) {
+    const ChunkSpec spec{0, layers, false, false};
+    BertChunk<float> a(config, spec, backend), b(config, spec, backend);
+    a.init_weights(4);
+    b.init_weights(4);
+    ForwardOptions options;
+    options.seed = 9;
+    const auto out_a = a.forward(0, batch, contiguous, options).output;
+    const auto out_b = b.forward(0, batch, strided, options).output;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < hidden; ++c) ASSERT_EQ(out_a.row(r)[c], out_b.row(r)[c]);
+    }
+    std::vector<float> dx_a(input.size()), dx_wide(input_wide.size(), -7.0F);
+    a.backward(0, contiguous, {dx_a.data(), rows, hidden});
+    b.backward(0, strided, {dx_wide.data() + 2, rows, hidden, wide});
+    for (std::int64_t r = 0; r < rows; ++r) {
+      EXPECT_EQ(dx_wide[static_cast<std::size_t>(r * wide)], -7.0F);  // outside the view
+      for (std::int64_t c = 0; c < hidden; ++c) {
+        ASSERT_EQ(dx_a[static_cast<std::size_t>(r * hidden + c)],
+                  dx_wide[static_cast<std::size_t>(r * wide + 2 + c)])
+            << layers << " layers, row " << r;
+      }
+    }
+    const auto ga = a.flat_grads(), gb = b.flat_grads();
+    for (std::size_t i = 0; i < ga.size(); ++i) ASSERT_EQ(ga[i], gb[i]);
+  }
+}
+
 TEST(BertModel, SteadyStateStepAllocatesNothing) {
   const auto config = tiny_test_config();
   tensor::CpuBackend backend;

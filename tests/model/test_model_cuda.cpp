@@ -1,0 +1,223 @@
+// BERT on a GPU: BertChunk on the CUDA backend (its ops are CudaOps) against the same chunks on
+// the CPU. Initial weights bit for bit; with dropout on and two micro-batches in flight, the
+// losses and every parameter gradient of the whole model and of a three-chunk split (activations
+// handed over in device memory) in fp32, TF32 and BF16 products; the zero-bubble split backward
+// against the fused one; a non-finite gradient named. Skipped without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_backend.h"
+#include "runtime/model/bert_chunk.h"
+#include "runtime/tensor/cpu_backend.h"
+#include "runtime/tensor/tensor.h"
+#include "tests/kernels/cuda_test_util.h"
+
+namespace pf::model {
+namespace {
+
+using kernels::GemmPrecision;
+using pf::testing::expect_close;
+using pf::testing::nmse;
+using Chunks = std::vector<std::unique_ptr<BertChunk<float>>>;
+
+// Small, but with several heads, odd vocabulary and sequence sizes and every part of the model.
+BertConfig small_config() {
+  BertConfig config;
+  config.name = "cuda-test";
+  config.vocab_size = 211;
+  config.hidden_size = 64;
+  config.num_layers = 3;
+  config.num_heads = 4;
+  config.intermediate_size = 160;
+  config.max_position_embeddings = 40;
+  config.type_vocab_size = 2;
+  config.hidden_dropout = 0.1F;
+  config.attention_dropout = 0.1F;
+  return config;
+}
+
+std::vector<ChunkSpec> three_chunks() {
+  return {{0, 1, true, false}, {1, 1, false, false}, {2, 1, false, true}};
+}
+
+std::vector<float> to_host(tensor::Backend& backend, const float* data, std::int64_t count) {
+  backend.synchronize();
+  std::vector<float> host(static_cast<std::size_t>(count));
+  backend.copy(host.data(), data, host.size() * sizeof(float), tensor::CopyKind::kDeviceToHost);
+  backend.synchronize();
+  return host;
+}
+
+// Forwards every micro-batch through the chunks, then backwards them in the same order (1F1B's
+// shape with all forwards first), on whatever device the chunks live; the gradients between
+// chunks are device buffers of `backend`. Split: backward_input of all micro-batches, then their
+// backward_weight. Returns the sum of the micro-batches' losses.
+double run_step(Chunks& chunks, tensor::Backend& backend, const std::vector<Batch>& batches,
+                bool split_backward = false) {
+  const float loss_scale = 1.0F / static_cast<float>(batches.size());
+  const std::int64_t hidden = chunks.front()->config().hidden_size;
+  double loss = 0.0;
+  for (std::size_t m = 0; m < batches.size(); ++m) {
+    kernels::ConstMatrixView<float> activation;
+    ForwardOptions options;
+    options.seed = 100 + m;
+    for (auto& chunk : chunks) {
+      const auto result = chunk->forward(static_cast<int>(m), batches[m], activation, options);
+      if (result.losses) loss += result.losses->total();
+      activation = result.output;  // forward copies its input: this is the hand-over
+    }
+  }
+  for (std::size_t m = 0; m < batches.size(); ++m) {
+    const std::int64_t rows = batches[m].tokens();
+    tensor::Tensor grad_output;  // the head chunk's is ignored
+    for (std::size_t c = chunks.size(); c-- > 0;) {
+      tensor::Tensor grad_input;
+      kernels::MatrixView<float> grad_input_view;
+      if (c > 0) {
+        grad_input = tensor::Tensor::empty(backend, {rows, hidden}, tensor::DType::kF32);
+        grad_input_view = {grad_input.data<float>(), rows, hidden};
+      }
+      const kernels::ConstMatrixView<float> grad_output_view(
+          grad_output.numel() > 0 ? grad_output.data<float>() : nullptr, rows, hidden);
+      if (split_backward) {
+        chunks[c]->backward_input(static_cast<int>(m), grad_output_view, grad_input_view,
+                                  loss_scale);
+      } else {
+        chunks[c]->backward(static_cast<int>(m), grad_output_view, grad_input_view, loss_scale);
+      }
+      grad_output = grad_input;
+    }
+  }
+  if (split_backward) {
+    for (std::size_t m = 0; m < batches.size(); ++m) {
+      for (auto& chunk : chunks) chunk->backward_weight(static_cast<int>(m));
+    }
+  }
+  return loss;
+}
+
+class BertCudaTest : public pf::testing::CudaTest {
+ protected:
+  BertConfig config_ = small_config();
+  std::vector<Batch> batches_ = {make_random_batch(config_, 3, 37, 5, 1),
+                                 make_random_batch(config_, 3, 37, 5, 2)};
+  tensor::CpuBackend cpu_;
+
+  Chunks cpu_chunks(const std::vector<ChunkSpec>& specs) {
+    return make_chunks<float>(config_, specs, cpu_, 9);
+  }
+  Chunks gpu_chunks(const std::vector<ChunkSpec>& specs, GemmPrecision precision) {
+    return make_chunks<float>(config_, specs, *backend_, 9, nullptr, precision);
+  }
+  // Every parameter's gradient (the tied copies kept apart: both chunkings are the same).
+  std::vector<std::pair<std::string, std::vector<float>>> gradients(Chunks& chunks,
+                                                                    tensor::Backend& backend) {
+    std::vector<std::pair<std::string, std::vector<float>>> all;
+    for (auto& chunk : chunks) {
+      for (const auto& p : chunk->parameters()) {
+        all.emplace_back(p.name, to_host(backend, p.grad, p.size));
+      }
+    }
+    return all;
+  }
+};
+
+TEST_F(BertCudaTest, InitialWeightsAreTheCpuWeightsBitForBit) {
+  auto cpu = cpu_chunks(three_chunks());
+  auto gpu = gpu_chunks(three_chunks(), GemmPrecision::kFp32);
+  for (std::size_t c = 0; c < cpu.size(); ++c) {
+    EXPECT_EQ(gpu[c]->device().kind, tensor::DeviceKind::kCuda);
+    const auto expected = cpu[c]->flat_values();
+    const auto actual = to_host(*backend_, gpu[c]->flat_values().data(),
+                                static_cast<std::int64_t>(gpu[c]->flat_values().size()));
+    ASSERT_EQ(actual.size(), expected.size());
+    for (std::size_t i = 0; i < actual.size(); ++i) ASSERT_EQ(actual[i], expected[i]) << i;
+  }
+}
+
+TEST_F(BertCudaTest, LossesAndGradientsMatchTheCpu) {
+  auto cpu = cpu_chunks({whole_model(config_)});
+  const double cpu_loss = run_step(cpu, cpu_, batches_);
+  const auto expected = gradients(cpu, cpu_);
+  struct Case {
+    GemmPrecision precision;
+    std::vector<ChunkSpec> specs;
+    double loss_tolerance, max_nmse;
+  };
+  const std::vector<Case> cases = {{GemmPrecision::kFp32, {whole_model(config_)}, 1e-5, 1e-8},
+                                   {GemmPrecision::kFp32, three_chunks(), 1e-5, 1e-8},
+                                   {GemmPrecision::kTf32, {whole_model(config_)}, 2e-3, 1e-4},
+                                   {GemmPrecision::kBf16, three_chunks(), 2e-2, 5e-3}};
+  for (const auto& c : cases) {
+    const std::string what = std::string(kernels::to_string(c.precision)) + ", " +
+                             std::to_string(c.specs.size()) + " chunk(s)";
+    auto gpu = gpu_chunks(c.specs, c.precision);
+    const double gpu_loss = run_step(gpu, *backend_, batches_);
+    EXPECT_NEAR(gpu_loss, cpu_loss, c.loss_tolerance * std::abs(cpu_loss)) << what;
+    // The whole model's tensors in its order; a split model holds the same ones plus the
+    // decoder's tied copy, whose gradient the whole model adds into the word embedding.
+    auto actual = gradients(gpu, *backend_);
+    for (const auto& [name, values] : expected) {
+      std::vector<float> sum;
+      for (const auto& [other, grad] : actual) {
+        if (other != name &&
+            !(name == tied_parameter_names().first && other == tied_parameter_names().second)) {
+          continue;
+        }
+        if (sum.empty()) sum.assign(grad.size(), 0.0F);
+        for (std::size_t i = 0; i < grad.size(); ++i) sum[i] += grad[i];
+      }
+      ASSERT_EQ(sum.size(), values.size()) << name << ", " << what;
+      if (c.precision == GemmPrecision::kFp32) {
+        expect_close(sum, values, 2e-4, name + ", " + what);
+      } else {
+        EXPECT_LT(nmse(sum, values), c.max_nmse) << name << ", " << what;
+      }
+    }
+  }
+}
+
+TEST_F(BertCudaTest, SplitBackwardMatchesTheFusedBackward) {
+  auto fused = gpu_chunks(three_chunks(), GemmPrecision::kFp32);
+  auto split = gpu_chunks(three_chunks(), GemmPrecision::kFp32);
+  const double fused_loss = run_step(fused, *backend_, batches_, false);
+  const double split_loss = run_step(split, *backend_, batches_, true);
+  EXPECT_NEAR(split_loss, fused_loss, 1e-6 * std::abs(fused_loss));
+  const auto expected = gradients(fused, *backend_);
+  const auto actual = gradients(split, *backend_);
+  ASSERT_EQ(actual.size(), expected.size());
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    // Atomic scatter-adds may sum in another order: close, not bitwise.
+    expect_close(actual[i].second, expected[i].second, 1e-6, actual[i].first);
+  }
+  for (auto& chunk : split) EXPECT_EQ(chunk->in_flight(), 0);
+}
+
+TEST_F(BertCudaTest, NonFiniteGradientsNameTheTensorAndElement) {
+  auto gpu = gpu_chunks({whole_model(config_)}, GemmPrecision::kFp32);
+  gpu.front()->zero_grad();
+  run_step(gpu, *backend_, {batches_.front()});
+  EXPECT_NO_THROW(gpu.front()->check_finite_gradients(3));
+  const auto bias = gpu.front()->parameter("bert.encoder.layer.2.intermediate.dense.bias");
+  ASSERT_TRUE(bias);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  backend_->copy(bias->grad + 4, &nan, sizeof(float), tensor::CopyKind::kHostToDevice);
+  try {
+    gpu.front()->check_finite_gradients(3);
+    FAIL() << "expected an exception";
+  } catch (const std::runtime_error& error) {
+    const std::string what = error.what();
+    EXPECT_NE(what.find("step 3"), std::string::npos) << what;
+    EXPECT_NE(what.find("bert.encoder.layer.2.intermediate.dense.bias' (element 4 is nan"),
+              std::string::npos)
+        << what;
+  }
+}
+
+}  // namespace
+}  // namespace pf::model
