@@ -1,8 +1,11 @@
 // The fused CUDA optimizers (runtime/optim/cuda) against the CPU optimizers over several steps:
 // AdamW, LAMB (clipping on, norm computed and given), momentum and Nesterov SGD, tensors with
-// and without weight decay, sizes across chunk boundaries. Skipped without a CUDA device.
+// and without weight decay, sizes across chunk boundaries; checkpoint state that crosses between
+// the devices. Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <memory>
 #include <vector>
 
 #include "runtime/optim/adamw.h"
@@ -44,6 +47,15 @@ class CudaOptimTest : public pf::testing::CudaTest {
                          sizes[i],
                          {static_cast<std::int64_t>(sizes[i])},
                          i == 2});
+    }
+    return p;
+  }
+  // A device copy of host parameters (their current values and gradients).
+  Params on_device(const Params& host) {
+    Params p = host;
+    for (std::size_t i = 0; i < p.views.size(); ++i) {
+      p.views[i].value = upload(host.values[i]);
+      p.views[i].grad = upload(host.grads[i]);
     }
     return p;
   }
@@ -116,6 +128,62 @@ TEST_F(CudaOptimTest, AChangedParameterListIsRejected) {
   auto renamed = gpu.views;
   renamed[1].name = "other";
   EXPECT_THROW(fused.step(renamed, 1e-3F), std::invalid_argument);
+}
+
+std::vector<float> record_floats(const ckpt::TensorRecord& record) {
+  std::vector<float> values(record.data.size() / sizeof(float));
+  std::memcpy(values.data(), record.data.data(), values.size() * sizeof(float));
+  return values;
+}
+
+// After two steps the GPU's records are the CPU's (names, order, shapes, dtype; values close);
+// the CPU's records loaded into a fresh GPU optimizer continue as the CPU run does.
+TEST_F(CudaOptimTest, CheckpointStateCrossesDevices) {
+  for (int kind = 0; kind < 3; ++kind) {
+    const auto make_optimizer = [&](bool gpu) -> std::unique_ptr<Optimizer> {
+      const SgdOptions sgd{.momentum = 0.9, .weight_decay = 1e-3};
+      if (kind == 0) {
+        if (gpu) return std::make_unique<CudaAdamW>(*backend_, nullptr, AdamWOptions{});
+        return std::make_unique<AdamW>();
+      }
+      if (kind == 1) {
+        if (gpu) return std::make_unique<CudaLamb>(*backend_, nullptr, LambOptions{});
+        return std::make_unique<Lamb>();
+      }
+      if (gpu) return std::make_unique<CudaSgd>(*backend_, nullptr, sgd);
+      return std::make_unique<Sgd>(sgd);
+    };
+    auto cpu = make_optimizer(false);
+    auto gpu = make_optimizer(true);
+    auto cpu_params = make(false);
+    auto gpu_params = make(true);
+    for (int step = 0; step < 2; ++step) {
+      cpu->step(cpu_params.views, 1e-2F);
+      gpu->step(gpu_params.views, 1e-2F);
+    }
+    const auto expected = cpu->state_records("opt");
+    const auto actual = gpu->state_records("opt");
+    EXPECT_EQ(gpu->name(), cpu->name());
+    ASSERT_EQ(actual.size(), expected.size()) << cpu->name();
+    for (std::size_t i = 0; i < actual.size(); ++i) {
+      EXPECT_EQ(actual[i].name, expected[i].name);
+      EXPECT_EQ(actual[i].shape, expected[i].shape) << expected[i].name;
+      ASSERT_EQ(actual[i].dtype, expected[i].dtype) << expected[i].name;
+      if (expected[i].dtype == ckpt::DType::kF32) {
+        expect_close(record_floats(actual[i]), record_floats(expected[i]), 2e-6, expected[i].name);
+      } else {
+        EXPECT_EQ(actual[i].data, expected[i].data) << expected[i].name;  // the step count
+      }
+    }
+    const auto file = ckpt::parse_safetensors(ckpt::serialize_safetensors(expected, {}), "cpu");
+    auto resumed = make_optimizer(true);
+    auto resumed_params = on_device(cpu_params);
+    resumed->load_state(file, resumed_params.views, "opt");
+    EXPECT_EQ(resumed->steps_taken(), 2);
+    cpu->step(cpu_params.views, 1e-2F);
+    resumed->step(resumed_params.views, 1e-2F);
+    expect_same(resumed_params, cpu_params, std::string(cpu->name()) + " resumed from the CPU");
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <stdexcept>
 
 #include "kernels/cuda/cuda_check.h"
@@ -45,6 +46,8 @@ void MultiTensorTable::bind(std::span<const ParamView> params, const char* optim
   for (const auto& p : params) {
     names_.push_back(p.name);
     sizes_.push_back(p.size);
+    offsets_.push_back(static_cast<std::size_t>(total_));
+    shapes_.push_back(p.shape);
     values_.push_back(p.value);
     total_ += static_cast<std::int64_t>(p.size);
   }
@@ -80,7 +83,64 @@ void MultiTensorTable::bind(std::span<const ParamView> params, const char* optim
   chunk_count_ = static_cast<std::int64_t>(chunks.size());
 }
 
+std::vector<float> MultiTensorTable::read_state(int buffer, std::size_t index) const {
+  std::vector<float> values(sizes_.at(index));
+  CUDA_CHECK(cudaMemcpyAsync(values.data(),
+                             state_.at(static_cast<std::size_t>(buffer)) + offsets_[index],
+                             values.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return values;
+}
+
+void MultiTensorTable::write_state(int buffer, std::size_t index, std::span<const float> values) {
+  if (values.size() != sizes_.at(index)) {
+    throw std::invalid_argument("optimizer state of '" + names_[index] +
+                                "': " + std::to_string(values.size()) + " values for a tensor of " +
+                                std::to_string(sizes_[index]));
+  }
+  CUDA_CHECK(cudaMemcpyAsync(state_.at(static_cast<std::size_t>(buffer)) + offsets_[index],
+                             values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice,
+                             stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 namespace {
+
+// AdamW's and LAMB's moments (state buffers 0 and 1) as the CPU optimizers' records.
+std::vector<ckpt::TensorRecord> adam_records(const MultiTensorTable& table, std::string_view prefix,
+                                             std::int64_t steps) {
+  AdamMomentsMap<float> moments;
+  if (steps > 0 && table.bound()) {
+    for (std::size_t i = 0; i < static_cast<std::size_t>(table.tensor_count()); ++i) {
+      moments[table.name(i)] =
+          AdamMoments<float>{table.read_state(0, i), table.read_state(1, i), table.shape(i)};
+    }
+  }
+  return adam_moment_records(prefix, steps, moments);
+}
+
+// Reads and checks every record first (nothing changes when one is missing or mis-shaped), then
+// binds the list and uploads the moments (zeros when the checkpoint has taken no step).
+std::int64_t load_adam(MultiTensorTable& table, const ckpt::SafetensorsFile& file,
+                       std::span<const ParamView> params, std::string_view prefix,
+                       const char* optimizer) {
+  validate_params(params);
+  std::int64_t steps = 0;
+  const auto moments = read_adam_moments<float>(file, params, prefix, steps);
+  table.bind(params, optimizer);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto found = moments.find(params[i].name);
+    if (found != moments.end()) {
+      table.write_state(0, i, found->second.exp_avg);
+      table.write_state(1, i, found->second.exp_avg_sq);
+    } else {
+      const std::vector<float> zeros(params[i].size, 0.0F);
+      table.write_state(0, i, zeros);
+      table.write_state(1, i, zeros);
+    }
+  }
+  return steps;
+}
 
 const TensorEntry* entries(const MultiTensorTable& table) {
   return static_cast<const TensorEntry*>(table.tensors());
@@ -100,7 +160,17 @@ CudaAdamW::CudaAdamW(kernels::cuda::CudaBackend& backend, tensor::Stream* stream
   }
 }
 
-void CudaAdamW::step(std::span<const ParamView> params, float learning_rate) {
+std::vector<ckpt::TensorRecord> CudaAdamW::state_records(std::string_view prefix) const {
+  return adam_records(table_, prefix, steps_);
+}
+
+void CudaAdamW::load_state(const ckpt::SafetensorsFile& file, std::span<const View> params,
+                           std::string_view prefix) {
+  steps_ = load_adam(table_, file, params, prefix, "AdamW");
+}
+
+void CudaAdamW::apply_step(std::span<const View> params, float learning_rate,
+                           std::optional<double> /*global_norm: AdamW does not clip*/) {
   table_.bind(params, "AdamW");
   ++steps_;
   const double t = static_cast<double>(steps_);
@@ -128,7 +198,41 @@ CudaSgd::CudaSgd(kernels::cuda::CudaBackend& backend, tensor::Stream* stream, Sg
   }
 }
 
-void CudaSgd::step(std::span<const ParamView> params, float learning_rate) {
+std::vector<ckpt::TensorRecord> CudaSgd::state_records(std::string_view prefix) const {
+  std::vector<ckpt::TensorRecord> records{step_record(prefix, steps_)};
+  if (steps_ == 0 || options_.momentum == 0 || !table_.bound()) return records;
+  std::map<std::string, std::size_t, std::less<>> by_name;  // the CPU's order
+  for (std::size_t i = 0; i < static_cast<std::size_t>(table_.tensor_count()); ++i) {
+    by_name.emplace(table_.name(i), i);
+  }
+  for (const auto& [name, i] : by_name) {
+    const auto values = table_.read_state(0, i);
+    records.push_back(state_buffer_record<float>(prefix, name, "momentum_buffer", table_.shape(i),
+                                                 std::span<const float>(values)));
+  }
+  return records;
+}
+
+void CudaSgd::load_state(const ckpt::SafetensorsFile& file, std::span<const View> params,
+                         std::string_view prefix) {
+  validate_params(params);
+  const auto steps = read_step(file, prefix);
+  std::vector<std::vector<float>> buffers;
+  if (steps > 0 && options_.momentum != 0) {
+    for (const auto& param : params) {
+      buffers.push_back(read_state_buffer(file, prefix, param, "momentum_buffer"));
+    }
+  }
+  table_.bind(params, "SGD");
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    table_.write_state(0, i,
+                       buffers.empty() ? std::vector<float>(params[i].size, 0.0F) : buffers[i]);
+  }
+  steps_ = steps;
+}
+
+void CudaSgd::apply_step(std::span<const View> params, float learning_rate,
+                         std::optional<double> /*global_norm: SGD does not clip*/) {
   table_.bind(params, "SGD");
   const bool first = steps_ == 0;
   ++steps_;
@@ -154,15 +258,24 @@ CudaLamb::CudaLamb(kernels::cuda::CudaBackend& backend, tensor::Stream* stream, 
   }
 }
 
-void CudaLamb::step(std::span<const ParamView> params, float learning_rate,
-                    std::optional<double> global_grad_norm) {
-  table_.bind(params, "LAMB");
+std::vector<ckpt::TensorRecord> CudaLamb::state_records(std::string_view prefix) const {
+  return adam_records(table_, prefix, steps_);
+}
+
+void CudaLamb::load_state(const ckpt::SafetensorsFile& file, std::span<const View> params,
+                          std::string_view prefix) {
+  steps_ = load_adam(table_, file, params, prefix, "LAMB");
   if (no_weight_decay_.empty()) {
     for (const auto& p : params) no_weight_decay_.push_back(p.no_weight_decay);
   }
-  if (global_grad_norm.has_value() && !(*global_grad_norm >= 0.0) &&
-      !std::isnan(*global_grad_norm)) {
-    throw std::invalid_argument("LAMB: the global gradient norm must be >= 0");
+}
+
+void CudaLamb::apply_step(std::span<const View> params, float learning_rate,
+                          std::optional<double> global_grad_norm) {
+  // BasicOptimizer::step has validated the list and refused a negative norm.
+  table_.bind(params, "LAMB");
+  if (no_weight_decay_.empty()) {
+    for (const auto& p : params) no_weight_decay_.push_back(p.no_weight_decay);
   }
   const auto tensors = table_.tensor_count();
   // [0, 2 tensors): per-tensor sums; [2 tensors]: the gradient square sum.
@@ -203,13 +316,15 @@ void CudaLamb::step(std::span<const ParamView> params, float learning_rate,
                             static_cast<double>(learning_rate),
                             options_.trust_ratio_without_decay};
   lamb_moments(entries(table_), chunk_list(table_), table_.chunk_count(), scalars, sums, stream_);
+  sums_valid_ = true;
   lamb_apply(entries(table_), chunk_list(table_), table_.chunk_count(), scalars, sums, stream_);
 }
 
 std::vector<double> CudaLamb::last_trust_ratios() const {
   const auto tensors = table_.tensor_count();
   std::vector<double> sums(static_cast<std::size_t>(2 * tensors));
-  if (tensors == 0 || steps_ == 0) return std::vector<double>(static_cast<std::size_t>(tensors), 1);
+  if (tensors == 0 || !sums_valid_)
+    return std::vector<double>(static_cast<std::size_t>(tensors), 1);
   auto& scratch = const_cast<kernels::cuda::DeviceScratch&>(sums_);
   CUDA_CHECK(cudaMemcpyAsync(sums.data(), scratch.ensure(sums.size() * sizeof(double)),
                              sums.size() * sizeof(double), cudaMemcpyDeviceToHost, stream_));
