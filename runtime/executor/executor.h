@@ -150,27 +150,50 @@ class Worker {
   std::unique_ptr<Impl> impl_;
 };
 
+// What the trainer drives: all ranks' workers, wherever they run (threads of this process, or
+// one process per rank with MPI, where each process holds one and some calls are collective).
+template <typename T>
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  Executor() = default;
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  virtual int num_ranks() const = 0;
+  virtual const RunSetup<T>& setup() const = 0;
+  // This process prints progress and writes metrics, traces and profiles (rank 0's process).
+  virtual bool is_root() const = 0;
+  // Runs [first_step, last_step) on every rank; on_step is called in the root process.
+  virtual void run(std::int64_t first_step, std::int64_t last_step,
+                   const std::function<void(const StepResult&)>& on_step) = 0;
+  // Every rank's events in the root process (elsewhere empty).
+  virtual std::vector<InstructionEvent> take_events() = 0;
+};
+
 // Workers on threads of this process, talking through an in-process communicator.
 template <typename T>
-class ThreadedExecutor {
+class ThreadedExecutor final : public Executor<T> {
  public:
   // Validates the schedule (sched::validate) and the configuration; throws
   // std::invalid_argument naming what is wrong before anything runs.
   explicit ThreadedExecutor(RunSetup<T> setup);
-  ~ThreadedExecutor();
+  ~ThreadedExecutor() override;
 
-  int num_ranks() const;
+  int num_ranks() const override;
   Worker<T>& worker(int rank);
-  const RunSetup<T>& setup() const;
+  const RunSetup<T>& setup() const override;
+  bool is_root() const override { return true; }
 
   // Runs [first_step, last_step) on all workers; on_step is called on rank 0's thread. When a
   // worker fails (an error, a wait past its deadline), every worker stops and this throws
   // std::runtime_error with the failure, each worker's recent history and the schedule grid
   // around the failed instruction.
   void run(std::int64_t first_step, std::int64_t last_step,
-           const std::function<void(const StepResult&)>& on_step = {});
+           const std::function<void(const StepResult&)>& on_step) override;
+  void run(std::int64_t first_step, std::int64_t last_step) { run(first_step, last_step, {}); }
 
-  std::vector<InstructionEvent> take_events();
+  std::vector<InstructionEvent> take_events() override;
   std::size_t pending_messages() const;
 
  private:

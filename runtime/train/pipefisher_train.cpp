@@ -1,38 +1,73 @@
 // pipefisher_train: BERT pretraining (MLM + NSP) with pipeline parallelism on worker threads,
-// optionally with K-FAC work placed in the pipeline's bubbles (PipeFisher).
-// Bad input prints one error line on stderr and exits with status 2; a failure during training
-// exits with status 1.
+// optionally with K-FAC work placed in the pipeline's bubbles (PipeFisher). Under mpirun, one
+// process per rank (runtime/train/mpi_launch.h).
+// Bad input prints one error line on stderr (rank 0 only under MPI) and exits with status 2; a
+// failure during training exits with status 1 (under MPI it ends the whole job).
 #include <exception>
 #include <iostream>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 
 #include "runtime/train/train_options.h"
 #include "runtime/train/trainer.h"
+#if PF_HAVE_MPI
+#include "runtime/train/mpi_launch.h"
+#endif
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv, pf::train::Launch& launch) {
   CLI::App app{
       "pipefisher_train: pretrains BERT (masked LM + next sentence) with pipeline parallelism: "
       "one worker thread per pipeline worker (x data-parallel replicas) executes the "
       "compiler's instruction stream (GPipe, 1F1B, interleaved 1F1B, Chimera, or a saved "
-      "schedule); --kfac runs K-FAC in the pipeline's bubbles (PipeFisher).",
+      "schedule); --kfac runs K-FAC in the pipeline's bubbles (PipeFisher). Under mpirun, one "
+      "process per worker and replica (mpirun -np stages x data-parallel).",
       "pipefisher_train"};
   pf::train::TrainOptions options;
   pf::train::add_train_options(app, options);
+  const bool root = launch.is_root();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    if (error.get_exit_code() == 0) return app.exit(error);  // --help
-    std::cerr << "pipefisher_train: error: " << error.what() << " (see --help)\n";
+    if (error.get_exit_code() == 0) return root ? app.exit(error) : 0;  // --help
+    if (root) std::cerr << "pipefisher_train: error: " << error.what() << " (see --help)\n";
     return 2;
   }
+  std::ostream quiet(nullptr);  // other ranks' output goes nowhere
   try {
-    return pf::train::run_training(options, std::cout);
+    return pf::train::run_training(options, root ? std::cout : quiet, launch);
   } catch (const std::invalid_argument& error) {
-    std::cerr << "pipefisher_train: error: " << error.what() << "\n";
+    // Every process checks the same input alike: rank 0 speaks for all.
+    if (root) std::cerr << "pipefisher_train: error: " << error.what() << "\n";
     return 2;
   } catch (const std::exception& error) {
     std::cerr << "pipefisher_train: training failed: " << error.what() << "\n";
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+#if PF_HAVE_MPI
+  if (pf::comm::MpiSession::launched_by_mpirun()) {
+    std::optional<pf::comm::MpiSession> session;
+    try {
+      session.emplace(&argc, &argv);
+    } catch (const std::exception& error) {
+      std::cerr << "pipefisher_train: error: " << error.what() << "\n";
+      return 2;
+    }
+    pf::comm::MpiCommunicator comm(*session);
+    pf::train::MpiLaunch launch(comm);
+    const int status = run(argc, argv, launch);
+    // A failure after the ranks started together ends the job: the others would only wait.
+    if (status == 1) comm.abort("pipefisher_train failed on this rank (see above)");
+    return status;
+  }
+#endif
+  pf::train::Launch threads;
+  return run(argc, argv, threads);
 }

@@ -154,7 +154,7 @@ void print_measured_summary(const sched::Schedule& schedule,
 }
 
 template <typename T>
-int train(const TrainOptions& o, RunContext& context, std::ostream& out) {
+int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch& launch) {
   const auto& config = context.config;
   exec::RunSetup<T> setup;
   setup.config = config;
@@ -180,21 +180,22 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out) {
   };
   setup.batches = context.batches.get();
 
-  exec::ThreadedExecutor<T> executor(setup);
+  const auto executor_owner = launch.make_executor(setup);
+  auto& executor = *executor_owner;
   const auto& schedule = executor.setup().schedule;
   const std::int64_t sequences_per_step = static_cast<std::int64_t>(schedule.params.microbatches) *
                                           schedule.params.data_parallel * context.micro_batch_size;
   if (!o.quiet) {
     out << "pipefisher_train: BERT " << config.name << " (" << config.num_layers
         << " layers, hidden " << config.hidden_size << ", vocab " << config.vocab_size << "), "
-        << sched::to_string(schedule.params.kind) << " on " << schedule.num_workers()
-        << " worker thread(s) x " << schedule.params.data_parallel << " replica(s), "
+        << sched::to_string(schedule.params.kind) << " on " << schedule.num_workers() << " "
+        << launch.workers_noun() << " x " << schedule.params.data_parallel << " replica(s), "
         << schedule.params.microbatches << " micro-batches of " << context.micro_batch_size << " x "
         << context.seq_len << " tokens per step, " << o.optimizer << ", " << o.steps << " steps\n";
     if (!context.kfac_summary.empty()) out << context.kfac_summary;
   }
 
-  MetricsWriter metrics(o.metrics);
+  MetricsWriter metrics(executor.is_root() ? o.metrics : std::string());
   const bool tty = isatty(STDOUT_FILENO) != 0 && &out == &std::cout;
   const std::int64_t first_step = 0;
   const auto start = std::chrono::steady_clock::now();
@@ -236,6 +237,7 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   const auto events = executor.take_events();
+  if (!executor.is_root()) return 0;  // the root process reports for every rank
   if (!o.trace.empty()) {
     traces::write_json_file(o.trace, exec::measured_trace(schedule, events));
   }
@@ -260,7 +262,19 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out) {
 
 }  // namespace
 
+std::unique_ptr<exec::Executor<float>> Launch::make_executor(exec::RunSetup<float> setup) {
+  return std::make_unique<exec::ThreadedExecutor<float>>(std::move(setup));
+}
+std::unique_ptr<exec::Executor<double>> Launch::make_executor(exec::RunSetup<double> setup) {
+  return std::make_unique<exec::ThreadedExecutor<double>>(std::move(setup));
+}
+
 int run_training(const TrainOptions& o, std::ostream& out) {
+  Launch threads;
+  return run_training(o, out, threads);
+}
+
+int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
   validate_options(o);
   RunContext context;
   context.config = model::resolve_bert_config(o.model);
@@ -333,9 +347,18 @@ int run_training(const TrainOptions& o, std::ostream& out) {
     } else {
       if (!o.quiet)
         out << "profiling the schedule and the K-FAC kernels for the PipeFisher pass...\n";
-      profile = profile_schedule(
-          context.config, context.schedule,
-          {context.micro_batch_size, context.seq_len, context.max_predictions}, profile_options);
+      if (launch.is_root()) {
+        profile = profile_schedule(
+            context.config, context.schedule,
+            {context.micro_batch_size, context.seq_len, context.max_predictions}, profile_options);
+      }
+      if (launch.multi_process()) {  // one profile, so that every process compiles one schedule
+        const auto wait =
+            std::chrono::milliseconds(static_cast<std::int64_t>(o.wait_timeout_s * 1e3));
+        profile = sim::profile_from_json(nlohmann::json::parse(launch.share_from_root(
+                                             sim::profile_to_json(profile).dump(), wait)),
+                                         "self-profile");
+      }
       source = "self-profile";
     }
     const auto pass =
@@ -365,8 +388,8 @@ int run_training(const TrainOptions& o, std::ostream& out) {
     context.shards = shards.get();
     context.batches = std::move(shards);
   }
-  if (o.precision == "fp64") return train<double>(o, context, out);
-  return train<float>(o, context, out);
+  if (o.precision == "fp64") return train<double>(o, context, out, launch);
+  return train<float>(o, context, out, launch);
 }
 
 }  // namespace pf::train

@@ -1,0 +1,51 @@
+#pragma once
+// One Worker per MPI process: `mpirun -np N` starts N copies of the program, each builds the
+// same RunSetup and an MpiExecutor, which runs this process's rank.
+//
+// Ranks (the executor's order, see executor.h): rank = replica * workers + worker, so a
+// replica's pipeline neighbours are adjacent MPI ranks, which mpirun's default by-slot mapping
+// places on the same node first. N must equal workers x data-parallel replicas.
+//
+// Only the root process (rank 0) gets on_step, and take_events() gathers every rank's events
+// there (aligned by a barrier right before the workers start), for one Chrome trace with a
+// process per rank. A rank that fails prints its error, its recent instructions and the schedule
+// around the failed instruction on stderr, then aborts the MPI job (MPI_Abort): every rank ends
+// with an error at once, never waiting out its deadline.
+#include <memory>
+
+#include "runtime/comm/mpi_communicator.h"
+#include "runtime/executor/executor.h"
+
+namespace pf::exec {
+
+template <typename T>
+class MpiExecutor final : public Executor<T> {
+ public:
+  // Collective over the world. Validates as ThreadedExecutor does; throws std::invalid_argument
+  // (on every rank alike, nothing started) when the process count is not workers x replicas.
+  MpiExecutor(RunSetup<T> setup, comm::MpiCommunicator& comm);
+  ~MpiExecutor() override;
+
+  int num_ranks() const override;
+  const RunSetup<T>& setup() const override;
+  bool is_root() const override;
+  Worker<T>& worker();  // this process's rank
+
+  // Collective. A failure on any rank ends the job (see above): it returns only on success.
+  void run(std::int64_t first_step, std::int64_t last_step,
+           const std::function<void(const StepResult&)>& on_step) override;
+  // Collective: every rank's events in the root process, empty elsewhere.
+  std::vector<InstructionEvent> take_events() override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The error for a process count that does not fit the schedule (what every rank throws).
+std::string mpi_layout_error(int processes, int workers, int replicas);
+
+extern template class MpiExecutor<float>;
+extern template class MpiExecutor<double>;
+
+}  // namespace pf::exec
