@@ -53,14 +53,27 @@ float* KfacCuda::scratch_floats(kernels::cuda::DeviceScratch& scratch, std::int6
 
 void KfacCuda::add_gram_lower(float* sum, std::int64_t d, const float* x, std::int64_t rows,
                               float scale) {
+  add_gram_lower(sum, kernels::ConstMatrixView<float>(x, rows, d), scale);
+}
+
+void KfacCuda::add_gram_lower(float* sum, kernels::ConstMatrixView<float> x, float scale) {
+  const std::int64_t d = x.cols;
+  const std::int64_t rows = x.rows;
   if (rows < 0 || d < 0) throw std::invalid_argument("add_gram_lower: negative size");
+  if (x.ld < d) {
+    throw std::invalid_argument("add_gram_lower: leading dimension " + std::to_string(x.ld) +
+                                " is below the " + std::to_string(d) + " columns");
+  }
   if (rows == 0 || d == 0) return;
-  if (x == nullptr || sum == nullptr) throw std::invalid_argument("add_gram_lower: null input");
-  // The row-major [rows, d] input is the column-major d x rows matrix X = x^T: x^T x = X X^T.
+  if (x.data == nullptr || sum == nullptr) {
+    throw std::invalid_argument("add_gram_lower: null input");
+  }
+  // The row-major [rows, d] input with rows ld apart is the column-major d x rows matrix X = x^T
+  // with leading dimension ld: x^T x = X X^T.
   const float one = 1.0F;
   CUBLAS_CHECK(cublasSsyrk(ops_.cublas().get(), CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N,
-                           static_cast<int>(d), static_cast<int>(rows), &scale, x,
-                           static_cast<int>(d), &one, sum, static_cast<int>(d)));
+                           static_cast<int>(d), static_cast<int>(rows), &scale, x.data,
+                           static_cast<int>(x.ld), &one, sum, static_cast<int>(d)));
 }
 
 void KfacCuda::fill_upper_from_lower(float* matrix, std::int64_t d) {

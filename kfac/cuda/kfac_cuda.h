@@ -46,6 +46,9 @@ class KfacCuda {
 
   // sum (d x d, lower triangle) += scale * x^T x, x row-major [rows, d] (factors.h).
   void add_gram_lower(float* sum, std::int64_t d, const float* x, std::int64_t rows, float scale);
+  // The same from a strided view (d = x.cols): e.g. one of the query/key/value column blocks of
+  // the fused QKV output gradient, as BertChunk hands them to a KfacCapture, read in place.
+  void add_gram_lower(float* sum, kernels::ConstMatrixView<float> x, float scale);
   void fill_upper_from_lower(float* matrix, std::int64_t d);
   // (C + C^T) / 2 in place.
   void symmetrize(float* matrix, std::int64_t d);

@@ -56,6 +56,19 @@ TEST_F(KfacCudaTest, CurvatureIsTheCpuGramMatrix) {
   kfac_->add_gram_lower(sum, d, upload(x), rows, 0.5F);
   kfac_->fill_upper_from_lower(sum, d);
   expect_close(get(sum, d * d), as_vector(expected), 1e-5, "gram");
+  // The same columns read in place from a wider row-major matrix (ld = d + 9, offset 4).
+  const std::int64_t ld = d + 9;
+  std::vector<float> wide(static_cast<std::size_t>(rows * ld), 1e3F);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::copy_n(x.data() + r * d, d, wide.data() + r * ld + 4);
+  }
+  float* strided_sum = upload_matrix(Eigen::MatrixXf::Identity(d, d));
+  kfac_->add_gram_lower(strided_sum, kernels::ConstMatrixView<float>(upload(wide) + 4, rows, d, ld),
+                        0.5F);
+  kfac_->fill_upper_from_lower(strided_sum, d);
+  expect_close(get(strided_sum, d * d), as_vector(expected), 1e-5, "gram of a strided view");
+  EXPECT_THROW(kfac_->add_gram_lower(strided_sum, kernels::ConstMatrixView<float>(sum, 4, 8, 7), 1),
+               std::invalid_argument);
 }
 
 TEST_F(KfacCudaTest, DampingMatchesTheCpu) {
