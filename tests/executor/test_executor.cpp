@@ -82,6 +82,22 @@ double max_relative_difference(ThreadedExecutor<T>& executor, model::BertChunk<T
   return worst;
 }
 
+// Trains the single-worker reference (LAMB, the same seeds and learning rates) for `steps` steps
+// of `microbatches_per_step` micro-batches and returns max_relative_difference against it.
+template <typename T>
+double difference_from_reference(ThreadedExecutor<T>& executor, const model::BertConfig& config,
+                                 BatchSource& batches, std::int64_t steps,
+                                 int microbatches_per_step) {
+  testing::ReferenceTrainer<T> reference(
+      config, kInitSeed, kDropoutSeed,
+      std::make_unique<optim::BasicLamb<T>>(optim::LambOptions{.max_grad_norm = 0.5}),
+      learning_rate);
+  for (std::int64_t step = 0; step < steps; ++step) {
+    reference.step(step, batches, microbatches_per_step);
+  }
+  return max_relative_difference(executor, reference.model());
+}
+
 // Largest |update - reference update| / max |reference update| of the tensor, where an update
 // is the parameter's change since `initial`.
 double max_relative_update_difference(ThreadedExecutor<float>& executor,
@@ -146,14 +162,9 @@ TEST_P(PipelinedEqualsSingleWorker, InDouble) {
   std::vector<StepResult> results;
   executor.run(0, 3, [&](const StepResult& r) { results.push_back(r); });
 
-  testing::ReferenceTrainer<double> reference(
-      config, kInitSeed, kDropoutSeed,
-      std::make_unique<optim::BasicLamb<double>>(optim::LambOptions{.max_grad_norm = 0.5}),
-      learning_rate);
-  for (std::int64_t step = 0; step < 3; ++step) {
-    reference.step(step, batches, params.microbatches * params.data_parallel);
-  }
-  EXPECT_LT(max_relative_difference(executor, reference.model()), 1e-12);
+  EXPECT_LT(difference_from_reference(executor, config, batches, 3,
+                                      params.microbatches * params.data_parallel),
+            1e-12);
   ASSERT_EQ(results.size(), 3U);
   for (std::size_t i = 0; i < results.size(); ++i) {
     EXPECT_EQ(results[i].step, static_cast<std::int64_t>(i));
@@ -203,13 +214,8 @@ TEST(Executor, FloatWithinTolerance) {
   SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
   ThreadedExecutor<float> executor(make_setup<float>(config, sched::compile(params), batches));
   executor.run(0, 4);
-  testing::ReferenceTrainer<float> reference(
-      config, kInitSeed, kDropoutSeed,
-      std::make_unique<optim::BasicLamb<float>>(optim::LambOptions{.max_grad_norm = 0.5}),
-      learning_rate);
-  for (std::int64_t step = 0; step < 4; ++step) reference.step(step, batches, 8);
   // fp32 sums in another order: a few ulps per step, amplified a little by LAMB's division.
-  EXPECT_LT(max_relative_difference(executor, reference.model()), 1e-5);
+  EXPECT_LT(difference_from_reference(executor, config, batches, 4, 8), 1e-5);
 }
 
 TEST(Executor, TorchCsvScheduleRuns) {
@@ -227,12 +233,7 @@ TEST(Executor, TorchCsvScheduleRuns) {
   SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
   ThreadedExecutor<double> executor(make_setup<double>(config, schedule, batches));
   executor.run(0, 2);
-  testing::ReferenceTrainer<double> reference(
-      config, kInitSeed, kDropoutSeed,
-      std::make_unique<optim::BasicLamb<double>>(optim::LambOptions{.max_grad_norm = 0.5}),
-      learning_rate);
-  for (std::int64_t step = 0; step < 2; ++step) reference.step(step, batches, 4);
-  EXPECT_LT(max_relative_difference(executor, reference.model()), 1e-12);
+  EXPECT_LT(difference_from_reference(executor, config, batches, 2, 4), 1e-12);
 }
 
 // K-FAC in the bubbles (the PipeFisher pass's k-step schedule) equals the same K-FAC updates
@@ -329,14 +330,8 @@ TEST(Executor, TorchWrittenVShapeSchedulesRun) {
     SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
     ThreadedExecutor<double> executor(make_setup<double>(config, schedule, batches));
     executor.run(0, 2);
-    testing::ReferenceTrainer<double> reference(
-        config, kInitSeed, kDropoutSeed,
-        std::make_unique<optim::BasicLamb<double>>(optim::LambOptions{.max_grad_norm = 0.5}),
-        learning_rate);
-    for (std::int64_t step = 0; step < 2; ++step) {
-      reference.step(step, batches, schedule.params.microbatches);
-    }
-    EXPECT_LT(max_relative_difference(executor, reference.model()), 1e-12);
+    EXPECT_LT(difference_from_reference(executor, config, batches, 2, schedule.params.microbatches),
+              1e-12);
   }
 }
 
