@@ -43,6 +43,7 @@ class KfacCuda {
   explicit KfacCuda(kernels::cuda::CudaBackend& backend, tensor::Stream* stream = nullptr);
 
   kernels::cuda::CudaOps& ops() { return ops_; }
+  kernels::cuda::CudaBackend& backend() const { return *backend_; }
 
   // sum (d x d, lower triangle) += scale * x^T x, x row-major [rows, d] (factors.h).
   void add_gram_lower(float* sum, std::int64_t d, const float* x, std::int64_t rows, float scale);

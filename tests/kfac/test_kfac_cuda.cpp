@@ -9,9 +9,11 @@
 #include <vector>
 
 #include "kfac/cuda/kfac_cuda.h"
+#include "kfac/cuda/layer_state_cuda.h"
 #include "kfac/damping.h"
 #include "kfac/factors.h"
 #include "kfac/inverse.h"
+#include "kfac/layer_state.h"
 #include "kfac/precondition.h"
 #include "tests/kernels/cuda_test_util.h"
 
@@ -157,6 +159,83 @@ TEST_F(KfacCudaTest, PreconditioningInPlaceMatchesTheCpu) {
                       device_w, device_b);
   expect_close(get(device_w, d_out * d_in), grad_w, 1e-5, "preconditioned weight");
   expect_close(get(device_b, d_out), grad_b, 1e-5, "preconditioned bias");
+}
+
+void expect_close_matrix(const Eigen::MatrixXf& actual, const Eigen::MatrixXf& expected,
+                         double tolerance, const std::string& what) {
+  ASSERT_EQ(actual.rows(), expected.rows()) << what;
+  ASSERT_EQ(actual.cols(), expected.cols()) << what;
+  expect_close(as_vector(actual), as_vector(expected), tolerance, what);
+}
+
+// A layer's life on the GPU against the CPU's KfacLayerState: two refreshes (the second blended
+// with running average 0.9), one micro-batch accumulated in two pieces, a strided input,
+// damping, both inversions, preconditioning; to_host gives the CPU's state and load restores it.
+TEST_F(KfacCudaTest, LayerStateFollowsTheCpuLifeCycle) {
+  const std::int64_t d_in = 48, d_out = 20, tokens = 37;
+  KfacLayerState cpu(d_in, d_out);
+  KfacLayerCuda gpu(*kfac_, d_in, d_out, "layer 1 ffn_in");
+  for (int refresh = 0; refresh < 2; ++refresh) {
+    for (int microbatch = 0; microbatch < 2; ++microbatch) {
+      const auto a = random(static_cast<std::size_t>(tokens * d_in));
+      const auto g = random(static_cast<std::size_t>(tokens * d_out), 0.1F);
+      accumulate_b(cpu, g.data(), tokens, 3.0F);
+      gpu.accumulate_b({upload(g), tokens, d_out}, 3.0F);
+      if (microbatch == 0) {
+        accumulate_a(cpu, a.data(), tokens);
+        gpu.accumulate_a({upload(a), tokens, d_in}, 0, kPieceUnits / 2);
+        gpu.accumulate_a({upload(a), tokens, d_in}, kPieceUnits / 2, kPieceUnits);
+      } else {
+        accumulate_a(cpu, a.data(), tokens);
+        std::vector<float> wide(static_cast<std::size_t>(tokens * (d_in + 5)), 0.0F);
+        for (std::int64_t r = 0; r < tokens; ++r) {
+          std::copy_n(a.data() + r * d_in, d_in, wide.data() + r * (d_in + 5));
+        }
+        gpu.accumulate_a({upload(wide), tokens, d_in, d_in + 5});
+      }
+    }
+    const float average = refresh == 0 ? 0.0F : 0.9F;
+    finalize_a(cpu, average);
+    finalize_b(cpu, average);
+    gpu.finalize_a(average);
+    gpu.finalize_b(average);
+  }
+  EXPECT_THROW(gpu.finalize_a(), std::logic_error);  // nothing accumulated since
+  const auto expected_damping = layer_damping(cpu, 0.01F);
+  const auto damping = gpu.damping(0.01F);
+  EXPECT_NEAR(damping.a, expected_damping.a, 1e-5F * expected_damping.a);
+  EXPECT_NEAR(damping.b, expected_damping.b, 1e-5F * expected_damping.b);
+  EXPECT_THROW(gpu.precondition(nullptr, nullptr, nullptr, nullptr), std::logic_error);
+  invert_a(cpu, expected_damping.a);
+  invert_b(cpu, expected_damping.b);
+  gpu.invert_a(expected_damping.a);
+  gpu.invert_b(expected_damping.b);
+
+  const auto host = gpu.to_host();
+  EXPECT_EQ(host.a.refreshes, 2);
+  EXPECT_EQ(host.b.inverted_refresh, 2);
+  EXPECT_EQ(host.a.sum.size(), 0);
+  expect_close_matrix(host.a.value, cpu.a.value, 1e-5, "A");
+  expect_close_matrix(host.b.value, cpu.b.value, 1e-5, "B");
+  expect_close_matrix(host.a.inverse, cpu.a.inverse, 2e-4, "A inverse");
+  expect_close_matrix(host.b.inverse, cpu.b.inverse, 2e-4, "B inverse");
+
+  auto grad_w = random(static_cast<std::size_t>(d_out * d_in));
+  auto grad_b = random(static_cast<std::size_t>(d_out));
+  float* device_w = upload(grad_w);
+  float* device_b = upload(grad_b);
+  precondition_layer(cpu, grad_w.data(), grad_b.data(), grad_w.data(), grad_b.data());
+  gpu.precondition(device_w, device_b, device_w, device_b);
+  expect_close(get(device_w, d_out * d_in), grad_w, 2e-4, "preconditioned weight");
+  expect_close(get(device_b, d_out), grad_b, 2e-4, "preconditioned bias");
+
+  KfacLayerCuda restored(*kfac_, d_in, d_out, "restored");
+  restored.load(cpu);
+  const auto round_trip = restored.to_host();
+  EXPECT_EQ(round_trip.a.refreshes, cpu.a.refreshes);
+  EXPECT_EQ(round_trip.b.damping, cpu.b.damping);
+  EXPECT_EQ(as_vector(round_trip.a.inverse), as_vector(cpu.a.inverse));
+  EXPECT_THROW(restored.load(KfacLayerState(d_in + 1, d_out)), std::invalid_argument);
 }
 
 }  // namespace

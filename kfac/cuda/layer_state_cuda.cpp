@@ -1,0 +1,211 @@
+#include "kfac/cuda/layer_state_cuda.h"
+
+#include <stdexcept>
+#include <utility>
+
+#include "kernels/cuda/cuda_check.h"
+
+namespace pf::kfac::cuda {
+namespace {
+
+std::size_t matrix_bytes(std::int64_t dim) {
+  return static_cast<std::size_t>(dim * dim) * sizeof(float);
+}
+
+Eigen::MatrixXf download(kernels::cuda::CudaBackend& backend, const tensor::Tensor& matrix,
+                         std::int64_t dim) {
+  Eigen::MatrixXf host(dim, dim);
+  backend.synchronize();
+  backend.copy(host.data(), matrix.raw_data(), matrix_bytes(dim), tensor::CopyKind::kDeviceToHost);
+  backend.synchronize();
+  return host;
+}
+
+void upload(kernels::cuda::CudaBackend& backend, tensor::Tensor& matrix,
+            const Eigen::MatrixXf& host, std::int64_t dim, const char* what) {
+  if (host.rows() != dim || host.cols() != dim) {
+    throw std::invalid_argument(std::string("KfacLayerCuda::load: ") + what + " is " +
+                                std::to_string(host.rows()) + " x " + std::to_string(host.cols()) +
+                                ", expected " + std::to_string(dim) + " x " + std::to_string(dim));
+  }
+  backend.copy(matrix.raw_data(), host.data(), matrix_bytes(dim), tensor::CopyKind::kHostToDevice);
+  backend.synchronize();
+}
+
+}  // namespace
+
+DeviceFactor::DeviceFactor(kernels::cuda::CudaBackend& backend, std::int64_t dim_)
+    : dim(dim_),
+      sum(tensor::Tensor::zeros(backend, {dim_, dim_}, tensor::DType::kF32)),
+      value(tensor::Tensor::zeros(backend, {dim_, dim_}, tensor::DType::kF32)),
+      inverse(tensor::Tensor::zeros(backend, {dim_, dim_}, tensor::DType::kF32)) {}
+
+namespace {
+std::int64_t positive(std::int64_t dim, std::int64_t d_in, std::int64_t d_out) {
+  if (d_in <= 0 || d_out <= 0) {
+    throw std::invalid_argument("KfacLayerCuda: dimensions must be positive, got d_in " +
+                                std::to_string(d_in) + ", d_out " + std::to_string(d_out));
+  }
+  return dim;
+}
+}  // namespace
+
+KfacLayerCuda::KfacLayerCuda(KfacCuda& kfac, std::int64_t d_in, std::int64_t d_out,
+                             std::string name)
+    : kfac_(&kfac),
+      backend_(&kfac.backend()),
+      name_(std::move(name)),
+      a_(kfac.backend(), positive(d_in, d_in, d_out)),
+      b_(kfac.backend(), positive(d_out, d_in, d_out)) {}
+
+void KfacLayerCuda::accumulate(DeviceFactor& factor, kernels::ConstMatrixView<float> x, float scale,
+                               int unit_begin, int unit_end, const char* which) {
+  const std::int64_t tokens = x.rows;
+  if (tokens <= 0) {
+    throw std::invalid_argument(std::string("accumulate_") + which + ": " + name_ +
+                                ": a micro-batch needs at least one token, got " +
+                                std::to_string(tokens));
+  }
+  if (x.cols != factor.dim) {
+    throw std::invalid_argument(std::string("accumulate_") + which + ": " + name_ + ": " +
+                                std::to_string(x.cols) + " columns, the factor is " +
+                                std::to_string(factor.dim) + " x " + std::to_string(factor.dim));
+  }
+  const ItemRange rows = piece_items(tokens, unit_begin, unit_end);
+  if (!factor.accumulating) {
+    CUDA_CHECK(
+        cudaMemsetAsync(factor.sum.raw_data(), 0, matrix_bytes(factor.dim), kfac_->ops().stream()));
+    factor.accumulating = true;
+  }
+  if (rows.size() > 0) {
+    kfac_->add_gram_lower(factor.sum.data<float>(), x.block_rows(rows.begin, rows.size()), scale);
+  }
+  if (unit_end == kPieceUnits) ++factor.microbatches;
+}
+
+void KfacLayerCuda::accumulate_a(kernels::ConstMatrixView<float> a, int unit_begin, int unit_end) {
+  accumulate(a_, a, a.rows > 0 ? 1.0F / static_cast<float>(a.rows) : 0.0F, unit_begin, unit_end,
+             "a");
+}
+
+void KfacLayerCuda::accumulate_b(kernels::ConstMatrixView<float> g, float output_grad_scale,
+                                 int unit_begin, int unit_end) {
+  if (!(output_grad_scale > 0.0F)) {
+    throw std::invalid_argument("accumulate_b: " + name_ + ": output_grad_scale must be > 0, got " +
+                                std::to_string(output_grad_scale));
+  }
+  accumulate(b_, g, output_grad_scale, unit_begin, unit_end, "b");
+}
+
+void KfacLayerCuda::finalize(DeviceFactor& factor, float running_average, const char* which) {
+  if (factor.microbatches == 0) {
+    throw std::logic_error(std::string("finalize_") + which + ": " + name_ +
+                           ": no micro-batch was accumulated since the last refresh");
+  }
+  if (!(running_average >= 0.0F && running_average < 1.0F)) {
+    throw std::invalid_argument(std::string("finalize_") + which + ": " + name_ +
+                                ": running_average must lie in [0, 1), got " +
+                                std::to_string(running_average));
+  }
+  float* mean = factor.sum.data<float>();
+  kfac_->blend(mean, mean, factor.dim, 1.0F / static_cast<float>(factor.microbatches), 0.0F);
+  kfac_->fill_upper_from_lower(mean, factor.dim);
+  if (running_average == 0.0F || factor.refreshes == 0) {
+    std::swap(factor.value, factor.sum);  // the old value's memory becomes the next accumulator
+  } else {
+    kfac_->blend(factor.value.data<float>(), mean, factor.dim, running_average,
+                 1.0F - running_average);
+  }
+  factor.accumulating = false;
+  factor.microbatches = 0;
+  ++factor.refreshes;
+}
+
+void KfacLayerCuda::finalize_a(float running_average) {
+  finalize(a_, running_average, "a");
+}
+void KfacLayerCuda::finalize_b(float running_average) {
+  finalize(b_, running_average, "b");
+}
+
+FactorDamping KfacLayerCuda::damping(float lambda, bool pi_adjusted) {
+  if (a_.refreshes == 0 || b_.refreshes == 0) {
+    throw std::logic_error("layer_damping: " + name_ + ": both factors must be finalized first");
+  }
+  return kfac_->factored_damping(a_.value.data<float>(), a_.dim, b_.value.data<float>(), b_.dim,
+                                 lambda, pi_adjusted);
+}
+
+DeviceInverseResult KfacLayerCuda::invert(DeviceFactor& factor, float damping, InverseMethod method,
+                                          const char* which) {
+  if (factor.refreshes == 0) {
+    throw std::logic_error(std::string("invert_") + which + ": " + name_ +
+                           ": the factor was never finalized");
+  }
+  const auto result = kfac_->damped_inverse(factor.value.data<float>(), factor.dim, damping, method,
+                                            factor.inverse.data<float>(), name_ + " " + which);
+  factor.inverted = true;
+  factor.damping = damping;
+  factor.inverted_refresh = factor.refreshes;
+  if (result.fell_back_to_eigen) ++factor.cholesky_fallbacks;
+  return result;
+}
+
+DeviceInverseResult KfacLayerCuda::invert_a(float damping, InverseMethod method) {
+  return invert(a_, damping, method, "A");
+}
+DeviceInverseResult KfacLayerCuda::invert_b(float damping, InverseMethod method) {
+  return invert(b_, damping, method, "B");
+}
+
+void KfacLayerCuda::precondition(const float* grad_w, const float* grad_b, float* out_w,
+                                 float* out_b) {
+  if (!a_.inverted || !b_.inverted) {
+    throw std::logic_error("precondition_layer: " + name_ +
+                           ": both inverses must be computed first");
+  }
+  kfac_->precondition(a_.inverse.data<float>(), b_.inverse.data<float>(), grad_w, grad_b, b_.dim,
+                      a_.dim, out_w, out_b);
+}
+
+KfacLayerState KfacLayerCuda::to_host() const {
+  KfacLayerState host(a_.dim, b_.dim);
+  const auto copy = [&](const DeviceFactor& from, FactorState& to) {
+    if (from.accumulating) to.sum = download(*backend_, from.sum, from.dim);
+    to.microbatches = from.microbatches;
+    if (from.refreshes > 0) to.value = download(*backend_, from.value, from.dim);
+    to.refreshes = from.refreshes;
+    if (from.inverted) to.inverse = download(*backend_, from.inverse, from.dim);
+    to.damping = from.damping;
+    to.inverted_refresh = from.inverted_refresh;
+    to.cholesky_fallbacks = from.cholesky_fallbacks;
+  };
+  copy(a_, host.a);
+  copy(b_, host.b);
+  return host;
+}
+
+void KfacLayerCuda::load(const KfacLayerState& host) {
+  if (host.d_in != a_.dim || host.d_out != b_.dim) {
+    throw std::invalid_argument("KfacLayerCuda::load: " + name_ + ": the state is " +
+                                std::to_string(host.d_out) + " x " + std::to_string(host.d_in) +
+                                ", the layer " + std::to_string(b_.dim) + " x " +
+                                std::to_string(a_.dim));
+  }
+  const auto copy = [&](const FactorState& from, DeviceFactor& to) {
+    to.accumulating = from.sum.size() > 0;
+    if (to.accumulating) upload(*backend_, to.sum, from.sum, to.dim, "sum");
+    to.microbatches = from.microbatches;
+    if (from.value.size() > 0) upload(*backend_, to.value, from.value, to.dim, "value");
+    to.refreshes = from.value.size() > 0 ? from.refreshes : 0;
+    to.inverted = from.inverse.size() > 0;
+    if (to.inverted) upload(*backend_, to.inverse, from.inverse, to.dim, "inverse");
+    to.damping = from.damping;
+    to.inverted_refresh = from.inverted_refresh;
+    to.cholesky_fallbacks = from.cholesky_fallbacks;
+  };
+  copy(host.a, a_);
+  copy(host.b, b_);
+}
+
+}  // namespace pf::kfac::cuda

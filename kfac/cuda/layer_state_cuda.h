@@ -1,0 +1,78 @@
+#pragma once
+// K-FAC state of one preconditioned Linear layer on a GPU: kfac/layer_state.h's life cycle
+// (curvature per micro-batch or piece of one, finalize into the factor with the same running
+// average, damping, inversion, preconditioning) with its factors, accumulators and inverses in
+// device memory, computed by a KfacCuda on its stream. Counters and errors are the CPU's; to_host
+// and load give the CPU's KfacLayerState, so KfacState's checkpoint records serve both devices.
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kernels/matrix_view.h"
+#include "kfac/cuda/kfac_cuda.h"
+#include "kfac/layer_state.h"
+#include "kfac/pieces.h"
+#include "runtime/tensor/tensor.h"
+
+namespace pf::kfac::cuda {
+
+// One Kronecker factor (dim x dim, column-major like Eigen's) and its counters.
+struct DeviceFactor {
+  DeviceFactor(kernels::cuda::CudaBackend& backend, std::int64_t dim);
+  std::int64_t dim = 0;
+  tensor::Tensor sum, value, inverse;  // allocated once; valid as the flags below say
+  bool accumulating = false;           // sum holds the refresh in progress (lower triangle)
+  std::int64_t microbatches = 0;
+  std::int64_t refreshes = 0;  // value is valid when > 0
+  bool inverted = false;       // inverse is valid
+  float damping = 0.0F;
+  std::int64_t inverted_refresh = 0;
+  std::int64_t cholesky_fallbacks = 0;
+};
+
+class KfacLayerCuda {
+ public:
+  // `name` labels errors (e.g. "layer 3 query"). Throws std::invalid_argument unless both
+  // dimensions are positive. `kfac` (and its backend) must outlive this.
+  KfacLayerCuda(KfacCuda& kfac, std::int64_t d_in, std::int64_t d_out, std::string name);
+
+  std::int64_t d_in() const { return a_.dim; }
+  std::int64_t d_out() const { return b_.dim; }
+  const DeviceFactor& a() const { return a_; }
+  const DeviceFactor& b() const { return b_; }
+
+  // a: [tokens, d_in] (any leading dimension) adds a^T a / tokens; g: [tokens, d_out] adds
+  // output_grad_scale * g^T g. A piece [unit_begin, unit_end) adds its token rows only
+  // (pieces.h); the piece ending at kPieceUnits counts the micro-batch.
+  void accumulate_a(kernels::ConstMatrixView<float> a, int unit_begin = 0,
+                    int unit_end = kPieceUnits);
+  void accumulate_b(kernels::ConstMatrixView<float> g, float output_grad_scale, int unit_begin = 0,
+                    int unit_end = kPieceUnits);
+  void finalize_a(float running_average = 0.0F);
+  void finalize_b(float running_average = 0.0F);
+  FactorDamping damping(float lambda, bool pi_adjusted = true);
+  DeviceInverseResult invert_a(float damping, InverseMethod method = InverseMethod::kCholesky);
+  DeviceInverseResult invert_b(float damping, InverseMethod method = InverseMethod::kCholesky);
+  // dW = B_inv G A_inv, db = B_inv g_b on device memory (in place allowed; biases may be null).
+  void precondition(const float* grad_w, const float* grad_b, float* out_w, float* out_b);
+
+  // The state as the CPU keeps it (downloads; waits for the stream), and back.
+  KfacLayerState to_host() const;
+  // Throws std::invalid_argument when the dimensions differ.
+  void load(const KfacLayerState& host);
+
+ private:
+  void accumulate(DeviceFactor& factor, kernels::ConstMatrixView<float> x, float scale,
+                  int unit_begin, int unit_end, const char* which);
+  void finalize(DeviceFactor& factor, float running_average, const char* which);
+  DeviceInverseResult invert(DeviceFactor& factor, float damping, InverseMethod method,
+                             const char* which);
+
+  KfacCuda* kfac_;
+  kernels::cuda::CudaBackend* backend_;
+  std::string name_;
+  DeviceFactor a_;
+  DeviceFactor b_;
+};
+
+}  // namespace pf::kfac::cuda
