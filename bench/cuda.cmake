@@ -8,3 +8,7 @@ if(PF_HAVE_CUDA)
   pf_add_benchmark(NAME bench_kfac_cuda SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/bench_kfac_cuda.cpp
                    LIBS pf_kfac_cuda pf_optim_cuda SMOKE_ARGS --benchmark_filter=Precondition)
 endif()
+if(PF_HAVE_CUDA)
+  pf_add_benchmark(NAME bench_model_cuda SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/bench_model_cuda.cpp
+                   LIBS pf_model pf_kernels_cuda SMOKE_ARGS --benchmark_filter=BertStage/0)
+endif()

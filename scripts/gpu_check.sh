@@ -27,6 +27,8 @@ targets=(test_kernels_cuda bench_cuda)
 [[ -f tests/kfac/test_kfac_cuda.cpp ]] && targets+=(test_kfac_cuda)
 [[ -f bench/bench_kfac_cuda.cpp ]] && targets+=(bench_kfac_cuda)
 [[ -f tests/kfac/test_optim_cuda.cpp ]] && targets+=(test_optim_cuda)
+[[ -f tests/model/test_model_cuda.cpp ]] && targets+=(test_model_cuda)
+[[ -f bench/bench_model_cuda.cpp ]] && targets+=(bench_model_cuda)
 [[ -n "${PF_GPU_EXTRA_TARGETS:-}" ]] && targets+=($PF_GPU_EXTRA_TARGETS)
 if want test || want bench; then
   # GCC 13 (the image's) reports a false -Wnull-dereference in memcpy into a fresh vector
