@@ -2,16 +2,22 @@
 // the CPU. Initial weights bit for bit; with dropout on and two micro-batches in flight, the
 // losses and every parameter gradient of the whole model and of a three-chunk split (activations
 // handed over in device memory) in fp32, TF32 and BF16 products; the zero-bubble split backward
-// against the fused one; a non-finite gradient named. Skipped without a CUDA device.
+// against the fused one; a non-finite gradient named; K-FAC factors computed on the device from
+// the chunk's capture views (read in place, q/k/v strided) against the CPU's from its captures.
+// Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cuda/cuda_backend.h"
+#include "kfac/cuda/layer_state_cuda.h"
+#include "kfac/layer_state.h"
 #include "runtime/model/bert_chunk.h"
 #include "runtime/tensor/cpu_backend.h"
 #include "runtime/tensor/tensor.h"
@@ -216,6 +222,69 @@ TEST_F(BertCudaTest, NonFiniteGradientsNameTheTensorAndElement) {
     EXPECT_NE(what.find("bert.encoder.layer.2.intermediate.dense.bias' (element 4 is nan"),
               std::string::npos)
         << what;
+  }
+}
+
+// Feeds one encoder layer's captures straight into device K-FAC layers (no copies).
+class DeviceFactorCapture final : public KfacCapture<float> {
+ public:
+  DeviceFactorCapture(kfac::cuda::KfacCuda& kfac, const BertConfig& config, int layer)
+      : layer_(layer) {
+    const std::int64_t H = config.hidden_size, I = config.intermediate_size;
+    for (const auto& [kind, d_in, d_out] :
+         std::vector<std::tuple<LinearKind, std::int64_t, std::int64_t>>{
+             {LinearKind::kQuery, H, H},
+             {LinearKind::kValue, H, H},
+             {LinearKind::kAttentionOut, H, H},
+             {LinearKind::kFfnIn, H, I},
+             {LinearKind::kFfnOut, I, H}}) {
+      layers_.emplace(
+          kind, std::make_unique<kfac::cuda::KfacLayerCuda>(kfac, d_in, d_out, "capture test"));
+    }
+  }
+  void on_input(int layer, LinearKind linear, int, kernels::ConstMatrixView<float> a) override {
+    if (layer == layer_ && layers_.contains(linear)) layers_.at(linear)->accumulate_a(a);
+  }
+  void on_output_grad(int layer, LinearKind linear, int,
+                      kernels::ConstMatrixView<float> g) override {
+    if (layer == layer_ && layers_.contains(linear)) layers_.at(linear)->accumulate_b(g, 2.0F);
+  }
+  std::map<LinearKind, std::unique_ptr<kfac::cuda::KfacLayerCuda>> layers_;
+
+ private:
+  int layer_;
+};
+
+TEST_F(BertCudaTest, KfacFactorsFromDeviceCapturesMatchTheCpu) {
+  auto cpu = cpu_chunks({whole_model(config_)});
+  KfacCaptureStore<float> store;
+  ForwardOptions options;
+  options.seed = 3;
+  cpu.front()->forward(0, batches_.front(), {}, options, &store);
+  cpu.front()->backward(0, {}, {}, 1.0F, &store);
+
+  auto gpu = gpu_chunks({whole_model(config_)}, GemmPrecision::kFp32);
+  kfac::cuda::KfacCuda kfac(*backend_);
+  DeviceFactorCapture capture(kfac, config_, 1);
+  gpu.front()->forward(0, batches_.front(), {}, options, &capture);
+  gpu.front()->backward(0, {}, {}, 1.0F, &capture);
+  for (auto& [kind, device_layer] : capture.layers_) {
+    const auto& a = store.inputs().at({1, kind, 0});
+    const auto& g = store.output_grads().at({1, kind, 0});
+    kfac::KfacLayerState expected(a.cols(), g.cols());
+    kfac::accumulate_a(expected, a.data(), a.rows());
+    kfac::accumulate_b(expected, g.data(), g.rows(), 2.0F);
+    kfac::finalize_a(expected);
+    kfac::finalize_b(expected);
+    device_layer->finalize_a();
+    device_layer->finalize_b();
+    const auto actual = device_layer->to_host();
+    const std::string what(kfac::linear_name(kind));
+    const auto flat = [](const Eigen::MatrixXf& m) {
+      return std::vector<float>(m.data(), m.data() + m.size());
+    };
+    expect_close(flat(actual.a.value), flat(expected.a.value), 2e-4, what + " A");
+    expect_close(flat(actual.b.value), flat(expected.b.value), 2e-4, what + " B");
   }
 }
 
