@@ -3,3 +3,14 @@ pf_add_benchmark(NAME bench_sim
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/bench_sim.cpp
   LIBS pf_sim pf_scheduler
   SMOKE_ARGS --benchmark_filter=BM_SimulateSmall)
+
+# This machine's CPU kernels timed into a measurements file for `pipefisher_sim calibrate` (a bench
+# program; see its header for the flags).
+add_executable(bench_sim_calibrate ${CMAKE_CURRENT_SOURCE_DIR}/bench_sim_calibrate.cpp)
+target_link_libraries(bench_sim_calibrate PRIVATE pf_kernels pf_kfac pf_eigen_warnings nlohmann_json::nlohmann_json
+                      pf_project)
+if(PF_BUILD_TESTS)
+  add_test(NAME bench_sim_calibrate.smoke COMMAND bench_sim_calibrate --smoke
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(bench_sim_calibrate.smoke PROPERTIES LABELS "bench;no_sanitizer" TIMEOUT 600)
+endif()

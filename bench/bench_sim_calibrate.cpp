@@ -1,0 +1,250 @@
+// Times this machine's CPU kernels (the ones the runtime runs) and writes them as a measurements
+// file for `pipefisher_sim calibrate` (sim/calibration.h): dense GEMMs of several shapes (the
+// Linear layers', their weight gradients', K-FAC's), the attention's batched products,
+// element-wise passes (GELU, LayerNorm, residual add) and Cholesky inverses of K-FAC factors.
+// Every figure is the median of --repeats timed runs after one warm-up, timed by the process's
+// CPU clock (--clock cpu, the default: with one thread it is the kernel's own time, which the
+// other programs sharing this machine's cores do not inflate) or the wall clock (--clock wall).
+// Records alternate between "shape_set": "a" and "b", so that `calibrate --hold-out shape_set=b`
+// fits on half the shapes and reports the other half's error.
+//
+//   bench_sim_calibrate [--out FILE.json] [--threads 1] [--repeats 5] [--max-order 2048]
+//                       [--clock cpu|wall]
+//   bench_sim_calibrate --smoke     (small shapes, for the test suite)
+#include <omp.h>
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <Eigen/Dense>
+#include <nlohmann/json.hpp>
+
+#include "kernels/ops.h"
+#include "kfac/inverse.h"
+
+namespace {
+
+using namespace pf;
+using kernels::ConstMatrixView;
+using kernels::MatrixView;
+using kernels::Transpose;
+
+struct Settings {
+  std::string out;
+  int threads = 1;
+  int repeats = 5;
+  int max_order = 2048;
+  bool smoke = false;
+  bool cpu_clock = true;
+};
+
+double now_seconds(bool cpu_clock) {
+  if (!cpu_clock) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+double median_seconds(int repeats, bool cpu_clock, const std::function<void()>& run) {
+  run();  // warm-up: first-touch pages, caches
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    const double start = now_seconds(cpu_clock);
+    run();
+    times.push_back(now_seconds(cpu_clock) - start);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+std::vector<float> filled(std::int64_t n, float value = 0.01f) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = value * static_cast<float>(i % 97) - 0.4f;
+  return v;
+}
+
+class Recorder {
+ public:
+  Recorder(int repeats, bool cpu_clock) : repeats_(repeats), cpu_clock_(cpu_clock) {}
+  void add(nlohmann::json record, const std::function<void()>& run) {
+    record["seconds"] = median_seconds(repeats_, cpu_clock_, run);
+    record["shape_set"] = records_.size() % 2 == 0 ? "a" : "b";
+    std::cerr << record.dump() << "\n";
+    records_.push_back(std::move(record));
+  }
+  const nlohmann::json& records() const { return records_; }
+
+ private:
+  int repeats_;
+  bool cpu_clock_;
+  nlohmann::json records_ = nlohmann::json::array();
+};
+
+void time_gemms(Recorder& rec, bool smoke) {
+  // (m, n, k): c[m x n] = a[m x k] b[k x n]. BERT-mini (T = 1024 tokens, H = 256, I = 1024) and
+  // BERT-base-sized Linears, their weight gradients (k = T), the MLM decoder, K-FAC products.
+  std::vector<std::array<std::int64_t, 3>> shapes = {
+      {64, 64, 64},      {128, 128, 128},  {1024, 256, 256},   {256, 256, 1024}, {1024, 1024, 256},
+      {1024, 256, 1024}, {1024, 768, 256}, {256, 1024, 1024},  {512, 512, 512},  {160, 8192, 256},
+      {2048, 768, 768},  {768, 768, 2048}, {1024, 1024, 1024}, {2048, 2048, 512}};
+  if (smoke) shapes = {{32, 32, 32}, {64, 48, 80}};
+  for (const auto& [m, n, k] : shapes) {
+    auto a = filled(m * k), b = filled(k * n), c = filled(m * n);
+    rec.add({{"operation", "gemm"}, {"m", m}, {"n", n}, {"k", k}, {"precision", "fp32"}}, [&] {
+      kernels::gemm<float>(ConstMatrixView<float>{a.data(), m, k}, Transpose::kNo,
+                           ConstMatrixView<float>{b.data(), k, n}, Transpose::kNo,
+                           MatrixView<float>{c.data(), m, n});
+    });
+  }
+}
+
+void time_attention(Recorder& rec, bool smoke) {
+  // Q K^T per (sequence, head): batch = b x heads products of [S x D] [D x S].
+  std::vector<std::array<std::int64_t, 3>> shapes = {
+      {32, 128, 64}, {64, 128, 32}, {128, 128, 64}, {32, 256, 64}};
+  if (smoke) shapes = {{4, 16, 8}};
+  for (const auto& [batch, s, d] : shapes) {
+    auto q = filled(batch * s * d), k = filled(batch * s * d), c = filled(batch * s * s);
+    rec.add({{"operation", "attention"},
+             {"batch", batch},
+             {"m", s},
+             {"n", s},
+             {"k", d},
+             {"precision", "fp32"}},
+            [&] {
+              kernels::batched_gemm<float>(batch, ConstMatrixView<float>{q.data(), s, d}, s * d,
+                                           Transpose::kNo, ConstMatrixView<float>{k.data(), s, d},
+                                           s * d, Transpose::kYes,
+                                           MatrixView<float>{c.data(), s, s}, s * s);
+            });
+  }
+}
+
+void time_memory(Recorder& rec, bool smoke) {
+  std::vector<std::int64_t> rows = {256, 1024, 4096, 16384};
+  if (smoke) rows = {16};
+  const std::int64_t cols = 256;
+  for (std::int64_t r : rows) {
+    const double n = static_cast<double>(r * cols);
+    auto x = filled(r * cols), y = filled(r * cols), z = filled(r * cols);
+    const ConstMatrixView<float> cx{x.data(), r, cols}, cy{y.data(), r, cols};
+    const MatrixView<float> out{z.data(), r, cols};
+    // GELU reads x, writes y; an add reads two, writes one; LayerNorm reads x, writes y (the
+    // per-row statistics are negligible).
+    rec.add({{"operation", "memory"}, {"name", "gelu"}, {"bytes", 8.0 * n}},
+            [&] { kernels::gelu_forward<float>(cx, out); });
+    rec.add({{"operation", "memory"}, {"name", "add"}, {"bytes", 12.0 * n}},
+            [&] { kernels::add<float>(cx, cy, out); });
+    std::vector<float> gamma(static_cast<std::size_t>(cols), 1.0f), beta(gamma.size(), 0.0f);
+    std::vector<float> mean(static_cast<std::size_t>(r)), rstd(mean.size());
+    rec.add({{"operation", "memory"}, {"name", "layernorm"}, {"bytes", 8.0 * n}}, [&] {
+      kernels::layernorm_forward<float>(cx, gamma.data(), beta.data(), 1e-12f, out, mean.data(),
+                                        rstd.data());
+    });
+  }
+}
+
+void time_inverses(Recorder& rec, int max_order, bool smoke) {
+  std::vector<int> orders = {128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096};
+  if (smoke) orders = {16, 32};
+  for (int d : orders) {
+    if (d > max_order) continue;
+    // A K-FAC-like factor: a^T a / rows of random activations, positive definite.
+    const Eigen::MatrixXf a = Eigen::MatrixXf::Random(2 * d, d);
+    const Eigen::MatrixXf factor = (a.transpose() * a) / static_cast<float>(2 * d);
+    rec.add({{"operation", "cholesky_inverse"}, {"order", d}}, [&] {
+      const auto result = kfac::damped_inverse(factor, 1e-3f, kfac::InverseMethod::kCholesky);
+      if (result.fell_back_to_eigen) throw std::runtime_error("Cholesky fell back to eigen");
+    });
+  }
+}
+
+int usage(const char* what) {
+  std::fprintf(stderr,
+               "bench_sim_calibrate: %s\nusage: bench_sim_calibrate [--out FILE.json] "
+               "[--threads N] [--repeats N] [--max-order D] [--clock cpu|wall] [--smoke]\n",
+               what);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Settings s;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    auto positive = [&](int& field) {
+      const char* v = value();
+      const int parsed = v != nullptr ? std::atoi(v) : 0;
+      if (parsed <= 0) return false;
+      field = parsed;
+      return true;
+    };
+    if (arg == "--smoke") {
+      s.smoke = true;
+    } else if (arg == "--out") {
+      const char* v = value();
+      if (v == nullptr) return usage("--out needs a file name");
+      s.out = v;
+    } else if (arg == "--threads") {
+      if (!positive(s.threads)) return usage("--threads needs a positive integer");
+    } else if (arg == "--repeats") {
+      if (!positive(s.repeats)) return usage("--repeats needs a positive integer");
+    } else if (arg == "--max-order") {
+      if (!positive(s.max_order)) return usage("--max-order needs a positive integer");
+    } else if (arg == "--clock") {
+      const char* v = value();
+      if (v == nullptr || (std::strcmp(v, "cpu") != 0 && std::strcmp(v, "wall") != 0)) {
+        return usage("--clock needs cpu or wall");
+      }
+      s.cpu_clock = std::strcmp(v, "cpu") == 0;
+    } else {
+      return usage(("unknown argument '" + arg + "'").c_str());
+    }
+  }
+  if (s.smoke) s.repeats = 1;
+  omp_set_num_threads(s.threads);
+  Eigen::setNbThreads(s.threads);
+  if (s.cpu_clock && s.threads != 1) return usage("--clock cpu needs --threads 1");
+  Recorder rec(s.repeats, s.cpu_clock);
+  try {
+    time_gemms(rec, s.smoke);
+    time_attention(rec, s.smoke);
+    time_memory(rec, s.smoke);
+    time_inverses(rec, s.max_order, s.smoke);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_sim_calibrate: %s\n", e.what());
+    return 1;
+  }
+  const nlohmann::json out = {
+      {"format_version", 1},
+      {"description", "This machine's CPU kernels (kernels/ops.h, kfac/inverse.h), fp32, " +
+                          std::to_string(s.threads) + " thread(s), median of " +
+                          std::to_string(s.repeats) + " runs after a warm-up, " +
+                          (s.cpu_clock ? "process CPU time" : "wall time") +
+                          "; written by bench_sim_calibrate."},
+      {"defaults", {{"precision", "fp32"}}},
+      {"measurements", rec.records()}};
+  if (s.out.empty()) {
+    std::cout << out.dump(1) << "\n";
+  } else {
+    std::ofstream file(s.out);
+    file << out.dump(1) << "\n";
+    if (!file) return usage(("cannot write " + s.out).c_str());
+    std::printf("wrote %zu measurements to %s\n", rec.records().size(), s.out.c_str());
+  }
+  return 0;
+}
