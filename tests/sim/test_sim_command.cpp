@@ -1,6 +1,8 @@
 // The simulator's command line: flags, --report, the simulated --trace, --schedule all, bad input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -12,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "scheduler/schedule_json.h"
+#include "sim/calibrate_command.h"
+#include "sim/device.h"
 #include "sim/sim_command.h"
 
 namespace pf::cli {
@@ -202,6 +206,51 @@ TEST(SimCommand, ScheduleAllWithKfacComparesThePipeFisherEffect) {
         << name;
     EXPECT_GE(kfac_reports[name]["refresh_steps"].get<int>(), 1) << name;
   }
+}
+
+// calibrate on the shipped V100 measurements: the fitted device (BERT-Large records) predicts the
+// held-out BERT-Base forward within 20%, is written for --device, and beats the preset.
+TEST(SimCommand, CalibrateFitsWritesADeviceAndReports) {
+  CalibrateOptions options;
+  options.measurements = "sim/calibration/pipefisher_bert_layer_v100.json";
+  options.device = "v100";
+  options.hold_outs = {"model=base"};
+  options.out = scratch("v100_fit.json").string();
+  options.report = scratch("v100_fit_report.json").string();
+  options.name = "v100-test";
+  std::ostringstream out;
+  ASSERT_EQ(run_calibrate_command(options, out), 0);
+  EXPECT_NE(out.str().find("median |error|"), std::string::npos) << out.str();
+  const sim::DeviceSpec fitted = sim::device_from_json_file(options.out);
+  EXPECT_EQ(fitted.name, "v100-test");
+  EXPECT_GT(fitted.launch_overhead_s, 0.0);
+  auto worst_held_out = [](const nlohmann::json& report, const std::string& operation) {
+    double worst = 0.0;
+    for (const auto& r : report["residuals"]) {
+      if (r["held_out"].get<bool>() && r["operation"] == operation) {
+        worst = std::max(worst, std::abs(r["relative_error"].get<double>()));
+      }
+    }
+    return worst;
+  };
+  const nlohmann::json report = read_json(options.report);
+  EXPECT_LT(worst_held_out(report, "layer_forward"), 0.2);
+  EXPECT_LT(worst_held_out(report, "layer_inversion"), 0.2);
+  // The preset, reported without a fit, misses the inversion by more than half.
+  CalibrateOptions preset = options;
+  preset.no_fit = true;
+  preset.out.clear();
+  preset.report = scratch("v100_preset_report.json").string();
+  std::ostringstream preset_out;
+  ASSERT_EQ(run_calibrate_command(preset, preset_out), 0);
+  EXPECT_GT(worst_held_out(read_json(preset.report), "layer_inversion"), 0.5);
+  // Bad input: a missing file, a malformed hold-out.
+  CalibrateOptions bad = options;
+  bad.measurements = "no_such_file.json";
+  EXPECT_THROW(run_calibrate_command(bad, out), std::invalid_argument);
+  bad = options;
+  bad.hold_outs = {"model"};
+  EXPECT_THROW(run_calibrate_command(bad, out), std::invalid_argument);
 }
 
 TEST(SimCommand, BadInputGivesClearErrors) {
