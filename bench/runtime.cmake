@@ -7,3 +7,16 @@ if(PF_BUILD_TESTS)
            WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(bench_runtime.smoke PROPERTIES LABELS "bench;no_sanitizer" TIMEOUT 600)
 endif()
+
+# MPI processes against threads, run under mpirun (built where MPI is found).
+if(TARGET pf_executor_mpi)
+  add_executable(bench_mpi ${CMAKE_CURRENT_SOURCE_DIR}/bench_mpi.cpp)
+  target_link_libraries(bench_mpi PRIVATE pf_executor_mpi pf_project)
+  if(PF_BUILD_TESTS AND MPIEXEC_EXECUTABLE)
+    add_test(NAME bench_mpi.smoke
+             COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --allow-run-as-root --bind-to none -np 2
+                     $<TARGET_FILE:bench_mpi> --smoke
+             WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+    set_tests_properties(bench_mpi.smoke PROPERTIES LABELS "bench;no_sanitizer;mpi" TIMEOUT 600)
+  endif()
+endif()
