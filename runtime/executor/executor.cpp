@@ -142,7 +142,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   std::vector<Slot> slots;
   std::unique_ptr<optim::BasicOptimizer<T>> optimizer;
   std::vector<optim::BasicParamView<T>> param_views;
-  std::vector<std::size_t> unique_params;  // indices counted in the global gradient norm
+  std::vector<std::size_t> unique_params;        // indices counted in the global gradient norm
+  std::vector<std::size_t> optimizer_positions;  // stream position of each step's optimizer step
 
   // Messages and local hand-offs.
   struct Incoming {
@@ -242,6 +243,21 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
     optimizer = setup.make_optimizer();
     if (!optimizer) throw std::invalid_argument("executor: no optimizer");
+    for (std::size_t x = 0; x < stream->size(); ++x) {
+      if ((*stream)[x].kind != OpKind::kOptimizerStep) continue;
+      if ((*stream)[x].step != static_cast<int>(optimizer_positions.size())) {
+        throw std::invalid_argument("executor: worker " + std::to_string(self) +
+                                    "'s optimizer steps are out of step order at position " +
+                                    std::to_string(x));
+      }
+      optimizer_positions.push_back(x);
+    }
+    if (optimizer_positions.size() != static_cast<std::size_t>(schedule.num_steps)) {
+      throw std::invalid_argument("executor: worker " + std::to_string(self) + "'s stream has " +
+                                  std::to_string(optimizer_positions.size()) +
+                                  " optimizer steps for a schedule of " +
+                                  std::to_string(schedule.num_steps) + " step(s) (one each)");
+    }
     prepare_kfac();
   }
 
@@ -325,9 +341,12 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   }
 
   // --- KfacCapture: copies what the stream's curvature tasks will need, nothing else.
+  // The chunk numbers micro-batches by stash id (micro-batch + stream step * micro-batches).
+  int stream_microbatch(int stash_id) const { return stash_id - capture_step * microbatches_total; }
   void on_input(int layer, LinearKind linear, int microbatch,
                 kernels::ConstMatrixView<T> a) override {
-    const CaptureKey key{capture_step, capture_pipeline, microbatch, layer, linear};
+    const CaptureKey key{capture_step, capture_pipeline, stream_microbatch(microbatch), layer,
+                         linear};
     if (!wanted_a.contains(key)) return;
     if (a.data != last_input || !last_input_copy) {
       last_input_copy = copy_matrix(a);
@@ -337,7 +356,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   }
   void on_output_grad(int layer, LinearKind linear, int microbatch,
                       kernels::ConstMatrixView<T> g) override {
-    const CaptureKey key{capture_step, capture_pipeline, microbatch, layer, linear};
+    const CaptureKey key{capture_step, capture_pipeline, stream_microbatch(microbatch), layer,
+                         linear};
     if (!wanted_b.contains(key)) return;
     store(key, true, copy_matrix(g), g.rows);
   }
@@ -779,6 +799,99 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
   }
 
+  // --- K-FAC work in progress between two steps of a round (checkpoints).
+  static std::string slot_name(std::string_view prefix, const FactorKey& key) {
+    return std::string(prefix) + ".slot." + std::to_string(key.pipeline) + "." +
+           std::to_string(key.layer) + "." + std::string(sched::to_string(key.linear));
+  }
+  static std::string capture_name(std::string_view prefix, bool is_b, const CaptureKey& key) {
+    return std::string(prefix) + ".capture." + (is_b ? "B." : "A.") + std::to_string(key.step) +
+           "." + std::to_string(key.pipeline) + "." + std::to_string(key.microbatch) + "." +
+           std::to_string(key.layer) + "." + std::to_string(static_cast<int>(key.linear));
+  }
+  static void add_matrix(std::vector<ckpt::TensorRecord>& records, std::string name,
+                         const Eigen::MatrixXf& matrix) {
+    if (matrix.size() == 0) return;
+    const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> row_major = matrix;
+    records.push_back(ckpt::make_f32_record(
+        std::move(name), {row_major.rows(), row_major.cols()},
+        std::span<const float>(row_major.data(), static_cast<std::size_t>(row_major.size()))));
+  }
+
+  std::vector<ckpt::TensorRecord> kfac_progress_records(std::string_view prefix) const {
+    std::vector<ckpt::TensorRecord> records;
+    for (const auto& [key, slot] : kfac_slots) {
+      const auto base = slot_name(prefix, key);
+      const std::int64_t counters[] = {slot.done_a, slot.done_b, slot.inverted_a ? 1 : 0,
+                                       slot.inverted_b ? 1 : 0};
+      records.push_back(ckpt::make_i64_record(base + ".counters", {4}, counters));
+      add_matrix(records, base + ".A_prev_inv", slot.previous_a_inverse);
+      add_matrix(records, base + ".B_prev_inv", slot.previous_b_inverse);
+    }
+    for (const bool is_b : {false, true}) {
+      for (const auto& [key, value] : is_b ? captures_b : captures) {
+        const auto name = capture_name(prefix, is_b, key);
+        const std::int64_t cols = static_cast<std::int64_t>(value.data->size()) / value.rows;
+        records.push_back(ckpt::make_f32_record(name, {value.rows, cols}, *value.data));
+        const std::int64_t sequences[] = {value.sequences};
+        records.push_back(ckpt::make_i64_record(name + ".sequences", {1}, sequences));
+      }
+    }
+    return records;
+  }
+
+  void load_kfac_progress(const ckpt::SafetensorsFile& file, std::string_view prefix) {
+    auto restored_slots = kfac_slots;
+    for (auto& [key, slot] : restored_slots) {
+      const auto base = slot_name(prefix, key);
+      const std::int64_t shape[] = {4};
+      const auto counters = ckpt::read_i64(file, base + ".counters", shape);
+      if (counters[0] < 0 || counters[0] > slot.expected_a || counters[1] < 0 ||
+          counters[1] > slot.expected_b || counters[2] < 0 || counters[2] > 1 || counters[3] < 0 ||
+          counters[3] > 1) {
+        throw std::runtime_error("K-FAC progress '" + base +
+                                 ".counters' does not fit this schedule's refresh");
+      }
+      slot.done_a = static_cast<int>(counters[0]);
+      slot.done_b = static_cast<int>(counters[1]);
+      slot.inverted_a = counters[2] != 0;
+      slot.inverted_b = counters[3] != 0;
+      const auto& layer = kfac_states.at(key.pipeline).at({key.layer, key.linear});
+      const auto read_matrix = [&](const std::string& name, std::int64_t dim) {
+        if (file.tensors.count(name) == 0) return Eigen::MatrixXf();
+        const std::int64_t matrix_shape[] = {dim, dim};
+        const auto values = ckpt::read_f32(file, name, matrix_shape);
+        return Eigen::MatrixXf(
+            Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+                values.data(), dim, dim));
+      };
+      slot.previous_a_inverse = read_matrix(base + ".A_prev_inv", layer.d_in);
+      slot.previous_b_inverse = read_matrix(base + ".B_prev_inv", layer.d_out);
+    }
+    std::map<CaptureKey, Captured> restored_a, restored_b;
+    for (const bool is_b : {false, true}) {
+      for (const auto& key : is_b ? wanted_b : wanted_a) {
+        const auto name = capture_name(prefix, is_b, key);
+        auto it = file.tensors.find(name);
+        if (it == file.tensors.end()) continue;
+        const auto& shape = it->second.shape;
+        if (shape.size() != 2 || shape[0] < 1) {
+          throw std::runtime_error("K-FAC progress '" + name + "' is not a [rows, columns] matrix");
+        }
+        Captured captured;
+        captured.rows = shape[0];
+        captured.data = std::make_shared<std::vector<float>>(ckpt::read_f32(file, name, shape));
+        const std::int64_t one[] = {1};
+        captured.sequences = ckpt::read_i64(file, name + ".sequences", one).at(0);
+        (is_b ? restored_b : restored_a)[key] = std::move(captured);
+      }
+    }
+    kfac_slots = std::move(restored_slots);
+    captures = std::move(restored_a);
+    captures_b = std::move(restored_b);
+    recount_captures();
+  }
+
   void begin_round() {
     for (auto& [key, slot] : kfac_slots) {
       slot.done_a = slot.done_b = 0;
@@ -850,6 +963,9 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
   }
 
+  // A range of steps is cut at optimizer steps, not by the instructions' step fields: K-FAC work
+  // on one step's data may sit after that step's optimizer step (in the next step's bubbles), so
+  // run(a, b) + run(b, c) executes exactly the instructions, in exactly the order, of run(a, c).
   void run(std::int64_t first_step, std::int64_t last_step,
            const std::function<void(const StepResult&)>& on_step) {
     omp_set_num_threads(std::max(1, setup.options.threads_per_worker));
@@ -857,11 +973,16 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     last_step_end_s = now_s();
     for (std::int64_t round = first_step / k; round * k < last_step; ++round) {
       const std::int64_t round_start = round * k;
-      if (round_start >= first_step) begin_round();
-      for (std::size_t x = 0; x < stream->size(); ++x) {
+      const std::int64_t from = std::max<std::int64_t>(first_step - round_start, 0);
+      const std::int64_t to = std::min<std::int64_t>(last_step - round_start, k);
+      if (from == 0) begin_round();
+      const std::size_t begin =
+          from == 0 ? 0 : optimizer_positions[static_cast<std::size_t>(from - 1)] + 1;
+      const std::size_t end =
+          to == k ? stream->size() : optimizer_positions[static_cast<std::size_t>(to - 1)] + 1;
+      for (std::size_t x = begin; x < end; ++x) {
         const Instruction& in = (*stream)[x];
         const std::int64_t global_step = round_start + in.step;
-        if (global_step < first_step || global_step >= last_step) continue;
         const int position = static_cast<int>(x);
         record(position, global_step, in, "started");
         try {
@@ -931,6 +1052,14 @@ optim::BasicOptimizer<T>& Worker<T>::optimizer() {
 template <typename T>
 kfac::KfacState& Worker<T>::kfac_state(int pipeline) {
   return impl_->kfac_states[pipeline];
+}
+template <typename T>
+std::vector<ckpt::TensorRecord> Worker<T>::kfac_progress_records(std::string_view prefix) const {
+  return impl_->kfac_progress_records(prefix);
+}
+template <typename T>
+void Worker<T>::load_kfac_progress(const ckpt::SafetensorsFile& file, std::string_view prefix) {
+  impl_->load_kfac_progress(file, prefix);
 }
 template <typename T>
 TransientMemory Worker<T>::transient_memory() const {

@@ -18,10 +18,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kfac/inverse.h"
 #include "kfac/layer_state.h"
+#include "runtime/checkpoint/safetensors.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/executor/batch_source.h"
 #include "runtime/model/bert_chunk.h"
@@ -129,8 +131,10 @@ class Worker {
   int replica() const;
   int worker() const;
 
-  // Runs global steps [first_step, last_step). A first step inside a round resumes that round
-  // (its earlier stream steps are skipped). on_step is called after each step's optimizer update.
+  // Runs global steps [first_step, last_step), cut at optimizer steps: a first step inside a
+  // round resumes that round after its previous step's optimizer step (restore the K-FAC
+  // progress first, load_kfac_progress), and run(a, b) then run(b, c) executes what run(a, c)
+  // does, in the same order. on_step is called after each step's optimizer update.
   void run(std::int64_t first_step, std::int64_t last_step,
            const std::function<void(const StepResult&)>& on_step);
 
@@ -139,6 +143,14 @@ class Worker {
   model::BertChunk<T>* chunk(int pipeline, int chunk);
   optim::BasicOptimizer<T>& optimizer();
   kfac::KfacState& kfac_state(int pipeline);  // per pipeline (Chimera holds two replicas)
+  // K-FAC work in progress inside a round, for checkpoints taken between two of its steps: per
+  // Linear the curvature tasks done, whether it was inverted and the inverses before that, and
+  // the captured inputs and output gradients whose curvature tasks have not run yet. Records
+  // "<prefix>.slot.<pipeline>.<layer>.<linear>.*" and "<prefix>.capture.*"; they describe this
+  // worker's stream, so only a run of the same schedule restores them. load throws
+  // std::runtime_error naming a record that is missing, mis-shaped or out of range.
+  std::vector<ckpt::TensorRecord> kfac_progress_records(std::string_view prefix) const;
+  void load_kfac_progress(const ckpt::SafetensorsFile& file, std::string_view prefix);
 
   TransientMemory transient_memory() const;
   std::vector<InstructionEvent> take_events();

@@ -45,6 +45,9 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option("--steps", o.steps, "Total training steps (a resumed run continues up to it)")
       ->capture_default_str();
+  app.add_option("--lr-decay-steps", o.lr_decay_steps,
+                 "Steps of the warm-up and decay (default: --steps); give the final --steps to a "
+                 "run that will be resumed so that both parts follow one schedule");
   app.add_option("--weight-decay", o.weight_decay, "Decoupled weight decay (lamb, adamw, sgd)")
       ->capture_default_str();
   app.add_option("--momentum", o.momentum, "SGD momentum")->capture_default_str();
@@ -96,9 +99,12 @@ void validate_options(const TrainOptions& o) {
   }
   if (!(o.lr >= 0)) bad("--lr must be > 0");
   if (!(o.warmup >= 0)) bad("--warmup must be >= 0");
-  if (o.warmup >= 1 && static_cast<double>(o.steps) <= o.warmup) {
-    bad("--warmup of " + std::to_string(static_cast<std::int64_t>(o.warmup)) +
-        " steps leaves no step of --steps " + std::to_string(o.steps) + " after it");
+  if (o.lr_decay_steps < 0) bad("--lr-decay-steps must be >= 1");
+  const std::int64_t decay_steps = o.lr_decay_steps > 0 ? o.lr_decay_steps : o.steps;
+  if (o.warmup >= 1 && static_cast<double>(decay_steps) <= o.warmup) {
+    bad("--warmup of " + std::to_string(static_cast<std::int64_t>(o.warmup)) + " steps leaves no " +
+        "step of " + (o.lr_decay_steps > 0 ? "--lr-decay-steps " : "--steps ") +
+        std::to_string(decay_steps) + " after it");
   }
   if (o.steps < 1) bad("--steps must be >= 1");
   if (!(o.weight_decay >= 0)) bad("--weight-decay must be >= 0");
@@ -114,6 +120,17 @@ void validate_options(const TrainOptions& o) {
   }
   if (o.resume && o.checkpoint_dir.empty()) bad("--resume needs --checkpoint-dir");
   if (o.log_every < 1) bad("--log-every must be >= 1");
+}
+
+optim::PolyWarmupSchedule learning_rate_schedule(const TrainOptions& o) {
+  double base = o.lr;
+  if (base <= 0) base = o.optimizer == "adamw" ? 1e-3 : o.optimizer == "sgd" ? 0.05 : 2e-3;
+  optim::PolyWarmupSchedule schedule;
+  schedule.base_lr = static_cast<float>(base);
+  schedule.total_steps = o.lr_decay_steps > 0 ? o.lr_decay_steps : o.steps;
+  schedule.warmup_fraction =
+      o.warmup < 1 ? o.warmup : o.warmup / static_cast<double>(schedule.total_steps);
+  return schedule;
 }
 
 }  // namespace pf::train

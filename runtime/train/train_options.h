@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/optim/lr_schedule.h"
 #include "scheduler/pipefisher/kfac_command.h"
 
 namespace CLI {
@@ -32,6 +33,7 @@ struct TrainOptions {
   double lr = 0.0;                 // 0: the optimizer's default
   double warmup = 0.1;             // fraction of the steps (< 1) or a number of steps (>= 1)
   std::int64_t steps = 20;
+  std::int64_t lr_decay_steps = 0;  // steps of the warm-up/decay schedule (0: --steps)
   double weight_decay = 0.01;
   double momentum = 0.9;  // sgd
   // K-FAC (PipeFisher).
@@ -58,5 +60,9 @@ void add_train_options(CLI::App& app, TrainOptions& options);
 
 // One clear error (std::invalid_argument) for a bad value or an impossible combination.
 void validate_options(const TrainOptions& options);
+
+// The learning-rate schedule of the options: --lr (or the optimizer's default), --warmup, over
+// --lr-decay-steps (else --steps).
+optim::PolyWarmupSchedule learning_rate_schedule(const TrainOptions& options);
 
 }  // namespace pf::train

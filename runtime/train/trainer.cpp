@@ -19,6 +19,7 @@
 #include "runtime/optim/lamb.h"
 #include "runtime/optim/lr_schedule.h"
 #include "runtime/optim/sgd.h"
+#include "runtime/train/checkpointing.h"
 #include "runtime/train/self_profile.h"
 #include "scheduler/pipefisher/pass.h"
 #include "scheduler/schedule_json.h"
@@ -71,12 +72,6 @@ bool has_kfac(const sched::Schedule& schedule) {
   return false;
 }
 
-double default_lr(const std::string& optimizer) {
-  if (optimizer == "adamw") return 1e-3;
-  if (optimizer == "sgd") return 0.05;
-  return 2e-3;
-}
-
 struct RunContext {
   model::BertConfig config;
   sched::Schedule schedule;
@@ -84,6 +79,8 @@ struct RunContext {
   exec::ShardBatches* shards = nullptr;
   std::int64_t micro_batch_size = 0, seq_len = 0, max_predictions = 0;
   std::string kfac_summary;
+  nlohmann::json identity;                         // what a checkpoint must share to resume
+  std::optional<ckpt::TrainingCheckpoint> resume;  // --resume: the checkpoint to continue
 };
 
 template <typename T>
@@ -168,13 +165,11 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   // Events feed the summary (a bounded window of a long run), the trace and the profile.
   setup.options.record_events = true;
   if (o.trace.empty() && o.profile_out.empty()) {
-    setup.options.record_events_before_step = kSummarySteps + 1;
+    setup.options.record_events_before_step =
+        (context.resume ? context.resume->step : 0) + kSummarySteps + 1;
   }
   setup.make_optimizer = optimizer_factory<T>(o);
-  optim::PolyWarmupSchedule lr_schedule;
-  lr_schedule.base_lr = static_cast<float>(o.lr > 0 ? o.lr : default_lr(o.optimizer));
-  lr_schedule.total_steps = o.steps;
-  lr_schedule.warmup_fraction = o.warmup < 1 ? o.warmup : o.warmup / static_cast<double>(o.steps);
+  const auto lr_schedule = learning_rate_schedule(o);
   setup.learning_rate = [lr_schedule](std::int64_t step) {
     return static_cast<double>(lr_schedule.learning_rate(step));
   };
@@ -182,6 +177,7 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
 
   const auto executor_owner = launch.make_executor(setup);
   auto& executor = *executor_owner;
+  if (context.resume) restore_checkpoint(executor, *context.resume);
   const auto& schedule = executor.setup().schedule;
   const std::int64_t sequences_per_step = static_cast<std::int64_t>(schedule.params.microbatches) *
                                           schedule.params.data_parallel * context.micro_batch_size;
@@ -197,7 +193,7 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
 
   MetricsWriter metrics(executor.is_root() ? o.metrics : std::string());
   const bool tty = isatty(STDOUT_FILENO) != 0 && &out == &std::cout;
-  const std::int64_t first_step = 0;
+  const std::int64_t first_step = context.resume ? context.resume->step : 0;
   const auto start = std::chrono::steady_clock::now();
   double last_loss = 0.0;
   std::int64_t done = 0;
@@ -232,7 +228,8 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
       out << (tty ? "\r" : "") << line.str() << "\n" << std::flush;  // logs follow along
     }
   };
-  executor.run(first_step, o.steps, on_step);
+  const auto checkpoint =
+      run_with_checkpoints(executor, o, first_step, context.identity, context.shards, on_step);
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -257,6 +254,7 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   if (!o.metrics.empty()) out << "metrics: " << o.metrics << "\n";
   if (!o.trace.empty()) out << "trace: " << o.trace << " (open in https://ui.perfetto.dev)\n";
   if (!o.profile_out.empty()) out << "profile: " << o.profile_out << "\n";
+  if (!checkpoint.empty()) out << "checkpoint: " << checkpoint.string() << "\n";
   return 0;
 }
 
@@ -317,6 +315,11 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
           ", but the shards were made with a vocabulary of " + std::to_string(vocab));
     }
   }
+  if (launch.multi_process() && (!o.checkpoint_dir.empty() || o.resume)) {
+    throw std::invalid_argument(
+        "--checkpoint-dir/--resume: checkpoints are written by the threaded runtime only so far; "
+        "run without mpirun to save or resume");
+  }
   if (context.seq_len > context.config.max_position_embeddings) {
     throw std::invalid_argument("sequence length " + std::to_string(context.seq_len) +
                                 " exceeds the model's max_position_embeddings " +
@@ -330,12 +333,35 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
   exec::check_run_setup(context.config, context.schedule);
   const auto& params = context.schedule.params;
   const int replica_microbatches = params.microbatches;
+  context.identity =
+      run_identity(o, context.config, context.seq_len, context.max_predictions, params.microbatches,
+                   params.data_parallel,
+                   o.data == "synthetic" ? std::vector<std::string>{} : shard_files(o.data));
+  bool resume_schedule = false;  // a K-FAC run continues the checkpoint's k-step schedule
+  if (o.resume) {
+    context.resume = load_resume_checkpoint(o.checkpoint_dir, context.identity);
+    if (context.resume->step >= o.steps) {
+      throw std::invalid_argument("--steps " + std::to_string(o.steps) + ": the checkpoint " +
+                                  context.resume->directory.string() + " is at step " +
+                                  std::to_string(context.resume->step) +
+                                  " already (--steps is the total)");
+    }
+    resume_schedule =
+        o.kfac.enabled && o.schedule_file.empty() && same_layout(*context.resume, context.schedule);
+  }
+  if (resume_schedule) {
+    context.schedule = sched::schedule_from_json(
+        context.resume->schedule, (context.resume->directory / "schedule.json").string());
+    context.kfac_summary = "PipeFisher: K-FAC refresh every " +
+                           std::to_string(context.schedule.num_steps) +
+                           " step(s) (the checkpoint's schedule)\n";
+  }
 
   exec::ExecutorOptions profile_options;
   profile_options.threads_per_worker = o.threads_per_worker;
   profile_options.init_seed = o.seed;
   profile_options.kfac.damping = static_cast<float>(o.kfac_damping);
-  if (o.kfac.enabled) {
+  if (o.kfac.enabled && !resume_schedule) {
     if (has_kfac(context.schedule)) {
       throw std::invalid_argument("--schedule-file " + o.schedule_file +
                                   " already holds K-FAC work: drop --kfac to run it as it is");
@@ -373,6 +399,7 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     context.kfac_summary = summary.str();
     context.schedule = pass.schedule;
   }
+  if (context.resume) check_kfac_resumable(*context.resume, context.schedule);
 
   if (o.data == "synthetic") {
     context.batches = std::make_unique<exec::SyntheticBatches>(
@@ -384,7 +411,10 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     loader.micro_batch_size = static_cast<std::size_t>(o.micro_batch_size);
     loader.seed = o.seed;
     auto shards = std::make_unique<exec::ShardBatches>(
-        loader, params.data_parallel, replica_microbatches, std::vector<data::LoaderPosition>{}, 0);
+        loader, params.data_parallel, replica_microbatches,
+        context.resume ? checkpoint_loader_positions(*context.resume, params.data_parallel)
+                       : std::vector<data::LoaderPosition>{},
+        context.resume ? context.resume->step : 0);
     context.shards = shards.get();
     context.batches = std::move(shards);
   }

@@ -107,7 +107,13 @@ void expect_identical_to_threads(const Case& c) {
   MpiExecutor<T> mpi(make_setup<T>(config, schedule, mpi_batches), comm);
   std::vector<StepResult> mpi_results;
   mpi.run(0, steps, [&](const StepResult& r) { mpi_results.push_back(r); });
-  EXPECT_EQ(mpi.worker().transient_memory().total(), 0U);
+  // A run stopped inside a K-FAC refresh keeps only the captures its remaining curvature tasks
+  // need (checkpoints save them).
+  const auto memory = mpi.worker().transient_memory();
+  EXPECT_EQ(memory.activation_stash + memory.message_buffers, 0U);
+  if (steps % schedule.num_steps == 0) {
+    EXPECT_EQ(memory.total(), 0U);
+  }
   const auto events = mpi.take_events();
 
   SyntheticBatches thread_batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);

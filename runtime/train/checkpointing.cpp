@@ -1,0 +1,374 @@
+#include "runtime/train/checkpointing.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include "runtime/model/bert_chunk.h"
+#include "runtime/model/hf_weights.h"
+#include "runtime/optim/param_view.h"
+#include "scheduler/schedule_json.h"
+
+namespace pf::train {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kOptimizerPrefix = "optimizer";
+constexpr const char* kKfacPrefix = "kfac";  // layer-keyed, any layout (replica 0, pipeline 0)
+// Exact double weights of an fp64 run (model.safetensors holds F32 for transformers).
+constexpr const char* kMasterPrefix = "master";
+
+bool schedule_has_kfac(const sched::Schedule& schedule) {
+  for (const auto& stream : schedule.streams) {
+    for (const auto& in : stream) {
+      if (sched::is_kfac(in.kind)) return true;
+    }
+  }
+  return false;
+}
+
+// Per rank and pipeline, the exact K-FAC state of the checkpoint's own schedule.
+std::string exact_kfac_prefix(int rank, int pipeline) {
+  return std::string(kKfacPrefix) + ".rank" + std::to_string(rank) + ".pipeline" +
+         std::to_string(pipeline);
+}
+std::string progress_prefix(int rank) {
+  return std::string(kKfacPrefix) + ".rank" + std::to_string(rank) + ".progress";
+}
+
+std::string layout_string(const nlohmann::json& schedule) {
+  if (!schedule.is_object() || !schedule.contains("params")) return "an unknown layout";
+  const auto& p = schedule["params"];
+  std::string text = p.value("kind", std::string("?")) + " on " +
+                     std::to_string(p.value("workers", 0)) + " worker(s)";
+  if (p.value("chunks_per_worker", 1) > 1) {
+    text += " x " + std::to_string(p.value("chunks_per_worker", 1)) + " chunks";
+  }
+  return text + ", refresh every " + std::to_string(schedule.value("num_steps", 1)) + " step(s)";
+}
+
+// The word embeddings and the head's tied copy share one optimizer state (identical gradients
+// and updates): a layout whose head is on its own chunk finds the copy's state under the
+// embeddings' name when the checkpoint came from a layout with one chunk.
+void alias_tied_records(ckpt::SafetensorsFile& file, const std::string& prefix) {
+  const auto [word, decoder] = model::tied_parameter_names();
+  const std::string from = prefix + "." + word + ".";
+  const std::string to = prefix + "." + decoder + ".";
+  std::vector<ckpt::TensorRecord> aliases;
+  for (const auto& [name, record] : file.tensors) {
+    if (name.rfind(from, 0) != 0) continue;
+    auto alias = record;
+    alias.name = to + name.substr(from.size());
+    if (file.tensors.count(alias.name) == 0) aliases.push_back(std::move(alias));
+  }
+  for (auto& alias : aliases) file.tensors.emplace(alias.name, std::move(alias));
+}
+
+template <typename T>
+std::vector<optim::BasicParamView<T>> parameter_views(exec::Worker<T>& worker) {
+  std::vector<optim::BasicParamView<T>> views;
+  for (auto* chunk : worker.chunks()) {
+    for (auto& p : chunk->parameters()) {
+      views.push_back({p.name, p.value, p.grad, static_cast<std::size_t>(p.size), p.shape,
+                       p.is_bias_or_layernorm});
+    }
+  }
+  return views;
+}
+
+// Records merged from several workers: the first of a name wins (Chimera's second pipeline and
+// the head's tied copy hold the same values as the first).
+void merge_records(std::map<std::string, ckpt::TensorRecord>& merged,
+                   std::vector<ckpt::TensorRecord> records) {
+  for (auto& record : records) merged.try_emplace(record.name, std::move(record));
+}
+
+std::vector<ckpt::TensorRecord> values_of(std::map<std::string, ckpt::TensorRecord> merged) {
+  std::vector<ckpt::TensorRecord> records;
+  records.reserve(merged.size());
+  for (auto& [name, record] : merged) records.push_back(std::move(record));
+  return records;
+}
+
+}  // namespace
+
+nlohmann::json run_identity(const TrainOptions& o, const model::BertConfig& config,
+                            std::int64_t seq_len, std::int64_t max_predictions, int microbatches,
+                            int data_parallel, const std::vector<std::string>& shard_files) {
+  nlohmann::json shards = nlohmann::json::array();
+  for (const auto& file : shard_files) shards.push_back(fs::path(file).filename().string());
+  const auto lr = learning_rate_schedule(o);
+  nlohmann::json optimizer = {{"kind", o.optimizer},
+                              {"lr", lr.base_lr},
+                              {"lr_decay_steps", lr.total_steps},
+                              {"warmup_fraction", lr.warmup_fraction},
+                              {"weight_decay", o.weight_decay}};
+  if (o.optimizer == "sgd") optimizer["momentum"] = o.momentum;
+  nlohmann::json kfac = {{"enabled", o.kfac.enabled}};
+  if (o.kfac.enabled) {
+    kfac["damping"] = o.kfac_damping;
+    kfac["curvature"] = o.kfac.curvature;
+    kfac["linears"] = o.kfac.linears;
+    kfac["layers"] = o.kfac.layers;
+  }
+  return {{"model", model::bert_config_to_hf_json(config)},
+          {"data", {{"kind", o.data == "synthetic" ? "synthetic" : "shards"}, {"shards", shards}}},
+          {"seq_len", seq_len},
+          {"max_predictions", max_predictions},
+          {"micro_batch_size", o.micro_batch_size},
+          {"microbatches", microbatches},
+          {"data_parallel", data_parallel},
+          {"global_batch",
+           static_cast<std::int64_t>(o.micro_batch_size) * microbatches * data_parallel},
+          {"seed", o.seed},
+          {"precision", o.precision},
+          {"optimizer", optimizer},
+          {"kfac", kfac}};
+}
+
+ckpt::TrainingCheckpoint load_resume_checkpoint(const fs::path& directory,
+                                                const nlohmann::json& identity) {
+  std::optional<ckpt::TrainingCheckpoint> checkpoint;
+  try {
+    checkpoint = ckpt::load_latest_checkpoint(directory);
+  } catch (const std::exception& error) {
+    throw std::invalid_argument("--resume: " + std::string(error.what()));
+  }
+  if (!checkpoint) {
+    throw std::invalid_argument("--resume: no checkpoint in " + directory.string() +
+                                " (no 'latest' file): drop --resume to start a new run");
+  }
+  try {
+    ckpt::check_resume_compatible(identity, *checkpoint);
+  } catch (const std::exception& error) {
+    throw std::invalid_argument("--resume: " + std::string(error.what()) + " (identity in " +
+                                (checkpoint->directory / "state.json").string() + ")");
+  }
+  return std::move(*checkpoint);
+}
+
+bool same_layout(const ckpt::TrainingCheckpoint& checkpoint, const sched::Schedule& base) {
+  if (!checkpoint.schedule.is_object()) return false;
+  const auto json = sched::to_json(base);
+  for (const char* key : {"params", "placement"}) {
+    if (!checkpoint.schedule.contains(key) || checkpoint.schedule[key] != json[key]) return false;
+  }
+  return true;
+}
+
+void check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
+                          const sched::Schedule& schedule) {
+  if (!schedule_has_kfac(schedule)) return;
+  if (checkpoint.schedule == sched::to_json(schedule)) return;  // the refresh resumes as it was
+  const std::int64_t old_k = checkpoint.state.value("/kfac/refresh_steps"_json_pointer, 1);
+  const std::int64_t new_k = schedule.num_steps;
+  const std::int64_t step = checkpoint.step;
+  if (step % old_k == 0 && step % new_k == 0) return;
+  throw std::invalid_argument(
+      "--resume: checkpoint " + checkpoint.directory.string() + " is at step " +
+      std::to_string(step) + ", inside a K-FAC refresh of its schedule (" +
+      layout_string(checkpoint.schedule) + ") or of this run's (" +
+      layout_string(sched::to_json(schedule)) +
+      "); a refresh in progress resumes only on the schedule that started it. Resume with the "
+      "checkpoint's layout, or from a checkpoint whose step is a multiple of both refresh "
+      "intervals (--checkpoint-every a multiple of them, --kfac-refresh fixes one)");
+}
+
+std::vector<data::LoaderPosition> checkpoint_loader_positions(
+    const ckpt::TrainingCheckpoint& checkpoint, int replicas) {
+  const auto& json = checkpoint.state.value("loader_positions", nlohmann::json());
+  const fs::path state_file = checkpoint.directory / "state.json";
+  if (!json.is_array() || json.size() != static_cast<std::size_t>(replicas)) {
+    throw std::invalid_argument("--resume: " + state_file.string() +
+                                ": loader_positions should hold one position per data-parallel "
+                                "replica (" +
+                                std::to_string(replicas) + "), it holds " +
+                                (json.is_array() ? std::to_string(json.size()) : "none"));
+  }
+  std::vector<data::LoaderPosition> positions;
+  for (const auto& position : json) {
+    try {
+      positions.push_back(data::LoaderPosition::from_json(position));
+    } catch (const std::exception& error) {
+      throw std::invalid_argument("--resume: " + state_file.string() +
+                                  ": loader_positions: " + error.what());
+    }
+  }
+  return positions;
+}
+
+template <typename T>
+ckpt::TrainingCheckpoint collect_checkpoint(exec::ThreadedExecutor<T>& executor, std::int64_t step,
+                                            const nlohmann::json& identity,
+                                            exec::ShardBatches* shards) {
+  const auto& setup = executor.setup();
+  const auto& schedule = setup.schedule;
+  if (executor.pending_messages() != 0) {
+    throw std::logic_error("checkpoint at step " + std::to_string(step) + ": " +
+                           std::to_string(executor.pending_messages()) +
+                           " message(s) in flight between workers");
+  }
+  const int workers = schedule.num_workers();
+  ckpt::TrainingCheckpoint checkpoint;
+  checkpoint.step = step;
+  checkpoint.hf_config = model::bert_config_to_hf_json(setup.config);
+  checkpoint.identity = identity;
+  checkpoint.schedule = sched::to_json(schedule);
+
+  // Weights: pipeline 0 of replica 0 holds the whole model once.
+  std::vector<model::BertChunk<T>*> model_chunks;
+  for (int c = 0; c < schedule.placement.chunks_per_pipeline; ++c) {
+    auto* chunk = executor.worker(schedule.placement.worker_of(0, c)).chunk(0, c);
+    if (chunk == nullptr) throw std::logic_error("checkpoint: chunk " + std::to_string(c));
+    model_chunks.push_back(chunk);
+  }
+  checkpoint.weights = model::hf_weight_records<T>(model_chunks);
+
+  std::map<std::string, ckpt::TensorRecord> optimizer;
+  for (int rank = 0; rank < workers; ++rank) {
+    merge_records(optimizer, executor.worker(rank).optimizer().state_records(kOptimizerPrefix));
+  }
+  if constexpr (!std::is_same_v<T, float>) {
+    for (auto* chunk : model_chunks) {
+      for (const auto& p : chunk->parameters()) {
+        merge_records(optimizer,
+                      {ckpt::make_f64_record(
+                          std::string(kMasterPrefix) + "." + p.name, p.shape,
+                          std::span<const double>(p.value, static_cast<std::size_t>(p.size)))});
+      }
+    }
+  }
+  checkpoint.optimizer = values_of(std::move(optimizer));
+
+  if (schedule_has_kfac(schedule)) {
+    std::map<std::string, ckpt::TensorRecord> kfac;
+    for (int rank = 0; rank < executor.num_ranks(); ++rank) {
+      auto& worker = executor.worker(rank);
+      for (int p = 0; p < schedule.placement.num_pipelines; ++p) {
+        const auto& state = worker.kfac_state(p);
+        if (state.layers().empty()) continue;
+        if (rank < workers && p == 0) merge_records(kfac, state.state_records(kKfacPrefix));
+        merge_records(kfac, state.state_records(exact_kfac_prefix(rank, p)));
+      }
+      merge_records(kfac, worker.kfac_progress_records(progress_prefix(rank)));
+    }
+    checkpoint.kfac = values_of(std::move(kfac));
+  }
+
+  nlohmann::json positions = nullptr;
+  if (shards != nullptr) {
+    positions = nlohmann::json::array();
+    for (const auto& position : shards->positions_after(step - 1)) {
+      positions.push_back(position.to_json());
+    }
+  }
+  checkpoint.state = {
+      {"step", step},
+      {"loader_positions", positions},
+      {"seeds",
+       {{"init", setup.options.init_seed},
+        {"dropout", setup.options.dropout_seed},
+        {"data", identity.value("seed", std::uint64_t{0})}}},
+      {"kfac", {{"refresh_steps", schedule.num_steps}, {"round_phase", step % schedule.num_steps}}},
+      {"layout", layout_string(checkpoint.schedule)}};
+  return checkpoint;
+}
+
+template <typename T>
+void restore_checkpoint(exec::ThreadedExecutor<T>& executor,
+                        const ckpt::TrainingCheckpoint& checkpoint) {
+  const auto& schedule = executor.setup().schedule;
+  const auto where = [&](const char* file) { return (checkpoint.directory / file).string(); };
+  const auto weights = ckpt::to_safetensors_file(checkpoint.weights);
+  auto optimizer = ckpt::to_safetensors_file(checkpoint.optimizer);
+  alias_tied_records(optimizer, kOptimizerPrefix);
+  alias_tied_records(optimizer, kMasterPrefix);
+  const bool kfac_on = schedule_has_kfac(schedule);
+  const bool same_schedule = checkpoint.schedule == sched::to_json(schedule);
+  ckpt::SafetensorsFile kfac;
+  if (kfac_on) kfac = ckpt::to_safetensors_file(checkpoint.kfac);
+
+  for (int rank = 0; rank < executor.num_ranks(); ++rank) {
+    auto& worker = executor.worker(rank);
+    try {
+      for (auto* chunk : worker.chunks()) model::load_hf_weights(weights, *chunk);
+    } catch (const std::exception& error) {
+      throw std::runtime_error(where("model.safetensors") + ": " + error.what());
+    }
+    const auto views = parameter_views(worker);
+    try {
+      if constexpr (!std::is_same_v<T, float>) {
+        for (const auto& view : views) {
+          const auto exact =
+              ckpt::read_f64(optimizer, std::string(kMasterPrefix) + "." + view.name, view.shape);
+          std::copy(exact.begin(), exact.end(), view.value);
+        }
+      }
+      worker.optimizer().load_state(optimizer, views, kOptimizerPrefix);
+    } catch (const std::exception& error) {
+      throw std::runtime_error(where("optimizer.safetensors") + ": " + error.what());
+    }
+    if (!kfac_on) continue;
+    try {
+      for (int p = 0; p < schedule.placement.num_pipelines; ++p) {
+        auto& state = worker.kfac_state(p);
+        if (state.layers().empty()) continue;
+        state.load_state(kfac, same_schedule ? exact_kfac_prefix(rank, p) : kKfacPrefix);
+      }
+      if (same_schedule) worker.load_kfac_progress(kfac, progress_prefix(rank));
+    } catch (const std::exception& error) {
+      throw std::runtime_error(where("kfac.safetensors") + ": " + error.what());
+    }
+  }
+}
+
+template <typename T>
+fs::path run_with_checkpoints(exec::Executor<T>& executor, const TrainOptions& o,
+                              std::int64_t first_step, const nlohmann::json& identity,
+                              exec::ShardBatches* shards,
+                              const std::function<void(const exec::StepResult&)>& on_step,
+                              const ckpt::SaveOptions& save_options) {
+  fs::path last_saved;
+  std::int64_t step = first_step;
+  while (step < o.steps) {
+    std::int64_t next = o.steps;
+    if (!o.checkpoint_dir.empty() && o.checkpoint_every > 0) {
+      next = std::min(o.steps, (step / o.checkpoint_every + 1) * o.checkpoint_every);
+    }
+    executor.run(step, next, on_step);
+    step = next;
+    if (!o.checkpoint_dir.empty()) {
+      auto* threaded = dynamic_cast<exec::ThreadedExecutor<T>*>(&executor);
+      if (threaded == nullptr) throw std::logic_error("checkpoints need the threaded executor");
+      last_saved = ckpt::save_training_checkpoint(
+          o.checkpoint_dir, collect_checkpoint(*threaded, step, identity, shards), save_options);
+    }
+  }
+  return last_saved;
+}
+
+template fs::path run_with_checkpoints<float>(exec::Executor<float>&, const TrainOptions&,
+                                              std::int64_t, const nlohmann::json&,
+                                              exec::ShardBatches*,
+                                              const std::function<void(const exec::StepResult&)>&,
+                                              const ckpt::SaveOptions&);
+template fs::path run_with_checkpoints<double>(exec::Executor<double>&, const TrainOptions&,
+                                               std::int64_t, const nlohmann::json&,
+                                               exec::ShardBatches*,
+                                               const std::function<void(const exec::StepResult&)>&,
+                                               const ckpt::SaveOptions&);
+template ckpt::TrainingCheckpoint collect_checkpoint<float>(exec::ThreadedExecutor<float>&,
+                                                            std::int64_t, const nlohmann::json&,
+                                                            exec::ShardBatches*);
+template ckpt::TrainingCheckpoint collect_checkpoint<double>(exec::ThreadedExecutor<double>&,
+                                                             std::int64_t, const nlohmann::json&,
+                                                             exec::ShardBatches*);
+template void restore_checkpoint<float>(exec::ThreadedExecutor<float>&,
+                                        const ckpt::TrainingCheckpoint&);
+template void restore_checkpoint<double>(exec::ThreadedExecutor<double>&,
+                                         const ckpt::TrainingCheckpoint&);
+
+}  // namespace pf::train

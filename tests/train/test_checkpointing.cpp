@@ -1,0 +1,485 @@
+// pipefisher_train's checkpoints: N steps + resume + N steps is bit-identical to 2N steps (fp32,
+// fp64, K-FAC with a save in the middle of a refresh, shards and synthetic data), a checkpoint
+// moves to other pipeline layouts, bad checkpoints are refused naming file and difference, a
+// process killed during a save leaves the last good checkpoint, and the program end to end.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "runtime/checkpoint/training_checkpoint.h"
+#include "runtime/data/shard_format.h"
+#include "runtime/optim/lamb.h"
+#include "runtime/train/checkpointing.h"
+#include "runtime/train/train_options.h"
+#include "runtime/train/trainer.h"
+#include "sim/cli/compile_command.h"
+
+namespace pf::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+fs::path latest(const fs::path& root) {
+  auto checkpoint = ckpt::load_latest_checkpoint(root);
+  if (!checkpoint) throw std::runtime_error("no checkpoint in " + root.string());
+  return checkpoint->directory;
+}
+
+// Per-step losses of a metrics file (the times differ from run to run, the losses may not).
+std::vector<double> losses(const fs::path& metrics) {
+  std::vector<double> result;
+  std::istringstream lines(read_file(metrics));
+  std::string line;
+  while (std::getline(lines, line)) {
+    const auto record = nlohmann::json::parse(line);
+    result.push_back(record.at("loss").get<double>());
+    result.push_back(record.at("grad_norm").get<double>());
+  }
+  return result;
+}
+
+class CheckpointingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("pf_ckpt_train_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    write_config(dir_ / "config.json", 16, 2);
+    write_config(dir_ / "config4.json", 16, 4);
+    write_config(dir_ / "wide.json", 32, 2);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  static void write_config(const fs::path& path, int hidden, int layers) {
+    std::ofstream(path) << R"({"vocab_size": 64, "hidden_size": )" << hidden
+                        << R"(, "num_hidden_layers": )" << layers
+                        << R"(, "num_attention_heads": 2, "intermediate_size": 32,
+      "max_position_embeddings": 32, "type_vocab_size": 2, "hidden_dropout_prob": 0.1,
+      "attention_probs_dropout_prob": 0.1, "model_type": "bert"})";
+  }
+
+  // Shards as pipefisher_data writes them: 200 small instances over two files.
+  fs::path make_shards() const {
+    const auto shards = dir_ / "shards";
+    fs::create_directories(shards);
+    data::ShardInfo info;
+    info.vocab_hash = 7;
+    info.vocab_size = 64;
+    info.max_seq_length = 12;
+    info.max_predictions = 2;
+    std::size_t id = 0;
+    for (int s = 0; s < 2; ++s) {
+      std::vector<data::TrainingInstance> instances;
+      for (int i = 0; i < 100; ++i, ++id) {
+        data::TrainingInstance instance;
+        instance.tokens = {2};
+        for (std::size_t t = 0; t < 1 + id % 4; ++t)
+          instance.tokens.push_back(static_cast<data::TokenId>(5 + (id + t) % 50));
+        instance.tokens.push_back(3);
+        instance.segment_a_length = static_cast<std::uint32_t>(instance.tokens.size());
+        for (std::size_t t = 0; t < 1 + id % 3; ++t)
+          instance.tokens.push_back(static_cast<data::TokenId>(5 + (id * 7 + t) % 50));
+        instance.tokens.push_back(3);
+        instance.is_random_next = id % 2 == 1;
+        instance.masked_positions = {1};
+        instance.masked_labels = {static_cast<data::TokenId>(5 + id % 50)};
+        instances.push_back(std::move(instance));
+      }
+      data::write_shard((shards / ("part-" + std::to_string(s) + ".pfshard")).string(), info,
+                        instances);
+    }
+    return shards;
+  }
+
+  TrainOptions small_run(const std::string& name) const {
+    TrainOptions o;
+    o.model = (dir_ / "config.json").string();
+    o.data = "synthetic";
+    o.seq_len = 12;
+    o.micro_batch_size = 2;
+    o.stages = 2;
+    o.microbatches = 4;
+    o.steps = 6;
+    o.lr_decay_steps = 6;
+    o.wait_timeout_s = 60;
+    o.quiet = true;
+    o.checkpoint_dir = (dir_ / name).string();
+    o.metrics = (dir_ / (name + ".jsonl")).string();
+    return o;
+  }
+
+  // A measured profile of the layout, so that the PipeFisher pass places K-FAC work the same
+  // way in every run (a self-profile's timings would vary).
+  std::string kfac_profile(TrainOptions o) const {
+    const auto path = dir_ / ("profile-" + o.schedule + ".json");
+    if (fs::exists(path)) return path.string();
+    o.steps = 2;
+    o.checkpoint_dir.clear();
+    o.checkpoint_every = 0;
+    o.metrics.clear();
+    o.kfac_profile.clear();  // this run profiles itself, K-FAC kernels included
+    o.profile_out = path.string();
+    std::ostringstream out;
+    run_training(o, out);
+    return path.string();
+  }
+
+  // First `split` steps, then a resume up to o.steps; and the same run straight through.
+  void run_split_and_straight(TrainOptions o, std::int64_t split) const {
+    auto first = o;
+    first.steps = split;
+    std::ostringstream out;
+    ASSERT_EQ(run_training(first, out), 0);
+    auto resumed = o;
+    resumed.resume = true;
+    ASSERT_EQ(run_training(resumed, out), 0) << out.str();
+    auto straight = o;
+    straight.checkpoint_dir += "-straight";
+    straight.metrics = straight.checkpoint_dir + ".jsonl";
+    ASSERT_EQ(run_training(straight, out), 0);
+  }
+
+  void expect_identical(const TrainOptions& o, std::int64_t split) const {
+    const auto a = latest(o.checkpoint_dir), b = latest(o.checkpoint_dir + "-straight");
+    EXPECT_EQ(a.filename(), b.filename());
+    for (const char* file : {"model.safetensors", "optimizer.safetensors", "kfac.safetensors"}) {
+      ASSERT_EQ(fs::exists(a / file), fs::exists(b / file)) << file;
+      if (!fs::exists(a / file)) continue;
+      EXPECT_TRUE(read_file(a / file) == read_file(b / file)) << file << " differs";
+    }
+    const auto state_a = nlohmann::json::parse(read_file(a / "state.json"));
+    const auto state_b = nlohmann::json::parse(read_file(b / "state.json"));
+    EXPECT_EQ(state_a.at("state").at("loader_positions"),
+              state_b.at("state").at("loader_positions"));
+    // Losses and gradient norms of every step, bit for bit.
+    EXPECT_EQ(losses(o.metrics), losses(o.checkpoint_dir + "-straight.jsonl"));
+    EXPECT_EQ(losses(o.metrics).size(), 2U * static_cast<std::size_t>(o.steps));
+    (void)split;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CheckpointingTest, ResumeIsBitIdenticalFp32) {
+  auto o = small_run("fp32");
+  run_split_and_straight(o, 3);
+  expect_identical(o, 3);
+}
+
+TEST_F(CheckpointingTest, ResumeIsBitIdenticalFp64AdamW) {
+  auto o = small_run("fp64");
+  o.precision = "fp64";
+  o.optimizer = "adamw";
+  run_split_and_straight(o, 3);
+  expect_identical(o, 3);
+}
+
+TEST_F(CheckpointingTest, ResumeIsBitIdenticalWithShardsAndDataParallel) {
+  auto o = small_run("shards");
+  o.data = make_shards().string();
+  o.seq_len = 0;
+  o.data_parallel = 2;
+  o.optimizer = "sgd";
+  run_split_and_straight(o, 3);
+  expect_identical(o, 3);
+  const auto state = nlohmann::json::parse(read_file(latest(o.checkpoint_dir) / "state.json"));
+  EXPECT_EQ(state.at("state").at("loader_positions").size(), 2U);
+}
+
+TEST_F(CheckpointingTest, ResumeIsBitIdenticalWithKfacMidRefresh) {
+  auto o = small_run("kfac");
+  o.kfac.enabled = true;
+  o.kfac.refresh_steps = 2;
+  o.kfac.curvature = "every_step";
+  o.kfac_profile = kfac_profile(o);
+  run_split_and_straight(o, 3);  // step 3: one step into a two-step refresh
+  const auto state = nlohmann::json::parse(read_file(dir_ / "kfac" / "step-00000003/state.json"));
+  EXPECT_EQ(state.at("state").at("kfac").at("round_phase"), 1);
+  expect_identical(o, 3);
+}
+
+TEST_F(CheckpointingTest, ResumeIsBitIdenticalWithKfacOnChimeraAndShards) {
+  auto o = small_run("kfac-chimera");
+  o.model = (dir_ / "config4.json").string();
+  o.schedule = "chimera";
+  o.data = make_shards().string();
+  o.seq_len = 0;
+  o.kfac.enabled = true;
+  o.kfac.refresh_steps = 2;
+  o.kfac_profile = kfac_profile(o);
+  o.checkpoint_every = 3;
+  run_split_and_straight(o, 3);
+  expect_identical(o, 3);
+}
+
+// Weights and optimizer state of two runs on other layouts: equal up to the summation order of
+// micro-batch gradients, which differs between schedules. The attention key bias is left out:
+// its gradient is zero in exact arithmetic (softmax ignores a shift of each query's scores), so
+// it only ever sees rounding noise, which Adam-type optimizers scale up to learning-rate-sized
+// steps. (A layout with one chunk has no separate decoder copy: those records are skipped too.)
+double max_relative_difference(const fs::path& a, const fs::path& b, const std::string& file,
+                               const std::string& prefix) {
+  const auto x = ckpt::load_safetensors(a / file), y = ckpt::load_safetensors(b / file);
+  double worst = 0.0;
+  for (const auto& [name, record] : x.tensors) {
+    if (name.rfind(prefix, 0) != 0 || record.dtype == ckpt::DType::kI64) continue;
+    if (name.find("attention.self.key.bias") != std::string::npos) continue;
+    if (y.tensors.count(name) == 0) continue;
+    const auto u = ckpt::read_f64(x, name, record.shape);
+    const auto v = ckpt::read_f64(y, name, record.shape);
+    double scale = 0.0, diff = 0.0;
+    for (std::size_t i = 0; i < u.size(); ++i) {
+      scale = std::max(scale, std::abs(u[i]));
+      diff = std::max(diff, std::abs(u[i] - v[i]));
+    }
+    if (scale > 0) worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+TEST_F(CheckpointingTest, ResumesOnOtherLayouts) {
+  struct Layout {
+    std::string schedule;
+    int stages, chunks;
+  };
+  auto base = small_run("layout");
+  base.model = (dir_ / "config4.json").string();
+  base.precision = "fp64";
+  base.schedule = "1f1b";
+  auto first = base;
+  first.steps = 3;
+  std::ostringstream out;
+  ASSERT_EQ(run_training(first, out), 0);
+  auto straight = base;
+  straight.checkpoint_dir += "-straight";
+  straight.metrics.clear();
+  ASSERT_EQ(run_training(straight, out), 0);
+  for (const auto& layout : {Layout{"gpipe", 4, 1}, Layout{"interleaved", 2, 2},
+                             Layout{"chimera", 2, 1}, Layout{"1f1b", 1, 1}}) {
+    SCOPED_TRACE(layout.schedule + " p=" + std::to_string(layout.stages));
+    const auto copy = dir_ / ("layout-" + layout.schedule + std::to_string(layout.stages));
+    fs::copy(base.checkpoint_dir, copy, fs::copy_options::recursive);
+    auto resumed = base;
+    resumed.checkpoint_dir = copy.string();
+    resumed.metrics.clear();
+    resumed.schedule = layout.schedule;
+    resumed.stages = layout.stages;
+    resumed.chunks = layout.chunks;
+    resumed.resume = true;
+    ASSERT_EQ(run_training(resumed, out), 0);
+    const auto a = latest(copy), b = latest(straight.checkpoint_dir);
+    EXPECT_EQ(a.filename(), b.filename());
+    const double weights = max_relative_difference(a, b, "optimizer.safetensors", "master.");
+    const double state = max_relative_difference(a, b, "optimizer.safetensors", "optimizer.");
+    std::cout << layout.schedule << " p=" << layout.stages << " v=" << layout.chunks
+              << ": max relative difference to the straight run: weights " << weights
+              << ", optimizer state " << state << "\n";
+    EXPECT_LT(weights, 1e-12);
+    EXPECT_LT(state, 1e-9);
+  }
+}
+
+TEST_F(CheckpointingTest, KfacResumesOnOtherLayoutAtRefreshBoundaryOnly) {
+  auto base = small_run("kfac-layout");
+  base.model = (dir_ / "config4.json").string();
+  base.kfac.enabled = true;
+  base.kfac.refresh_steps = 2;
+  base.kfac_profile = kfac_profile(base);
+  base.checkpoint_every = 2;
+  auto first = base;
+  first.steps = 3;  // checkpoints at 2 (refresh boundary) and 3 (inside a refresh)
+  std::ostringstream out;
+  ASSERT_EQ(run_training(first, out), 0);
+  auto straight = base;
+  straight.checkpoint_dir += "-straight";
+  straight.metrics.clear();
+  ASSERT_EQ(run_training(straight, out), 0);
+
+  auto other = base;
+  other.schedule = "gpipe";
+  other.stages = 4;
+  other.kfac_profile = kfac_profile(other);
+  other.resume = true;
+  other.metrics.clear();
+  try {
+    run_training(other, out);
+    ADD_FAILURE() << "resumed inside a refresh on another layout";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("inside a K-FAC refresh"), std::string::npos)
+        << error.what();
+  }
+  // From the step-2 checkpoint (a refresh boundary) it continues, close to the straight run.
+  fs::remove_all(fs::path(base.checkpoint_dir) / "step-00000003");
+  std::ofstream(fs::path(base.checkpoint_dir) / "latest") << "step-00000002\n";
+  ASSERT_EQ(run_training(other, out), 0);
+  const auto a = latest(base.checkpoint_dir), b = latest(straight.checkpoint_dir);
+  EXPECT_EQ(a.filename(), "step-00000006");
+  EXPECT_EQ(b.filename(), "step-00000006");
+  const double difference = max_relative_difference(a, b, "model.safetensors", "");
+  std::cout << "K-FAC, 1f1b p=2 -> gpipe p=4 at step 2: max relative weight difference "
+            << difference << "\n";
+  EXPECT_LT(difference, 1e-4);
+}
+
+void expect_refused(const TrainOptions& o, const std::vector<std::string>& needles) {
+  std::ostringstream out;
+  try {
+    run_training(o, out);
+    ADD_FAILURE() << "not refused";
+  } catch (const std::invalid_argument& error) {
+    for (const auto& needle : needles) {
+      EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
+          << "'" << needle << "' not in: " << error.what();
+    }
+  }
+}
+
+TEST_F(CheckpointingTest, RefusesMismatchedCorruptAndTruncatedCheckpoints) {
+  auto o = small_run("refuse");
+  o.steps = 2;
+  std::ostringstream out;
+  ASSERT_EQ(run_training(o, out), 0);
+  auto resumed = o;
+  resumed.steps = 4;
+  resumed.resume = true;
+
+  auto other = resumed;
+  other.model = (dir_ / "wide.json").string();
+  expect_refused(other, {"state.json", "hidden_size", "16", "32"});
+  other = resumed;
+  other.micro_batch_size = 3;
+  expect_refused(other, {"state.json", "global_batch", "micro_batch_size"});
+  other = resumed;
+  other.data_parallel = 2;
+  expect_refused(other, {"global_batch", "data_parallel"});
+  other = resumed;
+  other.steps = 2;
+  expect_refused(other, {"at step 2 already"});
+  other = resumed;
+  other.checkpoint_dir = (dir_ / "empty").string();
+  expect_refused(other, {"no checkpoint in"});
+
+  const auto step_dir = latest(o.checkpoint_dir);
+  const auto model = step_dir / "model.safetensors";
+  const std::string good = read_file(model);
+  std::string bad = good;
+  bad[bad.size() / 2] = static_cast<char>(bad[bad.size() / 2] ^ 0x40);
+  std::ofstream(model, std::ios::binary | std::ios::trunc) << bad;
+  expect_refused(resumed, {"model.safetensors"});
+  std::ofstream(model, std::ios::binary | std::ios::trunc) << good;
+  const auto optimizer = step_dir / "optimizer.safetensors";
+  fs::resize_file(optimizer, fs::file_size(optimizer) / 2);
+  expect_refused(resumed, {"optimizer.safetensors"});
+}
+
+// A process killed in the middle of a save (after the new step directory is renamed into
+// place, before `latest` names it) leaves the previous checkpoint, and resuming from it gives
+// the same result as a run never interrupted.
+TEST_F(CheckpointingTest, KilledDuringSaveResumesFromLastGood) {
+  auto o = small_run("killed");
+  o.checkpoint_every = 2;
+  o.metrics.clear();
+  const auto config = model::resolve_bert_config(o.model);
+  cli::CompileCommandOptions compile;
+  compile.schedule = o.schedule;
+  compile.stages = o.stages;
+  compile.microbatches = o.microbatches;
+  compile.layers = config.num_layers;
+  compile.activation_bytes = compile.gradient_bytes = 1024;
+  const auto identity = run_identity(o, config, o.seq_len, 2, o.microbatches, 1, {});
+  const auto make_setup = [&](exec::BatchSource& batches) {
+    exec::RunSetup<float> setup;
+    setup.config = config;
+    setup.schedule = cli::build_schedule(compile);
+    setup.options.init_seed = 5;
+    setup.options.dropout_seed = 6;
+    setup.make_optimizer = [] { return std::make_unique<optim::BasicLamb<float>>(); };
+    setup.learning_rate = [](std::int64_t step) { return 1e-3 * static_cast<double>(step + 1); };
+    setup.batches = &batches;
+    return setup;
+  };
+
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    exec::SyntheticBatches batches(config, o.micro_batch_size, o.seq_len, 2, 9);
+    exec::ThreadedExecutor<float> executor(make_setup(batches));
+    ckpt::SaveOptions save;
+    save.after_phase = [](ckpt::SavePhase phase, const fs::path& path) {
+      if (phase == ckpt::SavePhase::kRenamed && path.filename() == "step-00000004") ::_exit(0);
+    };
+    run_with_checkpoints(executor, o, 0, identity, nullptr, {}, save);
+    ::_exit(3);  // not killed: the test fails below
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_TRUE(fs::exists(fs::path(o.checkpoint_dir) / "step-00000004"));  // never committed
+
+  const auto checkpoint = load_resume_checkpoint(o.checkpoint_dir, identity);
+  EXPECT_EQ(checkpoint.step, 2);
+  {
+    exec::SyntheticBatches batches(config, o.micro_batch_size, o.seq_len, 2, 9);
+    exec::ThreadedExecutor<float> executor(make_setup(batches));
+    restore_checkpoint(executor, checkpoint);
+    run_with_checkpoints(executor, o, checkpoint.step, identity, nullptr, {});
+  }
+  auto straight = o;
+  straight.checkpoint_dir += "-straight";
+  {
+    exec::SyntheticBatches batches(config, o.micro_batch_size, o.seq_len, 2, 9);
+    exec::ThreadedExecutor<float> executor(make_setup(batches));
+    run_with_checkpoints(executor, straight, 0, identity, nullptr, {});
+  }
+  const auto a = latest(o.checkpoint_dir), b = latest(straight.checkpoint_dir);
+  EXPECT_EQ(a.filename(), "step-00000006");
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    EXPECT_TRUE(read_file(a / file) == read_file(b / file)) << file;
+  }
+}
+
+int run_program(const std::string& arguments) {
+  const int status = std::system(
+      (std::string(PF_TRAIN_BINARY) + " " + arguments + " > /dev/null 2> /dev/null").c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST_F(CheckpointingTest, ProgramResumesToTheSameWeights) {
+  const std::string common = "--model " + (dir_ / "config.json").string() +
+                             " --data synthetic --seq-len 12 --lr-decay-steps 8 --quiet"
+                             " --checkpoint-dir ";
+  const auto a = dir_ / "cli", b = dir_ / "cli-straight";
+  ASSERT_EQ(run_program(common + a.string() + " --micro-batch-size 2 --steps 4"), 0);
+  ASSERT_EQ(run_program(common + a.string() + " --micro-batch-size 2 --steps 8 --resume"), 0);
+  ASSERT_EQ(run_program(common + b.string() + " --micro-batch-size 2 --steps 8"), 0);
+  EXPECT_EQ(latest(a).filename(), "step-00000008");
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    EXPECT_TRUE(read_file(latest(a) / file) == read_file(latest(b) / file)) << file;
+  }
+  // A mismatched resume (another global batch) is bad input: exit status 2, nothing written.
+  EXPECT_EQ(run_program(common + a.string() + " --micro-batch-size 3 --steps 12 --resume"), 2);
+  EXPECT_EQ(latest(a).filename(), "step-00000008");
+}
+
+}  // namespace
+}  // namespace pf::train
