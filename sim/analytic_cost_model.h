@@ -61,7 +61,6 @@ class AnalyticCostModel final : public CostModel {
   DeviceSpec device_;
   PricedPiece layer_, embeddings_, heads_;
   std::array<PricedKfac, 6> kfac_{};
-  PricedKernels optimizer_;  // per parameter
 };
 
 }  // namespace pf::sim
