@@ -238,7 +238,23 @@ RunSummary summarize_run(const std::vector<InstructionEvent>& events, int ranks,
   }
   summary.first_step = first;
   summary.last_step = last + 1;
-  summary.window_s = std::max(0.0, close - open);
+  // Time when no rank is inside any instruction for long (a checkpoint written between run
+  // segments) is not the executor's: leave such gaps out. Gaps between one rank's instructions
+  // are microseconds, and a waiting rank is inside its receive, so nothing else is dropped.
+  constexpr double kForeignGap_s = 0.005;
+  std::vector<std::pair<double, double>> spans;
+  for (const auto& event : events) {
+    if (event.end_s > open && event.start_s < close) {
+      spans.emplace_back(std::max(event.start_s, open), std::min(event.end_s, close));
+    }
+  }
+  std::sort(spans.begin(), spans.end());
+  double covered_until = open, foreign = 0.0;
+  for (const auto& [start, end] : spans) {
+    if (start - covered_until > kForeignGap_s) foreign += start - covered_until;
+    covered_until = std::max(covered_until, end);
+  }
+  summary.window_s = std::max(0.0, close - open - foreign);
   summary.step_time_s = summary.window_s / static_cast<double>(summary.last_step - first);
   return summary;
 }

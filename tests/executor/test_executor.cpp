@@ -7,6 +7,7 @@
 
 #include "runtime/comm/in_process.h"
 #include "runtime/executor/executor.h"
+#include "runtime/executor/measured.h"
 #include "runtime/optim/adamw.h"
 #include "runtime/optim/lamb.h"
 #include "scheduler/compile.h"
@@ -425,6 +426,45 @@ TEST(Executor, WaitsHaveDeadlines) {
   }
   EXPECT_LT(comm::Clock::now() - start, std::chrono::seconds(10));
   EXPECT_NE(last_stage.history().find("waiting"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pf::exec
+
+namespace pf::exec {
+namespace {
+
+InstructionEvent timed(int rank, std::int64_t step, sched::OpKind kind, double start, double end) {
+  InstructionEvent event;
+  event.rank = rank;
+  event.global_step = step;
+  event.instruction.kind = kind;
+  event.lane = Lane::kCompute;
+  event.start_s = start;
+  event.end_s = end;
+  event.busy_s = end - start;
+  return event;
+}
+
+// The summary's window runs from the end of the warm-up step to the last optimizer step, and
+// leaves out time when no rank ran anything (a checkpoint written between run segments).
+TEST(RunSummary, WindowLeavesOutTimeOutsideTheExecutor) {
+  using sched::OpKind;
+  std::vector<InstructionEvent> events;
+  for (int step = 0; step < 3; ++step) {
+    // Steps take 1 s each; after step 1 the run paused for 5 s (a save).
+    const double start = step * 1.0 + (step >= 2 ? 5.0 : 0.0);
+    for (int rank = 0; rank < 2; ++rank) {
+      events.push_back(timed(rank, step, OpKind::kForward, start, start + 0.499));
+      events.push_back(timed(rank, step, OpKind::kOptimizerStep, start + 0.5, start + 1.0));
+    }
+  }
+  const auto summary = summarize_run(events, 2, 1);
+  EXPECT_EQ(summary.first_step, 1);
+  EXPECT_EQ(summary.last_step, 3);
+  EXPECT_NEAR(summary.window_s, 2.0, 1e-9);
+  EXPECT_NEAR(summary.step_time_s, 1.0, 1e-9);
+  EXPECT_NEAR(summary.compute_utilization(), 0.999, 1e-9);  // 1 ms between the two events
 }
 
 }  // namespace
