@@ -88,6 +88,11 @@ bool is_kfac(OpKind kind) {
          kind == OpKind::kPrecondition;
 }
 
+bool is_divisible(OpKind kind) {
+  return kind == OpKind::kCurvatureA || kind == OpKind::kCurvatureB || kind == OpKind::kInvertA ||
+         kind == OpKind::kInvertB || kind == OpKind::kPrecondition;
+}
+
 std::string short_label(const Instruction& in) {
   std::string label;
   if (in.pipeline == 1) label += 'u';  // Chimera's up pipeline
@@ -154,6 +159,9 @@ std::string short_label(const Instruction& in) {
   if (in.microbatch >= 0) label += std::to_string(in.microbatch);
   chunk_suffix();
   if (is_kfac(in.kind)) layer_suffix();
+  if (is_piece(in)) {
+    label += "[" + std::to_string(in.piece_begin) + ":" + std::to_string(in.piece_end) + ")";
+  }
   if (is_send(in.kind)) label += "->w" + std::to_string(in.peer);
   if (is_receive(in.kind)) label += "<-w" + std::to_string(in.peer);
   if (in.kind == OpKind::kReduceGradPipelines) label += "<->w" + std::to_string(in.peer);

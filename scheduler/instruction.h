@@ -38,6 +38,11 @@ inline constexpr int kNumOpKinds = static_cast<int>(OpKind::kPrecondition) + 1;
 enum class LinearKind : std::uint8_t { kQuery, kKey, kValue, kAttentionOut, kFfnIn, kFfnOut };
 inline constexpr int kNumLinearKinds = 6;
 
+// A K-FAC task divided by the PipeFisher pass runs as pieces; each piece is one instruction doing
+// the share [piece_begin, piece_end) of kPieceUnits equal shares of its task's work (curvature:
+// token rows; inversion: steps of its chain; precondition: gradient rows; kfac/pieces.h).
+inline constexpr int kPieceUnits = 4096;
+
 struct Instruction {
   OpKind kind = OpKind::kForward;
   std::int8_t pipeline = 0;  // 0, or 1 for Chimera's second (up) pipeline
@@ -51,15 +56,33 @@ struct Instruction {
   std::int32_t peer = -1;                  // worker at the other end of a send/receive or reduction
   std::int64_t pair_id = -1;               // equal on a send and its matching receive
   std::int64_t bytes = 0;                  // payload of communication instructions
-  std::int32_t layer = -1;                 // K-FAC kinds: encoder layer index (global)
+  std::int16_t layer = -1;                 // K-FAC kinds: encoder layer index (global)
   LinearKind linear = LinearKind::kQuery;  // K-FAC kinds: which Linear of that layer
   // A forward that may run concurrently with the next instruction of its stream, a backward on
   // another chunk (torch's composite OVERLAP_F_B, DualPipeV). Running the two one after the
   // other is always correct; a runtime that can overlap them may.
   bool overlap_next = false;
+  // Curvature, inversion, precondition: the piece of the task this instruction runs (the whole
+  // task by default). The pieces of one task run in order on their worker.
+  std::uint16_t piece_begin = 0;
+  std::uint16_t piece_end = kPieceUnits;
 
   friend bool operator==(const Instruction&, const Instruction&) = default;
 };
+
+static_assert(sizeof(Instruction) <= 40, "the instruction stays small: streams hold millions");
+
+// True when the instruction runs only part of its task.
+inline bool is_piece(const Instruction& in) {
+  return in.piece_begin != 0 || in.piece_end != kPieceUnits;
+}
+// The K-FAC kinds the pass may divide (not the curvature sync, a collective).
+bool is_divisible(OpKind kind);
+// Share of its task's work, piece_end - piece_begin over kPieceUnits.
+inline double piece_share(const Instruction& in) {
+  return static_cast<double>(in.piece_end - in.piece_begin) / kPieceUnits;
+}
+inline constexpr int kMaxKfacLayer = 32767;  // the largest Instruction::layer (16-bit)
 
 std::string_view to_string(OpKind kind);
 std::optional<OpKind> op_kind_from_string(std::string_view name);

@@ -27,6 +27,7 @@ json instruction_to_json(const Instruction& in) {
   if (in.layer != defaults.layer) j["layer"] = in.layer;
   if (in.linear != defaults.linear) j["linear"] = to_string(in.linear);
   if (in.overlap_next) j["overlap_next"] = true;
+  if (is_piece(in)) j["piece"] = json::array({in.piece_begin, in.piece_end});
   return j;
 }
 
@@ -124,7 +125,7 @@ constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
 Instruction instruction_from_json(const json& j, const std::string& path) {
   ObjectReader r(j, path);
   for (const char* key : {"kind", "pipeline", "step", "chunk", "microbatch", "peer", "pair_id",
-                          "bytes", "layer", "linear", "overlap_next"}) {
+                          "bytes", "layer", "linear", "overlap_next", "piece"}) {
     r.remember(key);
   }
   Instruction in;
@@ -145,7 +146,7 @@ Instruction instruction_from_json(const json& j, const std::string& path) {
   in.peer = static_cast<std::int32_t>(r.integer("peer", -1, -1, kIntMax));
   in.pair_id = r.integer("pair_id", -1, -1, kInt64Max);
   in.bytes = r.integer("bytes", 0, 0, kInt64Max);
-  in.layer = static_cast<std::int32_t>(r.integer("layer", -1, -1, kIntMax));
+  in.layer = static_cast<std::int16_t>(r.integer("layer", -1, -1, kMaxKfacLayer));
   const std::string linear = r.text("linear", false);
   if (!linear.empty()) {
     const auto lk = linear_kind_from_string(linear);
@@ -156,6 +157,26 @@ Instruction instruction_from_json(const json& j, const std::string& path) {
     in.linear = *lk;
   }
   in.overlap_next = r.boolean("overlap_next", false);
+  if (const json* piece = r.find("piece"); piece != nullptr) {
+    // [begin, end) in units of the task's kPieceUnits shares.
+    if (!piece->is_array() || piece->size() != 2 || !(*piece)[0].is_number_integer() ||
+        !(*piece)[1].is_number_integer()) {
+      r.fail("piece", "expected [begin, end] (integers), got " + piece->dump());
+    }
+    const auto begin = (*piece)[0].get<std::int64_t>();
+    const auto end = (*piece)[1].get<std::int64_t>();
+    if (begin < 0 || begin >= end || end > kPieceUnits) {
+      r.fail("piece", "expected 0 <= begin < end <= " + std::to_string(kPieceUnits) + ", got " +
+                          piece->dump());
+    }
+    if (!is_divisible(in.kind)) {
+      r.fail("piece",
+             "only curvature, inversion and precondition instructions run in pieces, not " +
+                 std::string(to_string(in.kind)));
+    }
+    in.piece_begin = static_cast<std::uint16_t>(begin);
+    in.piece_end = static_cast<std::uint16_t>(end);
+  }
   r.finish();
   return in;
 }

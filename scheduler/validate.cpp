@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "scheduler/grid.h"
@@ -724,6 +726,45 @@ class Validator {
              " (it lives in " + where + ")");
   }
 
+  // One divided K-FAC task of a worker: (kind, step, pipeline, microbatch, layer, linear).
+  using PieceTask = std::tuple<int, int, int, int, int, int>;
+  struct PieceChain {
+    int next_unit = 0;
+    std::int32_t last_position = 0;
+  };
+  using PieceChains = std::map<PieceTask, PieceChain>;
+
+  // The pieces of a task run in order: each starts where the previous one ended, and the last
+  // ends at kPieceUnits. (The inversion chain's steps need the previous piece's factor; the
+  // curvature and preconditioning of one task reproduce the whole task only in full.)
+  void check_piece(PieceChains& chains, int w, std::int32_t pos, const Instruction& in) const {
+    if (in.piece_begin >= in.piece_end || in.piece_end > kPieceUnits) {
+      fail(w, pos,
+           "piece [" + str(in.piece_begin) + ", " + str(in.piece_end) +
+               ") must satisfy 0 <= begin "
+               "< end <= " +
+               str(kPieceUnits));
+    }
+    if (!is_piece(in) && chains.empty()) return;
+    if (is_piece(in) && !is_divisible(in.kind)) {
+      fail(w, pos, std::string(to_string(in.kind)) + " is a collective and cannot run in pieces");
+    }
+    const PieceTask task{static_cast<int>(in.kind),  in.step, in.pipeline, in.microbatch, in.layer,
+                         static_cast<int>(in.linear)};
+    auto it = chains.find(task);
+    const int expected = it == chains.end() ? 0 : it->second.next_unit;
+    const bool starts_new = in.piece_begin == 0 && (expected == 0 || expected == kPieceUnits);
+    if (!starts_new && in.piece_begin != expected) {
+      fail(w, pos,
+           "broken chain of pieces: " + short_label(in) + " starts at unit " + str(in.piece_begin) +
+               " but the task's previous piece ended at unit " + str(expected) +
+               (it == chains.end() ? " (no earlier piece)"
+                                   : " (position " + str(it->second.last_position) + ")"));
+    }
+    if (!is_piece(in) && it == chains.end()) return;
+    chains[task] = PieceChain{in.piece_end, pos};
+  }
+
   void check_kfac() const {
     const std::size_t layer_keys = static_cast<std::size_t>(keys_.steps) *
                                    static_cast<std::size_t>(keys_.pipelines) *
@@ -739,18 +780,29 @@ class Validator {
     std::vector<std::int32_t> last_a(layer_keys, kNone);
     std::vector<std::int32_t> last_b(layer_keys, kNone);
     std::vector<std::int32_t> last_sync(layer_keys, kNone);
-    // Pass 1: last positions of curvature and sync per (step, pipeline, layer, linear).
+    // Pass 1: last positions of curvature and sync per (step, pipeline, layer, linear), and the
+    // chains of pieces.
     for (int w = 0; w < workers_; ++w) {
       const auto& stream = s_.streams[static_cast<std::size_t>(w)];
+      PieceChains chains;
       for (std::size_t i = 0; i < stream.size(); ++i) {
         const Instruction& in = stream[i];
         if (!is_kfac(in.kind)) continue;
         const auto pos = static_cast<std::int32_t>(i);
         const ChunkRef ref = kfac_chunk(w, pos, in);
+        check_piece(chains, w, pos, in);
         const std::size_t lk = layer_key(in, ref.pipeline);
         if (in.kind == OpKind::kCurvatureA) last_a[lk] = std::max(last_a[lk], pos);
         if (in.kind == OpKind::kCurvatureB) last_b[lk] = std::max(last_b[lk], pos);
         if (in.kind == OpKind::kCurvatureSync) last_sync[lk] = std::max(last_sync[lk], pos);
+      }
+      for (const auto& [task, chain] : chains) {
+        if (chain.next_unit != 0 && chain.next_unit != kPieceUnits) {
+          fail(w, chain.last_position,
+               "the pieces of " + short_label(at(w, chain.last_position)) +
+                   "'s task stop at unit " + str(chain.next_unit) + " of " + str(kPieceUnits) +
+                   ": the rest of the task is missing from the stream");
+        }
       }
     }
     // Pass 2: ordering.

@@ -1,5 +1,6 @@
 #include "sim/analytic_cost_model.h"
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -11,8 +12,16 @@ namespace pf::sim {
 
 using sched::OpKind;
 
-AnalyticCostModel::AnalyticCostModel(Workload workload, DeviceSpec device)
-    : workload_(std::move(workload)), device_(std::move(device)) {
+AnalyticCostModel::AnalyticCostModel(Workload workload, DeviceSpec device,
+                                     double kfac_task_overhead_s)
+    : workload_(std::move(workload)),
+      device_(std::move(device)),
+      kfac_task_overhead_s_(kfac_task_overhead_s) {
+  if (!(kfac_task_overhead_s >= 0.0) || !std::isfinite(kfac_task_overhead_s)) {
+    throw std::invalid_argument(
+        "analytic cost model: kfac_task_overhead_s must be finite and >= 0, got " +
+        std::to_string(kfac_task_overhead_s));
+  }
   workload_.validate();
   device_.validate("device '" + device_.name + "'");
   (void)device_.peak_flops(workload_.precision);  // throws when the device lacks the precision
@@ -159,13 +168,14 @@ double AnalyticCostModel::duration(const sched::Schedule& schedule, int worker,
     case OpKind::kOptimizerStep:
       return device_.launch_overhead_s +
              kernel_seconds(device_, memory_kernel(28.0 * worker_params(schedule, worker)));
+    case OpKind::kCurvatureSync:
+      return kfac_seconds(schedule, in);
     case OpKind::kCurvatureA:
     case OpKind::kCurvatureB:
-    case OpKind::kCurvatureSync:
     case OpKind::kInvertA:
     case OpKind::kInvertB:
     case OpKind::kPrecondition:
-      return kfac_seconds(schedule, in);
+      return kfac_piece_seconds(kfac_seconds(schedule, in), kfac_task_overhead_s_, in);
   }
   return 0.0;
 }

@@ -25,7 +25,11 @@ class AnalyticCostModel final : public CostModel {
  public:
   // Throws std::invalid_argument when the workload or the device is invalid, or the device lacks
   // the workload's precision.
-  AnalyticCostModel(Workload workload, DeviceSpec device);
+  // kfac_task_overhead_s: the part of each K-FAC compute task's modeled time that a piece of a
+  // divided task pays again (launches, synchronization): a piece costs its share of the rest
+  // plus this (kfac_piece_seconds).
+  AnalyticCostModel(Workload workload, DeviceSpec device,
+                    double kfac_task_overhead_s = kDefaultKfacTaskOverheadS);
 
   double duration(const sched::Schedule& schedule, int worker,
                   const sched::Instruction& instruction) const override;
@@ -36,6 +40,7 @@ class AnalyticCostModel final : public CostModel {
 
   const Workload& workload() const { return workload_; }
   const DeviceSpec& device() const { return device_; }
+  double kfac_task_overhead_s() const override { return kfac_task_overhead_s_; }
   double chunk_params(const sched::Schedule& schedule, int pipeline, int chunk) const;
   double worker_params(const sched::Schedule& schedule, int worker) const;
 
@@ -61,6 +66,7 @@ class AnalyticCostModel final : public CostModel {
   DeviceSpec device_;
   PricedPiece layer_, embeddings_, heads_;
   std::array<PricedKfac, 6> kfac_{};
+  double kfac_task_overhead_s_ = kDefaultKfacTaskOverheadS;
 };
 
 }  // namespace pf::sim

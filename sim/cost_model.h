@@ -1,6 +1,8 @@
 #pragma once
 // Cost models give every instruction its duration (and every chunk its memory footprint).
 // CONTRACT (first draft, see simulator.h): implementations are uniform, analytic and measured.
+#include <algorithm>
+
 #include "scheduler/schedule.h"
 
 namespace pf::sim {
@@ -20,6 +22,21 @@ class CostModel {
   // K-FAC factors and inverses of one Linear (layer, linear kind), fp32.
   virtual double kfac_bytes(const sched::Schedule& schedule, int layer,
                             sched::LinearKind linear) const = 0;
+  // Seconds every K-FAC task pays whatever its size (kernel launches, synchronization), included
+  // in duration(): each piece of a divided task pays it again, so splitting is never free. The
+  // PipeFisher pass cuts no piece smaller than kMinPieceOverheads times it.
+  virtual double kfac_task_overhead_s() const { return 0.0; }
 };
+
+// The default per-task overhead of the analytic and measured models: a few kernel launches and a
+// stream synchronization on a GPU.
+inline constexpr double kDefaultKfacTaskOverheadS = 10e-6;
+
+// A piece of a divided K-FAC task (sched::is_piece) from its whole task's duration (overhead
+// included): the piece's share of the work plus the overhead again.
+inline double kfac_piece_seconds(double whole_s, double overhead_s, const sched::Instruction& in) {
+  if (!sched::is_piece(in)) return whole_s;
+  return sched::piece_share(in) * std::max(0.0, whole_s - overhead_s) + overhead_s;
+}
 
 }  // namespace pf::sim

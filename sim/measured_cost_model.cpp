@@ -112,6 +112,8 @@ Profile profile_from_json(const json& root, const std::string& source) {
   profile.reduction =
       root.contains("reduction") ? read.link(root, "reduction", false) : profile.communication;
   profile.optimizer_step_s = read.number(root, "optimizer_step_s", "", 0.0);
+  profile.kfac_task_overhead_s =
+      read.number(root, "kfac_task_overhead_s", "", kDefaultKfacTaskOverheadS);
   if (const auto kfac = root.find("kfac"); kfac != root.end()) {
     if (!kfac->is_array()) read.fail("kfac", "must be an array");
     for (std::size_t i = 0; i < kfac->size(); ++i) {
@@ -179,7 +181,8 @@ json profile_to_json(const Profile& profile) {
                {"chunks", chunks},
                {"communication", link(profile.communication, true)},
                {"reduction", link(profile.reduction, false)},
-               {"optimizer_step_s", profile.optimizer_step_s}};
+               {"optimizer_step_s", profile.optimizer_step_s},
+               {"kfac_task_overhead_s", profile.kfac_task_overhead_s}};
   if (!profile.kfac.empty()) {
     json kfac = json::array();
     for (const KfacProfile& k : profile.kfac) {
@@ -290,15 +293,20 @@ double MeasuredCostModel::duration(const sched::Schedule& schedule, int /*worker
     case OpKind::kOptimizerStep:
       return profile_.optimizer_step_s;
     case OpKind::kCurvatureA:
-      return kfac(in.layer, in.linear).curvature_a_s;
+      return kfac_piece_seconds(kfac(in.layer, in.linear).curvature_a_s,
+                                profile_.kfac_task_overhead_s, in);
     case OpKind::kCurvatureB:
-      return kfac(in.layer, in.linear).curvature_b_s;
+      return kfac_piece_seconds(kfac(in.layer, in.linear).curvature_b_s,
+                                profile_.kfac_task_overhead_s, in);
     case OpKind::kInvertA:
-      return kfac(in.layer, in.linear).invert_a_s;
+      return kfac_piece_seconds(kfac(in.layer, in.linear).invert_a_s, profile_.kfac_task_overhead_s,
+                                in);
     case OpKind::kInvertB:
-      return kfac(in.layer, in.linear).invert_b_s;
+      return kfac_piece_seconds(kfac(in.layer, in.linear).invert_b_s, profile_.kfac_task_overhead_s,
+                                in);
     case OpKind::kPrecondition:
-      return kfac(in.layer, in.linear).precondition_s;
+      return kfac_piece_seconds(kfac(in.layer, in.linear).precondition_s,
+                                profile_.kfac_task_overhead_s, in);
     case OpKind::kCurvatureSync: {
       const KfacProfile& k = kfac(in.layer, in.linear);
       if (k.curvature_sync_s >= 0.0) return k.curvature_sync_s;

@@ -13,6 +13,8 @@
 //   "communication": {"bandwidth": B/s, "latency_s": ..., "message_bytes": ...},
 //   "reduction": {"bandwidth": B/s, "latency_s": ...}      (optional: = communication),
 //   "optimizer_step_s": ...                                  (optional: 0),
+//   "kfac_task_overhead_s": ...   (optional: 1e-5; part of every measured K-FAC compute time, paid
+//                                  again by each piece of a divided task),
 //   "kfac": [ {"layer": 0 (optional: all), "linear": "query" (optional: all),
 //              "curvature_a_s", "curvature_b_s", "invert_a_s", "invert_b_s", "precondition_s",
 //              "curvature_sync_s" (optional: ring all-reduce of "bytes" / 2),
@@ -67,6 +69,7 @@ struct Profile {
   LinkProfile communication;
   LinkProfile reduction;
   double optimizer_step_s = 0.0;
+  double kfac_task_overhead_s = kDefaultKfacTaskOverheadS;
   std::vector<KfacProfile> kfac;
 };
 
@@ -87,6 +90,7 @@ class MeasuredCostModel final : public CostModel {
   double kfac_bytes(const sched::Schedule& schedule, int layer,
                     sched::LinearKind linear) const override;
 
+  double kfac_task_overhead_s() const override { return profile_.kfac_task_overhead_s; }
   const Profile& profile() const { return profile_; }
 
  private:

@@ -1,6 +1,7 @@
 #include "sim/report.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "traces/chrome_trace.h"
@@ -15,11 +16,14 @@ std::string format(const char* pattern, double value) {
 }
 
 // Seconds in the most readable unit.
+// Below half a nanosecond a duration is floating-point residue of sums (e.g. exposed
+// communication of 3.7e-15 s where none is exposed): printed as 0.
 std::string duration(double seconds) {
-  if (seconds == 0.0) return "0";
+  if (std::abs(seconds) < 0.5e-9) return "0";
   if (seconds >= 1.0) return format("%.4g s", seconds);
   if (seconds >= 1e-3) return format("%.4g ms", seconds * 1e3);
-  return format("%.4g us", seconds * 1e6);
+  if (seconds >= 1e-6) return format("%.4g us", seconds * 1e6);
+  return format("%.3g ns", seconds * 1e9);
 }
 
 std::string bytes(double value) {

@@ -166,7 +166,7 @@ class Engine {
       max_pipeline = std::max<int>(max_pipeline, in.pipeline);
       max_chunk = std::max(max_chunk, in.chunk);
       max_mb = std::max(max_mb, in.microbatch);
-      max_layer = std::max(max_layer, in.layer);
+      max_layer = std::max<int>(max_layer, in.layer);
     }
     keys_.steps = std::max(1, max_step + 1);
     keys_.pipelines = std::max(1, max_pipeline + 1);

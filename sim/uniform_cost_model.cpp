@@ -68,6 +68,7 @@ UniformCostModel::UniformCostModel(UniformCosts costs, std::shared_ptr<const Cos
   checked(costs_.activation_bytes, "activation_bytes");
   checked(costs_.static_bytes, "static_bytes");
   checked(costs_.kfac_bytes, "kfac_bytes");
+  checked(costs_.kfac_task_overhead_s, "kfac_task_overhead_s");
 }
 
 double UniformCostModel::duration(const sched::Schedule& schedule, int /*worker*/,
@@ -93,17 +94,17 @@ double UniformCostModel::duration(const sched::Schedule& schedule, int /*worker*
     case OpKind::kOptimizerStep:
       return costs_.optimizer_step_s;
     case OpKind::kCurvatureA:
-      return costs_.curvature_a_s;
+      return kfac_piece_seconds(costs_.curvature_a_s, costs_.kfac_task_overhead_s, instruction);
     case OpKind::kCurvatureB:
-      return costs_.curvature_b_s;
+      return kfac_piece_seconds(costs_.curvature_b_s, costs_.kfac_task_overhead_s, instruction);
     case OpKind::kCurvatureSync:
       return costs_.curvature_sync_s;
     case OpKind::kInvertA:
-      return costs_.invert_a_s;
+      return kfac_piece_seconds(costs_.invert_a_s, costs_.kfac_task_overhead_s, instruction);
     case OpKind::kInvertB:
-      return costs_.invert_b_s;
+      return kfac_piece_seconds(costs_.invert_b_s, costs_.kfac_task_overhead_s, instruction);
     case OpKind::kPrecondition:
-      return costs_.precondition_s;
+      return kfac_piece_seconds(costs_.precondition_s, costs_.kfac_task_overhead_s, instruction);
   }
   return 0.0;
 }

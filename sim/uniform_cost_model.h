@@ -27,6 +27,8 @@ struct UniformCosts {
   double invert_a_s = 0.0;
   double invert_b_s = 0.0;
   double precondition_s = 0.0;
+  // Included in each K-FAC compute task above; a piece of a divided task pays it again.
+  double kfac_task_overhead_s = 0.0;
   // Memory without a model: each stashed (chunk, micro-batch) holds activation_bytes / v, each
   // worker holds static_bytes split over its chunks, each K-FAC Linear kfac_bytes.
   double activation_bytes = 1.0;
@@ -50,6 +52,7 @@ class UniformCostModel final : public CostModel {
   double kfac_bytes(const sched::Schedule& schedule, int layer,
                     sched::LinearKind linear) const override;
 
+  double kfac_task_overhead_s() const override { return costs_.kfac_task_overhead_s; }
   const UniformCosts& costs() const { return costs_; }
 
  private:

@@ -54,6 +54,17 @@ void add_kfac_options(CLI::App& app, KfacCommandOptions& options) {
   app.add_option("--kfac-refresh", options.refresh_steps,
                  "Fixed refresh interval k in steps; 0 = as few steps as the bubbles allow")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--kfac-max-refresh", options.max_refresh_steps,
+                 "Cap of the automatic refresh interval: beyond it, what does not fit in the "
+                 "bubbles runs after the flush (with a warning)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--kfac-split", options.split,
+                 "Cut curvature, inversion and preconditioning into pieces that fit the gaps "
+                 "(on), or keep every task whole (off, the indivisible pass)")
+      ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--kfac-min-piece", options.min_piece_overheads,
+                 "Smallest piece, in multiples of the cost model's per-task overhead")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--kfac-curvature", options.curvature,
                  "Curvature from the refresh's first step (first_step, PipeFisher) or from "
                  "every step (every_step)")
@@ -72,6 +83,12 @@ KfacOptions to_kfac_options(const KfacCommandOptions& command) {
   options.safety_margin = command.safety_margin;
   options.refresh_steps = command.refresh_steps;
   options.curvature = curvature_source_from_string(command.curvature);
+  if (command.split != "on" && command.split != "off") {
+    throw std::invalid_argument("--kfac-split: '" + command.split + "' (allowed: on, off)");
+  }
+  options.split = command.split == "on";
+  options.max_refresh_steps = command.max_refresh_steps;
+  options.min_piece_overheads = command.min_piece_overheads;
   if (command.linears != "all") {
     options.linears.clear();
     for (const auto& name : split(command.linears, ',')) {
@@ -116,6 +133,11 @@ std::string format_kfac_report(const KfacReport& report) {
                1e3 * worker.kfac_sync_s, worker.kfac_memory_bytes / (1024.0 * 1024.0));
   }
   text += format("refresh interval k = %.0f steps", report.refresh_steps);
+  if (report.refresh_bound > 0) {
+    text += format(" (work/bubble bound %.0f)", report.refresh_bound);
+  } else {
+    text += " (no k holds all the work)";
+  }
   if (report.first_fit_refresh_steps >= 0 && report.best_fit_refresh_steps >= 0) {
     text += format(" (first-fit %.0f, best-fit %.0f)", report.first_fit_refresh_steps,
                    report.best_fit_refresh_steps);
@@ -130,6 +152,18 @@ std::string format_kfac_report(const KfacReport& report) {
       "bubbles %.0f, after the flush %.0f; pass %.3f s\n",
       report.tasks, report.spilled_tasks, report.preconditions_in_bubbles,
       report.preconditions_after_flush, report.pass_seconds);
+  text += format("idle time filled %.1f%%; ", 100 * report.idle_filled);
+  if (report.split) {
+    text += format(
+        "%.0f tasks cut into %.0f pieces (%.2f per cut task); ", report.divided_tasks,
+        report.pieces,
+        report.divided_tasks > 0 ? static_cast<double>(report.pieces) / report.divided_tasks : 0.0);
+  } else {
+    text += "tasks kept whole (--kfac-split off); ";
+  }
+  text += format("after the flush %.0f tasks, %.3f ms per refresh\n", report.after_flush_tasks,
+                 1e3 * report.after_flush_s);
+  if (!report.warning.empty()) text += report.warning + "\n";
   return text;
 }
 

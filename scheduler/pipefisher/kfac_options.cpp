@@ -40,23 +40,28 @@ CurvatureSource curvature_source_from_string(std::string_view name) {
 
 void KfacOptions::validate() const {
   if (!std::isfinite(safety_margin) || safety_margin < 0.0 || safety_margin > 10.0) {
-    throw std::invalid_argument("KfacOptions.safety_margin must be in [0, 10], got " +
+    throw std::invalid_argument("--kfac-margin (safety_margin) must be in [0, 10], got " +
                                 std::to_string(safety_margin));
   }
   if (refresh_steps < 0) {
-    throw std::invalid_argument("KfacOptions.refresh_steps must be >= 0 (0 = automatic), got " +
-                                std::to_string(refresh_steps));
+    throw std::invalid_argument(
+        "--kfac-refresh (refresh_steps) must be >= 0 (0 = automatic), got " +
+        std::to_string(refresh_steps));
   }
   if (max_refresh_steps < 1) {
-    throw std::invalid_argument("KfacOptions.max_refresh_steps must be >= 1, got " +
+    throw std::invalid_argument("--kfac-max-refresh (max_refresh_steps) must be >= 1, got " +
                                 std::to_string(max_refresh_steps));
   }
+  if (!std::isfinite(min_piece_overheads) || min_piece_overheads < 0.0) {
+    throw std::invalid_argument("--kfac-min-piece (min_piece_overheads) must be >= 0, got " +
+                                std::to_string(min_piece_overheads));
+  }
   if (linears.empty()) {
-    throw std::invalid_argument("KfacOptions.linears is empty: nothing to precondition");
+    throw std::invalid_argument("--kfac-linears (linears) is empty: nothing to precondition");
   }
   for (int layer : layers) {
     if (layer < 0) {
-      throw std::invalid_argument("KfacOptions.layers holds a negative layer index " +
+      throw std::invalid_argument("--kfac-layers (layers) holds a negative layer index " +
                                   std::to_string(layer));
     }
   }

@@ -22,20 +22,31 @@ enum class CurvatureSource : unsigned char {
 std::string_view to_string(CurvatureSource source);
 CurvatureSource curvature_source_from_string(std::string_view name);
 
+// A task is cut into at most about this many pieces however small the overhead.
+inline constexpr double kMinPieceDivisor = 256.0;
+
 struct KfacOptions {
   PackingPolicy policy = PackingPolicy::kBestOfBoth;
   // A task fits a bubble when duration * (1 + margin) fits, and reserves that much of it, so
   // that K-FAC durations up to (1 + margin) times the cost model's never delay pipeline work.
   double safety_margin = 0.05;
-  int refresh_steps = 0;         // 0: as few steps as the bubbles allow; >0: fixed interval k
-  int max_refresh_steps = 4096;  // automatic search gives up (with an error) beyond this
+  int refresh_steps = 0;  // 0: as few steps as the bubbles allow; >0: fixed interval k
+  // The automatic search's cap: when no k up to it runs all curvature and inversion in the
+  // bubbles, k is the cap and the rest runs after the flush (with a warning in the report).
+  int max_refresh_steps = 64;
+  // Divisible tasks: the pass may cut curvature, inversion and preconditioning into pieces that
+  // fill the gaps in hand (false: every task whole, the indivisible pass).
+  bool split = true;
+  // No piece smaller than this many times the cost model's per-task overhead (nor than
+  // 1/kMinPieceDivisor of its task): with 10, the overhead is at most ~10% of any piece.
+  double min_piece_overheads = 10.0;
   CurvatureSource curvature = CurvatureSource::kFirstStep;
   std::vector<sched::LinearKind> linears = {
       sched::LinearKind::kQuery,        sched::LinearKind::kKey,   sched::LinearKind::kValue,
       sched::LinearKind::kAttentionOut, sched::LinearKind::kFfnIn, sched::LinearKind::kFfnOut};
   std::vector<int> layers;  // encoder layers to precondition; empty: all of them
 
-  // Throws std::invalid_argument naming the bad field.
+  // Throws std::invalid_argument naming the bad field by its command-line flag.
   void validate() const;
 };
 

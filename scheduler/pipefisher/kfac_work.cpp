@@ -51,7 +51,7 @@ std::vector<char> selected_layers(const sched::Schedule& base, const KfacOptions
                              options.layers.empty() ? 1 : 0);
   for (int layer : options.layers) {
     if (layer < 0 || layer >= num_layers) {
-      throw std::invalid_argument("KfacOptions.layers: layer " + std::to_string(layer) +
+      throw std::invalid_argument("--kfac-layers: layer " + std::to_string(layer) +
                                   " is out of range (the model has " + std::to_string(num_layers) +
                                   " encoder layers)");
     }
@@ -97,7 +97,7 @@ Instruction kfac_instruction(OpKind kind, int pipeline, int chunk, int step, int
   in.chunk = chunk;
   in.step = static_cast<std::int16_t>(step);
   in.microbatch = microbatch;
-  in.layer = held.layer;
+  in.layer = static_cast<std::int16_t>(held.layer);
   in.linear = held.linear;
   return in;
 }
@@ -135,6 +135,12 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
   if (refresh_steps < 1) {
     throw std::invalid_argument("build_kfac_work: refresh_steps must be >= 1, got " +
                                 std::to_string(refresh_steps));
+  }
+  if (base.placement.num_layers > sched::kMaxKfacLayer + 1) {
+    throw std::invalid_argument("PipeFisher pass: the model has " +
+                                std::to_string(base.placement.num_layers) +
+                                " encoder layers; K-FAC instructions address at most " +
+                                std::to_string(sched::kMaxKfacLayer + 1));
   }
   const auto selected = selected_layers(base, options);
   const int curvature_steps = options.curvature == CurvatureSource::kFirstStep ? 1 : refresh_steps;

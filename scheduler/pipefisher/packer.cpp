@@ -1,5 +1,7 @@
 #include "scheduler/pipefisher/packer.h"
 
+#include "scheduler/instruction.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -139,6 +141,7 @@ class WorkerBubbles {
   }
 
   int step_of(std::size_t bubble) const { return bubbles_[bubble].step; }
+  double end_of(std::size_t bubble) const { return bubbles_[bubble].end; }
 
  private:
   static std::vector<double> rooms(const std::vector<Bubble>& bubbles) {
@@ -207,11 +210,60 @@ void check_problem(const PackProblem& problem, const std::vector<PackItem>& item
                                     ", which does not precede it");
       }
     }
+    if (item.divisible &&
+        (!(item.overhead >= 0.0) || !(item.min_piece >= 0.0) || item.overhead > item.duration)) {
+      throw std::invalid_argument(where + " is divisible with overhead " +
+                                  std::to_string(item.overhead) + " and min_piece " +
+                                  std::to_string(item.min_piece) + " for a duration of " +
+                                  std::to_string(item.duration));
+    }
     if (item.step_bound >= problem.num_steps) {
       throw std::invalid_argument(where + " is bound to step " + std::to_string(item.step_bound) +
                                   " of " + std::to_string(problem.num_steps));
     }
   }
+}
+
+// Cuts a divisible item into the bubbles of one worker from `release` on (bound: only the bubbles
+// of `step_lo` that accept bound items), each piece as large as the room in hand. Returns the
+// pieces; `next_unit` is where the rest (if any) begins.
+std::vector<PiecePlacement> cut_into_bubbles(WorkerBubbles& bubbles, const PackItem& item,
+                                             double release, double margin, int step_lo,
+                                             int step_hi, bool bound, int& next_unit,
+                                             double& reserved) {
+  std::vector<PiecePlacement> pieces;
+  const double work = std::max(0.0, item.duration - item.overhead);
+  const auto cost = [&](int units) {
+    return static_cast<double>(units) / sched::kPieceUnits * work + item.overhead;
+  };
+  const double min_need = std::max(item.min_piece, cost(1)) * (1.0 + margin);
+  next_unit = 0;
+  while (next_unit < sched::kPieceUnits) {
+    const double rest_need = cost(sched::kPieceUnits - next_unit) * (1.0 + margin);
+    const double need = std::min(rest_need, min_need);
+    const auto fit = bound ? bubbles.in_step(step_lo, release, need, false)
+                           : bubbles.earliest(release, need, step_lo, step_hi);
+    if (!fit) break;
+    const double room = bubbles.end_of(fit->bubble) - fit->start;
+    int units = sched::kPieceUnits - next_unit;
+    if (room + slack(rest_need) < rest_need) {
+      const double fraction = work > 0.0 ? (room / (1.0 + margin) - item.overhead) / work : 0.0;
+      units = std::min(units - 1, static_cast<int>(std::floor(fraction * sched::kPieceUnits)));
+      if (units < 1 || cost(units) * (1.0 + margin) + slack(min_need) < min_need) {
+        release = bubbles.end_of(fit->bubble);  // too small after rounding: the next bubble
+        continue;
+      }
+    }
+    const double duration = cost(units);
+    bubbles.reserve(fit->bubble, fit->start, duration * (1.0 + margin));
+    reserved += duration * (1.0 + margin);
+    pieces.push_back(PiecePlacement{static_cast<int>(fit->bubble), bubbles.step_of(fit->bubble),
+                                    fit->start, fit->start + duration, next_unit,
+                                    next_unit + units});
+    release = fit->start + duration;
+    next_unit += units;
+  }
+  return pieces;
 }
 
 }  // namespace
@@ -252,7 +304,10 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
     const int step_hi = item.step_bound >= 0 ? item.step_bound : problem.num_steps - 1;
 
     std::vector<Fit> fits;
-    if (!spill && item.workers.size() == 1 && item.step_bound >= 0) {
+    const bool divisible = item.divisible && item.workers.size() == 1 && !spill;
+    if (divisible && policy == PackingPolicy::kFirstFit) {
+      // First-fit cuts straight away: a piece in the first gap beats the whole in a later one.
+    } else if (!spill && item.workers.size() == 1 && item.step_bound >= 0) {
       auto fit = workers[static_cast<std::size_t>(item.workers[0])].in_step(
           item.step_bound, release, need, policy == PackingPolicy::kBestFit);
       if (fit) fits.push_back(*fit);
@@ -301,6 +356,53 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
       result.reserved_s += need * static_cast<double>(fits.size());
       continue;
     }
+    if (divisible) {
+      const int w = item.workers[0];
+      auto& bubbles = workers[static_cast<std::size_t>(w)];
+      int next_unit = 0;
+      placed.pieces = cut_into_bubbles(bubbles, item, release, safety_margin, step_lo, step_hi,
+                                       item.step_bound >= 0, next_unit, result.reserved_s);
+      const bool whole = next_unit == sched::kPieceUnits && placed.pieces.size() == 1;
+      if (whole) {
+        const PiecePlacement piece = placed.pieces.front();
+        placed.pieces.clear();
+        placed.start = piece.start;
+        placed.end = piece.end;
+        placed.step = piece.step;
+        placed.bubbles.push_back(piece.bubble);
+        continue;
+      }
+      if (!placed.pieces.empty()) {
+        if (next_unit < sched::kPieceUnits) {
+          // The rest runs after the flush, once the last piece has ended.
+          const auto units = sched::kPieceUnits - next_unit;
+          const double duration = static_cast<double>(units) / sched::kPieceUnits *
+                                      std::max(0.0, item.duration - item.overhead) +
+                                  item.overhead;
+          double& flush_at =
+              flush[static_cast<std::size_t>(w)][static_cast<std::size_t>(spill_step)];
+          const double start = std::max(placed.pieces.back().end, flush_at);
+          placed.pieces.push_back(PiecePlacement{-1, spill_step, start, start + duration, next_unit,
+                                                 sched::kPieceUnits});
+          flush_at = start + duration;
+          placed.spilled = true;
+          placed.spilled_s = duration;
+          if (item.step_bound >= 0) {
+            ++result.spilled_bound_items;
+          } else {
+            ++result.spilled_items;
+          }
+        }
+        placed.start = placed.pieces.front().start;
+        placed.end = placed.pieces.back().end;
+        placed.step = placed.pieces.back().step;
+        placed.bubbles.push_back(placed.pieces.front().bubble);
+        ++result.divided_items;
+        result.pieces += static_cast<int>(placed.pieces.size());
+        continue;
+      }
+      // No room for any piece: the whole item spills below.
+    }
     // Spill after the flush of spill_step.
     placed.spilled = true;
     placed.step = spill_step;
@@ -311,6 +413,7 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
     }
     placed.start = start;
     placed.end = start + item.duration;
+    placed.spilled_s = item.duration;
     for (int w : item.workers) {
       flush[static_cast<std::size_t>(w)][static_cast<std::size_t>(spill_step)] = placed.end;
       placed.bubbles.push_back(-1);

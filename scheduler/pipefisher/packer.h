@@ -24,6 +24,23 @@ struct PackItem {
   double release = 0.0;    // earliest start (from the pipeline work it depends on)
   std::vector<int> preds;  // indices of earlier items that must end first
   int step_bound = -1;     // >= 0: only bubbles of this step; spills to this step's flush
+  // A divisible item (one worker) may be cut into pieces that fill the gaps in hand: a piece of
+  // `units` of kPieceUnits costs units / kPieceUnits * (duration - overhead) + overhead (the
+  // cost models' kfac_piece_seconds), and no piece costs less than min_piece (the last one
+  // excepted: it is whatever remains).
+  bool divisible = false;
+  double overhead = 0.0;
+  double min_piece = 0.0;
+};
+
+// One piece of a divided item, in time order.
+struct PiecePlacement {
+  int bubble = -1;  // index into the worker's bubbles; -1: after the flush of the item's step
+  int step = 0;
+  double start = 0.0;
+  double end = 0.0;
+  int unit_begin = 0;
+  int unit_end = 0;
 };
 
 struct ItemPlacement {
@@ -32,6 +49,10 @@ struct ItemPlacement {
   double start = 0.0;
   double end = 0.0;          // start + duration
   std::vector<int> bubbles;  // per participant: index into that worker's bubbles; -1 if spilled
+  // Divided items only (two or more pieces, or part spilled): the pieces, whose first start and
+  // last end are start and end above; spilled then means the last piece runs after the flush.
+  std::vector<PiecePlacement> pieces;
+  double spilled_s = 0.0;  // the part of the duration that runs after the flush
 };
 
 struct PackProblem {
@@ -45,13 +66,19 @@ struct PackResult {
   int spilled_items = 0;                  // items without a step bound that spilled
   int spilled_bound_items = 0;            // items with a step bound (preconditions) that spilled
   double reserved_s = 0.0;                // bubble time reserved (durations * (1 + margin))
+  int divided_items = 0;                  // items placed as two or more pieces
+  int pieces = 0;                         // pieces of those items
 };
 
 // Places the items in the given order (it must be topological). kFirstFit: the earliest bubble
 // (in time) where duration * (1 + margin) fits after the item's release. kBestFit: the earliest
 // step where it fits, and within that step the fitting bubble that leaves the least room.
-// Collectives use the earliest common window under both policies. An item that fits nowhere (or
-// whose predecessor spilled) spills to the flush of its bound step or of the last step.
+// Collectives use the earliest common window under both policies. A divisible item that does not
+// fit whole (first-fit: in the earliest bubble it could start in; best-fit: anywhere) is cut:
+// pieces fill the bubbles from its release on, each as large as the room left, none smaller
+// than min_piece, and what is left at the end of its steps runs after the flush. An item that
+// fits nowhere (or whose predecessor spilled) spills to the flush of its bound step or of the
+// last step.
 // Throws std::invalid_argument on malformed input (unsorted or overlapping bubbles, bad worker
 // or predecessor indices, negative durations); kBestOfBoth is not accepted here.
 PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <memory>
@@ -38,6 +39,7 @@ struct Plan {
   // Spilled items (no step bound) that no k could place: longer than every steady bubble of one
   // of their workers, or after such an item. The rest spilled for want of room.
   int unavoidable_spills = 0;
+  std::string cap_reason;  // non-empty: automatic k stopped at the cap with work after the flush
   int avoidable_spills() const { return packed.spilled_items - unavoidable_spills; }
 
   const KfacWork& work() const { return prepared->work; }
@@ -125,8 +127,16 @@ std::shared_ptr<const Prepared> prepare(const sched::Schedule& base, const Timel
   return prepared;
 }
 
+// Whether the pass may cut the task into pieces (one worker, a divisible kind, work beyond the
+// per-task overhead).
+bool divisible(const KfacTask& task, const KfacOptions& options, double task_overhead_s) {
+  return options.split && task.workers.size() == 1 && sched::is_divisible(task.kind()) &&
+         task.duration_s > task_overhead_s;
+}
+
 Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timeline,
-               const KfacOptions& options, PackingPolicy policy, const LongestBubbles& longest) {
+               const KfacOptions& options, PackingPolicy policy, const LongestBubbles& longest,
+               double task_overhead_s) {
   Plan plan;
   plan.refresh_steps = prepared->refresh_steps;
   plan.policy = policy;
@@ -149,6 +159,12 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
     }
     for (int dep : task.task_deps) item.preds.push_back(item_of[static_cast<std::size_t>(dep)]);
     item.step_bound = task.step_bound;
+    if (divisible(task, options, task_overhead_s)) {
+      item.divisible = true;
+      item.overhead = task_overhead_s;
+      item.min_piece = std::max(options.min_piece_overheads * task_overhead_s,
+                                task.duration_s / kMinPieceDivisor);
+    }
     items.push_back(std::move(item));
   }
   plan.packed = pack(plan.bubbles().problem, items, policy, options.safety_margin);
@@ -156,9 +172,13 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
   for (std::size_t i = 0; i < items.size(); ++i) {
     const auto& item = items[i];
     const bool spilled = plan.packed.placements[i].spilled;
-    if (spilled && item.step_bound >= 0) plan.spilled_bound_s += item.duration;
+    if (spilled && item.step_bound >= 0) {
+      plan.spilled_bound_s += plan.packed.placements[i].spilled_s;
+    }
     if (item.step_bound >= 0) continue;
-    unavoidable[i] = longest.never_fits(item.workers, item.duration, options.safety_margin);
+    // A divisible task fits any gap piece by piece.
+    unavoidable[i] =
+        !item.divisible && longest.never_fits(item.workers, item.duration, options.safety_margin);
     for (int pred : item.preds) {
       if (unavoidable[static_cast<std::size_t>(pred)]) unavoidable[i] = true;
     }
@@ -174,7 +194,7 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
 // and the syncs and inversions after it, must fit in that step's bubbles. Where a worker has no
 // bubble left after them (worker 0 of GPipe/1F1B ends the step with a backward), no refresh
 // interval can hold them: say so instead of searching on.
-void check_last_step_curvature(const Plan& plan, const KfacOptions& options) {
+std::string last_step_curvature_misfit(const Plan& plan, const KfacOptions& options) {
   const int last = plan.refresh_steps - 1;
   for (std::size_t i = 0; i < plan.order.size(); ++i) {
     if (!plan.packed.placements[i].spilled) continue;
@@ -195,56 +215,80 @@ void check_last_step_curvature(const Plan& plan, const KfacOptions& options) {
     }
     const int w = task.workers[0];
     if (room_after < task.duration_s * (1.0 + options.safety_margin)) {
-      throw std::runtime_error(
-          "PipeFisher pass: with every_step curvature, " +
-          sched::short_label(task.instructions[0]) + " on worker " + std::to_string(w) +
-          " finds no bubble after its release in the refresh's last step, so no refresh interval "
-          "can hold it; use first_step curvature or fix the refresh interval");
+      return "with every_step curvature (--kfac-curvature), " +
+             sched::short_label(task.instructions[0]) + " on worker " + std::to_string(w) +
+             " finds no bubble after its release in the refresh's last step, so no refresh "
+             "interval can hold it";
     }
   }
+  return {};
 }
+
+// The work/bubble bound on k, and why no k can hold the work (empty when some k may).
+struct Bound {
+  int steps = 1;
+  std::string impossible;
+};
 
 std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
                          const KfacOptions& options, const DurationFn& duration,
-                         const std::vector<PackingPolicy>& policies, int lower_bound,
-                         const LongestBubbles& longest) {
+                         const std::vector<PackingPolicy>& policies, const Bound& bound,
+                         const LongestBubbles& longest, double task_overhead_s) {
   std::map<int, std::shared_ptr<const Prepared>> prepared;  // by k, shared by the policies
   auto plan_for = [&](int k, PackingPolicy policy) {
     auto& entry = prepared[k];
     if (!entry) entry = prepare(base, timeline, options, duration, k);
-    return make_plan(entry, timeline, options, policy, longest);
+    return make_plan(entry, timeline, options, policy, longest, task_overhead_s);
   };
+  const int cap = options.max_refresh_steps;
   std::vector<Plan> plans;
   for (PackingPolicy policy : policies) {
     if (options.refresh_steps > 0) {
       plans.push_back(plan_for(options.refresh_steps, policy));
       continue;
     }
+    // Where no k can hold the work, the cap: the most steps to spread what runs after the flush.
+    if (!bound.impossible.empty() || bound.steps > cap) {
+      Plan plan = plan_for(cap, policy);
+      plan.cap_reason = !bound.impossible.empty()
+                            ? bound.impossible
+                            : "the work/bubble bound " + std::to_string(bound.steps) +
+                                  " exceeds --kfac-max-refresh " + std::to_string(cap);
+      plans.push_back(std::move(plan));
+      continue;
+    }
     // Walk up from the lower bound, galloping after a few steps, then bisect between the last k
     // that spilled and the first that did not (spilling shrinks as k grows: more bubbles for
     // the same work).
-    int failed = std::max(1, lower_bound) - 1;
+    int failed = std::max(1, bound.steps) - 1;
     int step = 1;
-    int k = std::max(1, lower_bound);
+    int k = std::max(1, bound.steps);
     std::optional<Plan> fits;
-    while (k <= options.max_refresh_steps) {
+    std::optional<Plan> at_cap;
+    std::string misfit;
+    while (k <= cap) {
       Plan plan = plan_for(k, policy);
       if (plan.avoidable_spills() == 0) {
         fits = std::move(plan);
         break;
       }
-      if (options.curvature == CurvatureSource::kEveryStep)
-        check_last_step_curvature(plan, options);
+      if (options.curvature == CurvatureSource::kEveryStep) {
+        misfit = last_step_curvature_misfit(plan, options);
+        if (!misfit.empty()) break;
+      }
       failed = k;
-      k = std::min(k + step, std::max(k + 1, options.max_refresh_steps));
+      if (k == cap) at_cap = std::move(plan);
+      k = std::min(k + step, std::max(k + 1, cap));
       // One step at a time near the bound (the usual case), doubling beyond.
-      if (k - std::max(1, lower_bound) >= 4) step *= 2;
+      if (k - std::max(1, bound.steps) >= 4) step *= 2;
     }
     if (!fits) {
-      throw std::runtime_error(
-          "PipeFisher pass: the K-FAC work does not fit in the bubbles of " +
-          std::to_string(options.max_refresh_steps) + " steps (" + std::string(to_string(policy)) +
-          "); fix the refresh interval (refresh_steps) to run the rest after the flush");
+      Plan plan = at_cap ? std::move(*at_cap) : plan_for(cap, policy);
+      plan.cap_reason = !misfit.empty() ? misfit
+                                        : "the work does not fit in the bubbles of " +
+                                              std::to_string(cap) + " steps (--kfac-max-refresh)";
+      plans.push_back(std::move(plan));
+      continue;
     }
     while (fits->refresh_steps - failed > 1) {
       const int middle = failed + (fits->refresh_steps - failed) / 2;
@@ -263,9 +307,9 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
 // A lower bound on k: no worker can do more K-FAC work in k steps than k steps' bubbles hold.
 // Tasks no bubble can hold, and the work after them, run after a flush whatever k is: they do
 // not bound k.
-int refresh_lower_bound(const sched::Schedule& base, const BubbleMap& map,
-                        const LongestBubbles& longest, const KfacOptions& options,
-                        const DurationFn& duration) {
+Bound refresh_lower_bound(const sched::Schedule& base, const BubbleMap& map,
+                          const LongestBubbles& longest, const KfacOptions& options,
+                          const DurationFn& duration, double task_overhead_s) {
   const KfacWork work = build_kfac_work(base, options, 1, duration);
   // Per worker: curvature (repeated every step with every_step curvature) and the rest.
   std::vector<double> curvature(static_cast<std::size_t>(base.num_workers()), 0.0);
@@ -275,7 +319,8 @@ int refresh_lower_bound(const sched::Schedule& base, const BubbleMap& map,
   for (std::size_t t = 0; t < work.tasks.size(); ++t) {
     const auto& task = work.tasks[t];
     if (task.kind() == OpKind::kPrecondition) continue;
-    spills_anyway[t] = longest.never_fits(task.workers, task.duration_s, options.safety_margin);
+    spills_anyway[t] = !divisible(task, options, task_overhead_s) &&
+                       longest.never_fits(task.workers, task.duration_s, options.safety_margin);
     for (int dep : task.task_deps) {
       if (spills_anyway[static_cast<std::size_t>(dep)]) spills_anyway[t] = true;
     }
@@ -287,26 +332,25 @@ int refresh_lower_bound(const sched::Schedule& base, const BubbleMap& map,
           task.duration_s * (1.0 + options.safety_margin);
     }
   }
-  int bound = 1;
+  Bound bound;
   for (std::size_t w = 0; w < rest.size(); ++w) {
     if (curvature[w] + rest[w] <= 0.0) continue;
     const double steady = map.capacity_s[w][1];
     const double capacity = std::max(map.capacity_s[w][0], steady);
     if (!(capacity > 0.0)) {
-      throw std::runtime_error("PipeFisher pass: worker " + std::to_string(w) +
-                               " has no idle time to fill; fix the refresh interval "
-                               "(refresh_steps) to run K-FAC work after the flush");
+      bound.impossible = "worker " + std::to_string(w) + " has no idle time to fill";
+      continue;
     }
     if (every_step && curvature[w] >= steady) {
-      throw std::runtime_error(
-          "PipeFisher pass: with every_step curvature, worker " + std::to_string(w) + " needs " +
-          std::to_string(1e3 * curvature[w]) + " ms of curvature per step but its bubbles hold " +
-          std::to_string(1e3 * steady) +
-          " ms: no refresh interval fits; use first_step curvature or fix the refresh interval");
+      bound.impossible = "with every_step curvature (--kfac-curvature), worker " +
+                         std::to_string(w) + " needs " + std::to_string(1e3 * curvature[w]) +
+                         " ms of curvature per step but its bubbles hold " +
+                         std::to_string(1e3 * steady) + " ms";
+      continue;
     }
     // k * capacity >= k * curvature + rest.
     const double steps = std::ceil(rest[w] / (capacity - curvature[w]) - 1e-9);
-    bound = std::max(bound, static_cast<int>(std::min(steps, 1e9)));
+    bound.steps = std::max(bound.steps, static_cast<int>(std::min(steps, 1e9)));
   }
   return bound;
 }
@@ -331,6 +375,29 @@ sched::Schedule emit(const sched::Schedule& base, const Plan& plan) {
   for (std::size_t i = 0; i < plan.order.size(); ++i) {
     const KfacTask& task = plan.work().tasks[static_cast<std::size_t>(plan.order[i])];
     const ItemPlacement& placed = plan.packed.placements[i];
+    if (!placed.pieces.empty()) {
+      const auto w = static_cast<std::size_t>(task.workers[0]);
+      Slot previous{0, 0};
+      for (const PiecePlacement& piece : placed.pieces) {
+        const bool spilled = piece.bubble < 0;
+        Slot slot = spilled ? plan.bubbles().flush_slot[w][static_cast<std::size_t>(piece.step)]
+                            : plan.bubbles().slots[w][static_cast<std::size_t>(
+                                  plan.bubbles()
+                                      .problem.bubbles[w][static_cast<std::size_t>(piece.bubble)]
+                                      .slot)];
+        // The chain's order: a rest after the flush never goes ahead of an earlier piece.
+        if (std::tie(slot.step, slot.position) < std::tie(previous.step, previous.position)) {
+          slot = previous;
+        }
+        previous = slot;
+        sched::Instruction in = task.instructions[0];
+        in.piece_begin = static_cast<std::uint16_t>(piece.unit_begin);
+        in.piece_end = static_cast<std::uint16_t>(piece.unit_end);
+        inserts[w].push_back(
+            Insert{slot.step, slot.position, spilled, piece.start, static_cast<int>(i), in});
+      }
+      continue;
+    }
     for (std::size_t r = 0; r < task.workers.size(); ++r) {
       const auto w = static_cast<std::size_t>(task.workers[r]);
       const Slot slot =
@@ -382,6 +449,9 @@ KfacReport make_report(const sched::Schedule& base, const sim::CostModel& costs,
                        const KfacOptions& options, const Plan& plan, const sim::SimResult& before,
                        const sim::SimResult& after) {
   KfacReport report;
+  report.split = options.split;
+  report.divided_tasks = plan.packed.divided_items;
+  report.pieces = plan.packed.pieces;
   report.refresh_steps = plan.refresh_steps;
   report.policy = std::string(to_string(plan.policy));
   report.safety_margin = options.safety_margin;
@@ -406,22 +476,46 @@ KfacReport make_report(const sched::Schedule& base, const sim::CostModel& costs,
     }
     report.kfac_memory_bytes = std::max(report.kfac_memory_bytes, worker.kfac_memory_bytes);
   }
+  report.capped = !plan.cap_reason.empty();
+  const double overhead = costs.kfac_task_overhead_s();
   for (std::size_t i = 0; i < plan.order.size(); ++i) {
     const KfacTask& task = plan.work().tasks[static_cast<std::size_t>(plan.order[i])];
     const ItemPlacement& placed = plan.packed.placements[i];
     const bool sync = task.kind() == OpKind::kCurvatureSync;
+    // A divided task pays the overhead once more per extra piece.
+    const int instructions = placed.pieces.empty() ? 1 : static_cast<int>(placed.pieces.size());
+    const double seconds = task.duration_s + (instructions - 1) * overhead;
     for (int w : task.workers) {
       auto& worker = report.workers[static_cast<std::size_t>(w)];
-      (sync ? worker.kfac_sync_s : worker.kfac_compute_s) += task.duration_s / k;
-      if (placed.spilled) worker.spilled_s += task.duration_s / k;
-      ++worker.tasks;
-      ++report.tasks;
+      (sync ? worker.kfac_sync_s : worker.kfac_compute_s) += seconds / k;
+      worker.spilled_s += placed.spilled_s / k;
+      worker.tasks += instructions;
+      report.tasks += instructions;
+      report.after_flush_s += placed.spilled_s;
     }
+    if (placed.spilled) ++report.after_flush_tasks;
     if (task.kind() == OpKind::kPrecondition) {
       ++(placed.spilled ? report.preconditions_after_flush : report.preconditions_in_bubbles);
     } else if (placed.spilled) {
       ++report.spilled_tasks;
     }
+  }
+  double idle = 0.0;
+  double filled = 0.0;
+  for (const auto& worker : report.workers) {
+    idle += worker.bubble_s;
+    filled += worker.kfac_compute_s - worker.spilled_s;
+  }
+  report.idle_filled = idle > 0.0 ? std::min(1.0, filled / idle) : 0.0;
+  if (report.capped) {
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "warning: K-FAC work does not all fit in the bubbles (%s): k = %d, %.3g ms per "
+                  "refresh runs after the flush (step time %+.1f%%); set --kfac-refresh or "
+                  "--kfac-max-refresh",
+                  plan.cap_reason.c_str(), plan.refresh_steps, 1e3 * report.after_flush_s,
+                  100.0 * report.step_time_overhead);
+    report.warning = line;
   }
   return report;
 }
@@ -444,15 +538,19 @@ PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& cos
   const Timeline timeline = measure_timeline(base, costs, sim_options);
   const BubbleMap steady = find_bubbles(base, timeline, 3);  // step 1 is a whole steady step
   const LongestBubbles longest = longest_steady_bubbles(steady);
-  const int lower_bound = options.refresh_steps > 0
-                              ? options.refresh_steps
-                              : refresh_lower_bound(base, steady, longest, options, duration);
+  const double task_overhead_s = costs.kfac_task_overhead_s();
+  if (!std::isfinite(task_overhead_s) || task_overhead_s < 0.0) {
+    throw std::invalid_argument("PipeFisher pass: the cost model's K-FAC task overhead is " +
+                                std::to_string(task_overhead_s) + " s");
+  }
+  const Bound bound =
+      refresh_lower_bound(base, steady, longest, options, duration, task_overhead_s);
 
   std::vector<PackingPolicy> policies;
   if (options.policy != PackingPolicy::kBestFit) policies.push_back(PackingPolicy::kFirstFit);
   if (options.policy != PackingPolicy::kFirstFit) policies.push_back(PackingPolicy::kBestFit);
   const std::vector<Plan> plans =
-      search(base, timeline, options, duration, policies, lower_bound, longest);
+      search(base, timeline, options, duration, policies, bound, longest, task_overhead_s);
   const Plan* chosen = &plans.front();
   for (const Plan& plan : plans) {
     if (better(plan, *chosen)) chosen = &plan;
@@ -463,6 +561,7 @@ PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& cos
   result.before = sim::simulate(repeat_steps(base, chosen->refresh_steps), costs, sim_options);
   result.after = sim::simulate(result.schedule, costs, sim_options);
   result.report = make_report(base, costs, options, *chosen, result.before, result.after);
+  result.report.refresh_bound = bound.impossible.empty() ? bound.steps : -1;
   for (const Plan& plan : plans) {
     (plan.policy == PackingPolicy::kFirstFit ? result.report.first_fit_refresh_steps
                                              : result.report.best_fit_refresh_steps) =

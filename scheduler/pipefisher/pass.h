@@ -25,7 +25,20 @@ struct WorkerKfacReport {
 };
 
 struct KfacReport {
-  int refresh_steps = 1;             // k
+  int refresh_steps = 1;  // k
+  // The work/bubble bound on k: per worker ceil(K-FAC work per refresh * (1 + margin) / idle
+  // time per step), the max over workers (PipeFisher's (N T_curv + T_inv) / bubble); -1 where
+  // no k can hold the work (a worker without idle time, or every_step curvature longer than a
+  // step's bubbles).
+  int refresh_bound = -1;
+  bool split = true;                 // tasks may be cut into pieces (--kfac-split)
+  bool capped = false;               // the automatic k hit max_refresh_steps or the work cannot fit
+  std::string warning;               // one line when work runs after the flush (capped), or empty
+  double idle_filled = 0.0;          // K-FAC time in the bubbles / idle time before filling
+  int divided_tasks = 0;             // tasks run as two or more pieces
+  int pieces = 0;                    // pieces of those tasks
+  double after_flush_s = 0.0;        // per refresh, summed over workers: K-FAC work after a flush
+  int after_flush_tasks = 0;         // tasks (whole or their last piece) run after a flush
   std::string policy;                // the packing that produced the schedule
   int first_fit_refresh_steps = -1;  // k under PipeFisher's first-fit (-1: not run)
   int best_fit_refresh_steps = -1;   // k under best-fit (-1: not run)
@@ -54,8 +67,9 @@ struct PassResult {
 };
 
 // `base` is a compiled one-step schedule (with communication, as from sched::compile). Throws
-// std::invalid_argument on a bad schedule or options, std::runtime_error when the automatic
-// search finds no k within options.max_refresh_steps.
+// std::invalid_argument on a bad schedule or options. Never refuses for lack of bubbles: when no
+// k up to options.max_refresh_steps runs all curvature and inversion in the bubbles, k is the
+// cap and the report's warning says what runs after the flush.
 PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& costs,
                           const KfacOptions& options = {}, const sim::SimOptions& sim_options = {});
 

@@ -17,6 +17,15 @@ nlohmann::json to_json(const KfacReport& report) {
                        {"tasks", worker.tasks}});
   }
   return {{"refresh_steps", report.refresh_steps},
+          {"refresh_bound", report.refresh_bound},
+          {"split", report.split},
+          {"capped", report.capped},
+          {"warning", report.warning},
+          {"idle_filled", report.idle_filled},
+          {"divided_tasks", report.divided_tasks},
+          {"pieces", report.pieces},
+          {"after_flush_s", report.after_flush_s},
+          {"after_flush_tasks", report.after_flush_tasks},
           {"policy", report.policy},
           {"first_fit_refresh_steps", report.first_fit_refresh_steps},
           {"best_fit_refresh_steps", report.best_fit_refresh_steps},

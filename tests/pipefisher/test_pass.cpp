@@ -226,14 +226,17 @@ TEST(PipeFisherPass, FixedIntervalSpillsWhatDoesNotFit) {
   EXPECT_NO_THROW(sched::validate(fixed.schedule));
 }
 
-// An inversion longer than every bubble fits under no refresh interval: the automatic search
-// runs it (and only it) after the flush and sizes k for the rest, instead of searching on.
+// Kept whole (--kfac-split off), an inversion longer than every bubble fits under no refresh
+// interval: the automatic search runs it (and only it) after the flush and sizes k for the rest,
+// instead of searching on. (Divisible, it is cut into pieces: test_pieces.cpp.)
 TEST(PipeFisherPass, TaskLongerThanEveryBubbleSpillsAndKStillFound) {
   const auto base = compiled(ScheduleKind::kOneFOneB, 4, 8);
   auto oversize = kfac_costs();
   oversize.invert_b_s = 100.0;  // the step itself takes about 33 s
-  const auto result = run_pipefisher(base, sim::UniformCostModel(oversize));
-  const auto normal = run_pipefisher(base, sim::UniformCostModel(kfac_costs()));
+  KfacOptions whole;
+  whole.split = false;
+  const auto result = run_pipefisher(base, sim::UniformCostModel(oversize), whole);
+  const auto normal = run_pipefisher(base, sim::UniformCostModel(kfac_costs()), whole);
   EXPECT_LE(result.report.refresh_steps, normal.report.refresh_steps);
   EXPECT_FALSE(result.report.fixed_interval);
   int inversions_b = 0;
@@ -247,22 +250,25 @@ TEST(PipeFisherPass, TaskLongerThanEveryBubbleSpillsAndKStillFound) {
 }
 
 // ZB-H2 and ZB-V leave worker 0 no idle time at all with uniform F = I = W: no refresh interval
-// can hold K-FAC, which the automatic search says; a fixed interval runs it after the flush.
-TEST(PipeFisherPass, ZeroBubbleWithoutBubblesNeedsAFixedInterval) {
+// can hold K-FAC; the automatic search takes its cap and warns, naming the flags; a fixed
+// interval runs it after the flush.
+TEST(PipeFisherPass, ZeroBubbleWithoutBubblesCapsTheIntervalAndWarns) {
   const sim::UniformCostModel costs(kfac_costs());
   for (const Case& c :
        {Case{ScheduleKind::kZeroBubbleH2, 4, 8, 1}, Case{ScheduleKind::kZeroBubbleV, 4, 8, 2}}) {
     SCOPED_TRACE(std::string(sched::to_string(c.kind)));
     const auto base = compiled(c.kind, c.workers, c.microbatches, c.chunks);
-    try {
-      run_pipefisher(base, costs);
-      ADD_FAILURE() << "automatic refresh accepted";
-    } catch (const std::runtime_error& error) {
-      EXPECT_STREQ(error.what(),
-                   "PipeFisher pass: worker 0 has no idle time to fill; fix the refresh interval "
-                   "(refresh_steps) to run K-FAC work after the flush");
-    }
     KfacOptions options;
+    options.max_refresh_steps = 3;
+    const auto automatic = run_pipefisher(base, costs, options);
+    EXPECT_NO_THROW(sched::validate(automatic.schedule));
+    EXPECT_TRUE(automatic.report.capped);
+    EXPECT_EQ(automatic.report.refresh_steps, 3);
+    EXPECT_EQ(automatic.report.refresh_bound, -1);
+    EXPECT_NE(automatic.report.warning.find("worker 0 has no idle time to fill"), std::string::npos)
+        << automatic.report.warning;
+    EXPECT_NE(automatic.report.warning.find("--kfac-refresh"), std::string::npos);
+    EXPECT_GT(automatic.report.after_flush_s, 0.0);
     options.refresh_steps = 2;
     const auto fixed = run_pipefisher(base, costs, options);
     EXPECT_NO_THROW(sched::validate(fixed.schedule));
@@ -305,10 +311,10 @@ TEST(PipeFisherPass, BadInputIsRejected) {
   EXPECT_THROW(run_pipefisher(base, costs, options), std::invalid_argument);
   auto twice = repeat_steps(base, 2);
   EXPECT_THROW(run_pipefisher(twice, costs), std::invalid_argument);
-  // No bubble at all on one worker (a single worker has none): automatic k is impossible.
+  // No bubble at all on one worker (a single worker has none): automatic k takes its cap.
   const sim::UniformCostModel heavy(kfac_costs(1.0));
   const auto single = compiled(ScheduleKind::kGPipe, 1, 2);
-  EXPECT_THROW(run_pipefisher(single, heavy), std::runtime_error);
+  EXPECT_TRUE(run_pipefisher(single, heavy).report.capped);
   options = {};
   options.refresh_steps = 1;
   EXPECT_NO_THROW(run_pipefisher(single, heavy, options));
@@ -321,18 +327,18 @@ namespace pf::pipefisher {
 namespace {
 
 // Curvature from every step needs room after the last step's final backward, which GPipe/1F1B
-// never leave on worker 0: the automatic search says so at once (a fixed k works, see above).
-TEST(PipeFisherPass, EveryStepCurvatureFailsClearlyWhenNoIntervalFits) {
+// never leave on worker 0: the automatic search stops at once, takes its cap and warns.
+TEST(PipeFisherPass, EveryStepCurvatureWarnsWhenNoIntervalFits) {
   KfacOptions options;
   options.curvature = CurvatureSource::kEveryStep;
+  options.max_refresh_steps = 4;
   for (double scale : {0.5, 20.0}) {
-    try {
-      run_pipefisher(compiled(ScheduleKind::kOneFOneB, 4, 8),
-                     sim::UniformCostModel(kfac_costs(scale)), options);
-      FAIL() << "no error";
-    } catch (const std::runtime_error& error) {
-      EXPECT_NE(std::string(error.what()).find("every_step"), std::string::npos) << error.what();
-    }
+    const auto result = run_pipefisher(compiled(ScheduleKind::kOneFOneB, 4, 8),
+                                       sim::UniformCostModel(kfac_costs(scale)), options);
+    EXPECT_NO_THROW(sched::validate(result.schedule));
+    EXPECT_TRUE(result.report.capped);
+    EXPECT_EQ(result.report.refresh_steps, 4);
+    EXPECT_NE(result.report.warning.find("every_step"), std::string::npos) << result.report.warning;
   }
 }
 

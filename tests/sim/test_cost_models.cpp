@@ -120,10 +120,16 @@ TEST(SimAnalytic, FormulasOfOneLayerChunk) {
                    8 * d_in / 3.35e12 + d_in * d_in * d_in / 3 / (67e12 * 0.7) +
                        4 * d_in * d_in / 3.35e12 + 2 * d_in * d_in * d_in / (67e12 * 0.7));
   in.kind = OpKind::kPrecondition;
-  EXPECT_DOUBLE_EQ(costs.duration(schedule, 1, in), 2 * d_out * d_in * d_out / (494.7e12 * 0.7) +
-                                                        2 * d_out * d_in * d_in / (494.7e12 * 0.7) +
-                                                        4 * d_out * d_out / 3.35e12 +
-                                                        8 * d_out * d_in / 3.35e12);
+  const double precondition = 2 * d_out * d_in * d_out / (494.7e12 * 0.7) +
+                              2 * d_out * d_in * d_in / (494.7e12 * 0.7) +
+                              4 * d_out * d_out / 3.35e12 + 8 * d_out * d_in / 3.35e12;
+  EXPECT_DOUBLE_EQ(costs.duration(schedule, 1, in), precondition);
+  // A piece of a quarter of the rows: its share of the rest plus the per-task overhead again.
+  const double overhead = costs.kfac_task_overhead_s();
+  EXPECT_DOUBLE_EQ(overhead, sim::kDefaultKfacTaskOverheadS);
+  in.piece_end = sched::kPieceUnits / 4;
+  EXPECT_DOUBLE_EQ(costs.duration(schedule, 1, in), (precondition - overhead) / 4 + overhead);
+  in.piece_end = sched::kPieceUnits;
   EXPECT_DOUBLE_EQ(costs.kfac_bytes(schedule, 3, sched::LinearKind::kFfnIn),
                    8 * (d_in * d_in + d_out * d_out));
   // Activations: Korthikanti's T H (34 + 5 a S / H) for 16-bit, per layer.
