@@ -39,8 +39,13 @@ if ! compgen -G "out/data/shards/*.pfshard" >/dev/null; then
   build/release/runtime/data/pipefisher_data demo --out-dir out/data --vocab-size 8192 \
     >out/data-report.json
 fi
+if [[ ! -d out/data/heldout && $(ls out/data/shards/*.pfshard | wc -l) -gt 1 ]]; then
+  # The last shard (the corpus's last documents) is never trained on: the held-out set.
+  mkdir -p out/data/heldout
+  mv "$(ls out/data/shards/*.pfshard | sort | tail -n 1)" out/data/heldout/
+fi
 rm -rf out/checkpoints out/metrics.jsonl
 exec build/release/runtime/train/pipefisher_train --model mini --data out/data/shards \
   --schedule 1f1b --stages 2 --microbatches 8 --micro-batch-size 8 --steps 40 --lr 1e-2 --kfac \
   --checkpoint-dir out/checkpoints --metrics out/metrics.jsonl --trace out/train_trace.json \
-  --log-every 2
+  --eval-data out/data/heldout --eval-every 10 --log-every 2

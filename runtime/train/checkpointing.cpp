@@ -330,7 +330,7 @@ fs::path run_with_checkpoints(exec::Executor<T>& executor, const TrainOptions& o
                               std::int64_t first_step, const nlohmann::json& identity,
                               exec::ShardBatches* shards,
                               const std::function<void(const exec::StepResult&)>& on_step,
-                              const ckpt::SaveOptions& save_options) {
+                              const ckpt::SaveOptions& save_options, const RunPauses& pauses) {
   fs::path last_saved;
   std::int64_t step = first_step;
   while (step < o.steps) {
@@ -338,14 +338,18 @@ fs::path run_with_checkpoints(exec::Executor<T>& executor, const TrainOptions& o
     if (!o.checkpoint_dir.empty() && o.checkpoint_every > 0) {
       next = std::min(o.steps, (step / o.checkpoint_every + 1) * o.checkpoint_every);
     }
+    const std::int64_t checkpoint_step = next;
+    if (pauses.segment_end) next = std::min(next, pauses.segment_end(step));
     executor.run(step, next, on_step);
     step = next;
-    if (!o.checkpoint_dir.empty()) {
+    const bool stop = pauses.after_segment && pauses.after_segment(step);
+    if (!o.checkpoint_dir.empty() && (step == checkpoint_step || stop)) {
       auto* threaded = dynamic_cast<exec::ThreadedExecutor<T>*>(&executor);
       if (threaded == nullptr) throw std::logic_error("checkpoints need the threaded executor");
       last_saved = ckpt::save_training_checkpoint(
           o.checkpoint_dir, collect_checkpoint(*threaded, step, identity, shards), save_options);
     }
+    if (stop) break;
   }
   return last_saved;
 }
@@ -354,12 +358,12 @@ template fs::path run_with_checkpoints<float>(exec::Executor<float>&, const Trai
                                               std::int64_t, const nlohmann::json&,
                                               exec::ShardBatches*,
                                               const std::function<void(const exec::StepResult&)>&,
-                                              const ckpt::SaveOptions&);
+                                              const ckpt::SaveOptions&, const RunPauses&);
 template fs::path run_with_checkpoints<double>(exec::Executor<double>&, const TrainOptions&,
                                                std::int64_t, const nlohmann::json&,
                                                exec::ShardBatches*,
                                                const std::function<void(const exec::StepResult&)>&,
-                                               const ckpt::SaveOptions&);
+                                               const ckpt::SaveOptions&, const RunPauses&);
 template ckpt::TrainingCheckpoint collect_checkpoint<float>(exec::ThreadedExecutor<float>&,
                                                             std::int64_t, const nlohmann::json&,
                                                             exec::ShardBatches*);

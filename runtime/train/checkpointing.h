@@ -76,12 +76,20 @@ void restore_checkpoint(exec::Executor<T>& executor, const ckpt::TrainingCheckpo
 // --checkpoint-every-th step and after the last (the executor runs in segments between saves,
 // which executes the same instructions in the same order as one run). Returns the last
 // checkpoint written (empty path if none).
+// pauses: further segment ends (held-out evaluation, periodic_evaluation.h): segment_end(from)
+// is where the segment starting at `from` ends at the latest, after_segment(step) runs after
+// each segment and returns true to stop the run there (early stop; a checkpoint is then saved
+// at that step).
+struct RunPauses {
+  std::function<std::int64_t(std::int64_t)> segment_end;
+  std::function<bool(std::int64_t)> after_segment;
+};
 template <typename T>
 std::filesystem::path run_with_checkpoints(
     exec::Executor<T>& executor, const TrainOptions& options, std::int64_t first_step,
     const nlohmann::json& identity, exec::ShardBatches* shards,
     const std::function<void(const exec::StepResult&)>& on_step,
-    const ckpt::SaveOptions& save_options = {});
+    const ckpt::SaveOptions& save_options = {}, const RunPauses& pauses = {});
 
 extern template ckpt::TrainingCheckpoint collect_checkpoint<float>(exec::ThreadedExecutor<float>&,
                                                                    std::int64_t,
@@ -98,10 +106,10 @@ extern template void restore_checkpoint<double>(exec::ThreadedExecutor<double>&,
 extern template std::filesystem::path run_with_checkpoints<float>(
     exec::Executor<float>&, const TrainOptions&, std::int64_t, const nlohmann::json&,
     exec::ShardBatches*, const std::function<void(const exec::StepResult&)>&,
-    const ckpt::SaveOptions&);
+    const ckpt::SaveOptions&, const RunPauses&);
 extern template std::filesystem::path run_with_checkpoints<double>(
     exec::Executor<double>&, const TrainOptions&, std::int64_t, const nlohmann::json&,
     exec::ShardBatches*, const std::function<void(const exec::StepResult&)>&,
-    const ckpt::SaveOptions&);
+    const ckpt::SaveOptions&, const RunPauses&);
 
 }  // namespace pf::train

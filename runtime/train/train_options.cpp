@@ -74,6 +74,17 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--trace", o.trace, "Chrome trace of the measured run (Perfetto)");
   app.add_option("--profile-out", o.profile_out,
                  "Measured profile for pipefisher_sim --profile (same schedule)");
+  app.add_option("--eval-data", o.eval_data,
+                 "Held-out shards (pipefisher_data; never trained on) or 'synthetic': MLM "
+                 "loss/accuracy and NSP loss/accuracy every --eval-every steps and at the end");
+  app.add_option("--eval-every", o.eval_every, "Steps between evaluations (0: only at the end)")
+      ->capture_default_str();
+  app.add_option("--eval-batches", o.eval_batches,
+                 "Micro-batches of --eval-data evaluated, the first ones in shard order (0: all)")
+      ->capture_default_str();
+  app.add_option("--target-loss", o.target_loss,
+                 "Stop at the first evaluation whose held-out loss (MLM + NSP) is at most this; "
+                 "the step and training time are reported");
   app.add_option("--log-every", o.log_every, "Steps between progress lines")->capture_default_str();
   app.add_flag("--quiet,-q", o.quiet, "Only the final summary");
 }
@@ -120,6 +131,13 @@ void validate_options(const TrainOptions& o) {
   }
   if (o.resume && o.checkpoint_dir.empty()) bad("--resume needs --checkpoint-dir");
   if (o.log_every < 1) bad("--log-every must be >= 1");
+  if (o.eval_every < 0) bad("--eval-every must be >= 0");
+  if (o.eval_batches < 0) bad("--eval-batches must be >= 0");
+  if (o.eval_every > 0 && o.eval_data.empty()) bad("--eval-every needs --eval-data");
+  if (!(o.target_loss >= 0)) bad("--target-loss must be > 0");
+  if (o.target_loss > 0 && (o.eval_data.empty() || o.eval_every == 0)) {
+    bad("--target-loss is checked on the held-out loss: it needs --eval-data and --eval-every");
+  }
 }
 
 optim::PolyWarmupSchedule learning_rate_schedule(const TrainOptions& o) {

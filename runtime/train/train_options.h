@@ -51,6 +51,11 @@ struct TrainOptions {
   std::string metrics;      // JSON Lines, one record per step
   std::string trace;        // Chrome trace of the measured run
   std::string profile_out;  // measured profile in the simulator's format
+  // Held-out evaluation (evaluation.h) and early stop.
+  std::string eval_data;           // shards directory, or "synthetic"; empty: no evaluation
+  std::int64_t eval_every = 0;     // steps between evaluations (0: only at the end)
+  std::int64_t eval_batches = 16;  // micro-batches of the evaluation set (0: all of it)
+  double target_loss = 0.0;        // > 0: stop once the evaluation loss (MLM + NSP) is <= it
   int log_every = 1;
   bool quiet = false;
 };

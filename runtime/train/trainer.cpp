@@ -20,6 +20,7 @@
 #include "runtime/optim/lr_schedule.h"
 #include "runtime/optim/sgd.h"
 #include "runtime/train/checkpointing.h"
+#include "runtime/train/periodic_evaluation.h"
 #include "runtime/train/self_profile.h"
 #include "scheduler/pipefisher/pass.h"
 #include "scheduler/schedule_json.h"
@@ -191,15 +192,19 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
     if (!context.kfac_summary.empty()) out << context.kfac_summary;
   }
 
+  PeriodicEvaluation<T> evaluation(o, config, context.micro_batch_size, context.seq_len,
+                                   context.max_predictions, executor);
   MetricsWriter metrics(executor.is_root() ? o.metrics : std::string());
   const bool tty = isatty(STDOUT_FILENO) != 0 && &out == &std::cout;
   const std::int64_t first_step = context.resume ? context.resume->step : 0;
   const auto start = std::chrono::steady_clock::now();
   double last_loss = 0.0;
   std::int64_t done = 0;
+  double train_time_s = 0.0;  // summed step times (pauses for evaluation left out)
   auto on_step = [&](const exec::StepResult& r) {
     ++done;
     last_loss = r.loss();
+    train_time_s += r.seconds;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double per_step = elapsed / static_cast<double>(done);
@@ -211,6 +216,7 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
                    {"lr", r.learning_rate},
                    {"grad_norm", r.grad_norm},
                    {"step_time_s", r.seconds},
+                   {"train_time_s", train_time_s},
                    {"sequences_per_s", throughput},
                    {"kfac_refresh", r.kfac_refresh}});
     const bool last = r.step + 1 == o.steps;
@@ -228,13 +234,26 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
       out << (tty ? "\r" : "") << line.str() << "\n" << std::flush;  // logs follow along
     }
   };
-  const auto checkpoint =
-      run_with_checkpoints(executor, o, first_step, context.identity, context.shards, on_step);
+  std::vector<std::int64_t> pauses;  // steps where the run paused to evaluate
+  RunPauses evaluation_pauses;
+  evaluation_pauses.segment_end = [&](std::int64_t from) {
+    return evaluation.segment_end(from, o.steps);
+  };
+  evaluation_pauses.after_segment = [&](std::int64_t step) {
+    const bool stop = evaluation.at_pause(
+        executor, step, train_time_s, step == o.steps,
+        [&](const nlohmann::json& r) { metrics.write(r); }, out);
+    if (!stop && step < o.steps) pauses.push_back(step);
+    return stop;
+  };
+  const auto checkpoint = run_with_checkpoints(executor, o, first_step, context.identity,
+                                               context.shards, on_step, {}, evaluation_pauses);
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  const auto events = executor.take_events();
+  auto events = executor.take_events();
   if (!executor.is_root()) return 0;  // the root process reports for every rank
+  close_pauses(events, pauses);
   if (!o.trace.empty()) {
     traces::write_json_file(o.trace, exec::measured_trace(schedule, events));
   }
@@ -248,7 +267,8 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   }
   out << "done: " << done << " steps in " << format_duration(elapsed) << " ("
       << std::setprecision(1) << std::fixed
-      << static_cast<double>(done * sequences_per_step) / elapsed << " sequences/s), final loss "
+      << static_cast<double>(done * sequences_per_step) / elapsed << " sequences/s"
+      << (pauses.empty() ? "" : ", evaluations included") << "), final loss "
       << std::setprecision(4) << last_loss << "\n";
   print_measured_summary(schedule, events, executor.num_ranks(), first_step, out);
   if (!o.metrics.empty()) out << "metrics: " << o.metrics << "\n";

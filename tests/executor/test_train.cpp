@@ -112,10 +112,19 @@ TEST_F(TrainTest, KfacRunsOnSelfProfile) {
       << out.str();
   int refreshes = 0;
   std::istringstream lines(read(o.metrics));
+  int statistics = 0;
   for (std::string line; std::getline(lines, line);) {
-    refreshes += nlohmann::json::parse(line).at("kfac_refresh").get<bool>() ? 1 : 0;
+    const auto record = nlohmann::json::parse(line);
+    if (record.contains("kind")) {  // the K-FAC statistics at the end of the run
+      EXPECT_EQ(record.at("kind"), "kfac");
+      EXPECT_GE(record.at("refreshes_min").get<int>(), 1);
+      ++statistics;
+      continue;
+    }
+    refreshes += record.at("kfac_refresh").get<bool>() ? 1 : 0;
   }
   EXPECT_EQ(refreshes, 2);  // steps 2 and 4 end a refresh
+  EXPECT_EQ(statistics, 1);
 }
 
 TEST_F(TrainTest, DoublePrecisionAndOtherSchedules) {

@@ -1,0 +1,51 @@
+#include "runtime/train/kfac_statistics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace pf::train {
+
+nlohmann::json kfac_statistics(exec::ThreadedExecutor<float>& executor) {
+  const auto& schedule = executor.setup().schedule;
+  // Chimera's second pipeline holds the same layers as the first; replica 0, pipeline 0..1.
+  const int pipelines = schedule.params.kind == sched::ScheduleKind::kChimera ? 2 : 1;
+  std::int64_t layers = 0, refreshes_min = -1, refreshes_max = 0, fallbacks = 0;
+  std::vector<double> pis;
+  double damping_a = 0.0, damping_b = 0.0;
+  for (int rank = 0; rank < schedule.num_workers(); ++rank) {
+    for (int pipeline = 0; pipeline < pipelines; ++pipeline) {
+      for (const auto& [key, layer] : executor.worker(rank).kfac_state(pipeline).layers()) {
+        ++layers;
+        const std::int64_t refreshes = std::min(layer.a.refreshes, layer.b.refreshes);
+        refreshes_min = refreshes_min < 0 ? refreshes : std::min(refreshes_min, refreshes);
+        refreshes_max = std::max(refreshes_max, refreshes);
+        fallbacks += layer.a.cholesky_fallbacks + layer.b.cholesky_fallbacks;
+        if (layer.a.inverse.size() == 0 || layer.b.inverse.size() == 0) continue;
+        if (layer.a.damping > 0 && layer.b.damping > 0) {
+          pis.push_back(std::sqrt(static_cast<double>(layer.a.damping) / layer.b.damping));
+        }
+        damping_a += layer.a.damping;
+        damping_b += layer.b.damping;
+      }
+    }
+  }
+  nlohmann::json stats = {{"layers", layers},
+                          {"layers_inverted", pis.size()},
+                          {"refreshes_min", std::max<std::int64_t>(refreshes_min, 0)},
+                          {"refreshes_max", refreshes_max},
+                          {"cholesky_fallbacks", fallbacks}};
+  if (!pis.empty()) {
+    std::sort(pis.begin(), pis.end());
+    const auto inverted = static_cast<double>(pis.size());
+    stats["pi_min"] = pis.front();
+    stats["pi_median"] = pis[pis.size() / 2];
+    stats["pi_max"] = pis.back();
+    stats["damping_a_mean"] = damping_a / inverted;
+    stats["damping_b_mean"] = damping_b / inverted;
+  }
+  return stats;
+}
+
+}  // namespace pf::train
