@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""Figures and tables of the convergence study (scripts/convergence_study.sh, docs/convergence.md).
+
+  python3 scripts/convergence_plot.py RESULTS [--figures docs/figures] [--baseline GROUP]
+                                      [--target LOSS] [--sim BUILD/sim/cli/pipefisher_sim]
+
+Reads RESULTS/<run>/{metrics.jsonl,log.txt,command.txt}; a run's group is its name less the
+"-s<seed>" suffix. Prints (markdown) the table of every run, the table per group with steps and
+training time to the target held-out loss, and, with --sim, the projection to BERT-Base/Large on
+the simulator's GPU presets. Draws held-out loss against steps and against training time, and the
+training loss against steps, with a band from the lowest to the highest seed (PNG, small).
+
+The target is fixed by a rule, before any K-FAC run is looked at: the highest final held-out loss
+among the seeds of the baseline (LAMB's best sweep group), so that every LAMB seed reaches it
+within its budget, unless --target is given.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+
+def load_run(directory):
+    steps, evals, kfac = [], [], []
+    with open(os.path.join(directory, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            kind = record.get("kind", "step")
+            {"step": steps, "eval": evals, "kfac": kfac}[kind].append(record)
+    log = open(os.path.join(directory, "log.txt")).read()
+    command = open(os.path.join(directory, "command.txt")).read().strip()
+    run = {"steps": steps, "evals": evals, "kfac": kfac, "log": log, "command": command}
+    m = re.search(r"PipeFisher: K-FAC refresh every (\d+) step\(s\); predicted utilization "
+                  r"([\d.]+)% -> ([\d.]+)%, step time ([+-][\d.]+)%", log)
+    if m:
+        run["k"] = int(m.group(1))
+        run["predicted"] = (float(m.group(2)), float(m.group(3)), float(m.group(4)))
+    m = re.search(r"measured over steps \S+: ([\d.]+) s/step, utilization ([\d.]+)%"
+                  r"(?: \(([\d.]+)% with K-FAC\))?", log)
+    if m:
+        run["measured_step_s"] = float(m.group(1))
+        run["measured_util"] = float(m.group(2))
+        run["measured_util_kfac"] = float(m.group(3)) if m.group(3) else None
+    m = re.search(r"simulator replay of these durations: ([\d.]+) s/step \(([+-][\d.]+)%", log)
+    if m:
+        run["replay_error"] = float(m.group(2))
+    return run
+
+
+def group_of(name):
+    return re.sub(r"-s\d+$", "", name)
+
+
+def seed_of(name):
+    m = re.search(r"-s(\d+)$", name)
+    return int(m.group(1)) if m else 0
+
+
+def median_step_time(run):
+    times = [r["step_time_s"] for r in run["steps"][1:]] or [r["step_time_s"] for r in run["steps"]]
+    return statistics.median(times)
+
+
+def reach(run, target):
+    """(step, training seconds) of the first evaluation at or below the target, else None."""
+    for e in run["evals"]:
+        if e["eval_loss"] <= target:
+            return e["step"], e["train_time_s"]
+    return None
+
+
+def mean_std(values):
+    if not values:
+        return float("nan"), float("nan")
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def label_of(group):
+    g = group
+    g = re.sub(r"^kfac1-lamb-lr(\S+?)-d(\S+)$", r"K-FAC k=1 + LAMB lr \1, damping \2", g)
+    g = re.sub(r"^kfac1-lamb-lr(\S+)$", r"K-FAC k=1 + LAMB lr \1", g)
+    g = re.sub(r"^kfac-lamb-lr(\S+)$", r"K-FAC pass's k + LAMB lr \1", g)
+    g = re.sub(r"^kfac-sgd-lr(\S+)$", r"K-FAC k=1 + SGD lr \1", g)
+    g = re.sub(r"^lamb-lr(\S+)$", r"LAMB lr \1", g)
+    return g
+
+
+def band_plot(ax, runs, x_key, y_of, label, color):
+    """Mean over seeds with a min..max band, on the x values all seeds share."""
+    import numpy as np
+    series = []
+    for run in runs:
+        points = y_of(run)
+        series.append(points)
+    length = min(len(s) for s in series)
+    if length == 0:
+        return
+    xs = np.array([[p[0] for p in s[:length]] for s in series])
+    ys = np.array([[p[1] for p in s[:length]] for s in series])
+    x = xs.mean(axis=0)
+    ax.plot(x, ys.mean(axis=0), label=f"{label} ({len(runs)} seed{'s' if len(runs) > 1 else ''})",
+            color=color, linewidth=1.4)
+    if len(runs) > 1:
+        ax.fill_between(x, ys.min(axis=0), ys.max(axis=0), color=color, alpha=0.2, linewidth=0)
+
+
+def smooth(values, window=5):
+    out = []
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1):i + 1]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
+def draw(groups, order, target, figures):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    os.makedirs(figures, exist_ok=True)
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf",
+              "#7f7f7f", "#bcbd22", "#e377c2"]
+    plots = [
+        ("convergence_eval_vs_steps.png", "step", "held-out loss (MLM + NSP)",
+         lambda r: [(e["step"], e["eval_loss"]) for e in r["evals"]]),
+        ("convergence_eval_vs_time.png", "training time (s, summed measured step times)",
+         "held-out loss (MLM + NSP)",
+         lambda r: [(e["train_time_s"], e["eval_loss"]) for e in r["evals"]]),
+        ("convergence_train_vs_steps.png", "step", "training loss (MLM + NSP), 5-step mean",
+         lambda r: list(zip([s["step"] for s in r["steps"]],
+                            smooth([s["loss"] for s in r["steps"]])))),
+    ]
+    written = []
+    for filename, xlabel, ylabel, series in plots:
+        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=90)
+        for i, group in enumerate(order):
+            band_plot(ax, groups[group], None, series, label_of(group), colors[i % len(colors)])
+        if target is not None and "train" not in filename:
+            ax.axhline(target, color="black", linestyle="--", linewidth=0.8,
+                       label=f"target {target:.3f}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = os.path.join(figures, filename)
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def simulate(sim, model, device, stages, microbatches, mbs, k):
+    """(step time without K-FAC, with K-FAC at refresh k or the pass's own) from pipefisher_sim."""
+    out = "/tmp/convergence_sim_report.json"
+    args = [sim, "--schedule", "1f1b", "--stages", str(stages), "--microbatches", str(microbatches),
+            "--model", model, "--device", device, "--seq-len", "128", "--micro-batch-size",
+            str(mbs), "--kfac", "--report", out]
+    if k:
+        args += ["--kfac-refresh", str(k)]
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+    report = json.load(open(out))
+    return report["step_time_s"], report["with_kfac"]["step_time_s"], report["kfac"]["refresh_steps"]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("results")
+    parser.add_argument("--figures", default=None)
+    parser.add_argument("--baseline", default=None, help="group whose final loss is the target")
+    parser.add_argument("--target", type=float, default=None)
+    parser.add_argument("--sim", default=None, help="pipefisher_sim, for the projection")
+    args = parser.parse_args()
+
+    runs = {}
+    for name in sorted(os.listdir(args.results)):
+        d = os.path.join(args.results, name)
+        if os.path.isfile(os.path.join(d, "done")):
+            runs[name] = load_run(d)
+    if not runs:
+        sys.exit("no finished runs in " + args.results)
+    groups = {}
+    for name, run in runs.items():
+        run["name"] = name
+        groups.setdefault(group_of(name), []).append(run)
+
+    lamb_groups = [g for g in groups if g.startswith("lamb-")]
+    baseline = args.baseline
+    if baseline is None and lamb_groups:
+        # The LAMB group with the most seeds (the sweep's winner), then the lowest final loss.
+        baseline = min(lamb_groups, key=lambda g: (-len(groups[g]), statistics.mean(
+            r["evals"][-1]["eval_loss"] for r in groups[g])))
+    target = args.target
+    if target is None and baseline:
+        # The highest final held-out loss among the baseline's seeds: every seed of the
+        # baseline reaches it within its budget.
+        target = max(r["evals"][-1]["eval_loss"] for r in groups[baseline])
+
+    print(f"Target held-out loss: {target:.4f} (the highest final held-out loss among the seeds "
+          f"of {baseline}, or --target)\n")
+    print("| run | k | final held-out loss | MLM acc | NSP acc | final train loss (5-step mean) "
+          "| steps to target | training s to target | median step s | command |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, run in runs.items():
+        last = run["evals"][-1]
+        hit = reach(run, target)
+        train_tail = statistics.mean(s["loss"] for s in run["steps"][-5:])
+        print(f"| {name} | {run.get('k', '-')} | {last['eval_loss']:.4f} | "
+              f"{last['eval_mlm_accuracy']:.3f} | {last['eval_nsp_accuracy']:.3f} | "
+              f"{train_tail:.4f} | {hit[0] if hit else 'not reached'} | "
+              f"{f'{hit[1]:.1f}' if hit else '-'} | {median_step_time(run):.3f} | "
+              f"`{run['command']}` |")
+
+    order = sorted(groups, key=lambda g: (not g.startswith("lamb"), g))
+    summary = {}
+    for group in order:
+        members = groups[group]
+        reached = [h for h in (reach(r, target) for r in members) if h]
+        summary[group] = {
+            "finals": [r["evals"][-1]["eval_loss"] for r in members],
+            "accs": [r["evals"][-1]["eval_mlm_accuracy"] for r in members],
+            "steps": statistics.mean(h[0] for h in reached) if reached else None,
+            "step_time": statistics.median(median_step_time(r) for r in members),
+            "reached": len(reached), "seeds": len(members)}
+    base = summary.get(baseline)
+    print("\n| group | seeds | final held-out loss (mean ± sd) | MLM acc | reached target "
+          "| steps to target (mean) | median step s | steps x median step s | "
+          "time to target / baseline's |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for group, s in summary.items():
+        m, sd = mean_std(s["finals"])
+        if s["reached"] < s["seeds"]:
+            rel = f"not reached by {s['seeds'] - s['reached']} seed(s)"
+        elif base and base["steps"] and s["steps"]:
+            rel = f"{s['steps'] * s['step_time'] / (base['steps'] * base['step_time']):.2f}"
+        else:
+            rel = "-"
+        steps = f"{s['steps']:.1f}" if s["steps"] else "-"
+        product = f"{s['steps'] * s['step_time']:.1f}" if s["steps"] else "-"
+        print(f"| {label_of(group)} | {s['seeds']} | {m:.4f} ± {sd:.4f} | "
+              f"{statistics.mean(s['accs']):.3f} | {s['reached']}/{s['seeds']} | {steps} | "
+              f"{s['step_time']:.3f} | {product} | {rel} |")
+
+    kfac_runs = [r for r in runs.values() if r["kfac"]]
+    if kfac_runs:
+        print("\nK-FAC statistics at the end of each K-FAC run:\n")
+        print("| run | k | refreshes | pi (min / median / max) | damping A / B (mean) "
+              "| Cholesky fallbacks | predicted util before -> after, step time | "
+              "measured util before -> with K-FAC |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in kfac_runs:
+            st = r["kfac"][-1]
+            pred = r.get("predicted")
+            print(f"| {r['name']} | {st['refresh_steps']} | {st['refreshes_min']} | "
+                  f"{st.get('pi_min', 0):.3g} / {st.get('pi_median', 0):.3g} / "
+                  f"{st.get('pi_max', 0):.3g} | {st.get('damping_a_mean', 0):.3g} / "
+                  f"{st.get('damping_b_mean', 0):.3g} | {st['cholesky_fallbacks']} | "
+                  f"{f'{pred[0]}% -> {pred[1]}%, {pred[2]:+}%' if pred else '-'} | "
+                  f"{r.get('measured_util', '-')}% -> {r.get('measured_util_kfac', '-')}% |")
+
+    if args.sim and base and base["steps"]:
+        print("\nProjection (measured steps to target x pipefisher_sim step time, 1F1B p = 4, "
+              "m = 8, micro-batch 32, seq 128, bf16):\n")
+        print("| K-FAC group | model | device | k | sim step s LAMB | sim step s K-FAC "
+              "| step-time ratio | steps ratio | time-to-target ratio |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for group, s in summary.items():
+            if not group.startswith("kfac") or not s["steps"] or s["reached"] < s["seeds"]:
+                continue
+            fixed_k = 1 if group.startswith("kfac1") or group.startswith("kfac-sgd") else 0
+            for model in ("base", "large"):
+                for device in ("h100", "a100", "v100"):
+                    t0, t1, k = simulate(args.sim, model, device, 4, 8, 32, fixed_k)
+                    steps_ratio = s["steps"] / base["steps"]
+                    print(f"| {label_of(group)} | {model} | {device} | {k} | {t0 * 1e3:.2f} ms | "
+                          f"{t1 * 1e3:.2f} ms | {t1 / t0:.3f} | {steps_ratio:.2f} | "
+                          f"{steps_ratio * t1 / t0:.2f} |")
+
+    if args.figures:
+        for path in draw(groups, order, target, args.figures):
+            print(f"\nwrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
