@@ -172,6 +172,10 @@ def main():
     parser.add_argument("--baseline", default=None, help="group whose final loss is the target")
     parser.add_argument("--target", type=float, default=None)
     parser.add_argument("--sim", default=None, help="pipefisher_sim, for the projection")
+    parser.add_argument("--step-time", action="append", default=[], metavar="GROUP=SECONDS",
+                        help="a group's step time measured side by side with the baseline's "
+                             "(bench_runtime), used for time to target instead of the runs' own "
+                             "median (runs made at different machine loads are not comparable)")
     args = parser.parse_args()
 
     runs = {}
@@ -214,6 +218,7 @@ def main():
               f"`{run['command']}` |")
 
     order = sorted(groups, key=lambda g: (not g.startswith("lamb"), g))
+    bench_times = {k: float(v) for k, v in (a.split("=") for a in args.step_time)}
     summary = {}
     for group in order:
         members = groups[group]
@@ -222,13 +227,15 @@ def main():
             "finals": [r["evals"][-1]["eval_loss"] for r in members],
             "accs": [r["evals"][-1]["eval_mlm_accuracy"] for r in members],
             "steps": statistics.mean(h[0] for h in reached) if reached else None,
-            "step_time": statistics.median(median_step_time(r) for r in members),
+            "step_time": bench_times.get(group,
+                                         statistics.median(median_step_time(r) for r in members)),
+            "own_step_time": statistics.median(median_step_time(r) for r in members),
             "reached": len(reached), "seeds": len(members)}
     base = summary.get(baseline)
     print("\n| group | seeds | final held-out loss (mean ± sd) | MLM acc | reached target "
-          "| steps to target (mean) | median step s | steps x median step s | "
+          "| steps to target (mean) | runs' median step s | step s used | steps x step s | "
           "time to target / baseline's |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for group, s in summary.items():
         m, sd = mean_std(s["finals"])
         if s["reached"] < s["seeds"]:
@@ -241,7 +248,8 @@ def main():
         product = f"{s['steps'] * s['step_time']:.1f}" if s["steps"] else "-"
         print(f"| {label_of(group)} | {s['seeds']} | {m:.4f} ± {sd:.4f} | "
               f"{statistics.mean(s['accs']):.3f} | {s['reached']}/{s['seeds']} | {steps} | "
-              f"{s['step_time']:.3f} | {product} | {rel} |")
+              f"{s['own_step_time']:.3f} | {s['step_time']:.3f}"
+              f"{' (side by side)' if group in bench_times else ''} | {product} | {rel} |")
 
     kfac_runs = [r for r in runs.values() if r["kfac"]]
     if kfac_runs:
