@@ -49,6 +49,7 @@ std::vector<double> losses(const fs::path& metrics) {
   std::string line;
   while (std::getline(lines, line)) {
     const auto record = nlohmann::json::parse(line);
+    if (record.contains("kind")) continue;  // evaluation and K-FAC statistics records
     result.push_back(record.at("loss").get<double>());
     result.push_back(record.at("grad_norm").get<double>());
   }
