@@ -240,6 +240,8 @@ def main():
         m, sd = mean_std(s["finals"])
         if s["reached"] < s["seeds"]:
             rel = f"not reached by {s['seeds'] - s['reached']} seed(s)"
+        elif bench_times and group not in bench_times:
+            rel = "no side-by-side step time"
         elif base and base["steps"] and s["steps"]:
             rel = f"{s['steps'] * s['step_time'] / (base['steps'] * base['step_time']):.2f}"
         else:
@@ -279,7 +281,7 @@ def main():
                 continue
             fixed_k = 1 if group.startswith("kfac1") or group.startswith("kfac-sgd") else 0
             for model in ("base", "large"):
-                for device in ("h100", "a100", "v100"):
+                for device in ("h100", "a100"):
                     t0, t1, k = simulate(args.sim, model, device, 4, 8, 32, fixed_k)
                     steps_ratio = s["steps"] / base["steps"]
                     print(f"| {label_of(group)} | {model} | {device} | {k} | {t0 * 1e3:.2f} ms | "
