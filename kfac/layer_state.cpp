@@ -50,14 +50,29 @@ void invert(FactorState& factor, float damping, InverseMethod method, const char
   if (factor.refreshes == 0) {
     throw std::logic_error(std::string("invert_") + which + ": the factor was never finalized");
   }
-  auto result = damped_inverse(factor.value, damping, method);
+  set_inverse(factor, damped_inverse(factor.value, damping, method), damping);
+}
+
+}  // namespace
+
+static_assert(kPieceUnits == sched::kPieceUnits, "kfac/ and the IR cut tasks alike");
+
+void set_inverse(FactorState& factor, InverseResult result, float damping) {
+  if (factor.refreshes == 0) {
+    throw std::logic_error("set_inverse: the factor was never finalized");
+  }
+  if (result.inverse.rows() != factor.value.rows() ||
+      result.inverse.cols() != factor.value.cols()) {
+    throw std::invalid_argument(
+        "set_inverse: the inverse is " + std::to_string(result.inverse.rows()) + " x " +
+        std::to_string(result.inverse.cols()) + ", the factor " +
+        std::to_string(factor.value.rows()) + " x " + std::to_string(factor.value.cols()));
+  }
   factor.inverse = std::move(result.inverse);
   factor.damping = damping;
   factor.inverted_refresh = factor.refreshes;
   if (result.fell_back_to_eigen) ++factor.cholesky_fallbacks;
 }
-
-}  // namespace
 
 KfacLayerState::KfacLayerState(std::int64_t in, std::int64_t out) : d_in(in), d_out(out) {
   if (in <= 0 || out <= 0) {

@@ -74,6 +74,11 @@ void invert_a(KfacLayerState& layer, float damping,
 void invert_b(KfacLayerState& layer, float damping,
               InverseMethod method = InverseMethod::kCholesky);
 
+// Installs an inverse computed elsewhere (an InverseChain run piece by piece) as invert_a/b
+// would: inverse, damping, inverted_refresh, cholesky_fallbacks. Throws std::logic_error before
+// the factor's first finalize, std::invalid_argument for an inverse of the wrong size.
+void set_inverse(FactorState& factor, InverseResult result, float damping);
+
 // dW = B_inv G A_inv and db = B_inv g_b (see precondition.h); grad_b/out_b may be null.
 // Throws std::logic_error before both inverses exist.
 void precondition_layer(const KfacLayerState& layer, const float* grad_w, const float* grad_b,

@@ -14,6 +14,7 @@
 
 #include "kernels/rng.h"
 #include "kfac/factors.h"
+#include "kfac/inverse_chain.h"
 #include "kfac/precondition.h"
 #include "runtime/comm/in_process.h"
 #include "runtime/tensor/cpu_backend.h"
@@ -79,6 +80,11 @@ struct KfacSlot {
   int done_a = 0, done_b = 0;
   bool inverted_a = false, inverted_b = false;             // in the current round
   Eigen::MatrixXf previous_a_inverse, previous_b_inverse;  // before this round's inversion
+  // An inversion divided into pieces: its chain between the first piece and the last.
+  std::shared_ptr<kfac::InverseChain> chain_a, chain_b;
+  // A preconditioning divided into pieces reads the whole gradient in every piece: the
+  // gradient as it was before the first piece, kept until the last (weight, then bias).
+  std::vector<float> gradient_before, bias_before;
 };
 
 struct Flight {
@@ -271,11 +277,13 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       const FactorKey key{in.pipeline, in.layer, in.linear};
       auto& slot = kfac_slots[key];
       const CaptureKey capture{in.step, in.pipeline, in.microbatch, in.layer, in.linear};
+      // A divided task counts once, at its last piece.
+      const bool completes = in.piece_end == sched::kPieceUnits;
       if (in.kind == OpKind::kCurvatureA) {
-        ++slot.expected_a;
+        if (completes) ++slot.expected_a;
         wanted_a.insert(capture);
       } else if (in.kind == OpKind::kCurvatureB) {
-        ++slot.expected_b;
+        if (completes) ++slot.expected_b;
         wanted_b.insert(capture);
       }
     }
@@ -706,17 +714,22 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       }
       auto& layer = kfac_layer(in);
       auto& slot = kfac_slot(in);
+      // A piece adds its token rows' partial sum; the capture is held until the last piece.
+      const bool last_piece = in.piece_end == sched::kPieceUnits;
       if (is_a) {
-        kfac::accumulate_a(layer, it->second.data->data(), it->second.rows);
-        ++slot.done_a;
+        kfac::accumulate_a(layer, it->second.data->data(), it->second.rows, in.piece_begin,
+                           in.piece_end);
+        if (last_piece) ++slot.done_a;
       } else {
         // B = s g^T g undoes the loss's means (over the micro-batch's sequences and over the
         // global batch's micro-batches) so that B is a per-example Fisher (factors.h).
         const float scale = kfac::output_grad_scale(it->second.sequences, it->second.rows,
                                                     microbatches_total * replicas);
-        kfac::accumulate_b(layer, it->second.data->data(), it->second.rows, scale);
-        ++slot.done_b;
+        kfac::accumulate_b(layer, it->second.data->data(), it->second.rows, scale, in.piece_begin,
+                           in.piece_end);
+        if (last_piece) ++slot.done_b;
       }
+      if (!last_piece) return;
       store_map.erase(it);
       recount_captures();
     }
@@ -764,6 +777,34 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         kfac::finalize_b(layer, setup.options.kfac.running_average);
       }
     };
+    // A divided inversion finalizes and fixes its damping at its first piece, runs its chain
+    // piece by piece and installs the inverse at its last (the monolithic path stays for whole
+    // tasks, and for the eigen method, which has no chain: its last piece does all the work).
+    if (sched::is_piece(in) && setup.options.kfac.method == kfac::InverseMethod::kCholesky) {
+      auto& chain = is_a ? slot.chain_a : slot.chain_b;
+      auto& factor = is_a ? layer.a : layer.b;
+      if (in.piece_begin == 0) {
+        finalize_if_complete(true);
+        finalize_if_complete(false);
+        const auto damping =
+            kfac::layer_damping(layer, setup.options.kfac.damping, setup.options.kfac.pi_adjusted);
+        (is_a ? slot.previous_a_inverse : slot.previous_b_inverse) = factor.inverse;
+        chain = std::make_shared<kfac::InverseChain>(factor.value, is_a ? damping.a : damping.b);
+      }
+      if (!chain) {
+        throw std::runtime_error("inversion piece " + sched::short_label(in) +
+                                 " without the chain's first piece");
+      }
+      chain->run(in.piece_begin, in.piece_end);
+      if (in.piece_end == sched::kPieceUnits) {
+        const float damping = chain->damping();
+        kfac::set_inverse(factor, chain->take(), damping);
+        chain.reset();
+        (is_a ? slot.inverted_a : slot.inverted_b) = true;
+      }
+      return;
+    }
+    if (in.piece_end != sched::kPieceUnits) return;  // eigen: all at the last piece
     finalize_if_complete(true);
     finalize_if_complete(false);
     const auto damping =
@@ -795,7 +836,26 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       auto* w = find_param(weight);
       auto* b = find_param(bias_name_of(weight));
       float* bias = b != nullptr ? b->grad : nullptr;
-      kfac::precondition(a_inv, b_inv, w->grad, bias, w->shape[0], w->shape[1], w->grad, bias);
+      if (!sched::is_piece(in)) {
+        kfac::precondition(a_inv, b_inv, w->grad, bias, w->shape[0], w->shape[1], w->grad, bias);
+        return;
+      }
+      // Pieces by gradient rows: each reads the whole gradient as it was before the first piece.
+      if (in.piece_begin == 0) {
+        slot.gradient_before.assign(w->grad, w->grad + w->size);
+        if (bias != nullptr) slot.bias_before.assign(bias, bias + b->size);
+      }
+      if (slot.gradient_before.size() != static_cast<std::size_t>(w->size)) {
+        throw std::runtime_error("precondition piece " + sched::short_label(in) +
+                                 " without the task's first piece");
+      }
+      kfac::precondition_rows(a_inv, b_inv, slot.gradient_before.data(),
+                              bias != nullptr ? slot.bias_before.data() : nullptr, w->shape[0],
+                              w->shape[1], in.piece_begin, in.piece_end, w->grad, bias);
+      if (in.piece_end == sched::kPieceUnits) {
+        slot.gradient_before = {};
+        slot.bias_before = {};
+      }
     }
   }
 

@@ -38,6 +38,11 @@ CurvatureSource curvature_source_from_string(std::string_view name) {
                               "' (allowed: first_step, every_step)");
 }
 
+std::vector<sched::LinearKind> all_linear_kinds() {
+  return {sched::LinearKind::kQuery,        sched::LinearKind::kKey,   sched::LinearKind::kValue,
+          sched::LinearKind::kAttentionOut, sched::LinearKind::kFfnIn, sched::LinearKind::kFfnOut};
+}
+
 void KfacOptions::validate() const {
   if (!std::isfinite(safety_margin) || safety_margin < 0.0 || safety_margin > 10.0) {
     throw std::invalid_argument("--kfac-margin (safety_margin) must be in [0, 10], got " +

@@ -25,6 +25,8 @@ CurvatureSource curvature_source_from_string(std::string_view name);
 // A task is cut into at most about this many pieces however small the overhead.
 inline constexpr double kMinPieceDivisor = 256.0;
 
+std::vector<sched::LinearKind> all_linear_kinds();
+
 struct KfacOptions {
   PackingPolicy policy = PackingPolicy::kBestOfBoth;
   // A task fits a bubble when duration * (1 + margin) fits, and reserves that much of it, so
@@ -41,9 +43,9 @@ struct KfacOptions {
   // 1/kMinPieceDivisor of its task): with 10, the overhead is at most ~10% of any piece.
   double min_piece_overheads = 10.0;
   CurvatureSource curvature = CurvatureSource::kFirstStep;
-  std::vector<sched::LinearKind> linears = {
-      sched::LinearKind::kQuery,        sched::LinearKind::kKey,   sched::LinearKind::kValue,
-      sched::LinearKind::kAttentionOut, sched::LinearKind::kFfnIn, sched::LinearKind::kFfnOut};
+  // All six (built out of line: GCC 12 reports a false maybe-uninitialized on the inlined
+  // initializer list in some callers).
+  std::vector<sched::LinearKind> linears = all_linear_kinds();
   std::vector<int> layers;  // encoder layers to precondition; empty: all of them
 
   // Throws std::invalid_argument naming the bad field by its command-line flag.

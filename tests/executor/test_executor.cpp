@@ -1,6 +1,7 @@
 // The runtime's proof: pipelined execution of every schedule equals single-worker training.
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -239,8 +240,10 @@ TEST(Executor, TorchCsvScheduleRuns) {
 
 // K-FAC in the bubbles (the PipeFisher pass's k-step schedule) equals the same K-FAC updates
 // run in sequence after each step.
+// long_tasks: K-FAC tasks longer than the gaps, so that the pass cuts them into pieces (the
+// schedule must then hold pieces of curvature, inversion and preconditioning).
 void check_kfac(sched::ScheduleKind kind, int workers, int refresh_steps, int data_parallel,
-                int chunks_per_worker = 1) {
+                int chunks_per_worker = 1, bool long_tasks = false) {
   const auto config = test_config(4);
   sched::ScheduleParams params;
   params.kind = kind;
@@ -254,11 +257,29 @@ void check_kfac(sched::ScheduleKind kind, int workers, int refresh_steps, int da
   costs.invert_a_s = costs.invert_b_s = 0.2;
   costs.precondition_s = 0.02;
   costs.curvature_sync_s = 0.05;
+  if (long_tasks) {
+    costs.curvature_a_s = costs.curvature_b_s = 0.7;
+    costs.invert_a_s = costs.invert_b_s = 3.0;
+    costs.precondition_s = 1.5;
+  }
   pipefisher::KfacOptions kfac;
   kfac.refresh_steps = refresh_steps;
   const auto pass =
       pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), kfac);
   const int k = pass.schedule.num_steps;
+  if (long_tasks) {
+    std::set<sched::OpKind> divided;
+    for (const auto& stream : pass.schedule.streams) {
+      for (const auto& in : stream) {
+        if (sched::is_piece(in)) divided.insert(in.kind);
+      }
+    }
+    EXPECT_TRUE(divided.contains(sched::OpKind::kInvertA) ||
+                divided.contains(sched::OpKind::kInvertB));
+    EXPECT_TRUE(divided.contains(sched::OpKind::kCurvatureA) ||
+                divided.contains(sched::OpKind::kCurvatureB));
+    EXPECT_TRUE(divided.contains(sched::OpKind::kPrecondition));
+  }
   SCOPED_TRACE("k = " + std::to_string(k));
   SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
   auto setup = make_setup<float>(config, pass.schedule, batches);
@@ -300,6 +321,11 @@ void check_kfac(sched::ScheduleKind kind, int workers, int refresh_steps, int da
 
 TEST(ExecutorKfac, OneFOneBAutomaticRefresh) {
   check_kfac(sched::ScheduleKind::kOneFOneB, 2, 0, 1);
+}
+// Divided K-FAC tasks (curvature by token rows, inversion as a chain of pieces, preconditioning
+// by gradient rows) run at their positions and train as the sequential K-FAC does.
+TEST(ExecutorKfac, DividedTasksEqualSequential) {
+  check_kfac(sched::ScheduleKind::kOneFOneB, 2, 0, 1, 1, true);
 }
 TEST(ExecutorKfac, GPipeFixedRefresh) {
   check_kfac(sched::ScheduleKind::kGPipe, 2, 3, 1);
