@@ -113,7 +113,8 @@ class KfacState {
   // cholesky_fallbacks) and ".damping" (F32 [2]: A's, B's) for every layer.
   std::vector<ckpt::TensorRecord> state_records(std::string_view prefix = "kfac") const;
   // Restores the layers already added (their dimensions define the expected shapes). Throws
-  // std::runtime_error naming the record that is missing, mis-shaped or inconsistent.
+  // pf::InputError (a std::runtime_error) naming the record that is missing, mis-shaped or
+  // inconsistent.
   void load_state(const ckpt::SafetensorsFile& file, std::string_view prefix = "kfac");
 
  private:

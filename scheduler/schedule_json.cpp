@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/input_error.h"
 #include "scheduler/placement.h"
 #include "scheduler/validate.h"
 
@@ -328,7 +329,7 @@ Schedule schedule_from_json(const nlohmann::json& json_value, std::string_view s
 
 Schedule load_schedule_json(const std::filesystem::path& path) {
   std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot open schedule file " + path.string());
+  if (!in) throw InputError("cannot open schedule file " + path.string());
   json j;
   try {
     j = json::parse(in);
@@ -340,9 +341,9 @@ Schedule load_schedule_json(const std::filesystem::path& path) {
 
 void save_schedule_json(const std::filesystem::path& path, const Schedule& schedule) {
   std::ofstream out(path);
-  if (!out) throw std::runtime_error("cannot write schedule file " + path.string());
+  if (!out) throw InputError("cannot write schedule file " + path.string());
   out << to_json(schedule).dump(1) << '\n';
-  if (!out) throw std::runtime_error("failed writing schedule file " + path.string());
+  if (!out) throw InputError("failed writing schedule file " + path.string());
 }
 
 }  // namespace pf::sched

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "common/input_error.h"
 #include "scheduler/key_space.h"
 #include "scheduler/placement.h"
 #include "scheduler/torch_csv_actions.h"
@@ -701,7 +702,7 @@ Schedule schedule_from_torch_csv(std::string_view text, std::string_view source,
 
 Schedule load_torch_csv(const std::filesystem::path& path, const TorchCsvImportOptions& options) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open CSV file " + path.string());
+  if (!in) throw InputError("cannot open CSV file " + path.string());
   std::ostringstream text;
   text << in.rdbuf();
   return schedule_from_torch_csv(text.str(), path.string(), options);
@@ -856,9 +857,9 @@ std::string to_torch_csv(const Schedule& schedule, bool with_communication) {
 void save_torch_csv(const std::filesystem::path& path, const Schedule& schedule,
                     bool with_communication) {
   std::ofstream out(path, std::ios::binary);
-  if (!out) throw std::runtime_error("cannot write CSV file " + path.string());
+  if (!out) throw InputError("cannot write CSV file " + path.string());
   out << to_torch_csv(schedule, with_communication);
-  if (!out) throw std::runtime_error("failed writing CSV file " + path.string());
+  if (!out) throw InputError("failed writing CSV file " + path.string());
 }
 
 }  // namespace pf::sched

@@ -4,10 +4,12 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "common/checked_arithmetic.h"
 #include "scheduler/grid.h"
 #include "scheduler/key_space.h"
 #include "scheduler/placement.h"
@@ -218,8 +220,8 @@ class Validator {
     if (placement.chunks_per_pipeline < 1) {
       fail(-1, -1, "the placement must have at least one chunk per pipeline");
     }
-    if (placement.chunks.size() !=
-        static_cast<std::size_t>(placement.num_pipelines * placement.chunks_per_pipeline)) {
+    if (placement.chunks.size() != static_cast<std::size_t>(placement.num_pipelines) *
+                                       static_cast<std::size_t>(placement.chunks_per_pipeline)) {
       fail(-1, -1,
            "the placement lists " + str(static_cast<long long>(placement.chunks.size())) +
                " chunks, expected " + str(placement.num_pipelines) + " x " +
@@ -254,10 +256,13 @@ class Validator {
              "placement puts pipeline " + str(cp.pipeline) + " chunk " + str(cp.chunk) +
                  " on worker " + str(cp.worker) + " (workers 0.." + str(workers_ - 1) + ")");
       }
-      if (cp.num_layers < 0 || cp.first_layer < 0 || cp.first_layer + cp.num_layers > num_layers_) {
+      // Compared without forming first_layer + num_layers: from a file, that sum may overflow.
+      if (cp.num_layers < 0 || cp.first_layer < 0 || cp.first_layer > num_layers_ ||
+          cp.num_layers > num_layers_ - cp.first_layer) {
         fail(-1, -1,
              "placement gives pipeline " + str(cp.pipeline) + " chunk " + str(cp.chunk) +
-                 " layers [" + str(cp.first_layer) + ", " + str(cp.first_layer + cp.num_layers) +
+                 " layers [" + str(cp.first_layer) + ", " +
+                 str(static_cast<long long>(cp.first_layer) + cp.num_layers) +
                  ") outside the model's " + str(num_layers_) + " layers");
       }
       for (int layer = cp.first_layer; layer < cp.first_layer + cp.num_layers; ++layer) {
@@ -267,10 +272,15 @@ class Validator {
     keys_ = KeySpace{s_.num_steps, placement.num_pipelines, placement.chunks_per_pipeline,
                      params.microbatches / placement.num_pipelines};
     // Every key needs a forward: more keys than instructions cannot be valid (and would only
-    // allocate memory).
-    if (keys_.size() > s_.num_instructions()) {
+    // allocate memory). The product is checked: from a file it may not fit std::size_t.
+    std::optional<std::size_t> key_count = std::size_t{1};
+    for (const int factor : {keys_.steps, keys_.pipelines, keys_.chunks, keys_.microbatches}) {
+      if (key_count) key_count = checked_mul(*key_count, static_cast<std::size_t>(factor));
+    }
+    if (!key_count || keys_.size() > s_.num_instructions()) {
       fail(-1, -1,
-           "the parameters call for " + str(static_cast<long long>(keys_.size())) +
+           "the parameters call for " +
+               (key_count ? std::to_string(*key_count) : std::string("over 2^64")) +
                " forwards (steps x pipelines x chunks x micro-batches) but the streams "
                "hold only " +
                str(static_cast<long long>(s_.num_instructions())) + " instructions");

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs every system dependency of the project from Debian packages.
 # Idempotent: packages already present are not touched, and apt-get runs only when something
-# is missing. Usage: scripts/setup.sh [--with-torch]   (--with-torch adds PyTorch and OpenBLAS,
-# needed only to regenerate golden fixtures and to run the PyTorch comparison benchmarks).
+# is missing. Usage: scripts/setup.sh [--with-torch] [--with-fuzz]   (--with-torch adds PyTorch
+# and OpenBLAS, needed only to regenerate golden fixtures and to run the PyTorch comparison
+# benchmarks; --with-fuzz adds clang and libFuzzer for scripts/fuzz.sh).
 set -euo pipefail
 
 packages=(
@@ -11,9 +12,13 @@ packages=(
   libopenmpi-dev openmpi-bin libutf8proc-dev libcli11-dev clang-format
   python3 python3.11-doc
 )
-if [[ "${1:-}" == "--with-torch" ]]; then
-  packages+=(python3-torch python3-numpy libopenblas0-pthread)
-fi
+for option in "$@"; do
+  case "$option" in
+    --with-torch) packages+=(python3-torch python3-numpy libopenblas0-pthread) ;;
+    --with-fuzz) packages+=(clang libclang-rt-14-dev libomp-dev) ;;
+    *) echo "setup: error: unknown option '$option' (allowed: --with-torch, --with-fuzz)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

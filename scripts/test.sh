@@ -17,3 +17,13 @@ cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEB
 cmake --build build/asan -j "$PF_JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build/asan --output-on-failure -j "$PF_JOBS" -LE no_sanitizer
+
+# The libFuzzer harnesses, briefly, where clang and libFuzzer are installed (scripts/setup.sh
+# --with-fuzz); the corpus replay above (test_fuzz_corpus) runs everywhere.
+if command -v clang++ >/dev/null 2>&1 &&
+   compgen -G "/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a" >/dev/null; then
+  echo "== fuzzing (libFuzzer, ASan + UBSan, ${PF_FUZZ_SECONDS:-10} s per harness)"
+  scripts/fuzz.sh --seconds "${PF_FUZZ_SECONDS:-10}"
+else
+  echo "== fuzzing skipped: no clang/libFuzzer (scripts/setup.sh --with-fuzz installs them)"
+fi

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_fields.h"
+
 namespace pf::sim {
 namespace {
 
@@ -203,7 +205,7 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
     return it->get<double>();
   };
   DeviceSpec d;
-  d.name = json.value("name", where);
+  d.name = json_fields::string_field(json, "name", where, where);
   const auto peaks = json.find("peak_flops");
   if (peaks == json.end()) throw std::invalid_argument(where + ": missing field 'peak_flops'");
   if (!peaks->is_object()) {

@@ -1,5 +1,6 @@
 #include "sim/measured_cost_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <stdexcept>
@@ -7,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_fields.h"
 #include "sim/communication.h"
 #include "sim/op_names.h"
 
@@ -47,18 +49,11 @@ class Reader {
     return value;
   }
 
+  // Indices are bounded, but the lookup tables are sparse (maps), so a large index costs nothing.
   int integer(const json& parent, const char* field, const std::string& prefix,
               std::optional<int> fallback = std::nullopt) const {
-    const std::string path = prefix + field;
-    const auto it = parent.find(field);
-    if (it == parent.end()) {
-      if (!fallback) fail(path, "is missing");
-      return *fallback;
-    }
-    if (!it->is_number_integer() || it->get<long long>() < 0 || it->get<long long>() > 1 << 30) {
-      fail(path, "must be a non-negative integer, got " + it->dump());
-    }
-    return it->get<int>();
+    return json_fields::integer_field<int>(parent, field, source_, 0, kMaxProfileIndex, fallback,
+                                           prefix);
   }
 
   LinkProfile link(const json& parent, const char* field, bool with_message) const {
@@ -88,7 +83,7 @@ Profile profile_from_json(const json& root, const std::string& source) {
                                     std::to_string(kProfileFormatVersion) + ")");
   }
   Profile profile;
-  profile.description = root.value("description", std::string());
+  profile.description = json_fields::string_field(root, "description", source, std::string());
   const auto chunks = root.find("chunks");
   if (chunks == root.end()) read.fail("chunks", "is missing");
   if (!chunks->is_array() || chunks->empty()) read.fail("chunks", "must be a non-empty array");
@@ -123,8 +118,8 @@ Profile profile_from_json(const json& root, const std::string& source) {
       KfacProfile k;
       k.layer = read.integer(node, "layer", prefix, -1);
       if (const auto linear = node.find("linear"); linear != node.end()) {
-        if (!linear->is_string()) read.fail(prefix + "linear", "must be a string");
-        k.linear = sched::linear_kind_from_string(linear->get<std::string>());
+        k.linear =
+            sched::linear_kind_from_string(json_fields::string(*linear, source, prefix + "linear"));
         if (!k.linear) {
           read.fail(prefix + "linear", "= " + linear->dump() +
                                            " (allowed: query, key, value, attention_out, "
@@ -201,47 +196,34 @@ json profile_to_json(const Profile& profile) {
 
 MeasuredCostModel::MeasuredCostModel(Profile profile, std::string source)
     : profile_(std::move(profile)), source_(std::move(source)) {
-  for (const ChunkProfile& c : profile_.chunks) {
-    max_chunk_ = std::max(max_chunk_, c.chunk);
-    max_pipeline_ = std::max(max_pipeline_, c.pipeline);
-  }
-  for (const KfacProfile& k : profile_.kfac) max_layer_ = std::max(max_layer_, k.layer);
-  const int chunks = max_chunk_ + 1;
-  chunk_any_pipeline_.assign(chunks, -1);
-  chunk_exact_.assign(static_cast<std::size_t>(max_pipeline_ + 1) * chunks, -1);
   for (std::size_t i = 0; i < profile_.chunks.size(); ++i) {
     const ChunkProfile& c = profile_.chunks[i];
-    int& slot = c.pipeline < 0
-                    ? chunk_any_pipeline_[c.chunk]
-                    : chunk_exact_[static_cast<std::size_t>(c.pipeline) * chunks + c.chunk];
-    if (slot >= 0) {
-      throw std::invalid_argument(
-          source_ + ": chunks[" + std::to_string(i) + "] repeats chunks[" + std::to_string(slot) +
-          "] (pipeline " + std::to_string(c.pipeline) + ", chunk " + std::to_string(c.chunk) + ")");
+    auto& table = c.pipeline < 0 ? chunk_any_pipeline_ : chunk_exact_;
+    const auto [slot, inserted] = table.emplace(std::pair{c.pipeline, c.chunk}, i);
+    if (!inserted) {
+      throw std::invalid_argument(source_ + ": chunks[" + std::to_string(i) + "] repeats chunks[" +
+                                  std::to_string(slot->second) + "] (pipeline " +
+                                  std::to_string(c.pipeline) + ", chunk " +
+                                  std::to_string(c.chunk) + ")");
     }
-    slot = static_cast<int>(i);
   }
-  kfac_table_.assign(static_cast<std::size_t>(max_layer_ + 2) * 7, -1);
   for (std::size_t i = 0; i < profile_.kfac.size(); ++i) {
     const KfacProfile& k = profile_.kfac[i];
-    const int linear = k.linear ? static_cast<int>(*k.linear) + 1 : 0;
-    int& slot = kfac_table_[static_cast<std::size_t>(k.layer + 1) * 7 + linear];
-    if (slot >= 0) {
+    const int linear = k.linear ? static_cast<int>(*k.linear) : kAnyLinear;
+    const auto [slot, inserted] = kfac_table_.emplace(std::pair{k.layer, linear}, i);
+    if (!inserted) {
       throw std::invalid_argument(source_ + ": kfac[" + std::to_string(i) + "] repeats kfac[" +
-                                  std::to_string(slot) + "]");
+                                  std::to_string(slot->second) + "]");
     }
-    slot = static_cast<int>(i);
   }
 }
 
 const ChunkProfile& MeasuredCostModel::chunk(int pipeline, int chunk) const {
-  if (chunk >= 0 && chunk <= max_chunk_) {
-    const int chunks = max_chunk_ + 1;
-    if (pipeline >= 0 && pipeline <= max_pipeline_) {
-      const int exact = chunk_exact_[static_cast<std::size_t>(pipeline) * chunks + chunk];
-      if (exact >= 0) return profile_.chunks[exact];
-    }
-    if (chunk_any_pipeline_[chunk] >= 0) return profile_.chunks[chunk_any_pipeline_[chunk]];
+  if (const auto exact = chunk_exact_.find({pipeline, chunk}); exact != chunk_exact_.end()) {
+    return profile_.chunks[exact->second];
+  }
+  if (const auto any = chunk_any_pipeline_.find({-1, chunk}); any != chunk_any_pipeline_.end()) {
+    return profile_.chunks[any->second];
   }
   throw std::invalid_argument(source_ + ": no entry in 'chunks' for pipeline " +
                               std::to_string(pipeline) + " chunk " + std::to_string(chunk) +
@@ -249,12 +231,12 @@ const ChunkProfile& MeasuredCostModel::chunk(int pipeline, int chunk) const {
 }
 
 const KfacProfile& MeasuredCostModel::kfac(int layer, sched::LinearKind linear) const {
-  const int l = static_cast<int>(linear) + 1;
-  for (int row : {layer + 1, 0}) {
-    if (row < 0 || row > max_layer_ + 1 || (row > 0 && layer < 0)) continue;
-    for (int column : {l, 0}) {
-      const int slot = kfac_table_[static_cast<std::size_t>(row) * 7 + column];
-      if (slot >= 0) return profile_.kfac[slot];
+  // Most specific first: this layer and Linear, this layer, this Linear in every layer, all.
+  for (const int row : {std::max(layer, -1), -1}) {
+    for (const int column : {static_cast<int>(linear), kAnyLinear}) {
+      if (const auto it = kfac_table_.find({row, column}); it != kfac_table_.end()) {
+        return profile_.kfac[it->second];
+      }
     }
   }
   throw std::invalid_argument(source_ + ": no entry in 'kfac' for layer " + std::to_string(layer) +

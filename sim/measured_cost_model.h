@@ -21,6 +21,7 @@
 //              "bytes": factors + inverses (optional: 0)} ]     (optional)
 // }
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,6 +33,8 @@
 namespace pf::sim {
 
 inline constexpr int kProfileFormatVersion = 1;
+// Largest pipeline, chunk or layer index a profile may name.
+inline constexpr int kMaxProfileIndex = 1 << 30;
 
 struct ChunkProfile {
   int pipeline = -1;  // -1: every pipeline
@@ -97,15 +100,15 @@ class MeasuredCostModel final : public CostModel {
   const ChunkProfile& chunk(int pipeline, int chunk) const;
   const KfacProfile& kfac(int layer, sched::LinearKind linear) const;
 
+  static constexpr int kAnyLinear = -1;
+
   Profile profile_;
   std::string source_;
-  int max_chunk_ = -1;
-  int max_pipeline_ = -1;
-  int max_layer_ = -1;
-  // Flat lookup tables: index of the profile entry or -1.
-  std::vector<int> chunk_any_pipeline_;  // [chunk]
-  std::vector<int> chunk_exact_;         // [pipeline * (max_chunk + 1) + chunk]
-  std::vector<int> kfac_table_;          // [(layer + 1) * 7 + linear + 1], 0 = any
+  // Index of the profile entry for a key. Sparse: the indices come from the file, and a table
+  // sized by the largest of them would let a 200-byte profile ask for gigabytes.
+  std::map<std::pair<int, int>, std::size_t> chunk_any_pipeline_;  // (-1, chunk)
+  std::map<std::pair<int, int>, std::size_t> chunk_exact_;         // (pipeline, chunk)
+  std::map<std::pair<int, int>, std::size_t> kfac_table_;  // (layer or -1, Linear or kAnyLinear)
 };
 
 }  // namespace pf::sim

@@ -1,8 +1,13 @@
 #include "traces/chrome_trace.h"
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
 #include <unordered_map>
+
+#include "common/input_error.h"
+#include "common/json_fields.h"
 
 namespace pf::traces {
 
@@ -210,51 +215,59 @@ json make_chrome_trace(const sched::Schedule& schedule,
 
 void write_json_file(const std::filesystem::path& path, const nlohmann::json& json_value) {
   std::ofstream out(path);
-  if (!out) throw std::runtime_error("cannot write " + path.string());
+  if (!out) throw InputError("cannot write " + path.string());
   out << json_value.dump() << '\n';
-  if (!out) throw std::runtime_error("failed writing " + path.string());
+  if (!out) throw InputError("failed writing " + path.string());
 }
 
-std::vector<TraceEvent> complete_events(const nlohmann::json& trace) {
+std::vector<TraceEvent> complete_events(const nlohmann::json& trace, std::string_view source) {
+  const std::string where(source);
   const json* events = &trace;
   if (trace.is_object()) {
     const auto it = trace.find("traceEvents");
-    if (it == trace.end()) throw std::invalid_argument("trace: no traceEvents array");
+    if (it == trace.end()) throw std::invalid_argument(where + ": no traceEvents array");
     events = &*it;
   }
-  if (!events->is_array()) throw std::invalid_argument("trace: traceEvents is not an array");
+  if (!events->is_array()) throw std::invalid_argument(where + ": traceEvents is not an array");
+  constexpr int kIntMin = std::numeric_limits<int>::min();
+  constexpr int kIntMax = std::numeric_limits<int>::max();
+  auto number = [&](const json& event, const char* key, const std::string& prefix) {
+    const auto it = event.find(key);
+    if (it == event.end()) json_fields::fail_missing(where, prefix + key, "a finite number");
+    if (!it->is_number() || !std::isfinite(it->get<double>())) {
+      json_fields::fail(where, prefix + key, *it, "a finite number");
+    }
+    return it->get<double>();
+  };
   std::vector<TraceEvent> result;
   for (std::size_t i = 0; i < events->size(); ++i) {
     const json& e = (*events)[i];
-    if (!e.is_object() || e.value("ph", "") != "X") continue;
-    try {
-      TraceEvent event;
-      event.name = e.at("name").get<std::string>();
-      event.category = e.value("cat", "");
-      event.pid = e.at("pid").get<int>();
-      event.tid = e.at("tid").get<int>();
-      event.ts_us = e.at("ts").get<double>();
-      event.dur_us = e.at("dur").get<double>();
-      event.args = e.value("args", json::object());
-      result.push_back(std::move(event));
-    } catch (const json::exception& error) {
-      throw std::invalid_argument("trace: event " + std::to_string(i) +
-                                  " is malformed: " + error.what());
-    }
+    const std::string prefix = "traceEvents[" + std::to_string(i) + "].";
+    if (!e.is_object()) continue;
+    if (json_fields::string_field(e, "ph", where, std::string(), prefix) != "X") continue;
+    TraceEvent event;
+    event.name = json_fields::string_field(e, "name", where, std::nullopt, prefix);
+    event.category = json_fields::string_field(e, "cat", where, std::string(), prefix);
+    event.pid = json_fields::integer_field<int>(e, "pid", where, kIntMin, kIntMax, {}, prefix);
+    event.tid = json_fields::integer_field<int>(e, "tid", where, kIntMin, kIntMax, {}, prefix);
+    event.ts_us = number(e, "ts", prefix);
+    event.dur_us = number(e, "dur", prefix);
+    event.args = e.value("args", json::object());
+    result.push_back(std::move(event));
   }
   return result;
 }
 
 std::vector<TraceEvent> read_chrome_trace(const std::filesystem::path& path) {
   std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot open trace " + path.string());
+  if (!in) throw InputError("cannot open trace " + path.string());
   json trace;
   try {
     trace = json::parse(in);
   } catch (const json::parse_error& error) {
     throw std::invalid_argument(path.string() + ": not valid JSON: " + error.what());
   }
-  return complete_events(trace);
+  return complete_events(trace, path.string());
 }
 
 }  // namespace pf::traces

@@ -50,7 +50,10 @@ struct TraceEvent {
 };
 
 // The X events of a trace (a JSON object with traceEvents, or a bare array), in file order.
-std::vector<TraceEvent> complete_events(const nlohmann::json& trace);
+// Throws std::invalid_argument naming `source` and the field (traceEvents[i].pid) when an X
+// event lacks a field or has one of the wrong type or range.
+std::vector<TraceEvent> complete_events(const nlohmann::json& trace,
+                                        std::string_view source = "trace");
 std::vector<TraceEvent> read_chrome_trace(const std::filesystem::path& path);
 
 }  // namespace pf::traces

@@ -16,6 +16,8 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "common/input_error.h"
+
 namespace pf::ckpt {
 
 static_assert(std::endian::native == std::endian::little,
@@ -42,7 +44,7 @@ struct ParsedHeader {
 };
 
 [[noreturn]] void fail(std::string_view source, const std::string& what) {
-  throw std::runtime_error("safetensors '" + std::string(source) + "': " + what);
+  throw InputError("safetensors '" + std::string(source) + "': " + what);
 }
 
 std::uint64_t read_le_u64(const std::byte* bytes) {
@@ -176,26 +178,30 @@ void validate_record(const TensorRecord& record) {
   }
 }
 
+std::string describe(const SafetensorsFile& file) {
+  return file.source.empty() ? std::string("safetensors") : "safetensors '" + file.source + "'";
+}
+
 const TensorRecord& find_tensor(const SafetensorsFile& file, std::string_view name,
                                 std::span<const std::int64_t> expected_shape) {
   const auto it = file.tensors.find(std::string(name));
   if (it == file.tensors.end()) {
-    throw std::runtime_error("safetensors: tensor '" + std::string(name) + "' is missing");
+    throw InputError(describe(file) + ": tensor '" + std::string(name) + "' is missing");
   }
   const auto& record = it->second;
   if (!std::equal(record.shape.begin(), record.shape.end(), expected_shape.begin(),
                   expected_shape.end())) {
-    throw std::runtime_error("safetensors: tensor '" + std::string(name) + "' has shape " +
-                             shape_to_string(record.shape) + ", expected " +
-                             shape_to_string(expected_shape));
+    throw InputError(describe(file) + ": tensor '" + std::string(name) + "' has shape " +
+                     shape_to_string(record.shape) + ", expected " +
+                     shape_to_string(expected_shape));
   }
   return record;
 }
 
-[[noreturn]] void wrong_dtype(const TensorRecord& record, std::string_view wanted) {
-  throw std::runtime_error("safetensors: tensor '" + record.name + "' has dtype " +
-                           std::string(to_string(record.dtype)) + ", expected " +
-                           std::string(wanted));
+[[noreturn]] void wrong_dtype(const SafetensorsFile& file, const TensorRecord& record,
+                              std::string_view wanted) {
+  throw InputError(describe(file) + ": tensor '" + record.name + "' has dtype " +
+                   std::string(to_string(record.dtype)) + ", expected " + std::string(wanted));
 }
 
 template <typename T>
@@ -344,6 +350,7 @@ SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, std::string_
   const auto data_bytes = bytes.size() - 8 - header_size;
   auto parsed = parse_header(header_text, data_bytes, source);
   SafetensorsFile file;
+  file.source = std::string(source);
   file.metadata = std::move(parsed.metadata);
   const std::byte* data = bytes.data() + 8 + header_size;
   for (auto& entry : parsed.entries) {
@@ -388,6 +395,7 @@ SafetensorsFile load_safetensors(const std::filesystem::path& path) {
 
   // Entries are sorted and contiguous, so the data is read front to back without seeking.
   SafetensorsFile file;
+  file.source = std::string(source);
   file.metadata = std::move(parsed.metadata);
   for (auto& entry : parsed.entries) {
     TensorRecord record;
@@ -483,7 +491,7 @@ void save_safetensors(const std::filesystem::path& path, const std::vector<Tenso
 std::vector<float> read_f32(const SafetensorsFile& file, std::string_view name,
                             std::span<const std::int64_t> expected_shape) {
   const auto& record = find_tensor(file, name, expected_shape);
-  if (record.dtype != DType::kF32) wrong_dtype(record, "F32");
+  if (record.dtype != DType::kF32) wrong_dtype(file, record, "F32");
   return copy_as<float>(record);
 }
 
@@ -495,7 +503,7 @@ std::vector<double> read_f64(const SafetensorsFile& file, std::string_view name,
     const auto narrow = copy_as<float>(record);
     return {narrow.begin(), narrow.end()};
   }
-  wrong_dtype(record, "F64 or F32");
+  wrong_dtype(file, record, "F64 or F32");
 }
 
 std::vector<std::int64_t> read_i64(const SafetensorsFile& file, std::string_view name,
@@ -506,7 +514,7 @@ std::vector<std::int64_t> read_i64(const SafetensorsFile& file, std::string_view
     const auto narrow = copy_as<std::int32_t>(record);
     return {narrow.begin(), narrow.end()};
   }
-  wrong_dtype(record, "I64 or I32");
+  wrong_dtype(file, record, "I64 or I32");
 }
 
 std::vector<float> read_as_f32(const SafetensorsFile& file, std::string_view name,
@@ -537,7 +545,7 @@ std::vector<float> read_as_f32(const SafetensorsFile& file, std::string_view nam
       return values;
     }
     default:
-      wrong_dtype(record, "a floating-point type (F32, F16, BF16, F64)");
+      wrong_dtype(file, record, "a floating-point type (F32, F16, BF16, F64)");
   }
 }
 

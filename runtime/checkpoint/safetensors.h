@@ -26,6 +26,7 @@ struct TensorRecord {
 struct SafetensorsFile {
   std::map<std::string, TensorRecord> tensors;
   std::map<std::string, std::string> metadata;
+  std::string source;  // the file it was read from, for error messages (empty: built in memory)
 };
 
 // "F32", "F16", "BF16", "F64", "I32", "I64", "U8", "BOOL" as the format spells them.
@@ -37,9 +38,10 @@ std::size_t element_size(DType dtype);
 std::int64_t element_count(std::span<const std::int64_t> shape);
 std::string shape_to_string(std::span<const std::int64_t> shape);
 
-// Reads the whole file. Throws std::runtime_error naming the file (and tensor) when the file is
-// truncated, the header is not valid JSON or not the expected layout, a dtype is unknown, offsets
-// overlap, leave holes or point past the data, or a tensor's byte size disagrees with its shape.
+// Reads the whole file. Throws pf::InputError (a std::runtime_error) naming the file (and tensor)
+// when the file is truncated, the header is not valid JSON or not the expected layout, a dtype is
+// unknown, offsets overlap, leave holes or point past the data, or a tensor's byte size disagrees
+// with its shape.
 SafetensorsFile load_safetensors(const std::filesystem::path& path);
 
 // Writes atomically: the bytes go to a temporary file in the same directory which is flushed to
@@ -55,8 +57,8 @@ std::vector<std::byte> serialize_safetensors(const std::vector<TensorRecord>& re
 // Parses bytes in the format; `source` names them in error messages (a file path usually).
 SafetensorsFile parse_safetensors(std::span<const std::byte> bytes, std::string_view source);
 
-// Typed access. Each throws std::runtime_error naming the tensor when it is missing, has another
-// dtype, or its shape differs from expected_shape.
+// Typed access. Each throws pf::InputError (a std::runtime_error) naming the tensor when it is
+// missing, has another dtype, or its shape differs from expected_shape.
 std::vector<float> read_f32(const SafetensorsFile& file, std::string_view name,
                             std::span<const std::int64_t> expected_shape);
 // Accepts F64 and F32 data (F32 is widened exactly).

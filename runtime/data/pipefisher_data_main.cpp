@@ -4,6 +4,8 @@
 //   corpus    reStructuredText or plain paragraphs -> one sentence per line
 //   shards    sentence files -> binary shards of masked-LM/NSP instances
 //   inspect   shard header and decoded instances
+// Errors print one line on stderr; exit status 2 for bad input or usage, 1 for an internal
+// failure (common/exit_codes.h).
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/exit_codes.h"
 #include "runtime/data/bert_tokenizer.h"
 #include "runtime/data/pretraining_instances.h"
 #include "runtime/data/rst_corpus.h"
@@ -71,7 +74,7 @@ int run_tokenize(const std::string& vocab_path, bool ids, bool cased, std::size_
         std::cerr << "pipefisher_data tokenize: stdin line " << line_number
                   << ": invalid UTF-8 at byte " << bad + 1
                   << " of the line (use --skip-invalid-utf8 to drop such bytes)\n";
-        return 1;
+        return pf::kExitBadInput;
       }
       clean.clear();
       dropped += drop_invalid_utf8(text, clean);
@@ -433,7 +436,13 @@ int main(int argc, char** argv) {
   demo->add_option("--dupe-factor", demo_command.instance.dupe_factor)->capture_default_str();
   demo->add_option("--seed", demo_command.instance.seed)->capture_default_str();
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    if (error.get_exit_code() == 0) return app.exit(error);  // --help
+    std::cerr << "pipefisher_data: error: " << error.what() << " (see --help)\n";
+    return pf::kExitBadInput;
+  }
   try {
     if (*tokenize) return run_tokenize(vocab_path, ids, cased, max_word_chars, skip_invalid);
     if (*vocab) {
@@ -454,7 +463,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& error) {
     std::cerr << "pipefisher_data " << app.get_subcommands().front()->get_name()
               << ": error: " << error.what() << '\n';
-    return 1;
+    return pf::exit_code_for(error);
   }
   return 0;
 }

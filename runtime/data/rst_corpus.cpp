@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "common/input_error.h"
 #include "runtime/data/sentence_splitter.h"
 #include "runtime/data/text_file.h"
 
@@ -359,7 +360,7 @@ std::vector<std::string> find_rst_files(const std::string& directory) {
   namespace fs = std::filesystem;
   std::error_code error;
   if (!fs::is_directory(directory, error)) {
-    throw std::runtime_error("'" + directory + "' is not a directory");
+    throw InputError("'" + directory + "' is not a directory");
   }
   std::vector<std::string> files;
   for (const auto& entry : fs::recursive_directory_iterator(directory)) {

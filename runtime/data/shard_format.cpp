@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "common/input_error.h"
 #include "runtime/data/vocabulary.h"
 
 namespace pf::data {
@@ -46,9 +47,7 @@ std::vector<char> encode_header(const ShardInfo& info) {
 }
 
 ShardInfo decode_header(const std::vector<char>& header, const std::string& path) {
-  auto fail = [&](const std::string& what) {
-    throw std::runtime_error("shard '" + path + "': " + what);
-  };
+  auto fail = [&](const std::string& what) { throw InputError("shard '" + path + "': " + what); };
   if (std::memcmp(header.data(), kMagic.data(), kMagic.size()) != 0) {
     fail("not a pipefisher shard (bad magic bytes)");
   }
@@ -109,7 +108,7 @@ void write_shard(const std::string& path, ShardInfo info,
   std::vector<char> record(info.record_bytes());
   const std::string temporary = path + ".tmp";
   std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-  if (!out) throw std::runtime_error("cannot create '" + temporary + "': " + std::strerror(errno));
+  if (!out) throw InputError("cannot create '" + temporary + "': " + std::strerror(errno));
   out.write(encode_header(info).data(), ShardInfo::kHeaderBytes);  // rewritten below
   std::uint64_t checksum = fnv1a64("");
   for (std::size_t n = 0; n < instances.size(); ++n) {
@@ -132,18 +131,18 @@ void write_shard(const std::string& path, ShardInfo info,
   out.seekp(0);
   out.write(encode_header(info).data(), ShardInfo::kHeaderBytes);
   out.close();
-  if (!out) throw std::runtime_error("cannot write '" + temporary + "'");
+  if (!out) throw InputError("cannot write '" + temporary + "'");
   std::error_code error;
   std::filesystem::rename(temporary, path, error);
-  if (error) throw std::runtime_error("cannot rename '" + temporary + "': " + error.message());
+  if (error) throw InputError("cannot rename '" + temporary + "': " + error.message());
 }
 
 ShardInfo ShardReader::read_header(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open shard '" + path + "': " + std::strerror(errno));
+  if (!in) throw InputError("cannot open shard '" + path + "': " + std::strerror(errno));
   std::vector<char> header(ShardInfo::kHeaderBytes);
   if (!in.read(header.data(), static_cast<std::streamsize>(header.size()))) {
-    throw std::runtime_error("shard '" + path + "': shorter than its 64-byte header (truncated?)");
+    throw InputError("shard '" + path + "': shorter than its 64-byte header (truncated?)");
   }
   return decode_header(header, path);
 }
@@ -151,22 +150,32 @@ ShardInfo ShardReader::read_header(const std::string& path) {
 ShardReader::ShardReader(const std::string& path, std::optional<std::uint64_t> expected_vocab_hash,
                          bool verify_checksum)
     : path_(path), info_(read_header(path)), file_(path, std::ios::binary) {
-  if (!file_) throw std::runtime_error("cannot open shard '" + path + "'");
-  const auto actual = std::filesystem::file_size(path);
+  if (!file_) throw InputError("cannot open shard '" + path + "'");
+  record_.resize(info_.record_bytes());
+  const std::uintmax_t actual = std::filesystem::file_size(path);
+  // The count comes from the file: compare it with what the file can hold before multiplying,
+  // so that 2^58 instances cannot wrap the expected size around to the actual one.
+  const std::uintmax_t records_that_fit =
+      actual < ShardInfo::kHeaderBytes ? 0 : (actual - ShardInfo::kHeaderBytes) / record_.size();
+  if (info_.num_instances > records_that_fit) {
+    throw InputError("shard '" + path +
+                     "': header field 'num_instances' = " + std::to_string(info_.num_instances) +
+                     " but the file's " + std::to_string(actual) + " bytes hold at most " +
+                     std::to_string(records_that_fit) + " records of " +
+                     std::to_string(record_.size()) + " bytes: truncated or corrupted");
+  }
   const std::uintmax_t expected =
       ShardInfo::kHeaderBytes + info_.num_instances * info_.record_bytes();
   if (actual != expected) {
-    throw std::runtime_error("shard '" + path + "': " + std::to_string(actual) +
-                             " bytes, header says " + std::to_string(expected) + " (" +
-                             std::to_string(info_.num_instances) +
-                             " records): truncated or padded");
+    throw InputError("shard '" + path + "': " + std::to_string(actual) + " bytes, header says " +
+                     std::to_string(expected) + " (" + std::to_string(info_.num_instances) +
+                     " records): truncated or padded");
   }
   if (expected_vocab_hash && *expected_vocab_hash != info_.vocab_hash) {
-    throw std::runtime_error("shard '" + path + "' was made with another vocabulary (hash " +
-                             std::to_string(info_.vocab_hash) + ", expected " +
-                             std::to_string(*expected_vocab_hash) + ")");
+    throw InputError("shard '" + path + "' was made with another vocabulary (hash " +
+                     std::to_string(info_.vocab_hash) + ", expected " +
+                     std::to_string(*expected_vocab_hash) + ")");
   }
-  record_.resize(info_.record_bytes());
   if (verify_checksum) {
     file_.seekg(static_cast<std::streamoff>(ShardInfo::kHeaderBytes));
     std::uint64_t checksum = fnv1a64("");
@@ -178,7 +187,7 @@ ShardReader::ShardReader(const std::string& path, std::optional<std::uint64_t> e
     }
     file_.clear();
     if (checksum != info_.payload_checksum) {
-      throw std::runtime_error("shard '" + path + "': record checksum mismatch (corrupted data)");
+      throw InputError("shard '" + path + "': record checksum mismatch (corrupted data)");
     }
   }
 }
@@ -191,10 +200,10 @@ void ShardReader::read(std::size_t index, TrainingInstance& out) {
   file_.seekg(static_cast<std::streamoff>(ShardInfo::kHeaderBytes + index * record_.size()));
   if (!file_.read(record_.data(), static_cast<std::streamsize>(record_.size()))) {
     file_.clear();
-    throw std::runtime_error("shard '" + path_ + "': cannot read record " + std::to_string(index));
+    throw InputError("shard '" + path_ + "': cannot read record " + std::to_string(index));
   }
   auto fail = [&](const std::string& what) {
-    throw std::runtime_error("shard '" + path_ + "' record " + std::to_string(index) + ": " + what);
+    throw InputError("shard '" + path_ + "' record " + std::to_string(index) + ": " + what);
   };
   const auto length = get<std::uint16_t>(record_, 0);
   const auto segment_a = get<std::uint16_t>(record_, 2);

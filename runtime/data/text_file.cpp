@@ -6,21 +6,33 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "common/input_error.h"
+
 namespace pf::data {
 
 std::string read_text_file(const std::string& path) {
+  // A directory opens as a stream whose size reads as 2^63 - 1: refuse anything but a file.
+  std::error_code status_error;
+  const auto status = std::filesystem::status(path, status_error);
+  if (!status_error && status.type() != std::filesystem::file_type::regular &&
+      status.type() != std::filesystem::file_type::not_found) {
+    throw InputError("cannot read '" + path + "': " +
+                     (status.type() == std::filesystem::file_type::directory
+                          ? std::string("it is a directory, not a file")
+                          : std::string("it is not a regular file")));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    throw std::runtime_error("cannot open '" + path + "': " + std::strerror(errno));
+    throw InputError("cannot open '" + path + "': " + std::strerror(errno));
   }
   std::string contents;
   in.seekg(0, std::ios::end);
   const auto size = in.tellg();
-  if (size < 0) throw std::runtime_error("cannot determine the size of '" + path + "'");
+  if (size < 0) throw InputError("cannot determine the size of '" + path + "'");
   contents.resize(static_cast<std::size_t>(size));
   in.seekg(0, std::ios::beg);
   if (!contents.empty() && !in.read(contents.data(), static_cast<std::streamsize>(size))) {
-    throw std::runtime_error("cannot read '" + path + "'");
+    throw InputError("cannot read '" + path + "'");
   }
   return contents;
 }
@@ -30,16 +42,15 @@ void write_text_file(const std::string& path, std::string_view contents) {
   {
     std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
     if (!out) {
-      throw std::runtime_error("cannot create '" + temporary + "': " + std::strerror(errno));
+      throw InputError("cannot create '" + temporary + "': " + std::strerror(errno));
     }
     out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
-    if (!out.flush()) throw std::runtime_error("cannot write '" + temporary + "'");
+    if (!out.flush()) throw InputError("cannot write '" + temporary + "'");
   }
   std::error_code error;
   std::filesystem::rename(temporary, path, error);
   if (error) {
-    throw std::runtime_error("cannot rename '" + temporary + "' to '" + path +
-                             "': " + error.message());
+    throw InputError("cannot rename '" + temporary + "' to '" + path + "': " + error.message());
   }
 }
 

@@ -6,7 +6,7 @@
 
 namespace pf::data {
 
-// Throws std::runtime_error naming the path when it cannot be opened or read.
+// Throws pf::InputError (a std::runtime_error) naming the path when it is not a readable file.
 std::string read_text_file(const std::string& path);
 // Writes atomically enough for our use: to path + ".tmp", then renames.
 void write_text_file(const std::string& path, std::string_view contents);

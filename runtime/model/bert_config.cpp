@@ -1,9 +1,14 @@
 #include "runtime/model/bert_config.h"
 
+#include <cmath>
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
+
+#include "common/json_fields.h"
 
 namespace pf::model {
 namespace {
@@ -18,23 +23,24 @@ BertConfig make(std::string name, int layers, int hidden, int heads) {
   return config;
 }
 
-void require_positive(int value, std::string_view field) {
-  if (value <= 0) {
-    throw std::invalid_argument("BERT config: " + std::string(field) + " must be positive, got " +
-                                std::to_string(value));
+void require_in_range(int value, std::string_view field, int hi) {
+  if (value <= 0 || value > hi) {
+    throw std::invalid_argument("BERT config: " + std::string(field) + " = " +
+                                std::to_string(value) + " (allowed: an integer in [1, " +
+                                std::to_string(hi) + "])");
   }
 }
 
 }  // namespace
 
 void BertConfig::validate() const {
-  require_positive(vocab_size, "vocab_size");
-  require_positive(hidden_size, "hidden_size");
-  require_positive(num_layers, "num_hidden_layers");
-  require_positive(num_heads, "num_attention_heads");
-  require_positive(intermediate_size, "intermediate_size");
-  require_positive(max_position_embeddings, "max_position_embeddings");
-  require_positive(type_vocab_size, "type_vocab_size");
+  require_in_range(vocab_size, "vocab_size", kMaxVocabSize);
+  require_in_range(hidden_size, "hidden_size", kMaxWidth);
+  require_in_range(num_layers, "num_hidden_layers", kMaxLayers);
+  require_in_range(num_heads, "num_attention_heads", kMaxWidth);
+  require_in_range(intermediate_size, "intermediate_size", 4 * kMaxWidth);
+  require_in_range(max_position_embeddings, "max_position_embeddings", kMaxPositions);
+  require_in_range(type_vocab_size, "type_vocab_size", kMaxVocabSize);
   if (hidden_size % num_heads != 0) {
     throw std::invalid_argument("BERT config: hidden_size " + std::to_string(hidden_size) +
                                 " is not divisible by num_attention_heads " +
@@ -77,33 +83,37 @@ BertConfig bert_config_from_hf_json(const nlohmann::json& json, std::string_view
   if (!json.is_object()) fail("expected a JSON object");
   BertConfig config;
   config.name = std::string(source);
-  auto read_int = [&](const char* field, int& out, bool required) {
-    auto it = json.find(field);
-    if (it == json.end()) {
-      if (required) fail(std::string("missing field '") + field + "'");
-      return;
-    }
-    if (!it->is_number_integer()) fail(std::string("field '") + field + "' must be an integer");
-    out = it->get<int>();
+  // Every size is range-checked as a 64-bit value before it is narrowed to int, so that
+  // 4294967297 layers is an error rather than 1 layer, and the products the model computes from
+  // these sizes (vocab_size * hidden_size, 4 * hidden_size) stay far from int64 overflow.
+  auto read_int = [&](const char* field, int& out, bool required, int lo, int hi) {
+    const std::optional<int> fallback = required ? std::nullopt : std::optional<int>(out);
+    out = json_fields::integer_field<int>(json, field, source, lo, hi, fallback);
   };
   auto read_float = [&](const char* field, float& out) {
     auto it = json.find(field);
     if (it == json.end()) return;
-    if (!it->is_number()) fail(std::string("field '") + field + "' must be a number");
+    // 1e300 would become an infinite float: only values a float holds finitely are accepted.
+    if (!it->is_number() || !std::isfinite(it->get<double>()) ||
+        std::abs(it->get<double>()) > std::numeric_limits<float>::max()) {
+      json_fields::fail(source, field, *it, "a finite number");
+    }
     out = it->get<float>();
   };
-  read_int("vocab_size", config.vocab_size, false);
-  read_int("hidden_size", config.hidden_size, true);
-  read_int("num_hidden_layers", config.num_layers, true);
-  read_int("num_attention_heads", config.num_heads, true);
+  read_int("vocab_size", config.vocab_size, false, 1, BertConfig::kMaxVocabSize);
+  read_int("hidden_size", config.hidden_size, true, 1, BertConfig::kMaxWidth);
+  read_int("num_hidden_layers", config.num_layers, true, 1, BertConfig::kMaxLayers);
+  read_int("num_attention_heads", config.num_heads, true, 1, BertConfig::kMaxWidth);
+  // Hugging Face's default; hidden_size <= kMaxWidth keeps 4 * hidden_size within int.
   config.intermediate_size = 4 * config.hidden_size;
-  read_int("intermediate_size", config.intermediate_size, false);
-  read_int("max_position_embeddings", config.max_position_embeddings, false);
-  read_int("type_vocab_size", config.type_vocab_size, false);
+  read_int("intermediate_size", config.intermediate_size, false, 1, 4 * BertConfig::kMaxWidth);
+  read_int("max_position_embeddings", config.max_position_embeddings, false, 1,
+           BertConfig::kMaxPositions);
+  read_int("type_vocab_size", config.type_vocab_size, false, 1, BertConfig::kMaxVocabSize);
   if (auto it = json.find("pad_token_id"); it != json.end() && it->is_null()) {
     config.pad_token_id = -1;  // no padding row
   } else {
-    read_int("pad_token_id", config.pad_token_id, false);
+    read_int("pad_token_id", config.pad_token_id, false, -1, BertConfig::kMaxVocabSize - 1);
   }
   read_float("layer_norm_eps", config.layer_norm_eps);
   read_float("hidden_dropout_prob", config.hidden_dropout);

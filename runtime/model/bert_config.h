@@ -12,6 +12,14 @@
 namespace pf::model {
 
 struct BertConfig {
+  // Sane limits on sizes read from files, far above any real BERT (large: 24 layers, width 1024,
+  // vocabulary 30522), and low enough that products such as vocab_size * hidden_size and
+  // 4 * hidden_size cannot overflow int64 (or int, for the latter).
+  static constexpr int kMaxVocabSize = 1 << 24;
+  static constexpr int kMaxWidth = 1 << 20;
+  static constexpr int kMaxLayers = 1 << 12;
+  static constexpr int kMaxPositions = 1 << 20;
+
   std::string name = "custom";
   int vocab_size = 30522;
   int hidden_size = 768;

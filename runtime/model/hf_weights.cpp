@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/input_error.h"
+
 namespace pf::model {
 namespace {
 
@@ -54,9 +56,9 @@ void load_hf_weights(const ckpt::SafetensorsFile& file, BertChunk<T>& chunk) {
       const auto decoder = ckpt::read_as_f32(file, decoder_name, word->shape);
       for (std::int64_t i = 0; i < word->size; ++i) {
         if (static_cast<float>(word->value[i]) != decoder[static_cast<std::size_t>(i)]) {
-          throw std::runtime_error("tensor '" + std::string(decoder_name) + "' differs from '" +
-                                   std::string(word_name) + "' at element " + std::to_string(i) +
-                                   ": the decoder is tied to the word embeddings");
+          throw InputError("tensor '" + std::string(decoder_name) + "' differs from '" +
+                           std::string(word_name) + "' at element " + std::to_string(i) +
+                           ": the decoder is tied to the word embeddings");
         }
       }
     }
@@ -107,9 +109,9 @@ void save_hf_weights(const std::filesystem::path& path, std::span<BertChunk<T>* 
   ckpt::save_safetensors(path, hf_weight_records(chunks), {{"format", "pt"}});
   if (!config_json.empty()) {
     std::ofstream out(config_json);
-    if (!out) throw std::runtime_error("cannot write '" + config_json.string() + "'");
+    if (!out) throw InputError("cannot write '" + config_json.string() + "'");
     out << bert_config_to_hf_json(chunks.front()->config()).dump(2) << "\n";
-    if (!out) throw std::runtime_error("error writing '" + config_json.string() + "'");
+    if (!out) throw InputError("error writing '" + config_json.string() + "'");
   }
 }
 

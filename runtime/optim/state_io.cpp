@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "common/input_error.h"
+
 namespace pf::optim {
 
 std::string state_record_name(std::string_view prefix, std::string_view param,
@@ -19,8 +21,8 @@ std::int64_t read_step(const ckpt::SafetensorsFile& file, std::string_view prefi
   const std::int64_t shape[] = {1};
   const auto steps = ckpt::read_i64(file, std::string(prefix) + ".step", shape).at(0);
   if (steps < 0) {
-    throw std::runtime_error("optimizer state '" + std::string(prefix) + ".step' is negative (" +
-                             std::to_string(steps) + ")");
+    throw InputError("optimizer state '" + std::string(prefix) + ".step' is negative (" +
+                     std::to_string(steps) + ")");
   }
   return steps;
 }

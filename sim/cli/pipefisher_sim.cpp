@@ -1,11 +1,13 @@
 // pipefisher_sim: compile (or load), validate, picture and export pipeline schedules, and
 // simulate them with a cost model (--model, --uniform or --profile).
-// Bad input prints one error line on stderr and exits with status 2.
+// Errors print one line on stderr; exit status 2 for bad input or usage, 1 for an internal
+// failure (common/exit_codes.h).
 #include <exception>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 
+#include "common/exit_codes.h"
 #include "sim/calibrate_command.h"
 #include "sim/cli/compile_command.h"
 #include "sim/sim_command.h"
@@ -32,13 +34,13 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     if (error.get_exit_code() == 0) return app.exit(error);  // --help
     std::cerr << "pipefisher_sim: error: " << error.what() << " (see --help)\n";
-    return 2;
+    return pf::kExitBadInput;
   }
   try {
     if (*calibrate) return pf::cli::run_calibrate_command(calibrate_options, std::cout);
     return pf::cli::run_sim_command(options, sim_options, std::cout, kfac_options);
   } catch (const std::exception& error) {
     std::cerr << "pipefisher_sim: error: " << error.what() << "\n";
-    return 2;
+    return pf::exit_code_for(error);
   }
 }

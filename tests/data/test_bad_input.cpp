@@ -2,9 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include "common/input_error.h"
 #include "runtime/data/loader.h"
 #include "runtime/data/pretraining_instances.h"
 #include "runtime/data/shard_format.h"
@@ -188,6 +190,38 @@ TEST_F(DataBadShards, CorruptedRecordsAndHeader) {
   write_file(dir_.file("text"), std::string(200, 'x'));
   expect_error<std::runtime_error>([&] { ShardReader reader(dir_.file("text")); },
                                    "not a pipefisher shard");
+}
+
+// The good shard's header with another instance count (and a matching header checksum, and the
+// checksum of an empty payload), followed by no records at all.
+std::string header_claiming(const std::string& shard, std::uint64_t instances) {
+  std::string header = shard.substr(0, ShardInfo::kHeaderBytes);
+  const std::uint64_t empty_payload = fnv1a64("");
+  std::memcpy(header.data() + 40, &instances, 8);
+  std::memcpy(header.data() + 48, &empty_payload, 8);
+  const std::uint64_t checksum = fnv1a64(std::string_view(header.data(), 56));
+  std::memcpy(header.data() + 56, &checksum, 8);
+  return header;
+}
+
+// Issue #16 defect 5: 64 + num_instances * record_bytes wrapped around to the file size, so a
+// 64-byte file claiming 2^58 instances passed the size check ("checksum ok").
+TEST_F(DataBadShards, InstanceCountCannotWrapTheSizeCheck) {
+  ASSERT_EQ(info_.max_seq_length, 128U);  // 640-byte records: 2^58 * 640 = 0 (mod 2^64)
+  write_file(dir_.file("wrap"), header_claiming(bytes_, std::uint64_t{1} << 58));
+  expect_error<InputError>([&] { ShardReader reader(dir_.file("wrap")); },
+                           "header field 'num_instances' = 288230376151711744 but the file's 64 "
+                           "bytes hold at most 0 records of 640 bytes");
+  write_file(dir_.file("one_short"), header_claiming(bytes_, 1));
+  expect_error<InputError>([&] { ShardReader reader(dir_.file("one_short")); },
+                           "'num_instances' = 1 but the file's 64 bytes hold at most 0 records");
+  write_file(dir_.file("none"), header_claiming(bytes_, 0));
+  EXPECT_EQ(ShardReader(dir_.file("none")).size(), 0U);
+}
+
+TEST_F(DataBadShards, ADirectoryIsNotAFile) {
+  expect_error<InputError>([&] { read_text_file(dir_.path()); }, "it is a directory, not a file");
+  expect_error<InputError>([&] { Vocabulary::load(dir_.path()); }, "is a directory");
 }
 
 TEST_F(DataBadShards, OtherFormatVersion) {

@@ -43,7 +43,7 @@ TEST(DataCli, TokenizePrintsOneLinePerInputLine) {
   write_file(dir.file("bad.txt"), "fine\nbad \xc3\x28 byte\n");
   EXPECT_EQ(run("tokenize --vocab " + dir.file("vocab.txt") + " < " + dir.file("bad.txt") +
                 " > /dev/null 2> " + dir.file("err.txt")),
-            1);
+            2);  // bad input (README "Exit status")
   EXPECT_NE(read_text_file(dir.file("err.txt")).find("stdin line 2: invalid UTF-8 at byte 5"),
             std::string::npos);
 }
@@ -100,18 +100,32 @@ TEST(DataCli, CorpusAndVocab) {
   EXPECT_TRUE(vocab.find("the").has_value());
 }
 
-TEST(DataCli, ErrorsExitWithStatusOne) {
+// The convention of every program (README "Exit status"): 2 for bad input or usage.
+TEST(DataCli, BadInputAndUsageExitWithStatusTwo) {
   TempDir dir("pf_data_cli_errors");
   write_file(dir.file("no_specials.txt"), "the\ncat\n");
   write_file(dir.file("text.txt"), "the cat sat .\n");
   EXPECT_EQ(run("shards " + dir.file("text.txt") + " --vocab " + dir.file("no_specials.txt") +
                 " --out-dir " + dir.file("out") + " 2> " + dir.file("err.txt")),
-            1);
+            2);
   EXPECT_NE(read_text_file(dir.file("err.txt")).find("lacks the special token(s) [PAD] [UNK]"),
             std::string::npos);
   write_file(dir.file("not_a_shard"), "hello");
-  EXPECT_EQ(run("inspect " + dir.file("not_a_shard") + " 2> /dev/null"), 1);
-  EXPECT_NE(run("frobnicate 2> /dev/null"), 0);
+  EXPECT_EQ(run("inspect " + dir.file("not_a_shard") + " 2> /dev/null"), 2);
+  EXPECT_EQ(run("frobnicate 2> /dev/null"), 2);
+  EXPECT_EQ(run("shards --max-seq-length lots 2> /dev/null"), 2);
+  // A directory as --vocab used to end in a bare std::bad_alloc.
+  EXPECT_EQ(run("inspect " + dir.file("not_a_shard") + " --vocab " + dir.path() + " 2> " +
+                dir.file("err.txt")),
+            2);
+  EXPECT_NE(read_text_file(dir.file("err.txt")).find("it is a directory, not a file"),
+            std::string::npos)
+      << read_text_file(dir.file("err.txt"));
+  write_file(dir.file("bad_utf8.txt"), "ok\n\xff\n");
+  small_vocab().save(dir.file("vocab.txt"));
+  EXPECT_EQ(run("tokenize --vocab " + dir.file("vocab.txt") + " < " + dir.file("bad_utf8.txt") +
+                " > /dev/null 2>&1"),
+            2);
 }
 
 }  // namespace

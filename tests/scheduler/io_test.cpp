@@ -95,6 +95,20 @@ TEST(Json, ErrorsNameTheField) {
   EXPECT_EQ(json_error(j), "accepted");
 }
 
+// Issue #16 defect 3: first_layer + num_layers overflowed int in the placement check, and the
+// release build accepted a placement that gave no chunk layer 0.
+TEST(Json, PlacementLayerRangeCannotOverflow) {
+  ScheduleParams params = make(ScheduleKind::kGPipe, 2, 2);
+  params.num_layers = 2;
+  nlohmann::json j = to_json(compile(params));
+  j["placement"]["chunks"][1]["first_layer"] = 2147483647;
+  j["placement"]["chunks"][1]["num_layers"] = 1;
+  EXPECT_NE(json_error(j).find("placement gives pipeline 0 chunk 1 layers [2147483647, "
+                               "2147483648) outside the model's 2 layers"),
+            std::string::npos)
+      << json_error(j);
+}
+
 TEST(TorchCsv, RoundTripWithCommunicationIsIdentical) {
   for (const Schedule& s : samples()) {
     SCOPED_TRACE(std::string(to_string(s.params.kind)));

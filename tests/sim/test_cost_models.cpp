@@ -273,5 +273,46 @@ TEST(SimMeasured, BadProfilesNameFileFieldAndValue) {
             std::string::npos);
 }
 
+// Issue #16 defect 4: the lookup tables were sized by the largest index in the file, so a
+// 200-byte profile asked for 4 GiB and failed with a bare std::bad_alloc.
+TEST(SimMeasured, LargeIndicesCostNoMemoryAndOutOfRangeOnesNameTheField) {
+  nlohmann::json j = uniform_profile(1.0, 2.0, 1);
+  j["chunks"][0]["pipeline"] = 1073741824;
+  j["chunks"][0]["chunk"] = 1073741824;
+  const MeasuredCostModel model(profile_from_json(j, "big.json"), "big.json");
+  EXPECT_NE(error_of([&] {
+              (void)model.activation_bytes(sched::Schedule{}, 0, 0);
+            }).find("big.json: no entry in 'chunks' for pipeline 0 chunk 0"),
+            std::string::npos);
+  j["chunks"][0]["chunk"] = 4294967296;
+  EXPECT_EQ(error_of([&] { profile_from_json(j, "big.json"); }),
+            "big.json: field 'chunks[0].chunk' = 4294967296 (allowed: an integer in [0, "
+            "1073741824])");
+  j = uniform_profile(1.0, 2.0, 1);
+  j["kfac"] = {{{"layer", 1073741824},
+                {"curvature_a_s", 1.0},
+                {"curvature_b_s", 1.0},
+                {"invert_a_s", 1.0},
+                {"invert_b_s", 1.0},
+                {"precondition_s", 1.0}}};
+  const MeasuredCostModel kfac(profile_from_json(j, "k.json"), "k.json");
+  EXPECT_EQ(kfac.kfac_bytes(sched::Schedule{}, 1073741824, sched::LinearKind::kQuery), 0.0);
+  EXPECT_NE(error_of([&] {
+              (void)kfac.kfac_bytes(sched::Schedule{}, 3, sched::LinearKind::kQuery);
+            }).find("k.json: no entry in 'kfac' for layer 3"),
+            std::string::npos);
+  j["description"] = 12;
+  EXPECT_EQ(error_of([&] { profile_from_json(j, "k.json"); }),
+            "k.json: field 'description' = 12 (allowed: a string)");
+}
+
+// Issue #16: a non-string "name" threw nlohmann's bare type error without the file name.
+TEST(SimDevice, NonStringNameNamesTheFile) {
+  nlohmann::json j = device_to_json(device_preset("a100"));
+  j["name"] = 7;
+  EXPECT_EQ(error_of([&] { device_from_json(j, "dev.json"); }),
+            "dev.json: field 'name' = 7 (allowed: a string)");
+}
+
 }  // namespace
 }  // namespace pf::sim
