@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -93,6 +94,29 @@ inline std::string string_field(const nlohmann::json& object, std::string_view k
     return *fallback;
   }
   return string(*it, source, field);
+}
+
+// Documents nested deeper than this are refused while parsing: nlohmann parses any depth without
+// recursion, but copying, comparing and dumping a document recurse once per level, so a file of
+// a million '[' would overflow the stack at the first error message that quotes it.
+inline constexpr int kMaxNesting = 256;
+
+// nlohmann::json::parse(input) that throws std::invalid_argument naming `source` as soon as the
+// document nests deeper than kMaxNesting; syntax errors stay nlohmann::json::parse_error for the
+// caller to word.
+template <typename Input>
+nlohmann::json parse_bounded(Input&& input, std::string_view source) {
+  const auto limit_depth = [source](int depth, nlohmann::json::parse_event_t event,
+                                    nlohmann::json&) {
+    if (depth >= kMaxNesting && (event == nlohmann::json::parse_event_t::object_start ||
+                                 event == nlohmann::json::parse_event_t::array_start)) {
+      throw std::invalid_argument(std::string(source) + ": JSON nested deeper than " +
+                                  std::to_string(kMaxNesting) + " levels (allowed: at most " +
+                                  std::to_string(kMaxNesting) + ")");
+    }
+    return true;
+  };
+  return nlohmann::json::parse(std::forward<Input>(input), limit_depth);
 }
 
 }  // namespace pf::json_fields

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/input_error.h"
+#include "common/json_fields.h"
 #include "scheduler/placement.h"
 #include "scheduler/validate.h"
 
@@ -332,7 +333,7 @@ Schedule load_schedule_json(const std::filesystem::path& path) {
   if (!in) throw InputError("cannot open schedule file " + path.string());
   json j;
   try {
-    j = json::parse(in);
+    j = json_fields::parse_bounded(in, path.string());
   } catch (const json::parse_error& error) {
     throw std::invalid_argument(path.string() + ": not valid JSON: " + error.what());
   }

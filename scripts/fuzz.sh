@@ -31,8 +31,8 @@ if ! command -v clang++ >/dev/null 2>&1; then
   exit 2
 fi
 if ((${#targets[@]} == 0)); then
-  targets=(safetensors checkpoint_state shard vocab tokenizer corpus hf_config device profile
-           torch_csv schedule_json chrome_trace loader_position)
+  # Every target has a seed directory (make_fuzz_corpus writes them; test_fuzz_corpus checks).
+  for dir in tests/fuzz/corpus/*/; do targets+=("$(basename "$dir")"); done
 fi
 
 echo "== fuzz build (clang, ASan + UBSan, libFuzzer)"

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "common/json_fields.h"
 #include "runtime/model/bert_config.h"
 #include "sim/bert_kernels.h"
 #include "sim/kfac_kernels.h"
@@ -149,7 +150,7 @@ Measurement parse_record(const nlohmann::json& record, const std::string& where,
     }
     return m;
   }
-  const int count = r.integer("count", 1, 1 << 20);
+  const int count = r.integer("count", 1, kMaxMeasurementCount);
   if (op == "gemm" || op == "attention") {
     const Precision p = r.precision();
     (void)device.peak_flops(p);
@@ -228,6 +229,7 @@ std::vector<Measurement> measurements_from_json(const nlohmann::json& json,
     throw std::invalid_argument(source + ": field 'measurements' must be a non-empty array");
   }
   std::vector<Measurement> out;
+  std::int64_t kernels = 0;
   for (std::size_t i = 0; i < records->size(); ++i) {
     const auto& entry = (*records)[i];
     const std::string where = source + ": measurements[" + std::to_string(i) + "]";
@@ -235,6 +237,12 @@ std::vector<Measurement> measurements_from_json(const nlohmann::json& json,
     nlohmann::json record = defaults;
     for (const auto& [key, value] : entry.items()) record[key] = value;
     out.push_back(parse_record(record, where, device));
+    kernels += total_kernels(out.back().before) + total_kernels(out.back().timed);
+    if (kernels > kMaxMeasurementKernels) {
+      throw std::invalid_argument(where + ": the measurements so far describe " +
+                                  std::to_string(kernels) + " kernels (allowed: at most " +
+                                  std::to_string(kMaxMeasurementKernels) + " in one file)");
+    }
   }
   return out;
 }
@@ -245,7 +253,7 @@ std::vector<Measurement> measurements_from_json_file(const std::filesystem::path
   if (!in) throw std::invalid_argument("cannot open measurements file " + path.string());
   nlohmann::json json;
   try {
-    in >> json;
+    json = json_fields::parse_bounded(in, path.string());
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(path.string() + ": not valid JSON: " + e.what());
   }

@@ -21,6 +21,7 @@
 // 12 factors (Cholesky), preconditioning of the 6 gradients (kfac_kernels.h). A record may carry
 // "count": kernels of the same shape run back to back in the timed region (default 1), and any
 // other fields (kept for --hold-out and the report).
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -33,6 +34,10 @@
 namespace pf::sim {
 
 inline constexpr int kMeasurementsFormatVersion = 1;
+// Limits of a measurements file, checked before the kernels are built: "count" of one record, and
+// the kernels of the whole file (a few hundred bytes could otherwise ask for gigabytes).
+inline constexpr int kMaxMeasurementCount = 1 << 16;
+inline constexpr std::int64_t kMaxMeasurementKernels = std::int64_t{1} << 22;
 
 // What to predict for one record: the `timed` kernels issued after `before` (untimed, e.g. the
 // forward ahead of a timed backward); timed_backward: the timed kernels are dispatched as backward

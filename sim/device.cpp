@@ -300,7 +300,7 @@ DeviceSpec device_from_json_file(const std::filesystem::path& path) {
   if (!in) throw std::invalid_argument("cannot open device file " + path.string());
   nlohmann::json json;
   try {
-    in >> json;
+    json = json_fields::parse_bounded(in, path.string());
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(path.string() + ": not valid JSON: " + e.what());
   }

@@ -145,7 +145,7 @@ Profile profile_from_json_file(const std::filesystem::path& path) {
   if (!in) throw std::invalid_argument("cannot open profile file " + path.string());
   json root;
   try {
-    in >> root;
+    root = json_fields::parse_bounded(in, path.string());
   } catch (const json::exception& e) {
     throw std::invalid_argument(path.string() + ": not valid JSON: " + e.what());
   }

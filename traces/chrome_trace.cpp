@@ -263,7 +263,7 @@ std::vector<TraceEvent> read_chrome_trace(const std::filesystem::path& path) {
   if (!in) throw InputError("cannot open trace " + path.string());
   json trace;
   try {
-    trace = json::parse(in);
+    trace = json_fields::parse_bounded(in, path.string());
   } catch (const json::parse_error& error) {
     throw std::invalid_argument(path.string() + ": not valid JSON: " + error.what());
   }

@@ -17,6 +17,7 @@
 #include <system_error>
 
 #include "common/input_error.h"
+#include "common/json_fields.h"
 
 namespace pf::ckpt {
 
@@ -61,7 +62,7 @@ ParsedHeader parse_header(std::string_view header_text, std::uint64_t data_bytes
   }
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(header_text);
+    header = json_fields::parse_bounded(header_text, source);
   } catch (const nlohmann::json::exception& error) {
     fail(source, std::string("header is not valid JSON: ") + error.what());
   }

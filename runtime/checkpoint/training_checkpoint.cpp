@@ -11,6 +11,9 @@
 #include <system_error>
 #include <utility>
 
+#include "common/exit_codes.h"
+#include "common/input_error.h"
+#include "common/json_fields.h"
 #include "runtime/checkpoint/durable_file.h"
 #include "runtime/checkpoint/xxhash64.h"
 
@@ -33,6 +36,9 @@ constexpr std::string_view kDirPrefix = "step-";
 constexpr std::string_view kTempPrefix = ".tmp-";
 constexpr std::string_view kDeletingPrefix = ".deleting-";
 constexpr std::string_view kLatestTemp = "latest.tmp";
+// Larger small files than these are not ours: refuse them before reading them into memory.
+constexpr std::uintmax_t kMaxManifestBytes = 1 << 20;
+constexpr std::uintmax_t kMaxLatestBytes = 4096;
 
 // Files every checkpoint has; kfac.safetensors is optional.
 constexpr std::string_view kRequiredFiles[] = {kModelFile, kConfigFile, kOptimizerFile, kStateFile,
@@ -139,8 +145,22 @@ class CheckpointReader {
  public:
   explicit CheckpointReader(fs::path dir) : dir_(std::move(dir)) {}
 
+  // A checkpoint that cannot be used is bad input (exit status 2), not an internal failure.
   [[noreturn]] void fail(const std::string& what) const {
-    throw std::runtime_error("checkpoint " + dir_.string() + ": " + what);
+    throw InputError("checkpoint " + dir_.string() + ": " + what);
+  }
+
+  // The size of `name`, a regular file of the checkpoint (or an error naming it).
+  std::uintmax_t regular_file_size(std::string_view name) const {
+    const auto path = dir_ / name;
+    std::error_code error;
+    const auto status = fs::status(path, error);
+    if (!fs::is_regular_file(status)) {
+      fail(std::string(name) + (fs::exists(status) ? " is not a regular file" : " is missing"));
+    }
+    const auto size = fs::file_size(path, error);
+    if (error) fail(std::string(name) + ": cannot read its size: " + error.message());
+    return size;
   }
 
   nlohmann::json read_manifest() const {
@@ -148,6 +168,10 @@ class CheckpointReader {
     if (!fs::exists(path)) {
       fail(std::string(kManifestFile) +
            " is missing (an incomplete or foreign directory, not a checkpoint written here)");
+    }
+    if (const auto size = regular_file_size(kManifestFile); size > kMaxManifestBytes) {
+      fail(std::string(kManifestFile) + " has " + std::to_string(size) +
+           " bytes (allowed: at most " + std::to_string(kMaxManifestBytes) + ")");
     }
     const auto bytes = read_file_bytes(path);
     auto manifest = parse_json(kManifestFile, bytes);
@@ -206,6 +230,12 @@ class CheckpointReader {
       fail(std::string(name) + " is missing (the manifest lists " + std::to_string(expected_bytes) +
            " bytes)");
     }
+    // Compare sizes before reading, so that a wrong multi-gigabyte file is never read whole.
+    if (const auto size = regular_file_size(name); size != expected_bytes) {
+      fail(std::string(name) + " has " + std::to_string(size) + " bytes but the manifest says " +
+           std::to_string(expected_bytes) +
+           (size < expected_bytes ? " (truncated)" : " (extra bytes)"));
+    }
     const auto bytes = read_file_bytes(path);
     if (bytes.size() != expected_bytes) {
       fail(std::string(name) + " has " + std::to_string(bytes.size()) +
@@ -224,7 +254,7 @@ class CheckpointReader {
   nlohmann::json parse_json(std::string_view name, const std::vector<std::byte>& bytes) const {
     const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     try {
-      return nlohmann::json::parse(text);
+      return json_fields::parse_bounded(text, (dir_ / name).string());
     } catch (const nlohmann::json::exception& error) {
       fail(std::string(name) + " is not valid JSON: " + error.what());
     }
@@ -417,6 +447,10 @@ TrainingCheckpoint load_training_checkpoint(const fs::path& step_dir) {
 std::optional<TrainingCheckpoint> load_latest_checkpoint(const fs::path& root) {
   const auto latest_path = root / kLatestFile;
   if (!fs::exists(latest_path)) return std::nullopt;
+  if (!fs::is_regular_file(latest_path) || fs::file_size(latest_path) > kMaxLatestBytes) {
+    throw InputError("checkpoint root " + root.string() + ": " + latest_path.string() +
+                     " is not a small regular file naming a checkpoint step-<N>");
+  }
   const auto bytes = read_file_bytes(latest_path);
   std::string name(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) {
@@ -437,16 +471,19 @@ std::optional<TrainingCheckpoint> load_latest_checkpoint(const fs::path& root) {
            " (it is verified when loaded)";
   };
   if (!step_of_dir_name(name)) {
-    throw std::runtime_error("checkpoint root " + root.string() + ": " + latest_path.string() +
-                             " holds '" + name + "', not a checkpoint name step-<N>" +
-                             how_to_pick(""));
+    throw InputError("checkpoint root " + root.string() + ": " + latest_path.string() + " holds '" +
+                     name + "', not a checkpoint name step-<N>" + how_to_pick(""));
   }
   try {
     return load_training_checkpoint(root / name);
   } catch (const std::exception& error) {
-    throw std::runtime_error("checkpoint root " + root.string() + ": the latest checkpoint, " +
-                             name + ", cannot be loaded (not falling back to an older one): " +
-                             error.what() + how_to_pick(name));
+    // Keep the kind: a corrupt checkpoint stays bad input, a failing disk an internal failure.
+    const std::string what =
+        "checkpoint root " + root.string() + ": the latest checkpoint, " + name +
+        ", cannot be loaded (not falling back to an older one): " + error.what() +
+        how_to_pick(name);
+    if (is_input_error(error)) throw InputError(what);
+    throw std::runtime_error(what);
   }
 }
 
@@ -491,7 +528,7 @@ void check_resume_compatible(const nlohmann::json& expected_identity,
   if (differences.empty()) return;
   const auto name = checkpoint.directory.empty() ? checkpoint_dir_name(checkpoint.step)
                                                  : checkpoint.directory.string();
-  throw std::runtime_error("checkpoint " + name + " does not match this run: " + differences);
+  throw InputError("checkpoint " + name + " does not match this run: " + differences);
 }
 
 }  // namespace pf::ckpt

@@ -77,8 +77,9 @@ std::filesystem::path save_training_checkpoint(const std::filesystem::path& root
                                                const SaveOptions& options);
 
 // Reads and verifies one checkpoint directory: manifest.json (format, version, step), then every
-// file it lists (present, size, XXH64 checksum, parses). Throws std::runtime_error
-// "checkpoint <dir>: <file> <what differs>".
+// file it lists (present, size, XXH64 checksum, parses). Throws pf::InputError (a
+// std::runtime_error: bad input, exit status 2) "checkpoint <dir>: <file> <what differs>";
+// std::system_error when the file system fails.
 TrainingCheckpoint load_training_checkpoint(const std::filesystem::path& step_dir);
 
 // The checkpoint root/latest names; std::nullopt when root or root/latest does not exist (no save
@@ -91,8 +92,8 @@ std::optional<TrainingCheckpoint> load_latest_checkpoint(const std::filesystem::
 std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& root);
 
 // Compares the run's identity with the checkpoint's key by key (nested objects as dotted keys)
-// and throws std::runtime_error listing every difference, e.g. "checkpoint step-00000100 does
-// not match this run: hidden_size is 256 in the checkpoint, 512 in this run".
+// and throws pf::InputError (a std::runtime_error) listing every difference, e.g. "checkpoint
+// step-00000100 does not match this run: hidden_size is 256 in the checkpoint, 512 in this run".
 void check_resume_compatible(const nlohmann::json& expected_identity,
                              const TrainingCheckpoint& checkpoint);
 

@@ -135,7 +135,7 @@ BertConfig bert_config_from_hf_json(const std::filesystem::path& path) {
   if (!in) throw std::invalid_argument("cannot open model config '" + path.string() + "'");
   nlohmann::json json;
   try {
-    in >> json;
+    json = json_fields::parse_bounded(in, path.string());
   } catch (const nlohmann::json::parse_error& error) {
     throw std::invalid_argument(path.string() + ": not valid JSON: " + error.what());
   }

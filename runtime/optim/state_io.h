@@ -28,8 +28,9 @@ template <typename T>
 ckpt::TensorRecord state_buffer_record(std::string_view prefix, std::string_view param,
                                        std::string_view buffer, std::vector<std::int64_t> shape,
                                        std::span<const T> values);
-// Throws pf::InputError (a std::runtime_error) naming the record when it is missing, does not match the shape, or
-// has another dtype (float reads F32 only; double reads F64, and F32 widened exactly).
+// Throws pf::InputError (a std::runtime_error) naming the record when it is missing, does not match
+// the shape, or has another dtype (float reads F32 only; double reads F64, and F32 widened
+// exactly).
 template <typename T>
 std::vector<T> read_state_buffer(const ckpt::SafetensorsFile& file, std::string_view prefix,
                                  const BasicParamView<T>& param, std::string_view buffer);

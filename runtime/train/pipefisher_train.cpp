@@ -1,14 +1,16 @@
 // pipefisher_train: BERT pretraining (MLM + NSP) with pipeline parallelism on worker threads,
 // optionally with K-FAC work placed in the pipeline's bubbles (PipeFisher). Under mpirun, one
 // process per rank (runtime/train/mpi_launch.h).
-// Bad input prints one error line on stderr (rank 0 only under MPI) and exits with status 2; a
-// failure during training exits with status 1 (under MPI it ends the whole job).
+// Errors print one line on stderr (rank 0 only for bad input under MPI); exit status 2 for bad
+// input or usage (a missing or malformed file, a field out of range, a checkpoint that cannot be
+// used), 1 for a failure during training (under MPI it ends the whole job; common/exit_codes.h).
 #include <exception>
 #include <iostream>
 #include <optional>
 
 #include <CLI/CLI.hpp>
 
+#include "common/exit_codes.h"
 #include "runtime/train/train_options.h"
 #include "runtime/train/trainer.h"
 #if PF_HAVE_MPI
@@ -33,7 +35,7 @@ int run(int argc, char** argv, pf::train::Launch& launch) {
   } catch (const CLI::ParseError& error) {
     if (error.get_exit_code() == 0) return root ? app.exit(error) : 0;  // --help
     if (root) std::cerr << "pipefisher_train: error: " << error.what() << " (see --help)\n";
-    return 2;
+    return pf::kExitBadInput;
   }
   std::ostream quiet(nullptr);  // other ranks' output goes nowhere
   try {
@@ -43,13 +45,14 @@ int run(int argc, char** argv, pf::train::Launch& launch) {
           "checkpoint, or drop --checkpoint-dir)");
     }
     return pf::train::run_training(options, root ? std::cout : quiet, launch);
-  } catch (const std::invalid_argument& error) {
-    // Every process checks the same input alike: rank 0 speaks for all.
-    if (root) std::cerr << "pipefisher_train: error: " << error.what() << "\n";
-    return 2;
   } catch (const std::exception& error) {
+    if (pf::is_input_error(error)) {
+      // Every process checks the same input alike: rank 0 speaks for all.
+      if (root) std::cerr << "pipefisher_train: error: " << error.what() << "\n";
+      return pf::kExitBadInput;
+    }
     std::cerr << "pipefisher_train: training failed: " << error.what() << "\n";
-    return 1;
+    return pf::kExitInternalError;
   }
 }
 
@@ -63,13 +66,14 @@ int main(int argc, char** argv) {
       session.emplace(&argc, &argv);
     } catch (const std::exception& error) {
       std::cerr << "pipefisher_train: error: " << error.what() << "\n";
-      return 2;
+      return pf::kExitBadInput;
     }
     pf::comm::MpiCommunicator comm(*session);
     pf::train::MpiLaunch launch(comm);
     const int status = run(argc, argv, launch);
     // A failure after the ranks started together ends the job: the others would only wait.
-    if (status == 1) comm.abort("pipefisher_train failed on this rank (see above)");
+    if (status == pf::kExitInternalError)
+      comm.abort("pipefisher_train failed on this rank (see above)");
     return status;
   }
 #endif

@@ -81,6 +81,27 @@ TEST(JsonFields, StringsAreCheckedAndLongValuesAreShortenedInMessages) {
   EXPECT_LT(message.size(), 200U) << message;
 }
 
+TEST(JsonFields, DeepNestingIsRefusedWhileParsing) {
+  const auto nested = [](int levels) {
+    return std::string(static_cast<std::size_t>(levels), '[') +
+           std::string(static_cast<std::size_t>(levels), ']');
+  };
+  EXPECT_NO_THROW(json_fields::parse_bounded(nested(json_fields::kMaxNesting), "f.json"));
+  for (const int levels : {json_fields::kMaxNesting + 1, 1000000}) {
+    try {
+      (void)json_fields::parse_bounded(nested(levels), "f.json");
+      ADD_FAILURE() << levels << " levels accepted";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_STREQ(error.what(),
+                   "f.json: JSON nested deeper than 256 levels (allowed: at most 256)");
+    }
+  }
+  const std::string objects = R"({"a": )" + nested(300) + "}";
+  EXPECT_THROW((void)json_fields::parse_bounded(objects, "f.json"), std::invalid_argument);
+  // Syntax errors stay nlohmann's, for the caller to word.
+  EXPECT_THROW((void)json_fields::parse_bounded(std::string("{"), "f.json"), json::parse_error);
+}
+
 TEST(CheckedArithmetic, OverflowIsReportedNotWrapped) {
   EXPECT_EQ(checked_mul<std::uint64_t>(1ULL << 58, 288), std::nullopt);
   EXPECT_EQ(checked_mul<std::uint64_t>(1ULL << 20, 288), (1ULL << 20) * 288);

@@ -182,6 +182,12 @@ TEST_F(TrainTest, ProgramExitStatus) {
   EXPECT_EQ(run_program("--data synthetic --stages 0"), 2);
   EXPECT_EQ(run_program("--data synthetic --optimizer adam"), 2);
   EXPECT_EQ(run_program("--no-such-flag"), 2);
+  // A corrupt shard is bad input (pf::InputError from the shard reader), not a training failure.
+  fs::create_directories(dir_ / "bad_shards");
+  std::ofstream(dir_ / "bad_shards" / "part-0.pfshard") << "not a shard";
+  EXPECT_EQ(run_program("--model " + (dir_ / "config.json").string() + " --data " +
+                        (dir_ / "bad_shards").string() + " --seq-len 12 --steps 1 --quiet"),
+            2);
   EXPECT_EQ(run_program("--model " + (dir_ / "config.json").string() +
                         " --data synthetic --seq-len 12 --micro-batch-size 2 --steps 1 --quiet"),
             0);

@@ -5,6 +5,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -15,6 +17,8 @@
 #include "common/input_error.h"
 #include "kfac/layer_state.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/checkpoint/training_checkpoint.h"
+#include "runtime/checkpoint/xxhash64.h"
 #include "runtime/data/bert_tokenizer.h"
 #include "runtime/data/loader.h"
 #include "runtime/data/pretraining_instances.h"
@@ -27,6 +31,7 @@
 #include "runtime/optim/state_io.h"
 #include "scheduler/schedule_json.h"
 #include "scheduler/torch_csv.h"
+#include "sim/calibration.h"
 #include "sim/device.h"
 #include "sim/measured_cost_model.h"
 #include "traces/chrome_trace.h"
@@ -229,6 +234,97 @@ void run_loader_position(std::span<const std::uint8_t> input, const std::string&
   }
 }
 
+// --- training checkpoints (a directory: manifest.json, state.json and the files they list) -----
+
+void write_file(const std::filesystem::path& path, std::span<const std::uint8_t> bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+std::vector<std::uint8_t> file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// sample_training_checkpoint() saved once per process in a temporary directory (removed at exit);
+// each run overwrites the file it fuzzes and restores the other.
+class CheckpointScratch {
+ public:
+  CheckpointScratch() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "pf-fuzz-ckpt-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      throw std::system_error(errno, std::generic_category(), "mkdtemp " + pattern);
+    }
+    root_ = pattern;
+    step_dir_ = ckpt::save_training_checkpoint(root_, sample_training_checkpoint());
+    manifest_ = file_bytes(step_dir_ / "manifest.json");
+    state_ = file_bytes(step_dir_ / "state.json");
+  }
+  ~CheckpointScratch() {
+    std::error_code ignored;
+    std::filesystem::remove_all(root_, ignored);
+  }
+  CheckpointScratch(const CheckpointScratch&) = delete;
+  CheckpointScratch& operator=(const CheckpointScratch&) = delete;
+
+  const std::filesystem::path& step_dir() const { return step_dir_; }
+  const std::vector<std::uint8_t>& manifest() const { return manifest_; }
+  const std::vector<std::uint8_t>& state() const { return state_; }
+
+ private:
+  std::filesystem::path root_;
+  std::filesystem::path step_dir_;
+  std::vector<std::uint8_t> manifest_;
+  std::vector<std::uint8_t> state_;
+};
+
+CheckpointScratch& checkpoint_scratch() {
+  static CheckpointScratch scratch;
+  return scratch;
+}
+
+// Loads the scratch checkpoint and checks it against the run that wrote it, as a resume does.
+void load_scratch_checkpoint() {
+  const auto checkpoint = ckpt::load_training_checkpoint(checkpoint_scratch().step_dir());
+  ckpt::check_resume_compatible(sample_training_checkpoint().identity, checkpoint);
+  if (checkpoint.state.contains("loader")) {
+    (void)data::LoaderPosition::from_json(checkpoint.state["loader"]);
+  }
+}
+
+void run_checkpoint_manifest(std::span<const std::uint8_t> input, const std::string&) {
+  auto& scratch = checkpoint_scratch();
+  write_file(scratch.step_dir() / "state.json", scratch.state());
+  write_file(scratch.step_dir() / "manifest.json", input);
+  load_scratch_checkpoint();
+}
+
+// The input is state.json; the manifest is rewritten to list it with its true size and checksum
+// (a fuzzer cannot keep an XXH64 right), so mutations reach the parsing behind the check.
+void run_checkpoint_state_json(std::span<const std::uint8_t> input, const std::string&) {
+  auto& scratch = checkpoint_scratch();
+  nlohmann::json manifest = nlohmann::json::parse(scratch.manifest());
+  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(input.data()),
+                                         input.size());
+  manifest["files"]["state.json"] = {{"bytes", input.size()},
+                                     {"xxh64", ckpt::to_hex64(ckpt::xxhash64(bytes))}};
+  const std::string text = manifest.dump(2);
+  write_file(scratch.step_dir() / "state.json", input);
+  write_file(scratch.step_dir() / "manifest.json",
+             {reinterpret_cast<const std::uint8_t*>(text.data()), text.size()});
+  load_scratch_checkpoint();
+}
+
+// --- the simulator's calibration measurements (pipefisher_sim calibrate --measurements) --------
+
+void run_measurements(std::span<const std::uint8_t>, const std::string& path) {
+  static const sim::DeviceSpec device = sim::device_preset("h100");
+  const auto measurements = sim::measurements_from_json_file(path, device);
+  for (const auto& measurement : measurements) (void)sim::predict(device, measurement);
+}
+
 constexpr Target kTargets[] = {
     {"safetensors", nullptr, run_safetensors, true},
     {"checkpoint_state", nullptr, run_checkpoint_state, true},
@@ -243,9 +339,32 @@ constexpr Target kTargets[] = {
     {"schedule_json", nullptr, run_schedule_json, true},
     {"chrome_trace", nullptr, run_chrome_trace, true},
     {"loader_position", nullptr, run_loader_position, false},
+    {"checkpoint_manifest", nullptr, run_checkpoint_manifest, false},
+    {"checkpoint_state_json", nullptr, run_checkpoint_state_json, false},
+    {"measurements", nullptr, run_measurements, true},
 };
 
 }  // namespace
+
+ckpt::TrainingCheckpoint sample_training_checkpoint() {
+  ckpt::TrainingCheckpoint checkpoint;
+  checkpoint.step = 3;
+  const std::vector<float> weights = {0.5F, -1.0F, 2.0F, 0.25F, 1.5F, -0.75F};
+  checkpoint.weights = {ckpt::make_f32_record("encoder.weight", {2, 3}, weights)};
+  checkpoint.hf_config = {{"model_type", "bert"}, {"hidden_size", 8}, {"num_hidden_layers", 1}};
+  const std::vector<std::int64_t> steps = {3};
+  checkpoint.optimizer = {ckpt::make_i64_record("adamw.step", {1}, steps)};
+  data::LoaderPosition loader;
+  loader.epoch = 1;
+  loader.batches_in_epoch = 5;
+  loader.seed = 42;
+  loader.micro_batch_size = 4;
+  loader.num_instances = 64;
+  checkpoint.state = {{"loader", loader.to_json()}, {"learning_rate", {{"step", 3}}}};
+  checkpoint.schedule = {{"kind", "1f1b"}};
+  checkpoint.identity = {{"model", {{"hidden_size", 8}, {"layers", 1}}}, {"schedule", "1f1b"}};
+  return checkpoint;
+}
 
 std::span<const Target> targets() {
   return kTargets;

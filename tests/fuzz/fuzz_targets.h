@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/checkpoint/training_checkpoint.h"
+
 namespace pf::fuzz {
 
 struct Target {
@@ -28,6 +30,10 @@ struct Target {
 };
 
 std::span<const Target> targets();
+
+// The small checkpoint behind the checkpoint_* targets; make_fuzz_corpus saves the same one, so
+// that the committed manifest seed matches the files the harness writes.
+ckpt::TrainingCheckpoint sample_training_checkpoint();
 // Throws std::invalid_argument listing the known names.
 const Target& target_named(std::string_view name);
 

@@ -14,6 +14,7 @@
 #include "common/exit_codes.h"
 #include "kfac/layer_state.h"
 #include "runtime/checkpoint/safetensors.h"
+#include "runtime/checkpoint/training_checkpoint.h"
 #include "runtime/data/loader.h"
 #include "runtime/data/shard_format.h"
 #include "runtime/data/text_file.h"
@@ -26,6 +27,7 @@
 #include "scheduler/unit_timings.h"
 #include "sim/device.h"
 #include "sim/measured_cost_model.h"
+#include "tests/fuzz/fuzz_targets.h"
 #include "traces/chrome_trace.h"
 
 namespace {
@@ -101,6 +103,22 @@ void write_checkpoints(CorpusWriter& out) {
   for (auto& record : optim::adam_moment_records("adam", 3, moments)) records.push_back(record);
   out.bytes("checkpoint_state", "kfac-and-adam.safetensors",
             ckpt::serialize_safetensors(records, {}));
+
+  // A training checkpoint's manifest.json and state.json, as save_training_checkpoint writes
+  // them for the checkpoint the checkpoint_* harnesses load.
+  const fs::path scratch = out.path("checkpoint_manifest", ".scratch");
+  const fs::path step_dir =
+      ckpt::save_training_checkpoint(scratch, fuzz::sample_training_checkpoint());
+  const std::string manifest = data::read_text_file((step_dir / "manifest.json").string());
+  const std::string state = data::read_text_file((step_dir / "state.json").string());
+  fs::remove_all(scratch);
+  out.bytes("checkpoint_manifest", "manifest.json", manifest);
+  out.bytes("checkpoint_state_json", "state.json", state);
+  // Deep nesting: a stack overflow wherever a document is copied, compared or quoted, unless the
+  // parser refuses it (json_fields::parse_bounded).
+  const std::string deep = std::string(1000, '[') + std::string(1000, ']');
+  out.bytes("checkpoint_state_json", "identity-nested-1000-deep.json",
+            R"({"step": 3, "state": {}, "identity": {"model": )" + deep + "}}\n");
 }
 
 void write_data(CorpusWriter& out) {
@@ -165,6 +183,32 @@ void write_model_and_simulator(CorpusWriter& out) {
   nlohmann::json device = sim::device_to_json(sim::device_preset("a100"));
   device["name"] = 42;
   out.json("device", "name-not-a-string.json", device);
+  // Found by reading: 2 million '[' as peak_flops overflowed the stack when the error message
+  // quoted the value (exit 139). 1000 levels are enough to meet the nesting limit.
+  out.bytes("device", "peak-flops-nested-1000-deep.json",
+            R"({"name": "deep", "peak_flops": )" + std::string(1000, '[') + std::string(1000, ']') +
+                "}\n");
+
+  // Calibration measurements (pipefisher_sim calibrate): one record of every operation.
+  out.json("measurements", "every-operation.json",
+           {{"format_version", 1},
+            {"defaults", {{"model", "base"}, {"seq_len", 128}, {"precision", "fp32"}}},
+            {"measurements",
+             {{{"operation", "layer_forward"}, {"micro_batch_size", 8}, {"seconds", 0.004}},
+              {{"operation", "layer_backward"}, {"micro_batch_size", 8}, {"seconds", 0.008}},
+              {{"operation", "layer_curvature"}, {"micro_batch_size", 8}, {"seconds", 0.002}},
+              {{"operation", "layer_inversion"}, {"micro_batch_size", 8}, {"seconds", 0.02}},
+              {{"operation", "layer_precondition"}, {"micro_batch_size", 8}, {"seconds", 0.001}},
+              {{"operation", "gemm"}, {"m", 1024}, {"n", 1024}, {"k", 1024}, {"seconds", 1e-4}},
+              {{"operation", "attention"},
+               {"batch", 96},
+               {"m", 128},
+               {"n", 128},
+               {"k", 64},
+               {"seconds", 5e-5}},
+              {{"operation", "memory"}, {"bytes", 1e8}, {"count", 2}, {"seconds", 1e-4}},
+              {{"operation", "cholesky_inverse"}, {"order", 1024}, {"seconds", 2e-3}},
+              {{"operation", "eigen_inverse"}, {"order", 256}, {"count", 3}, {"seconds", 9e-3}}}}});
 
   sim::Profile profile;
   profile.description = "seed";
@@ -219,6 +263,16 @@ void write_schedules(CorpusWriter& out) {
   zero_bubble.split_backward = true;
   out.bytes("torch_csv", "split-backward.csv",
             sched::to_torch_csv(sched::compile(zero_bubble), false));
+  // Zero-bubble schedules: I and W actions, V-shaped placement, both CSV forms and our JSON.
+  const sched::Schedule zbh1 = sched::compile(params(ScheduleKind::kZeroBubbleH1, 2, 4));
+  const sched::Schedule zbh2 = sched::compile(params(ScheduleKind::kZeroBubbleH2, 2, 4));
+  const sched::Schedule zbv = sched::compile(params(ScheduleKind::kZeroBubbleV, 2, 4, 2));
+  out.bytes("torch_csv", "zbh1-comm.csv", sched::to_torch_csv(zbh1, true));
+  out.bytes("torch_csv", "zbh2-compute.csv", sched::to_torch_csv(zbh2, false));
+  out.bytes("torch_csv", "zbv-comm.csv", sched::to_torch_csv(zbv, true));
+  out.bytes("torch_csv", "zbv-compute.csv", sched::to_torch_csv(zbv, false));
+  out.json("schedule_json", "zbh2-2x4.json", sched::to_json(zbh2));
+  out.json("schedule_json", "zbv-2x4.json", sched::to_json(zbv));
 
   const nlohmann::json trace = traces::make_chrome_trace(small, sched::unit_timings(small));
   out.json("chrome_trace", "gpipe-2x2.json", trace);

@@ -107,12 +107,42 @@ TEST(Program, BadInputIsOneErrorLineAndExitCodeTwo) {
        {"--schedule interleaved --stages 4 --microbatches 6 --chunks 2",
         "--schedule chimera --stages 3 --microbatches 6", "--schedule nope", "--stages abc",
         "--schedule 1f1b --stages 0", "--schedule-file /nonexistent.json",
-        "--schedule gpipe --stages 4 --layers 2", "--unknown-flag"}) {
+        "--schedule gpipe --stages 4 --layers 2", "--unknown-flag",
+        // Zero-bubble options (issue #16: every option's refusal is exit 2, one line).
+        "--schedule zbh1 --stages 4 --microbatches 8 --max-in-flight 99",
+        "--schedule zbh2 --stages 4 --microbatches 8 --max-in-flight -1",
+        "--schedule zbv --stages 4 --microbatches 8 --chunks 3",
+        "--schedule 1f1b --stages 4 --microbatches 8 --max-in-flight 4",
+        "--schedule zbh1 --max-in-flight 99999999999"}) {
     const RunResult r = run(arguments);
     EXPECT_EQ(r.status, 2) << arguments;
     EXPECT_EQ(r.err.rfind("pipefisher_sim: error: ", 0), 0u) << arguments << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << arguments << ": " << r.err;
   }
+}
+
+TEST(Program, HostileFilesAreOneErrorLineAndExitCodeTwo) {
+  // Not temp_dir(): run() removes that one after each run.
+  const fs::path dir =
+      fs::temp_directory_path() / ("pf_cli_hostile_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  // 100000 nested arrays overflowed the stack when the error quoted the value (exit 139).
+  const fs::path device = dir / "deep-device.json";
+  std::ofstream(device) << R"({"name": "deep", "peak_flops": )" << std::string(100000, '[')
+                        << std::string(100000, ']') << "}";
+  const fs::path measurements = dir / "many-inversions.json";
+  std::ofstream(measurements) << R"({"format_version": 1, "measurements": [{"operation": )"
+                              << R"("cholesky_inverse", "order": 64, "count": 1048576, )"
+                              << R"("seconds": 1}]})";
+  for (const std::string& arguments :
+       {"--schedule 1f1b --stages 2 --microbatches 2 --model base --device " + device.string(),
+        "calibrate --measurements " + measurements.string() + " --device h100 --no-fit"}) {
+    const RunResult r = run(arguments);
+    EXPECT_EQ(r.status, 2) << arguments << ": " << r.err;
+    EXPECT_EQ(r.err.rfind("pipefisher_sim: error: ", 0), 0u) << arguments << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << arguments << ": " << r.err;
+  }
+  fs::remove_all(dir);
 }
 
 TEST(Program, CompilesAndPrints) {

@@ -179,6 +179,30 @@ TEST(SimCalibration, BadMeasurementFilesNameTheRecordAndField) {
   EXPECT_NE(parse(no_bf16).find("bf16"), std::string::npos) << parse(no_bf16);
 }
 
+TEST(SimCalibration, KernelCountsAreBoundedBeforeTheKernelsAreBuilt) {
+  // A few hundred bytes must not ask for gigabytes: "count" per record and kernels per file.
+  const DeviceSpec d = simple_device();
+  auto inversions = [](int count, int records) {
+    nlohmann::json list = nlohmann::json::array();
+    for (int i = 0; i < records; ++i) {
+      list.push_back(
+          {{"operation", "cholesky_inverse"}, {"order", 64}, {"count", count}, {"seconds", 1.0}});
+    }
+    return nlohmann::json{{"format_version", 1}, {"measurements", list}};
+  };
+  const std::string too_many =
+      error_of([&] { measurements_from_json(inversions(1 << 20, 1), "m.json", d); });
+  EXPECT_NE(
+      too_many.find("m.json: measurements[0].'count' = 1048576 (must be an integer in [1, 65536])"),
+      std::string::npos)
+      << too_many;
+  const std::string too_large =
+      error_of([&] { measurements_from_json(inversions(kMaxMeasurementCount, 17), "m.json", d); });
+  EXPECT_NE(too_large.find("measurements[16]: the measurements so far describe"), std::string::npos)
+      << too_large;
+  EXPECT_EQ(measurements_from_json(inversions(kMaxMeasurementCount, 1), "m.json", d).size(), 1U);
+}
+
 TEST(SimCalibration, DeviceJsonRoundTripsTheClasses) {
   DeviceSpec d = simple_device();
   d.classes[static_cast<std::size_t>(OpClass::kAttention)].efficiency = 0.25;
