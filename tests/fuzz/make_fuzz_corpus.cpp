@@ -110,10 +110,10 @@ void write_checkpoints(CorpusWriter& out) {
   const fs::path step_dir =
       ckpt::save_training_checkpoint(scratch, fuzz::sample_training_checkpoint());
   const std::string manifest = data::read_text_file((step_dir / "manifest.json").string());
-  const std::string state = data::read_text_file((step_dir / "state.json").string());
+  const std::string state_json = data::read_text_file((step_dir / "state.json").string());
   fs::remove_all(scratch);
   out.bytes("checkpoint_manifest", "manifest.json", manifest);
-  out.bytes("checkpoint_state_json", "state.json", state);
+  out.bytes("checkpoint_state_json", "state.json", state_json);
   // Deep nesting: a stack overflow wherever a document is copied, compared or quoted, unless the
   // parser refuses it (json_fields::parse_bounded).
   const std::string deep = std::string(1000, '[') + std::string(1000, ']');
