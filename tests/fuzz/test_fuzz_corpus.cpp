@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,15 @@ const std::vector<Crafted>& crafted_files() {
 }
 
 class FuzzCorpus : public ::testing::TestWithParam<Target> {};
+
+}  // namespace
+
+// Test listings show the target's name, not the struct's bytes (which hold addresses).
+void PrintTo(const Target& target, std::ostream* out) {
+  *out << target.name;
+}
+
+namespace {
 
 TEST_P(FuzzCorpus, EveryFileIsAcceptedOrRejectedTheDocumentedWay) {
   const Target& target = GetParam();
