@@ -53,10 +53,16 @@ Headline headline(const sched::Schedule& schedule, const SimResult& result,
     h.sequences_per_s = double{1.0} * schedule.params.microbatches * run.micro_batch_size *
                         replicas / result.step_time_s;
   }
-  const double gpus = replicas * std::max(1, schedule.num_workers());
+  const double gpus =
+      replicas * std::max(1, schedule.num_workers()) * std::max(1, run.tensor_parallel);
   if (h.sequences_per_s > 0.0 && run.model_flops_per_sequence > 0.0 &&
       run.peak_flops_per_worker > 0.0) {
     h.mfu = h.sequences_per_s * run.model_flops_per_sequence / (gpus * run.peak_flops_per_worker);
+  }
+  const double executed = run.hardware_flops_per_sequence > 0.0 ? run.hardware_flops_per_sequence
+                                                                : run.model_flops_per_sequence;
+  if (h.sequences_per_s > 0.0 && executed > 0.0) {
+    h.achieved_tflops_per_gpu = h.sequences_per_s * executed / gpus / 1e12;
   }
   for (const WorkerReport& w : result.workers) {
     h.mean_exposed_communication_s += w.exposed_communication_s;
@@ -75,6 +81,7 @@ std::string summary_table(const sched::Schedule& schedule, const SimResult& resu
                     " m=" + std::to_string(p.microbatches) +
                     " v=" + std::to_string(p.chunks_per_worker);
   if (p.data_parallel > 1) out += " data-parallel=" + std::to_string(p.data_parallel);
+  if (run.tensor_parallel > 1) out += " tensor-parallel=" + std::to_string(run.tensor_parallel);
   if (result.num_steps > 1) out += " steps=" + std::to_string(result.num_steps);
   out +=
       "; costs: " + run.cost_model + (run.details.empty() ? "" : " (" + run.details + ")") + "\n";
@@ -84,6 +91,9 @@ std::string summary_table(const sched::Schedule& schedule, const SimResult& resu
   if (h.sequences_per_s > 0.0)
     out += " | throughput " + format("%.4g", h.sequences_per_s) + " seq/s";
   if (h.mfu > 0.0) out += " | MFU " + percent(h.mfu);
+  if (run.tensor_parallel > 1 || run.hardware_flops_per_sequence > 0.0) {
+    out += " | " + format("%.4g", h.achieved_tflops_per_gpu) + " TFLOP/s per GPU";
+  }
   out += "\n";
   out +=
       " worker  utilization      busy/step      idle/step   exposed comm    peak memory  "
@@ -130,6 +140,8 @@ nlohmann::json report_json(const sched::Schedule& schedule, const SimResult& res
           {"bubble_fraction", h.bubble_fraction},
           {"sequences_per_s", h.sequences_per_s},
           {"mfu", h.mfu},
+          {"achieved_tflops_per_gpu", h.achieved_tflops_per_gpu},
+          {"tensor_parallel", std::max(1, run.tensor_parallel)},
           {"exposed_communication_s", h.mean_exposed_communication_s},
           {"max_peak_memory_bytes", h.max_peak_memory_bytes},
           {"workers", workers}};
@@ -190,6 +202,7 @@ nlohmann::json comparison_json(const std::vector<ComparisonRow>& rows, const Run
       item["bubble_fraction"] = row.figures.bubble_fraction;
       item["sequences_per_s"] = row.figures.sequences_per_s;
       item["mfu"] = row.figures.mfu;
+      item["achieved_tflops_per_gpu"] = row.figures.achieved_tflops_per_gpu;
       item["max_peak_memory_bytes"] = row.figures.max_peak_memory_bytes;
     }
     list.push_back(item);

@@ -19,13 +19,19 @@ struct RunDescription {
   int micro_batch_size = 0;               // sequences per micro-batch; 0: no throughput
   double model_flops_per_sequence = 0.0;  // forward + backward; 0: no MFU
   double peak_flops_per_worker = 0.0;     // at the run's precision; 0: no MFU
+  // GPUs per pipeline worker: its tensor-parallel ranks (each worker stands for them all).
+  int tensor_parallel = 1;
+  // FLOPs executed per sequence on all ranks (recomputation included), for achieved TFLOP/s
+  // per GPU; 0: model_flops_per_sequence.
+  double hardware_flops_per_sequence = 0.0;
 };
 
 struct Headline {
   double step_time_s = 0.0;
   double bubble_fraction = 0.0;
   double sequences_per_s = 0.0;  // 0 when unknown
-  double mfu = 0.0;              // model FLOP/s / (workers * data_parallel * peak); 0 unknown
+  double mfu = 0.0;  // model FLOP/s / (workers * data_parallel * tensor_parallel * peak); 0 unknown
+  double achieved_tflops_per_gpu = 0.0;  // executed FLOP/s per GPU / 1e12; 0 unknown
   double mean_exposed_communication_s = 0.0;
   double max_peak_memory_bytes = 0.0;
 };
@@ -37,9 +43,10 @@ std::string summary_table(const sched::Schedule& schedule, const SimResult& resu
                           const RunDescription& run);
 
 // {"schedule": {...}, "cost_model": ..., "step_time_s", "makespan_s", "bubble_fraction",
-//  "sequences_per_s", "mfu", "exposed_communication_s", "workers": [{"worker", "utilization",
-//  "busy_s", "idle_s", "exposed_communication_s", "peak_memory_bytes", "static_memory_bytes",
-//  "peak_activation_bytes", "peak_stashed_microbatches"}]}
+//  "sequences_per_s", "mfu", "achieved_tflops_per_gpu", "gpus", "exposed_communication_s",
+//  "workers": [{"worker", "utilization", "busy_s", "idle_s", "exposed_communication_s",
+//  "peak_memory_bytes", "static_memory_bytes", "peak_activation_bytes",
+//  "peak_stashed_microbatches"}]}
 nlohmann::json report_json(const sched::Schedule& schedule, const SimResult& result,
                            const RunDescription& run);
 

@@ -15,7 +15,9 @@
 #include "scheduler/pipefisher/report_json.h"
 #include "sim/analytic_cost_model.h"
 #include "sim/measured_cost_model.h"
+#include "sim/parallel_cost_model.h"
 #include "sim/simulator.h"
+#include "sim/transformer_spec.h"
 #include "sim/uniform_cost_model.h"
 #include "traces/chrome_trace.h"
 
@@ -55,6 +57,46 @@ CompileCommandOptions with_model_layers(CompileCommandOptions compile, const Cos
     compile.layers = setup.model_layers;
   }
   return compile;
+}
+
+// --global-batch B: m = B / (b x d) micro-batches per replica.
+CompileCommandOptions with_global_batch(CompileCommandOptions compile,
+                                        const SimCommandOptions& options) {
+  if (options.global_batch == 0) return compile;
+  const long per_microbatch =
+      static_cast<long>(options.micro_batch_size) * std::max(1, compile.data_parallel);
+  if (options.global_batch < 0 || per_microbatch <= 0 ||
+      options.global_batch % per_microbatch != 0) {
+    throw std::invalid_argument("--global-batch " + std::to_string(options.global_batch) +
+                                " must be a positive multiple of --micro-batch-size x "
+                                "--data-parallel = " +
+                                std::to_string(per_microbatch));
+  }
+  compile.microbatches = static_cast<int>(options.global_batch / per_microbatch);
+  return compile;
+}
+
+std::string gib(double bytes) {
+  std::ostringstream text;
+  text << std::fixed << std::setprecision(1) << bytes / (1024.0 * 1024.0 * 1024.0) << " GiB";
+  return text.str();
+}
+
+// Why the run does not fit in the GPUs' memory, or "" when it does (or no capacity is known).
+std::string memory_overflow(const sim::SimResult& result, const CostSetup& setup) {
+  if (setup.gpu_memory_bytes <= 0.0) return "";
+  std::size_t worst = 0;
+  for (std::size_t w = 0; w < result.workers.size(); ++w) {
+    if (result.workers[w].peak_memory_bytes > result.workers[worst].peak_memory_bytes) worst = w;
+  }
+  if (result.workers.empty() || result.workers[worst].peak_memory_bytes <= setup.gpu_memory_bytes) {
+    return "";
+  }
+  const auto& r = result.workers[worst];
+  return "worker " + std::to_string(worst) + " needs " + gib(r.peak_memory_bytes) +
+         " per GPU (weights, gradients and optimizer state " + gib(r.static_memory_bytes) +
+         ", activations " + gib(r.peak_activation_bytes) + ") but a GPU of " + setup.cluster_name +
+         " has " + gib(setup.gpu_memory_bytes);
 }
 
 void check_layers(const sched::Schedule& schedule, const CostSetup& setup) {
@@ -140,6 +182,12 @@ int run_comparison(const CompileCommandOptions& compile, const SimCommandOptions
       continue;
     }
     const sim::SimResult result = sim::simulate(schedule, *setup.costs, sim_options(options));
+    const std::string overflow = memory_overflow(result, setup);
+    if (!overflow.empty()) {
+      row.skipped_reason = "does not fit: " + overflow;
+      rows.push_back(row);
+      continue;
+    }
     row.figures = sim::headline(schedule, result, setup.run);
     rows.push_back(row);
     if (kfac_options) {
@@ -191,10 +239,29 @@ void add_sim_options(CLI::App& app, SimCommandOptions& options) {
                  "Training precision (analytic model): fp32, tf32, bf16, fp16; K-FAC runs in fp32")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}))
       ->capture_default_str();
-  app.add_option("--device", options.device,
-                 "Accelerator (analytic model): h100, h200, a100, v100, p100 or a device JSON "
-                 "file")
+  app.add_option_function<std::string>(
+         "--device",
+         [&options](const std::string& value) {
+           options.device = value;
+           options.device_given = true;
+         },
+         "Accelerator (analytic model): h100, h200, a100, v100, p100 or a device JSON file "
+         "(with --cluster: replaces the cluster's GPU)")
+      ->default_str(options.device);
+  app.add_option("--tensor-parallel", options.tensor_parallel,
+                 "Tensor-parallel ranks t per pipeline stage (Megatron's intra-layer split; "
+                 "parallel model, ranks inside a node first)")
       ->capture_default_str();
+  app.add_option("--cluster", options.cluster,
+                 "Cluster (parallel model): dgx-a100, dgx-h100 or a cluster JSON file "
+                 "(docs/scale.md); default: nodes of 8 --device GPUs on the device's link");
+  app.add_option("--recompute", options.recompute,
+                 "Activation recomputation (parallel model): none, selective (attention core), "
+                 "full (every layer)")
+      ->check(CLI::IsMember({"none", "selective", "full"}))
+      ->capture_default_str();
+  app.add_option("--global-batch", options.global_batch,
+                 "Sequences per step over all data-parallel replicas: sets -m to B / (b x d)");
   app.add_option("--uniform", options.uniform,
                  "Simulate with uniform costs F,B[,COMM] in seconds: forward and backward of one "
                  "micro-batch on one worker (a chunk takes F/v), and each hop's transfer");
@@ -208,11 +275,77 @@ void add_sim_options(CLI::App& app, SimCommandOptions& options) {
                  "memory) to FILE.json");
 }
 
+bool parallel_requested(const SimCommandOptions& options) {
+  if (options.tensor_parallel != 1 || !options.cluster.empty() || options.recompute != "none" ||
+      options.global_batch != 0) {
+    return true;
+  }
+  if (options.model.empty()) return false;
+  return sim::resolve_transformer(options.model).family != sim::ModelFamily::kBert;
+}
+
 bool simulation_requested(const SimCommandOptions& options) {
   return !options.model.empty() || !options.uniform.empty() || !options.profile.empty();
 }
 
+namespace {
+
+// The parallel (PTD-P) model of --model on --cluster with --tensor-parallel and --recompute.
+CostSetup make_parallel_setup(const SimCommandOptions& options) {
+  if (options.model.empty()) {
+    throw std::invalid_argument(
+        "--tensor-parallel, --cluster, --recompute and --global-batch price a model: give "
+        "--model");
+  }
+  if (!options.uniform.empty() || !options.profile.empty()) {
+    throw std::invalid_argument(
+        "--tensor-parallel, --cluster, --recompute and --global-batch use the parallel analytic "
+        "model; they cannot be combined with --uniform or --profile");
+  }
+  if (options.tensor_parallel <= 0) {
+    throw std::invalid_argument("--tensor-parallel must be positive, got " +
+                                std::to_string(options.tensor_parallel));
+  }
+  sim::ParallelWorkload workload;
+  workload.model = sim::resolve_transformer(options.model);
+  workload.seq_len = options.seq_len;
+  workload.micro_batch_size = options.micro_batch_size;
+  workload.precision = sim::precision_from_string(options.precision);
+  workload.tensor_parallel = options.tensor_parallel;
+  workload.recompute = sim::recompute_from_string(options.recompute);
+  workload.validate();
+  sim::ClusterSpec cluster = options.cluster.empty()
+                                 ? sim::cluster_of_device(sim::resolve_device(options.device))
+                                 : sim::resolve_cluster(options.cluster);
+  if (options.device_given && !options.cluster.empty()) {
+    cluster.device = sim::resolve_device(options.device);
+  }
+  auto model = std::make_shared<sim::ParallelCostModel>(workload, cluster);
+  CostSetup setup;
+  setup.costs = model;
+  setup.model_layers = workload.model.num_layers;
+  setup.gpu_memory_bytes = cluster.gpu_memory_bytes;
+  setup.cluster_name = cluster.name;
+  setup.run.cost_model = "parallel";
+  setup.run.micro_batch_size = workload.micro_batch_size;
+  setup.run.model_flops_per_sequence = sim::transformer_model_flops_per_sequence(
+      workload.model, workload.seq_len, workload.scored_positions());
+  setup.run.hardware_flops_per_sequence = sim::transformer_hardware_flops_per_sequence(workload);
+  setup.run.peak_flops_per_worker = cluster.device.peak_flops(workload.precision);
+  setup.run.tensor_parallel = workload.tensor_parallel;
+  setup.run.details = std::string(sim::to_string(workload.model.family)) + " " +
+                      workload.model.name + ", S=" + std::to_string(workload.seq_len) +
+                      ", b=" + std::to_string(workload.micro_batch_size) + ", " +
+                      std::string(sim::to_string(workload.precision)) +
+                      ", t=" + std::to_string(workload.tensor_parallel) + ", recompute " +
+                      options.recompute + " on " + cluster.name + " (" + cluster.device.name + ")";
+  return setup;
+}
+
+}  // namespace
+
 CostSetup make_cost_setup(const SimCommandOptions& options) {
+  if (parallel_requested(options)) return make_parallel_setup(options);
   CostSetup setup;
   std::shared_ptr<const sim::AnalyticCostModel> analytic;
   if (!options.model.empty()) {
@@ -270,7 +403,8 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
     return run_compile_command(compile, out);
   }
   const CostSetup setup = make_cost_setup(options);
-  const CompileCommandOptions placed = with_model_layers(compile, setup);
+  const CompileCommandOptions placed =
+      with_global_batch(with_model_layers(compile, setup), options);
   if (placed.schedule == "all") {
     return run_comparison(placed, options, setup, kfac, out);
   }
@@ -278,6 +412,21 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
   const sched::Schedule schedule = load_or_compile(placed);
   check_layers(schedule, setup);
   const sim::SimResult result = sim::simulate(schedule, *setup.costs, sim_options(options));
+  // A configuration that does not fit is reported as such, with no step time.
+  const std::string overflow = memory_overflow(result, setup);
+  if (!overflow.empty()) {
+    out << "does not fit: " << overflow << "\n";
+    if (!options.report.empty()) {
+      traces::write_json_file(options.report,
+                              {{"fits", false},
+                               {"reason", overflow},
+                               {"gpu_memory_bytes", setup.gpu_memory_bytes},
+                               {"max_peak_memory_bytes",
+                                sim::headline(schedule, result, setup.run).max_peak_memory_bytes}});
+      out << "wrote " << options.report << "\n";
+    }
+    return 1;
+  }
   if (placed.grid == "timeline") {
     out << sched::render_timeline(schedule, 120) << "\n";
   } else if (placed.grid == "positions") {
@@ -285,6 +434,10 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
   }
   out << sim::summary_table(schedule, result, setup.run);
   nlohmann::json report = sim::report_json(schedule, result, setup.run);
+  if (setup.gpu_memory_bytes > 0.0) {
+    report["fits"] = true;
+    report["gpu_memory_bytes"] = setup.gpu_memory_bytes;
+  }
   std::optional<pipefisher::PassResult> pass;
   if (kfac.enabled) {
     pass.emplace(

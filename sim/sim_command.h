@@ -23,6 +23,12 @@ struct SimCommandOptions {
   int micro_batch_size = 32;
   std::string precision = "bf16";  // fp32, tf32, bf16, fp16
   std::string device = "h100";     // preset or device JSON
+  bool device_given = false;       // --device appeared (overrides the cluster's GPU)
+  // Parallel runs (PTD-P): any of these, or a GPT / Llama model, selects the parallel model.
+  int tensor_parallel = 1;
+  std::string cluster;             // dgx-a100, dgx-h100 or a cluster JSON
+  std::string recompute = "none";  // none, selective, full
+  int global_batch = 0;            // sequences per step over all replicas; 0: -m decides
   std::string uniform;             // "F,B[,COMM]" seconds
   std::string profile;             // measured profile JSON
   bool no_overlap = false;
@@ -40,8 +46,14 @@ bool simulation_requested(const SimCommandOptions& options);
 struct CostSetup {
   std::shared_ptr<const sim::CostModel> costs;
   sim::RunDescription run;
-  int model_layers = 0;  // encoder layers of --model (0 without one)
+  int model_layers = 0;           // encoder layers of --model (0 without one)
+  double gpu_memory_bytes = 0.0;  // parallel model: the capacity peaks are checked against
+  std::string cluster_name;
 };
+
+// Whether the flags select the parallel (PTD-P) cost model: --tensor-parallel, --cluster,
+// --recompute or --global-batch, or a --model that is not a BERT.
+bool parallel_requested(const SimCommandOptions& options);
 CostSetup make_cost_setup(const SimCommandOptions& options);
 
 // Everything pipefisher_sim does: without a cost model, the compiler's command unchanged; with

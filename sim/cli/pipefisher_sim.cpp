@@ -10,6 +10,7 @@
 #include "common/exit_codes.h"
 #include "sim/calibrate_command.h"
 #include "sim/cli/compile_command.h"
+#include "sim/search_command.h"
 #include "sim/sim_command.h"
 
 int main(int argc, char** argv) {
@@ -19,7 +20,8 @@ int main(int argc, char** argv) {
       "JSON, CSV and Chrome-trace files. With a cost model (--model, --uniform or --profile) it "
       "simulates the schedule: step time, bubble, utilization, exposed communication and peak "
       "memory per worker, throughput; --schedule all compares the schedules; --kfac fills the "
-      "bubbles with K-FAC work (the PipeFisher pass).",
+      "bubbles with K-FAC work (the PipeFisher pass). 'calibrate' fits a device to measurements; "
+      "'search' finds the fastest tensor x pipeline x data-parallel configuration.",
       "pipefisher_sim"};
   pf::cli::CompileCommandOptions options;
   pf::cli::add_compile_options(app, options);
@@ -29,6 +31,8 @@ int main(int argc, char** argv) {
   pf::pipefisher::add_kfac_options(app, kfac_options);
   pf::cli::CalibrateOptions calibrate_options;
   CLI::App* calibrate = pf::cli::add_calibrate_command(app, calibrate_options);
+  pf::cli::SearchCommandOptions search_options;
+  CLI::App* search = pf::cli::add_search_command(app, search_options);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -38,6 +42,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (*calibrate) return pf::cli::run_calibrate_command(calibrate_options, std::cout);
+    if (*search) return pf::cli::run_search_command(search_options, std::cout);
     return pf::cli::run_sim_command(options, sim_options, std::cout, kfac_options);
   } catch (const std::exception& error) {
     std::cerr << "pipefisher_sim: error: " << error.what() << "\n";

@@ -110,6 +110,79 @@ TEST(SimCommand, AnalyticRunWithDataParallelism) {
   EXPECT_EQ(r["schedule"]["data_parallel"], 2);
 }
 
+TEST(SimCommand, TensorPipelineDataParallelRun) {
+  CompileCommandOptions compile;
+  SimCommandOptions options;
+  const fs::path report = scratch("ptdp.json");
+  parse({"--schedule",
+         "1f1b",
+         "-p",
+         "8",
+         "--tensor-parallel",
+         "8",
+         "--data-parallel",
+         "4",
+         "--global-batch",
+         "128",
+         "--micro-batch-size",
+         "1",
+         "--model",
+         "megatron-145.6b",
+         "--seq-len",
+         "2048",
+         "--precision",
+         "fp16",
+         "--cluster",
+         "dgx-a100",
+         "--recompute",
+         "full",
+         "--grid",
+         "none",
+         "--report",
+         report.string()},
+        compile, options);
+  EXPECT_TRUE(parallel_requested(options));
+  std::ostringstream out;
+  ASSERT_EQ(run_sim_command(compile, options, out), 0) << out.str();
+  EXPECT_NE(out.str().find("tensor-parallel=8"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("TFLOP/s per GPU"), std::string::npos) << out.str();
+  const nlohmann::json r = read_json(report);
+  EXPECT_EQ(r["schedule"]["microbatches"], 32);  // 128 / (1 x 4)
+  EXPECT_EQ(r["tensor_parallel"], 8);
+  EXPECT_TRUE(r["fits"].get<bool>());
+  // Achieved FLOP/s per GPU: between a third and two thirds of the A100's 312 TFLOP/s.
+  EXPECT_GT(r["achieved_tflops_per_gpu"].get<double>(), 100.0);
+  EXPECT_LT(r["achieved_tflops_per_gpu"].get<double>(), 210.0);
+  EXPECT_LT(r["mfu"].get<double>(), r["achieved_tflops_per_gpu"].get<double>() / 312.0);
+}
+
+TEST(SimCommand, AConfigurationThatDoesNotFitIsReportedAsSuch) {
+  CompileCommandOptions compile;
+  SimCommandOptions options;
+  const fs::path report = scratch("nofit.json");
+  parse({"--schedule", "gpipe", "-p", "2", "-m", "4", "--tensor-parallel", "2", "--model",
+         "gpt3-175b", "--seq-len", "2048", "--cluster", "dgx-a100", "--grid", "none", "--report",
+         report.string()},
+        compile, options);
+  std::ostringstream out;
+  EXPECT_EQ(run_sim_command(compile, options, out), 1);
+  EXPECT_NE(out.str().find("does not fit: worker "), std::string::npos) << out.str();
+  EXPECT_EQ(out.str().find("step time"), std::string::npos) << out.str();
+  EXPECT_FALSE(read_json(report)["fits"].get<bool>());
+}
+
+TEST(SimCommand, TheBertPathIsUnchangedByTheParallelFlags) {
+  CompileCommandOptions compile;
+  SimCommandOptions options;
+  parse({"--schedule", "1f1b", "-p", "4", "-m", "8", "--model", "large", "--grid", "none"}, compile,
+        options);
+  EXPECT_FALSE(parallel_requested(options));
+  std::ostringstream out;
+  ASSERT_EQ(run_sim_command(compile, options, out), 0);
+  EXPECT_NE(out.str().find("costs: analytic (BERT large"), std::string::npos) << out.str();
+  EXPECT_EQ(out.str().find("TFLOP/s per GPU"), std::string::npos) << out.str();
+}
+
 TEST(SimCommand, KfacFillsTheBubblesAndReportsBothRuns) {
   CompileCommandOptions compile;
   SimCommandOptions options;
@@ -277,6 +350,23 @@ TEST(SimCommand, BadInputGivesClearErrors) {
   o = {};
   o.uniform = "1,two";
   EXPECT_NE(error_of({}, o).find("two"), std::string::npos);
+  o = {};
+  o.model = "gpt2";
+  o.seq_len = 1024;
+  o.global_batch = 30;
+  o.micro_batch_size = 4;
+  EXPECT_NE(error_of({}, o).find("--global-batch 30 must be a positive multiple of "
+                                 "--micro-batch-size x --data-parallel = 4"),
+            std::string::npos);
+  o.global_batch = 0;
+  o.cluster = "dgx-z9";
+  EXPECT_NE(error_of({}, o).find("unknown cluster 'dgx-z9'"), std::string::npos);
+  o.cluster = "dgx-a100";
+  o.tensor_parallel = 5;
+  EXPECT_NE(error_of({}, o).find("--tensor-parallel 5"), std::string::npos);
+  o.tensor_parallel = 2;
+  o.uniform = "1,2";
+  EXPECT_NE(error_of({}, o).find("cannot be combined with --uniform"), std::string::npos);
   o = {};
   o.report = "x.json";
   EXPECT_NE(error_of({}, o).find("--model, --uniform or --profile"), std::string::npos);

@@ -1,0 +1,92 @@
+#pragma once
+// The configuration search behind `pipefisher_sim search`: every way of running a model on N GPUs
+// of a cluster with a global batch B (tensor-parallel t, pipeline stages p, data-parallel
+// d = N / (t p), schedule GPipe / 1F1B / interleaved with v chunks / Chimera, micro-batch size b,
+// m = B / (b d) micro-batches, recomputation none / selective / full), priced by the parallel cost
+// model (sim/parallel_cost_model.h), pruned by memory and ranked by time per step.
+//
+// Two tiers keep thousands of candidates to seconds: every candidate gets a closed-form step time
+// and peak memory from the cost model's per-worker durations (below); the best `simulate_top`
+// that fit are then compiled and replayed by the event engine, which gives the ranking's step
+// time and the exact peak memory (a candidate that turns out not to fit is dropped). With K-FAC
+// the best `kfac_top` simulated ones also run the PipeFisher pass.
+//
+// Closed form, with W_w = forward + backward of one micro-batch through worker w's chunks, c the
+// send time of one boundary tensor and R_w, O_w its gradient reductions and optimizer step:
+//   GPipe, 1F1B, interleaved: m max_w W_w + (sum_w W_w - max_w W_w) / v + 2 (p v - 1) c
+//   Chimera (each worker holds stage w of one pipeline and p-1-w of the other, m / 2 each; the
+//   generator runs units of p micro-batches): m max_w W'_w + m / p (p - 2) B_max, W'_w the mean
+//   of its two stages' W, B_max the longest backward of one stage,
+// plus max_w (R_w + O_w). Peak memory: weights and state plus the activations of the micro-batches
+// in flight on worker w: GPipe m, 1F1B min(m, p - w), interleaved min(m v, 2 (p - w - 1) +
+// (v - 1) p + 1) chunks, Chimera min(m, p / 2 + 1 + min(w, p - 1 - w)) over its two stages.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "scheduler/pipefisher/kfac_options.h"
+#include "scheduler/schedule.h"
+#include "sim/cluster.h"
+#include "sim/transformer_kernels.h"
+
+namespace pf::sim {
+
+struct SearchOptions {
+  TransformerSpec model;
+  ClusterSpec cluster;
+  int gpus = 0;
+  int global_batch = 0;
+  int seq_len = 2048;
+  Precision precision = Precision::kBf16;
+  std::vector<int> tensor_parallel;  // empty: 1, 2, 4, ... up to 2 x GPUs per node
+  std::vector<int> micro_batch_sizes = {1, 2, 4, 8};
+  std::vector<sched::ScheduleKind> kinds = {
+      sched::ScheduleKind::kGPipe, sched::ScheduleKind::kOneFOneB,
+      sched::ScheduleKind::kInterleaved, sched::ScheduleKind::kChimera};
+  std::vector<int> interleave_chunks = {2, 4};
+  std::vector<Recompute> recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  int simulate_top = 24;
+  std::optional<pipefisher::KfacOptions> kfac;  // also run the PipeFisher pass
+  int kfac_top = 6;
+  // Throws std::invalid_argument naming the flag.
+  void validate() const;
+};
+
+struct Candidate {
+  int tensor_parallel = 1, stages = 1, data_parallel = 1, micro_batch_size = 1, microbatches = 1;
+  sched::ScheduleKind kind = sched::ScheduleKind::kOneFOneB;
+  int chunks = 1;  // v
+  Recompute recompute = Recompute::kNone;
+  double estimate_s = 0.0;             // closed-form step time
+  double memory_estimate_bytes = 0.0;  // closed-form peak per GPU
+  bool simulated = false;
+  double step_time_s = 0.0;  // the engine's (simulated), else the estimate
+  double bubble_fraction = 0.0;
+  double achieved_tflops_per_gpu = 0.0;
+  double mfu = 0.0;
+  double peak_memory_bytes = 0.0;
+  bool kfac_run = false;
+  double utilization_before = 0.0, utilization_after = 0.0;
+  double kfac_step_time_s = 0.0;  // per step with K-FAC in the bubbles
+  int refresh_steps = 0, refresh_bound = -1;
+
+  std::string schedule_name() const;  // "1f1b", "interleaved v=2", ...
+};
+
+struct SearchResult {
+  std::vector<Candidate> ranked;  // fitting candidates, best first (simulated ones first)
+  long enumerated = 0;            // (t, p, b, kind, v, recompute) combinations tried
+  long invalid = 0;               // broke a schedule's rules (m < p for 1F1B, ...)
+  long out_of_memory = 0;         // pruned by the closed-form or the simulated memory
+  long simulated = 0;
+  double seconds = 0.0;  // wall time of the search
+};
+
+SearchResult search_configurations(const SearchOptions& options);
+
+std::string search_table(const SearchOptions& options, const SearchResult& result, int top);
+nlohmann::json search_json(const SearchOptions& options, const SearchResult& result, int top);
+
+}  // namespace pf::sim

@@ -1,0 +1,301 @@
+#include "sim/parallel_cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "sim/communication.h"
+#include "sim/kfac_kernels.h"
+
+namespace pf::sim {
+
+using sched::OpKind;
+
+namespace {
+
+// Per-rank parameters of one layer: the products and their biases split t ways, the norms
+// replicated.
+double rank_layer_params(const TransformerSpec& m, int t) {
+  const double norms = (m.rms_norm ? 1.0 : 2.0) * 2.0 * m.hidden_size;
+  return (transformer_layer_params(m) - norms) / t + norms;
+}
+
+}  // namespace
+
+ParallelCostModel::ParallelCostModel(ParallelWorkload workload, ClusterSpec cluster,
+                                     double kfac_task_overhead_s)
+    : workload_(std::move(workload)),
+      cluster_(std::move(cluster)),
+      kfac_task_overhead_s_(kfac_task_overhead_s) {
+  if (!(kfac_task_overhead_s >= 0.0) || !std::isfinite(kfac_task_overhead_s)) {
+    throw std::invalid_argument(
+        "parallel cost model: kfac_task_overhead_s must be finite and >= 0, got " +
+        std::to_string(kfac_task_overhead_s));
+  }
+  workload_.validate();
+  cluster_.validate("cluster '" + cluster_.name + "'");
+  const DeviceSpec& device = cluster_.device;
+  (void)device.peak_flops(workload_.precision);  // throws when the device lacks the precision
+  layer_ = price_piece(transformer_layer_kernels(workload_));
+  embeddings_ = price_piece(transformer_embedding_kernels(workload_));
+  head_ = price_piece(transformer_head_kernels(workload_));
+  layer_params_ = rank_layer_params(workload_.model, workload_.tensor_parallel);
+  const int t = workload_.tensor_parallel;
+  const Link tensor_link = cluster_.link_for(t, 1);
+  const double e = element_bytes(workload_.precision);
+  tensor_allreduce_s_ =
+      allreduce_seconds(workload_.tokens() * workload_.model.hidden_size * e, t, tensor_link);
+  // The vocab-parallel cross-entropy's three reductions of one fp32 value per token.
+  head_allreduce_s_ = 3.0 * allreduce_seconds(4.0 * workload_.tokens(), t, tensor_link);
+  const Precision products = kfac_product_precision(device, workload_.precision);
+  const double T = workload_.tokens();
+  for (int i = 0; i < sched::kNumLinearKinds; ++i) {
+    const Dims d = linear_dims(static_cast<sched::LinearKind>(i));
+    auto& k = kfac_[static_cast<std::size_t>(i)];
+    k.curvature_a = price(device, curvature_kernels(products, T, d.in, e));
+    k.curvature_b = price(device, curvature_kernels(products, T, d.out, e));
+    k.invert_a = price(device, inversion_kernels(d.in));
+    k.invert_b = price(device, inversion_kernels(d.out));
+    k.precondition = price(device, precondition_kernels(products, d.in, d.out));
+  }
+}
+
+ParallelCostModel::PricedPiece ParallelCostModel::price_piece(const PieceKernels& kernels) const {
+  Kernels fused = kernels.backward_input;
+  fused.insert(fused.end(), kernels.backward_weight.begin(), kernels.backward_weight.end());
+  const DeviceSpec& device = cluster_.device;
+  return {price(device, kernels.forward), price(device, kernels.backward_input),
+          price(device, kernels.backward_weight), price(device, fused)};
+}
+
+ParallelCostModel::Dims ParallelCostModel::linear_dims(sched::LinearKind linear) const {
+  const auto& m = workload_.model;
+  const double t = workload_.tensor_parallel, H = m.hidden_size;
+  const double q = H / t, kv = std::max(1.0, m.num_kv_heads / t) * m.head_dim();
+  const double I = m.intermediate_size / t;
+  switch (linear) {
+    case sched::LinearKind::kQuery:
+      return {H, q};
+    case sched::LinearKind::kKey:
+    case sched::LinearKind::kValue:
+      return {H, kv};
+    case sched::LinearKind::kAttentionOut:
+      return {q, H};
+    case sched::LinearKind::kFfnIn:
+      return {H, (m.gated_mlp ? 2.0 : 1.0) * I};  // gate and up as one Linear
+    case sched::LinearKind::kFfnOut:
+      return {I, H};
+  }
+  return {H, H};
+}
+
+const sched::ChunkPlacement& ParallelCostModel::chunk_at(const sched::Schedule& schedule,
+                                                         int pipeline, int chunk) const {
+  const auto& placement = schedule.placement;
+  const long index = static_cast<long>(pipeline) * placement.chunks_per_pipeline + chunk;
+  if (chunk < 0 || chunk >= placement.chunks_per_pipeline || pipeline < 0 ||
+      index >= static_cast<long>(placement.chunks.size())) {
+    throw std::invalid_argument("parallel costs: no placement for pipeline " +
+                                std::to_string(pipeline) + " chunk " + std::to_string(chunk));
+  }
+  return placement.chunks[static_cast<std::size_t>(index)];
+}
+
+double ParallelCostModel::chunk_params(const sched::Schedule& schedule, int pipeline,
+                                       int chunk) const {
+  const auto& placed = chunk_at(schedule, pipeline, chunk);
+  const auto& m = workload_.model;
+  const double t = workload_.tensor_parallel, H = m.hidden_size, V = m.vocab_size;
+  double params = placed.num_layers * layer_params_;
+  if (placed.has_embeddings) {
+    params += V / t * H + (transformer_embedding_params(m) - V * H);  // positions replicated
+  }
+  if (placed.has_head) {
+    const double full = transformer_head_params(m, placed.has_embeddings);
+    const bool has_matrix = !(m.tied_head && placed.has_embeddings);
+    // A tied head on another stage keeps its own copy of the embedding (Megatron).
+    const double matrix = (has_matrix || !m.tied_head) ? V * H : 0.0;
+    params += (full - (has_matrix ? V * H : 0.0)) + matrix / t;
+  }
+  return params;
+}
+
+double ParallelCostModel::worker_params(const sched::Schedule& schedule, int worker) const {
+  double params = 0.0;
+  for (const auto& placed : schedule.placement.chunks) {
+    if (placed.worker == worker) params += chunk_params(schedule, placed.pipeline, placed.chunk);
+  }
+  return params;
+}
+
+double ParallelCostModel::tensor_allreduce_seconds() const {
+  return tensor_allreduce_s_;
+}
+
+Link ParallelCostModel::pipeline_link(const sched::Schedule& schedule) const {
+  // Stages are t x d ranks apart: neighbours share a node only when the whole pipeline fits in
+  // one (otherwise some hop crosses the network and the pipeline moves at its pace).
+  const long stride =
+      static_cast<long>(workload_.tensor_parallel) * std::max(1, schedule.params.data_parallel);
+  const long span = stride * std::max(1, schedule.num_workers());
+  return span <= cluster_.gpus_per_node ? cluster_.nvlink : cluster_.network;
+}
+
+double ParallelCostModel::compute_seconds(const sched::Schedule& schedule,
+                                          const sched::Instruction& in) const {
+  const auto& placed = chunk_at(schedule, in.pipeline, in.chunk);
+  auto piece = [&](const PricedPiece& p) -> const PricedKernels& {
+    switch (in.kind) {
+      case OpKind::kForward:
+        return p.forward;
+      case OpKind::kBackwardInput:
+        return p.backward_input;
+      case OpKind::kBackwardWeight:
+        return p.backward_weight;
+      default:
+        return p.backward;
+    }
+  };
+  std::array<QueuedPart, 3> parts{};
+  int n = 0;
+  const bool forward = in.kind == OpKind::kForward;
+  if (forward && placed.has_embeddings) parts[n++] = {&piece(embeddings_), 1, -1.0};
+  if (!forward && placed.has_head) parts[n++] = {&piece(head_), 1, -1.0};
+  if (placed.num_layers > 0) parts[n++] = {&piece(layer_), placed.num_layers, -1.0};
+  if (forward && placed.has_head) parts[n++] = {&piece(head_), 1, -1.0};
+  if (!forward && placed.has_embeddings) parts[n++] = {&piece(embeddings_), 1, -1.0};
+  const DeviceSpec& device = cluster_.device;
+  const double launch = forward ? device.launch_overhead_s : device.backward_launch_s();
+  double seconds = queued_seconds(
+      std::span<const QueuedPart>(parts.data(), static_cast<std::size_t>(n)), launch);
+  // Tensor-parallel all-reduces sit on the critical path of the rank's stream.
+  if (workload_.tensor_parallel > 1 && in.kind != OpKind::kBackwardWeight) {
+    double reductions = 2.0 * placed.num_layers;
+    if (!forward && workload_.recompute == Recompute::kFull) reductions *= 2.0;
+    if (forward && placed.has_embeddings) reductions += 1.0;
+    if (!forward && placed.has_head) reductions += 1.0;
+    seconds += reductions * tensor_allreduce_s_;
+    if (forward && placed.has_head) seconds += head_allreduce_s_;
+  }
+  return seconds;
+}
+
+double ParallelCostModel::kfac_seconds(const sched::Schedule& schedule,
+                                       const sched::Instruction& in) const {
+  const auto& k = kfac_[static_cast<std::size_t>(in.linear)];
+  const double launch = cluster_.device.launch_overhead_s;
+  switch (in.kind) {
+    case OpKind::kCurvatureA:
+      return queued_seconds(k.curvature_a, launch);
+    case OpKind::kCurvatureB:
+      return queued_seconds(k.curvature_b, launch);
+    case OpKind::kInvertA:
+      return queued_seconds(k.invert_a, launch);
+    case OpKind::kInvertB:
+      return queued_seconds(k.invert_b, launch);
+    case OpKind::kPrecondition:
+      return queued_seconds(k.precondition, launch);
+    case OpKind::kCurvatureSync: {
+      const int d = std::max(1, schedule.params.data_parallel);
+      const int replicas = std::max(1, schedule.placement.num_pipelines) * d;
+      const Dims dims = linear_dims(in.linear);
+      const double bytes = in.bytes > 0 ? static_cast<double>(in.bytes)
+                                        : 4.0 * (dims.in * dims.in + dims.out * dims.out);
+      return allreduce_seconds(bytes, replicas, cluster_.link_for(d, workload_.tensor_parallel));
+    }
+    default:
+      return 0.0;
+  }
+}
+
+double ParallelCostModel::duration(const sched::Schedule& schedule, int worker,
+                                   const sched::Instruction& in) const {
+  const double e = element_bytes(workload_.precision);
+  const int t = workload_.tensor_parallel;
+  switch (in.kind) {
+    case OpKind::kForward:
+    case OpKind::kBackward:
+    case OpKind::kBackwardInput:
+    case OpKind::kBackwardWeight:
+      return compute_seconds(schedule, in);
+    case OpKind::kSendActivation:
+    case OpKind::kRecvActivation:
+    case OpKind::kSendGradient:
+    case OpKind::kRecvGradient: {
+      const double boundary = workload_.tokens() * workload_.model.hidden_size * e;
+      const Link link = pipeline_link(schedule);
+      double seconds = transfer_seconds(boundary / t, link.bandwidth, link.latency_s);
+      if (t > 1) seconds += allgather_seconds(boundary, t, cluster_.link_for(t, 1));
+      return seconds;
+    }
+    case OpKind::kReduceGradPipelines: {
+      const double bytes = in.bytes > 0 ? static_cast<double>(in.bytes)
+                                        : chunk_params(schedule, in.pipeline, in.chunk) * e;
+      return allreduce_seconds(bytes, 2, pipeline_link(schedule));
+    }
+    case OpKind::kReduceGradDataParallel: {
+      const int d = std::max(1, schedule.params.data_parallel);
+      double seconds = 0.0;
+      if (in.chunk >= 0) {
+        seconds = allreduce_seconds(chunk_params(schedule, in.pipeline, in.chunk) * e, d,
+                                    cluster_.link_for(d, t));
+        const auto& placed = chunk_at(schedule, in.pipeline, in.chunk);
+        const bool split_tied = workload_.model.tied_head &&
+                                schedule.placement.chunks_per_pipeline > 1 &&
+                                (placed.has_embeddings || placed.has_head);
+        if (split_tied) {
+          // The embedding group: first and last stage sum their copies' gradients.
+          const double bytes =
+              double{1.0} * workload_.model.vocab_size / t * workload_.model.hidden_size * e;
+          seconds += allreduce_seconds(bytes, 2, pipeline_link(schedule));
+        }
+      } else {
+        seconds =
+            allreduce_seconds(worker_params(schedule, worker) * e, d, cluster_.link_for(d, t));
+      }
+      return seconds;
+    }
+    case OpKind::kOptimizerStep:
+      return cluster_.device.launch_overhead_s +
+             kernel_seconds(cluster_.device, memory_kernel(28.0 * worker_params(schedule, worker)));
+    case OpKind::kCurvatureSync:
+      return kfac_seconds(schedule, in);
+    case OpKind::kCurvatureA:
+    case OpKind::kCurvatureB:
+    case OpKind::kInvertA:
+    case OpKind::kInvertB:
+    case OpKind::kPrecondition:
+      return kfac_piece_seconds(kfac_seconds(schedule, in), kfac_task_overhead_s_, in);
+  }
+  return 0.0;
+}
+
+double ParallelCostModel::activation_bytes(const sched::Schedule& schedule, int pipeline,
+                                           int chunk) const {
+  const auto& placed = chunk_at(schedule, pipeline, chunk);
+  double bytes = placed.num_layers * transformer_layer_activation_bytes(workload_);
+  if (placed.has_embeddings) bytes += transformer_embedding_activation_bytes(workload_);
+  if (placed.has_head) bytes += transformer_head_activation_bytes(workload_);
+  return bytes;
+}
+
+double ParallelCostModel::static_bytes(const sched::Schedule& schedule, int pipeline,
+                                       int chunk) const {
+  // Full recomputation rebuilds one layer's activations at a time: held once per worker, here
+  // shared out over the chunks the worker holds.
+  const auto& placement = schedule.placement;
+  const double chunks_per_worker = std::max(
+      1.0, static_cast<double>(placement.chunks.size()) / std::max(1, schedule.num_workers()));
+  return kStaticBytesPerParam * chunk_params(schedule, pipeline, chunk) +
+         transformer_recompute_transient_bytes(workload_) / chunks_per_worker;
+}
+
+double ParallelCostModel::kfac_bytes(const sched::Schedule& /*schedule*/, int /*layer*/,
+                                     sched::LinearKind linear) const {
+  const Dims d = linear_dims(linear);
+  return 2.0 * 4.0 * (d.in * d.in + d.out * d.out);
+}
+
+}  // namespace pf::sim

@@ -1,0 +1,78 @@
+#pragma once
+// Costs of one tensor-parallel rank of a PTD-P run (Megatron-LM's tensor x pipeline x data
+// parallelism) on a cluster. The schedule is one pipeline of p workers (its data_parallel = d);
+// every worker stands for its t tensor-parallel ranks and d data-parallel replicas, which run
+// the same stream at the same times (one representative per equivalence class: the t ranks of a
+// tensor-parallel group do identical work between their all-reduces, and the d replicas of a
+// stage are symmetric), so a 3072-GPU step replays p streams, not t x p x d.
+// - compute: the rank's kernels (sim/transformer_kernels.h) queued behind the host, plus the
+//   tensor-parallel all-reduces of T x H x e bytes on the tensor-parallel group's link: 2 per
+//   layer in the forward, 2 in the backward (and 2 more for a fully recomputed forward), 1 for
+//   the vocab-parallel embedding, 1 for the head's input gradient;
+// - send / receive: T x H x e / t bytes (Megatron's scatter / gather of the boundary tensor)
+//   over the pipeline link, plus the all-gather of the pieces on the tensor-parallel link;
+// - data-parallel gradient reduction: the chunk's per-rank parameters x e over d ranks spaced t
+//   apart (plus the tied embedding's all-reduce between first and last stage);
+// - optimizer: 28 bytes per per-rank parameter over the memory bandwidth;
+// - K-FAC: kfac_kernels.h on the rank's shard of each Linear.
+#include <array>
+
+#include "sim/bert_kernels.h"
+#include "sim/cluster.h"
+#include "sim/cost_model.h"
+#include "sim/transformer_kernels.h"
+
+namespace pf::sim {
+
+class ParallelCostModel final : public CostModel {
+ public:
+  // Throws std::invalid_argument on an invalid workload or cluster.
+  ParallelCostModel(ParallelWorkload workload, ClusterSpec cluster,
+                    double kfac_task_overhead_s = kDefaultKfacTaskOverheadS);
+
+  double duration(const sched::Schedule& schedule, int worker,
+                  const sched::Instruction& instruction) const override;
+  double activation_bytes(const sched::Schedule& schedule, int pipeline, int chunk) const override;
+  double static_bytes(const sched::Schedule& schedule, int pipeline, int chunk) const override;
+  double kfac_bytes(const sched::Schedule& schedule, int layer,
+                    sched::LinearKind linear) const override;
+  double kfac_task_overhead_s() const override { return kfac_task_overhead_s_; }
+
+  const ParallelWorkload& workload() const { return workload_; }
+  const ClusterSpec& cluster() const { return cluster_; }
+  // Parameters one rank holds of (pipeline, chunk) and of everything on `worker`.
+  double chunk_params(const sched::Schedule& schedule, int pipeline, int chunk) const;
+  double worker_params(const sched::Schedule& schedule, int worker) const;
+  // One tensor-parallel all-reduce of a layer's T x H activations.
+  double tensor_allreduce_seconds() const;
+  // The link between neighbouring pipeline stages of `schedule`.
+  Link pipeline_link(const sched::Schedule& schedule) const;
+
+ private:
+  struct PricedPiece {
+    PricedKernels forward, backward_input, backward_weight, backward;
+  };
+  struct PricedKfac {
+    PricedKernels curvature_a, curvature_b, invert_a, invert_b, precondition;
+  };
+  struct Dims {
+    double in = 0.0, out = 0.0;
+  };
+  PricedPiece price_piece(const PieceKernels& kernels) const;
+  const sched::ChunkPlacement& chunk_at(const sched::Schedule& schedule, int pipeline,
+                                        int chunk) const;
+  double compute_seconds(const sched::Schedule& schedule, const sched::Instruction& in) const;
+  double kfac_seconds(const sched::Schedule& schedule, const sched::Instruction& in) const;
+  Dims linear_dims(sched::LinearKind linear) const;
+
+  ParallelWorkload workload_;
+  ClusterSpec cluster_;
+  PricedPiece layer_, embeddings_, head_;
+  std::array<PricedKfac, 6> kfac_{};
+  double kfac_task_overhead_s_ = kDefaultKfacTaskOverheadS;
+  double layer_params_ = 0.0;  // per rank
+  double tensor_allreduce_s_ = 0.0;
+  double head_allreduce_s_ = 0.0;
+};
+
+}  // namespace pf::sim

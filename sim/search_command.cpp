@@ -1,0 +1,143 @@
+#include "sim/search_command.h"
+
+#include <algorithm>
+#include <ostream>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "sim/config_search.h"
+#include "traces/chrome_trace.h"
+
+namespace pf::cli {
+namespace {
+
+std::vector<std::string> split(const std::string& list, const std::string& flag) {
+  std::vector<std::string> items;
+  std::stringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) throw std::invalid_argument(flag + " '" + list + "' has an empty item");
+    items.push_back(item);
+  }
+  if (items.empty()) throw std::invalid_argument(flag + " must list at least one value");
+  return items;
+}
+
+std::vector<int> split_ints(const std::string& list, const std::string& flag) {
+  std::vector<int> out;
+  for (const std::string& item : split(list, flag)) {
+    std::size_t used = 0;
+    int value = 0;
+    try {
+      value = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || value <= 0) {
+      throw std::invalid_argument(flag + ": '" + item + "' is not a positive integer");
+    }
+    out.push_back(value);
+  }
+  return out;
+}
+
+}  // namespace
+
+CLI::App* add_search_command(CLI::App& app, SearchCommandOptions& options) {
+  CLI::App* command = app.add_subcommand(
+      "search",
+      "Enumerate tensor, pipeline and data parallelism, schedule, micro-batch size and "
+      "recomputation for a model on N GPUs of a cluster; prune what does not fit in memory; "
+      "rank by predicted time per step (docs/scale.md)");
+  command->add_option("--model", options.model, "Model preset or Hugging Face config.json")
+      ->required();
+  command->add_option("--gpus", options.gpus, "GPUs N = t x p x d")->required();
+  command->add_option("--global-batch", options.global_batch, "Sequences per step B")->required();
+  command->add_option("--cluster", options.cluster, "dgx-a100, dgx-h100 or a cluster JSON")
+      ->capture_default_str();
+  command->add_option("--device", options.device, "Replace the cluster's GPU (preset or file)");
+  command->add_option("--seq-len", options.seq_len,
+                      "Sequence length (default: the model's maximum, at most 2048)");
+  command->add_option("--precision", options.precision, "bf16, fp16, tf32 or fp32")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}))
+      ->capture_default_str();
+  command->add_flag("--kfac", options.kfac,
+                    "Run the PipeFisher pass on the best simulated configurations and rank them "
+                    "by time per step with K-FAC in the bubbles");
+  command->add_option("--out", options.out, "Write the top configurations as JSON");
+  command->add_option("--top", options.top, "Configurations to print and write")
+      ->capture_default_str();
+  command
+      ->add_option("--simulate-top", options.simulate_top,
+                   "Best closed-form estimates replayed by the event engine")
+      ->capture_default_str();
+  command
+      ->add_option("--kfac-top", options.kfac_top,
+                   "Best simulated configurations the PipeFisher pass runs on (--kfac)")
+      ->capture_default_str();
+  command->add_option("--tensor-parallel", options.tensor_parallel,
+                      "Tensor-parallel degrees to try, comma-separated (default: 1, 2, 4, ... "
+                      "up to two nodes)");
+  command
+      ->add_option("--micro-batch-sizes", options.micro_batch_sizes,
+                   "Micro-batch sizes to try, comma-separated")
+      ->capture_default_str();
+  command
+      ->add_option("--schedules", options.schedules,
+                   "Schedules to try: gpipe, 1f1b, interleaved (v = 2 and 4), chimera")
+      ->capture_default_str();
+  command
+      ->add_option("--recompute", options.recompute, "Recomputation to try: none, selective, full")
+      ->capture_default_str();
+  return command;
+}
+
+int run_search_command(const SearchCommandOptions& options, std::ostream& out) {
+  sim::SearchOptions search;
+  search.model = sim::resolve_transformer(options.model);
+  search.cluster = sim::resolve_cluster(options.cluster);
+  if (!options.device.empty()) search.cluster.device = sim::resolve_device(options.device);
+  search.gpus = options.gpus;
+  search.global_batch = options.global_batch;
+  search.seq_len =
+      options.seq_len > 0 ? options.seq_len : std::min(2048, search.model.max_position_embeddings);
+  search.precision = sim::precision_from_string(options.precision);
+  if (!options.tensor_parallel.empty()) {
+    search.tensor_parallel = split_ints(options.tensor_parallel, "--tensor-parallel");
+  }
+  search.micro_batch_sizes = split_ints(options.micro_batch_sizes, "--micro-batch-sizes");
+  search.kinds.clear();
+  for (const std::string& name : split(options.schedules, "--schedules")) {
+    if (name != "gpipe" && name != "1f1b" && name != "interleaved" && name != "chimera") {
+      throw std::invalid_argument("--schedules: '" + name +
+                                  "' is not one of gpipe, 1f1b, interleaved, chimera");
+    }
+    const auto kind = sched::schedule_kind_from_string(name);
+    search.kinds.push_back(kind);
+  }
+  search.recompute.clear();
+  for (const std::string& name : split(options.recompute, "--recompute")) {
+    search.recompute.push_back(sim::recompute_from_string(name));
+  }
+  if (options.top <= 0) throw std::invalid_argument("--top must be positive");
+  search.simulate_top = options.simulate_top;
+  search.kfac_top = options.kfac_top;
+  if (options.kfac) search.kfac = pipefisher::KfacOptions{};
+  const sim::SearchResult result = sim::search_configurations(search);
+  out << sim::search_table(search, result, options.top);
+  if (!options.out.empty()) {
+    traces::write_json_file(options.out, sim::search_json(search, result, options.top));
+    out << "wrote " << options.out << "\n";
+  }
+  if (result.ranked.empty()) {
+    out << "no configuration fits: more GPUs, a smaller micro-batch or recomputation\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace pf::cli

@@ -1,0 +1,56 @@
+#pragma once
+// The kernels one tensor-parallel rank launches for one micro-batch of each piece of a
+// transformer (a layer, the embeddings, the head), as Megatron-LM runs them: column-parallel
+// Q/K/V and MLP-up products, row-parallel attention-output and MLP-down products, heads split
+// over the t ranks, the norms, residuals and dropouts replicated on every rank. The
+// tensor-parallel all-reduces are communication, priced by the cost model (2 in the forward, 2
+// in the backward of a layer). Recomputation adds the forward kernels it re-runs (full: the
+// whole layer; selective: the attention core) to the backward-input list.
+// Notation (per rank): T = b S tokens, H hidden, a_t = a / t heads, kv_t = max(1, kv / t) key /
+// value heads, d head size, I_t = I / t, N = b a_t S^2 attention scores, e bytes per element.
+#include "sim/bert_kernels.h"
+#include "sim/transformer_spec.h"
+
+namespace pf::sim {
+
+enum class Recompute { kNone, kSelective, kFull };
+std::string_view to_string(Recompute recompute);
+Recompute recompute_from_string(std::string_view name);  // throws naming the allowed values
+
+struct ParallelWorkload {
+  TransformerSpec model;
+  int seq_len = 2048;
+  int micro_batch_size = 1;
+  Precision precision = Precision::kBf16;
+  int tensor_parallel = 1;
+  Recompute recompute = Recompute::kNone;
+
+  double tokens() const { return double{1.0} * micro_batch_size * seq_len; }
+  // BERT's scored positions per sequence (round(20 S / 128)); every position for decoders.
+  int scored_positions() const;
+  // Throws std::invalid_argument naming the flag.
+  void validate() const;
+};
+
+PieceKernels transformer_layer_kernels(const ParallelWorkload& w);
+PieceKernels transformer_embedding_kernels(const ParallelWorkload& w);
+PieceKernels transformer_head_kernels(const ParallelWorkload& w);
+
+// Bytes one rank stashes per micro-batch of one layer until its backward (Korthikanti et al.'s
+// count generalised to gated MLPs and grouped-query attention; 16-bit baseline scaled by e / 2):
+// none: T (10 H + (4 H + 4 kv d + 4 I') / t) + 5 N' (5: scores, dropout mask and output; 2
+// without attention dropout), I' = I (2 I for a gated MLP's two inputs + 1 I output: 6 I / 4),
+// selective: the same without the N' terms; full: the layer's input only, 2 T H.
+double transformer_layer_activation_bytes(const ParallelWorkload& w);
+// The largest transient of full recomputation: one layer's activations rebuilt during its
+// backward (held once per rank, not per stashed micro-batch). 0 for none / selective.
+double transformer_recompute_transient_bytes(const ParallelWorkload& w);
+double transformer_embedding_activation_bytes(const ParallelWorkload& w);
+double transformer_head_activation_bytes(const ParallelWorkload& w);
+
+// Executed matrix-product FLOPs of one sequence on all t ranks, forward + backward +
+// recomputation (what "achieved TFLOP/s per GPU" counts in the Megatron-LM paper: 4x the
+// layers' forward with full recomputation, 3x without; 3x for the head).
+double transformer_hardware_flops_per_sequence(const ParallelWorkload& w);
+
+}  // namespace pf::sim

@@ -1,0 +1,315 @@
+// The simulator at scale: transformer families, the cluster description, the parallel (PTD-P)
+// cost model and its memory check.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/model/bert_config.h"
+#include "scheduler/compile.h"
+#include "sim/bert_kernels.h"
+#include "sim/cluster.h"
+#include "sim/parallel_cost_model.h"
+#include "sim/simulator.h"
+#include "sim/transformer_kernels.h"
+#include "sim/transformer_spec.h"
+
+namespace pf::sim {
+namespace {
+
+std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+double matmul_flops(const Kernels& kernels) {
+  double flops = 0.0;
+  for (const Kernel& k : kernels) {
+    if (k.op_class == OpClass::kGemm || k.op_class == OpClass::kAttention)
+      flops += k.flops * k.count;
+  }
+  return flops;
+}
+
+ParallelWorkload gpt_workload(const char* model, int t, Recompute recompute, int b = 1) {
+  ParallelWorkload w;
+  w.model = transformer_preset(model);
+  w.seq_len = 2048;
+  w.micro_batch_size = b;
+  w.precision = Precision::kFp16;
+  w.tensor_parallel = t;
+  w.recompute = recompute;
+  return w;
+}
+
+TEST(TransformerSpec, PresetsHaveTheirPublishedSizes) {
+  auto billions = [](const char* name) {
+    return transformer_total_params(transformer_preset(name)) / 1e9;
+  };
+  EXPECT_NEAR(billions("gpt2"), 0.124, 0.002);
+  EXPECT_NEAR(billions("gpt3-175b"), 175.0, 1.5);
+  EXPECT_NEAR(billions("llama-7b"), 6.74, 0.02);
+  EXPECT_NEAR(billions("llama2-70b"), 69.0, 0.3);
+  EXPECT_NEAR(billions("megatron-1.7b"), 1.7, 0.05);
+  EXPECT_NEAR(billions("megatron-145.6b"), 145.6, 1.0);
+  EXPECT_NEAR(billions("megatron-1t"), 1008.0, 5.0);
+  EXPECT_EQ(transformer_preset("large").family, ModelFamily::kBert);
+  EXPECT_EQ(transformer_preset("bert-large"), transformer_preset("large"));
+  EXPECT_NE(error_of([] { (void)transformer_preset("gpt5"); }).find("llama-7b"), std::string::npos);
+}
+
+TEST(TransformerSpec, ReadsHuggingFaceConfigs) {
+  const nlohmann::json gpt2 = {{"model_type", "gpt2"}, {"n_embd", 768},       {"n_layer", 12},
+                               {"n_head", 12},         {"vocab_size", 50257}, {"n_positions", 1024},
+                               {"n_inner", nullptr}};
+  TransformerSpec from_file = transformer_from_hf_json(gpt2, "gpt2/config.json");
+  TransformerSpec preset = transformer_preset("gpt2");
+  from_file.name = preset.name;
+  EXPECT_EQ(from_file, preset);
+
+  const nlohmann::json llama = {{"model_type", "llama"},    {"hidden_size", 8192},
+                                {"num_hidden_layers", 80},  {"num_attention_heads", 64},
+                                {"num_key_value_heads", 8}, {"intermediate_size", 28672},
+                                {"vocab_size", 32000},      {"max_position_embeddings", 4096}};
+  const TransformerSpec l = transformer_from_hf_json(llama, "l/config.json");
+  EXPECT_EQ(l.family, ModelFamily::kLlama);
+  EXPECT_EQ(l.num_kv_heads, 8);
+  EXPECT_TRUE(l.gated_mlp && l.rms_norm && !l.tied_head && !l.linear_bias);
+  EXPECT_NEAR(transformer_total_params(l) / 1e9, 69.0, 0.3);
+
+  const nlohmann::json bert = {{"hidden_size", 1024},
+                               {"num_hidden_layers", 24},
+                               {"num_attention_heads", 16},
+                               {"intermediate_size", 4096},
+                               {"vocab_size", 30522}};
+  EXPECT_EQ(transformer_from_hf_json(bert, "b.json").family, ModelFamily::kBert);
+
+  EXPECT_NE(error_of([] {
+              (void)transformer_from_hf_json({{"model_type", "t5"}}, "t5/config.json");
+            }).find("model_type 't5' is not supported"),
+            std::string::npos);
+  nlohmann::json missing = llama;
+  missing.erase("num_hidden_layers");
+  EXPECT_NE(error_of([&] {
+              (void)transformer_from_hf_json(missing, "m.json");
+            }).find("m.json: field 'num_hidden_layers' is missing"),
+            std::string::npos);
+  nlohmann::json bad_groups = llama;
+  bad_groups["num_key_value_heads"] = 7;
+  EXPECT_NE(error_of([&] {
+              (void)transformer_from_hf_json(bad_groups, "g.json");
+            }).find("not a multiple of num_kv_heads 7"),
+            std::string::npos);
+}
+
+TEST(TransformerKernels, FlopsMatchTheFormulasAndSplitOverTensorParallelRanks) {
+  for (const char* model : {"gpt3-1.3b", "llama2-70b"}) {
+    const ParallelWorkload one = gpt_workload(model, 1, Recompute::kNone, 2);
+    const double per_token = transformer_layer_forward_flops_per_token(one.model, one.seq_len);
+    const PieceKernels k1 = transformer_layer_kernels(one);
+    EXPECT_NEAR(matmul_flops(k1.forward) / (one.tokens() * per_token), 1.0, 1e-12) << model;
+    // Backward: input and weight gradients, twice the forward.
+    EXPECT_NEAR(matmul_flops(k1.backward_input) + matmul_flops(k1.backward_weight),
+                2.0 * matmul_flops(k1.forward), 1e-6 * matmul_flops(k1.forward))
+        << model;
+    const ParallelWorkload eight = gpt_workload(model, 8, Recompute::kNone, 2);
+    EXPECT_NEAR(matmul_flops(transformer_layer_kernels(eight).forward),
+                matmul_flops(k1.forward) / 8.0, 1e-6 * matmul_flops(k1.forward))
+        << model;
+    // Full recomputation runs the forward again inside the backward.
+    const PieceKernels full =
+        transformer_layer_kernels(gpt_workload(model, 1, Recompute::kFull, 2));
+    EXPECT_NEAR(matmul_flops(full.backward_input),
+                matmul_flops(k1.backward_input) + matmul_flops(k1.forward), 1.0);
+  }
+  // A BERT layer costs the same products in the parallel model as in the BERT model.
+  Workload bert;
+  bert.config = model::bert_preset("large");
+  bert.seq_len = 128;
+  bert.micro_batch_size = 8;
+  ParallelWorkload same;
+  same.model = transformer_preset("large");
+  same.seq_len = 128;
+  same.micro_batch_size = 8;
+  EXPECT_NEAR(matmul_flops(transformer_layer_kernels(same).forward),
+              matmul_flops(encoder_layer_kernels(bert).forward), 1.0);
+}
+
+TEST(TransformerKernels, MegatronHardwareFlopsFormula) {
+  // 96 B s l h^2 (1 + s / 6h + V / 16 l h) per step with full recomputation (Narayanan et al.).
+  const ParallelWorkload w = gpt_workload("megatron-145.6b", 8, Recompute::kFull);
+  const double s = 2048, l = 80, h = 12288, V = 51200;
+  const double paper = 96.0 * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h));
+  EXPECT_NEAR(transformer_hardware_flops_per_sequence(w) / paper, 1.0, 1e-12);
+  const ParallelWorkload none = gpt_workload("megatron-145.6b", 8, Recompute::kNone);
+  EXPECT_NEAR(transformer_hardware_flops_per_sequence(none) /
+                  transformer_model_flops_per_sequence(none.model, 2048, 2048),
+              1.0, 1e-12);
+}
+
+TEST(TransformerKernels, ActivationMemoryFollowsKorthikanti) {
+  // 16-bit GPT layer: s b h (10 + 24 / t) + 5 a s^2 b / t; selective drops the a s^2 term; full
+  // keeps the input, 2 s b h.
+  const double s = 2048, b = 2, h = 12288, a = 96;
+  for (int t : {1, 2, 8}) {
+    const ParallelWorkload none = gpt_workload("megatron-145.6b", t, Recompute::kNone, 2);
+    EXPECT_NEAR(transformer_layer_activation_bytes(none),
+                s * b * h * (10.0 + 24.0 / t) + 5.0 * a * s * s * b / t, 1.0);
+    const ParallelWorkload selective = gpt_workload("megatron-145.6b", t, Recompute::kSelective, 2);
+    EXPECT_NEAR(transformer_layer_activation_bytes(selective), s * b * h * (10.0 + 24.0 / t), 1.0);
+    const ParallelWorkload full = gpt_workload("megatron-145.6b", t, Recompute::kFull, 2);
+    EXPECT_NEAR(transformer_layer_activation_bytes(full), 2.0 * s * b * h, 1.0);
+    EXPECT_NEAR(transformer_recompute_transient_bytes(full),
+                transformer_layer_activation_bytes(none), 1.0);
+  }
+}
+
+TEST(Cluster, LinksAndCollectives) {
+  const ClusterSpec c = cluster_preset("dgx-a100");
+  EXPECT_EQ(c.gpus_per_node, 8);
+  EXPECT_EQ(c.link_for(8, 1).bandwidth, c.nvlink.bandwidth);    // tensor-parallel inside a node
+  EXPECT_EQ(c.link_for(16, 1).bandwidth, c.network.bandwidth);  // ... or across two
+  EXPECT_EQ(c.link_for(2, 4).bandwidth, c.nvlink.bandwidth);    // t = 4, d = 2: one node
+  EXPECT_EQ(c.link_for(2, 8).bandwidth, c.network.bandwidth);   // t = 8: replicas on two nodes
+  const Link link{100e9, 5e-6};
+  EXPECT_EQ(allreduce_seconds(1e9, 1, link), 0.0);
+  // Large messages: the ring's bandwidth term; tiny ones: the tree's log latency.
+  EXPECT_NEAR(allreduce_seconds(1e9, 4, link), 1.5 * 1e9 / 100e9 + 6 * 5e-6, 1e-12);
+  EXPECT_NEAR(allreduce_seconds(8.0, 64, link), 2 * 8.0 / 100e9 + 2 * 6 * 5e-6, 1e-12);
+  EXPECT_NEAR(allgather_seconds(1e9, 4, link), 0.75 * 1e9 / 100e9 + 3 * 5e-6, 1e-12);
+}
+
+TEST(Cluster, JsonRoundTripAndBadInput) {
+  const ClusterSpec c = cluster_preset("dgx-h100");
+  const ClusterSpec back = cluster_from_json(cluster_to_json(c), "c.json");
+  EXPECT_EQ(back.gpus_per_node, c.gpus_per_node);
+  EXPECT_NEAR(back.network.bandwidth, c.network.bandwidth, 1.0);
+  EXPECT_NEAR(back.nvlink.latency_s, c.nvlink.latency_s, 1e-15);
+  EXPECT_NEAR(back.gpu_memory_bytes, c.gpu_memory_bytes, 1.0);
+  nlohmann::json json = cluster_to_json(c);
+  json.erase("nvlink");
+  EXPECT_NE(error_of([&] {
+              (void)cluster_from_json(json, "c.json");
+            }).find("c.json: missing field 'nvlink'"),
+            std::string::npos);
+  json = cluster_to_json(c);
+  json["network"]["bandwidth_gbps"] = -1;
+  EXPECT_NE(error_of([&] {
+              (void)cluster_from_json(json, "c.json");
+            }).find("'network.bandwidth_gbps' must be positive"),
+            std::string::npos);
+  json = cluster_to_json(c);
+  json["gpus"] = 8;
+  EXPECT_NE(error_of([&] { (void)cluster_from_json(json, "c.json"); }).find("unknown field 'gpus'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { (void)resolve_cluster("dgx-b200"); }).find("dgx-a100, dgx-h100"),
+            std::string::npos);
+}
+
+sched::Schedule pipeline(int p, int m, int d, int layers,
+                         sched::ScheduleKind kind = sched::ScheduleKind::kOneFOneB) {
+  sched::ScheduleParams params;
+  params.kind = kind;
+  params.workers = p;
+  params.microbatches = m;
+  params.num_layers = layers;
+  params.data_parallel = d;
+  params.chunks_per_worker = kind == sched::ScheduleKind::kInterleaved ? 2 : 1;
+  return sched::compile(params);
+}
+
+TEST(ParallelCostModel, TensorParallelAllReducesArePricedOnTheirLink) {
+  // A middle stage's forward: the rank's kernels plus 2 all-reduces per layer; moving the
+  // tensor-parallel group from NVLink to a slower link adds exactly 2 L x the difference.
+  const sched::Schedule schedule = pipeline(4, 8, 1, 16);
+  sched::Instruction forward;
+  forward.kind = sched::OpKind::kForward;
+  forward.chunk = 1;
+  ClusterSpec fast = cluster_preset("dgx-a100");
+  ClusterSpec slow = fast;
+  slow.nvlink.bandwidth /= 10.0;
+  const ParallelWorkload w = gpt_workload("megatron-18.4b", 8, Recompute::kNone);
+  const ParallelCostModel on_fast(w, fast), on_slow(w, slow);
+  const int layers = schedule.placement.at(0, 1).num_layers;
+  EXPECT_NEAR(
+      on_slow.duration(schedule, 1, forward) - on_fast.duration(schedule, 1, forward),
+      2.0 * layers * (on_slow.tensor_allreduce_seconds() - on_fast.tensor_allreduce_seconds()),
+      1e-9);
+  // More ranks, less work per rank; a group spanning two nodes pays the network.
+  const ParallelCostModel t1(gpt_workload("megatron-18.4b", 1, Recompute::kNone), fast);
+  EXPECT_LT(on_fast.duration(schedule, 1, forward), t1.duration(schedule, 1, forward) / 4.0);
+  const ParallelCostModel t16(gpt_workload("megatron-18.4b", 16, Recompute::kNone), fast);
+  EXPECT_GT(t16.tensor_allreduce_seconds(), 5.0 * on_fast.tensor_allreduce_seconds());
+  EXPECT_GT(t16.duration(schedule, 1, forward), on_fast.duration(schedule, 1, forward));
+  // Full recomputation: the backward re-runs the forward (and its all-reduces).
+  sched::Instruction backward = forward;
+  backward.kind = sched::OpKind::kBackward;
+  const ParallelCostModel full(gpt_workload("megatron-18.4b", 8, Recompute::kFull), fast);
+  EXPECT_NEAR(full.duration(schedule, 1, backward) - on_fast.duration(schedule, 1, backward),
+              on_fast.duration(schedule, 1, forward),
+              0.02 * on_fast.duration(schedule, 1, forward));
+}
+
+TEST(ParallelCostModel, OneRepresentativePerEquivalenceClass) {
+  // The streams are one pipeline whatever t and d: d only prices the gradient all-reduce.
+  const ClusterSpec c = cluster_preset("dgx-a100");
+  const ParallelCostModel model(gpt_workload("megatron-39.1b", 8, Recompute::kFull), c);
+  const sched::Schedule alone = pipeline(2, 8, 1, 48);
+  const sched::Schedule replicated = pipeline(2, 8, 32, 48);
+  EXPECT_EQ(replicated.num_workers(), 2);
+  const SimResult a = simulate(alone, model), r = simulate(replicated, model);
+  EXPECT_GT(r.step_time_s, a.step_time_s);
+  sched::Instruction reduce;
+  reduce.kind = sched::OpKind::kReduceGradDataParallel;
+  reduce.chunk = 0;
+  const double params = model.chunk_params(replicated, 0, 0);
+  // 32 replicas spaced 8 apart: the network, ring.
+  EXPECT_NEAR(model.duration(replicated, 0, reduce),
+              allreduce_seconds(params * 2.0, 32, c.network) +
+                  allreduce_seconds(51200.0 / 8 * 8192 * 2.0, 2, c.network),
+              1e-9);
+  EXPECT_LT(r.step_time_s - a.step_time_s, 1.5 * model.duration(replicated, 0, reduce) + 1e-3);
+}
+
+TEST(ParallelCostModel, MemoryPerRankAndWhatDoesNotFit) {
+  const ClusterSpec c = cluster_preset("dgx-a100");
+  // 175B parameters on one GPU: 16 bytes each, far beyond 80 GiB.
+  const ParallelCostModel whole(gpt_workload("gpt3-175b", 1, Recompute::kFull), c);
+  const sched::Schedule one = pipeline(1, 1, 1, 96);
+  EXPECT_GT(simulate(one, whole).workers[0].peak_memory_bytes, 2e12);
+  // t = 8, p = 16: about 175e9 x 16 / 128 bytes of state per GPU, plus activations.
+  const ParallelCostModel split(gpt_workload("gpt3-175b", 8, Recompute::kFull), c);
+  const SimResult r = simulate(pipeline(16, 32, 1, 96), split);
+  for (const WorkerReport& w : r.workers) {
+    EXPECT_LT(w.peak_memory_bytes, c.gpu_memory_bytes);
+    EXPECT_GT(w.static_memory_bytes, 175e9 * 16 / 128 * 0.8);
+  }
+  // Activations: 1F1B stashes at most p - r micro-batches of its layers' inputs on stage r.
+  const double per_microbatch = split.activation_bytes(pipeline(16, 32, 1, 96), 0, 1);
+  EXPECT_NEAR(r.workers[1].peak_activation_bytes, 15 * per_microbatch, 1.0);
+}
+
+TEST(ParallelCostModel, BadWorkloadsAreNamed) {
+  const ClusterSpec c = cluster_preset("dgx-a100");
+  EXPECT_NE(error_of([&] {
+              ParallelCostModel m(gpt_workload("megatron-1.7b", 5, Recompute::kNone), c);
+            }).find("--tensor-parallel 5 must be positive and divide the heads (24)"),
+            std::string::npos);
+  ParallelWorkload long_sequence = gpt_workload("gpt2", 1, Recompute::kNone);
+  EXPECT_NE(error_of([&] {
+              ParallelCostModel m(long_sequence, c);
+            }).find("--seq-len 2048 must lie in [1, 1024]"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { (void)recompute_from_string("some"); }).find("none, selective, full"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace pf::sim

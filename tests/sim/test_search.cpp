@@ -1,0 +1,179 @@
+// The configuration search: enumeration, memory pruning, ranking, the command and bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "scheduler/compile.h"
+#include "sim/config_search.h"
+#include "sim/parallel_cost_model.h"
+#include "sim/search_command.h"
+#include "sim/simulator.h"
+
+namespace pf::sim {
+namespace {
+
+SearchOptions small_search() {
+  SearchOptions o;
+  o.model = transformer_preset("gpt3-2.7b");
+  o.cluster = cluster_preset("dgx-a100");
+  o.gpus = 32;
+  o.global_batch = 128;
+  o.seq_len = 2048;
+  o.precision = Precision::kFp16;
+  o.simulate_top = 8;
+  return o;
+}
+
+TEST(ConfigSearch, RanksWhatFitsAndCountsTheRest) {
+  const SearchOptions o = small_search();
+  const SearchResult r = search_configurations(o);
+  ASSERT_FALSE(r.ranked.empty());
+  EXPECT_EQ(r.enumerated, r.invalid + r.out_of_memory + static_cast<long>(r.ranked.size()));
+  EXPECT_GT(r.out_of_memory, 0);  // no recomputation at b = 8 and t = 1 does not fit
+  EXPECT_EQ(r.simulated, 8);
+  for (std::size_t i = 0; i < r.ranked.size(); ++i) {
+    const Candidate& c = r.ranked[i];
+    EXPECT_EQ(c.tensor_parallel * c.stages * c.data_parallel, o.gpus);
+    EXPECT_EQ(c.micro_batch_size * c.microbatches * c.data_parallel, o.global_batch);
+    EXPECT_LE(c.peak_memory_bytes, o.cluster.gpu_memory_bytes);
+    if (i > 0 && c.simulated) {
+      EXPECT_GE(c.step_time_s, r.ranked[i - 1].step_time_s);
+    }
+  }
+  // The simulated ones come first, and their closed-form estimates are close to the engine's.
+  for (int i = 0; i < 8 && i < static_cast<int>(r.ranked.size()); ++i) {
+    const Candidate& c = r.ranked[static_cast<std::size_t>(i)];
+    if (!c.simulated) continue;
+    EXPECT_NEAR(c.estimate_s / c.step_time_s, 1.0, 0.15) << c.schedule_name();
+    EXPECT_NEAR(c.memory_estimate_bytes / c.peak_memory_bytes, 1.0, 0.15) << c.schedule_name();
+  }
+  // The best keeps tensor parallelism inside a node.
+  EXPECT_LE(r.ranked[0].tensor_parallel, o.cluster.gpus_per_node);
+}
+
+TEST(ConfigSearch, TensorParallelismStaysInsideANode) {
+  // Crossing nodes with t = 16 pays the network on every layer: slower than t = 8 with the
+  // same p and d replaced by pipeline stages.
+  SearchOptions o = small_search();
+  o.model = transformer_preset("megatron-18.4b");
+  o.gpus = 64;
+  o.global_batch = 256;
+  o.kinds = {sched::ScheduleKind::kOneFOneB};
+  o.recompute = {Recompute::kFull};
+  o.micro_batch_sizes = {1};
+  o.tensor_parallel = {8, 16};
+  o.simulate_top = 100;
+  const SearchResult r = search_configurations(o);
+  ASSERT_FALSE(r.ranked.empty());
+  EXPECT_EQ(r.ranked[0].tensor_parallel, 8);
+  double best16 = 1e30, best8 = 1e30;
+  for (const Candidate& c : r.ranked) {
+    (c.tensor_parallel == 16 ? best16 : best8) =
+        std::min(c.tensor_parallel == 16 ? best16 : best8, c.step_time_s);
+  }
+  EXPECT_GT(best16, 1.2 * best8);
+}
+
+TEST(ConfigSearch, InterleavingHelpsAtSmallBatch) {
+  // m = p (small batch): the 1F1B bubble (p - 1) / (m + p - 1) is large, interleaving shrinks it.
+  const ParallelWorkload w = [] {
+    ParallelWorkload x;
+    x.model = transformer_preset("megatron-39.1b");
+    x.precision = Precision::kFp16;
+    x.tensor_parallel = 8;
+    x.recompute = Recompute::kFull;
+    return x;
+  }();
+  const ParallelCostModel model(w, cluster_preset("dgx-a100"));
+  sched::ScheduleParams params;
+  params.workers = 8;
+  params.microbatches = 8;
+  params.num_layers = 48;
+  params.data_parallel = 4;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  const double one_f_one_b = simulate(sched::compile(params), model).step_time_s;
+  params.kind = sched::ScheduleKind::kInterleaved;
+  params.chunks_per_worker = 2;
+  const double interleaved = simulate(sched::compile(params), model).step_time_s;
+  EXPECT_LT(interleaved, 0.9 * one_f_one_b);
+  // ... and helps less at a large batch.
+  params.microbatches = 64;
+  const double interleaved_large = simulate(sched::compile(params), model).step_time_s;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.chunks_per_worker = 1;
+  const double one_f_one_b_large = simulate(sched::compile(params), model).step_time_s;
+  EXPECT_GT(interleaved_large / one_f_one_b_large, interleaved / one_f_one_b);
+}
+
+TEST(ConfigSearch, KfacRunsThePassOnTheBest) {
+  SearchOptions o = small_search();
+  o.model = transformer_preset("gpt3-760m");
+  o.gpus = 16;
+  o.global_batch = 64;
+  o.seq_len = 1024;
+  o.simulate_top = 4;
+  o.kfac = pipefisher::KfacOptions{};
+  o.kfac_top = 2;
+  const SearchResult r = search_configurations(o);
+  ASSERT_GE(r.ranked.size(), 2U);
+  int with_kfac = 0;
+  for (const Candidate& c : r.ranked) {
+    if (!c.kfac_run) continue;
+    ++with_kfac;
+    EXPECT_GE(c.utilization_after, c.utilization_before);
+    EXPECT_GE(c.refresh_steps, 1);
+  }
+  EXPECT_EQ(with_kfac, 2);
+  EXPECT_TRUE(r.ranked[0].kfac_run);
+  const nlohmann::json json = search_json(o, r, 5);
+  EXPECT_TRUE(json["candidates"][0].contains("kfac"));
+}
+
+TEST(ConfigSearch, CommandWritesTableAndJsonAndRejectsBadInput) {
+  cli::SearchCommandOptions o;
+  o.model = "gpt2";
+  o.gpus = 8;
+  o.global_batch = 32;
+  o.precision = "bf16";
+  o.cluster = "dgx-h100";
+  o.simulate_top = 4;
+  o.out = (testing::TempDir() + "search.json");
+  std::ostringstream out;
+  ASSERT_EQ(cli::run_search_command(o, out), 0) << out.str();
+  EXPECT_NE(out.str().find("rank    t    p    d"), std::string::npos) << out.str();
+  auto error_of = [](const cli::SearchCommandOptions& bad) -> std::string {
+    std::ostringstream ignored;
+    try {
+      cli::run_search_command(bad, ignored);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  cli::SearchCommandOptions bad = o;
+  bad.gpus = 100000;
+  EXPECT_NE(error_of(bad).find("exceeds cluster 'dgx-h100' (4608 GPUs)"), std::string::npos);
+  bad = o;
+  bad.schedules = "1f1b,zigzag";
+  EXPECT_NE(error_of(bad).find("'zigzag' is not one of"), std::string::npos);
+  bad = o;
+  bad.micro_batch_sizes = "1,x";
+  EXPECT_NE(error_of(bad).find("'x' is not a positive integer"), std::string::npos);
+  bad = o;
+  bad.model = "gpt9";
+  EXPECT_NE(error_of(bad).find("unknown model 'gpt9'"), std::string::npos);
+  // Nothing fits: a 175B model on 8 GPUs.
+  cli::SearchCommandOptions huge = o;
+  huge.model = "gpt3-175b";
+  huge.out.clear();
+  std::ostringstream none;
+  EXPECT_EQ(cli::run_search_command(huge, none), 1);
+  EXPECT_NE(none.str().find("no configuration fits"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pf::sim
