@@ -197,6 +197,19 @@ def bench_layer():
         report(f"torch BERT-Large layer fwd+bwd B=32 S=128 {mode} (eager)", time_cuda(step, inner=3),
                flops=flops)
     set_tf32(False)
+    # The second baseline: the same layer through torch.compile, bf16 autocast.
+    try:
+        compiled = torch.compile(layer)
+
+        def step_compiled():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = compiled(x, mask)
+            y.backward(dy)
+
+        report("torch BERT-Large layer fwd+bwd B=32 S=128 bf16 (torch.compile)",
+               time_cuda(step_compiled, inner=3, warmup=5), flops=flops)
+    except Exception as error:  # a missing compiler toolchain on the machine, for example
+        print(f"torch BERT-Large layer bf16 (torch.compile): failed: {error}", flush=True)
 
 
 def main():

@@ -3,7 +3,7 @@
 # (default /tmp/pf_gpu). Made for the lent device machine: its image has nvcc, CMake, ninja and
 # PyTorch but not our Debian libraries, so .deb files in ./deps (apt-get download ...) are
 # unpacked into / first when present.
-#   scripts/gpu_check.sh [test|bench|torch|all]...   (default: all)
+#   scripts/gpu_check.sh [build|test|bench|torch|all]...   (default: all; test and bench build too)
 # PF_GPU_BENCHES="bench_cuda ..." picks benchmark programs, PF_BENCH_FILTER a --benchmark_filter,
 # PF_TORCH_ONLY=gemm,kfac,... parts of bench/torch_cuda_bench.py.
 set -uo pipefail
@@ -30,7 +30,7 @@ targets=(test_kernels_cuda bench_cuda)
 [[ -f tests/model/test_model_cuda.cpp ]] && targets+=(test_model_cuda)
 [[ -f bench/bench_model_cuda.cpp ]] && targets+=(bench_model_cuda)
 [[ -n "${PF_GPU_EXTRA_TARGETS:-}" ]] && targets+=($PF_GPU_EXTRA_TARGETS)
-if want test || want bench; then
+if want build || want test || want bench; then
   # GCC 13 (the image's) reports a false -Wnull-dereference in memcpy into a fresh vector
   # (runtime/checkpoint); GCC 12 (CI's) does not. Appended last so it beats the targets' flags.
   printf '#!/bin/sh\nexec %s "$@" -Wno-null-dereference\n' "$(command -v g++)" >/tmp/pf_gxx

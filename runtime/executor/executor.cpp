@@ -17,7 +17,9 @@
 #include "kfac/inverse_chain.h"
 #include "kfac/precondition.h"
 #include "runtime/comm/in_process.h"
+#include "runtime/device/stream_timeline.h"
 #include "runtime/tensor/cpu_backend.h"
+#include "runtime/tensor/tensor.h"
 #include "scheduler/grid.h"
 #include "scheduler/validate.h"
 
@@ -64,6 +66,7 @@ struct CaptureKey {
 };
 struct Captured {
   std::shared_ptr<std::vector<float>> data;  // rows x cols, row-major (shared by q/k/v inputs)
+  tensor::Tensor device;                     // the same on a device (rows x cols, contiguous)
   std::int64_t rows = 0;
   std::int64_t sequences = 0;  // of the micro-batch
 };
@@ -140,6 +143,23 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   const std::vector<Instruction>* stream = nullptr;
   // Declared before the chunks, which allocate from it.
   std::unique_ptr<tensor::Backend> cpu_backend = std::make_unique<tensor::CpuBackend>();
+  // A device run (RunSetup::device): the shared backend's streams of this worker, compute (the
+  // chunks' ops, K-FAC, the optimizer) and communication (outgoing copies). Null on the CPU.
+  std::shared_ptr<device::DeviceRuntime> runtime;
+  std::unique_ptr<tensor::Stream> compute_stream, comm_stream;
+  std::unique_ptr<device::StreamTimeline> timeline;
+  struct PendingEvent {
+    InstructionEvent event;
+    std::size_t span = 0;
+  };
+  std::vector<PendingEvent> pending_events;  // timed on the device, resolved at the step's end
+  std::optional<std::size_t> current_span;   // of the instruction executing
+  // Device buffers no longer needed once the stream work issued so far has run.
+  struct Retired {
+    tensor::Tensor buffer;
+    std::unique_ptr<tensor::Event> done;
+  };
+  std::vector<Retired> retired;
 
   struct Slot {
     int pipeline = 0, chunk = 0;
@@ -153,7 +173,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
 
   // Messages and local hand-offs.
   struct Incoming {
-    std::vector<T> buffer;
+    tensor::Tensor buffer;                  // host path: the received data
+    std::unique_ptr<std::uint64_t> ticket;  // device path: the MessageExchange ticket
     std::unique_ptr<comm::Request> request;
     std::int64_t pair_id = -1;
     int peer = -1;
@@ -162,10 +183,11 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   std::map<MicroKey, Incoming> incoming_activations, incoming_gradients;
   std::map<MicroKey, kernels::ConstMatrixView<T>> outputs;  // forward outputs awaiting their send
   std::map<MicroKey, kernels::ConstMatrixView<T>> local_activations;  // next chunk, same worker
-  std::map<MicroKey, std::vector<T>> gradients_out;    // input gradients awaiting their send
-  std::map<MicroKey, std::vector<T>> local_gradients;  // previous chunk, same worker
+  std::map<MicroKey, tensor::Tensor> gradients_out;    // input gradients awaiting their send
+  std::map<MicroKey, tensor::Tensor> local_gradients;  // previous chunk, same worker
   struct PendingSend {
-    std::vector<T> buffer;  // alive until the send completes
+    tensor::Tensor buffer;                  // alive until the send completes (host path)
+    std::unique_ptr<std::uint64_t> ticket;  // device path: what the message carries
     std::unique_ptr<comm::Request> request;
   };
   std::vector<PendingSend> pending_sends;
@@ -173,6 +195,9 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   // K-FAC.
   std::map<int, kfac::KfacState> kfac_states;  // per pipeline
   std::map<FactorKey, KfacSlot> kfac_slots;
+  std::map<FactorKey, std::unique_ptr<device::DeviceKfacLayer>> device_kfac;  // device path
+  kernels::BackendOps<T>* capture_ops = nullptr;  // the capturing chunk's ops (device copies)
+  tensor::Tensor last_input_device;
   std::set<CaptureKey> wanted_a, wanted_b;
   std::map<CaptureKey, Captured> captures;
   std::size_t capture_bytes = 0;
@@ -195,8 +220,13 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   double last_step_end_s = 0.0;
 
   Impl(const RunSetup<T>& setup_, comm::Communicator& comm_)
-      : setup(setup_), schedule(setup_.schedule), comm(comm_), epoch(comm::Clock::now()) {
+      : setup(setup_),
+        schedule(setup_.schedule),
+        comm(comm_),
+        runtime(setup_.device),
+        epoch(comm::Clock::now()) {
     workers = schedule.num_workers();
+    if (runtime) open_device();
     replicas = schedule.params.data_parallel;
     if (comm.size() != workers * replicas) {
       throw std::invalid_argument("executor: the communicator has " + std::to_string(comm.size()) +
@@ -218,8 +248,9 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       Slot slot;
       slot.pipeline = placed.pipeline;
       slot.chunk = placed.chunk;
-      slot.model =
-          std::make_unique<model::BertChunk<T>>(setup.config, model::chunk_spec(placed), backend());
+      slot.model = std::make_unique<model::BertChunk<T>>(
+          setup.config, model::chunk_spec(placed), backend(), compute_stream.get(),
+          runtime ? runtime->precision() : kernels::GemmPrecision::kFp32);
       slot.model->init_weights(setup.options.init_seed);
       slots.push_back(std::move(slot));
     }
@@ -247,7 +278,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         }
       }
     }
-    optimizer = setup.make_optimizer();
+    optimizer = make_optimizer();
     if (!optimizer) throw std::invalid_argument("executor: no optimizer");
     for (std::size_t x = 0; x < stream->size(); ++x) {
       if ((*stream)[x].kind != OpKind::kOptimizerStep) continue;
@@ -267,7 +298,56 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     prepare_kfac();
   }
 
-  tensor::Backend& backend() { return *cpu_backend; }
+  tensor::Backend& backend() { return runtime ? runtime->backend() : *cpu_backend; }
+
+  void open_device() {
+    if constexpr (!std::is_same_v<T, float>) {
+      throw std::invalid_argument("executor: device " + tensor::to_string(runtime->device()) +
+                                  " runs float models (fp32, tf32 or bf16 products); this model "
+                                  "is double (fp64 runs on the CPU only)");
+    }
+    runtime->bind_thread();
+    compute_stream = runtime->backend().create_stream();
+    comm_stream = runtime->backend().create_stream();
+    timeline = std::make_unique<device::StreamTimeline>(
+        [runtime_ = runtime.get()] { return runtime_->create_timing_mark(); });
+  }
+
+  std::unique_ptr<optim::BasicOptimizer<T>> make_optimizer() {
+    if (!runtime) return setup.make_optimizer ? setup.make_optimizer() : nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      return runtime->make_optimizer(setup.device_optimizer, compute_stream.get());
+    } else {
+      return nullptr;  // refused by open_device
+    }
+  }
+
+  // Buffers for messages and hand-offs, on the worker's device. `zeroed` clears them in stream
+  // order (a host memset on the CPU, as the std::vector they replace did).
+  tensor::Tensor new_buffer(std::int64_t rows, std::int64_t cols, bool zeroed) {
+    auto buffer = tensor::Tensor::empty(backend(), {rows, cols}, tensor::dtype_of<T>);
+    if (zeroed) backend().fill_zero(buffer.raw_data(), buffer.nbytes(), compute_stream.get());
+    return buffer;
+  }
+  static kernels::ConstMatrixView<T> matrix_of(const tensor::Tensor& buffer, std::int64_t cols) {
+    return {buffer.template data<T>(), buffer.numel() / cols, cols};
+  }
+  // A device buffer read by work issued on the compute stream is freed once that work has run
+  // (device memory is never handed back under running kernels); on the CPU it goes right away.
+  void retire(tensor::Tensor buffer) {
+    if (!runtime || buffer.numel() == 0) return;
+    std::erase_if(retired, [](const Retired& r) { return r.done->completed(); });
+    Retired entry{std::move(buffer), backend().create_event()};
+    entry.done->record(*compute_stream);
+    retired.push_back(std::move(entry));
+  }
+  // The step's end on a device: every stream idle, retired buffers freed.
+  void synchronize_device() {
+    if (!runtime) return;
+    compute_stream->synchronize();
+    comm_stream->synchronize();
+    retired.clear();
+  }
 
   // --- K-FAC preparation: what to capture and how many curvature tasks a round holds.
   void prepare_kfac() {
@@ -299,6 +379,12 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         const std::int64_t d_in = ffn_out ? I : H;
         const std::int64_t d_out = ffn_in ? I : H;
         kfac_states[key.pipeline].add_layer({key.layer, key.linear}, d_in, d_out);
+        if (runtime) {
+          device_kfac[key] =
+              runtime->make_kfac_layer(compute_stream.get(), d_in, d_out,
+                                       "layer " + std::to_string(key.layer) + " " +
+                                           std::string(sched::to_string(key.linear)));
+        }
         if (!find_param(linear_weight_name(key.layer, key.linear))) {
           throw std::invalid_argument("executor: worker " + std::to_string(self) +
                                       " has K-FAC work for layer " + std::to_string(key.layer) +
@@ -356,6 +442,14 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     const CaptureKey key{capture_step, capture_pipeline, stream_microbatch(microbatch), layer,
                          linear};
     if (!wanted_a.contains(key)) return;
+    if (runtime) {
+      if (a.data != last_input || last_input_device.numel() == 0) {
+        last_input_device = device_copy(a);
+        last_input = a.data;
+      }
+      store_device(key, false, last_input_device, a.rows);
+      return;
+    }
     if (a.data != last_input || !last_input_copy) {
       last_input_copy = copy_matrix(a);
       last_input = a.data;
@@ -367,7 +461,31 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     const CaptureKey key{capture_step, capture_pipeline, stream_microbatch(microbatch), layer,
                          linear};
     if (!wanted_b.contains(key)) return;
+    if (runtime) {
+      store_device(key, true, device_copy(g), g.rows);
+      return;
+    }
     store(key, true, copy_matrix(g), g.rows);
+  }
+  // A contiguous device copy of a captured view, in stream order: one copy when the view is
+  // contiguous, else (a q/k/v block of the fused QKV) zero + accumulate, which is exact.
+  tensor::Tensor device_copy(kernels::ConstMatrixView<T> m) {
+    auto copy = new_buffer(m.rows, m.cols, !m.contiguous());
+    if (m.contiguous()) {
+      backend().copy(copy.raw_data(), m.data, copy.nbytes(), tensor::CopyKind::kDeviceToDevice,
+                     compute_stream.get());
+    } else {
+      capture_ops->accumulate(m, {copy.template data<T>(), m.rows, m.cols});
+    }
+    return copy;
+  }
+  void store_device(const CaptureKey& key, bool is_b, tensor::Tensor data, std::int64_t rows) {
+    Captured captured;
+    captured.device = std::move(data);
+    captured.rows = rows;
+    captured.sequences = capture_sequences;
+    (is_b ? captures_b : captures)[key] = std::move(captured);
+    recount_captures();
   }
   static std::shared_ptr<std::vector<float>> copy_matrix(kernels::ConstMatrixView<T> m) {
     auto copy = std::make_shared<std::vector<float>>(static_cast<std::size_t>(m.rows * m.cols));
@@ -383,15 +501,24 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   std::int64_t capture_sequences = 0;  // sequences of the micro-batch being captured
   void store(const CaptureKey& key, bool is_b, std::shared_ptr<std::vector<float>> data,
              std::int64_t rows) {
-    (is_b ? captures_b : captures)[key] = {std::move(data), rows, capture_sequences};
+    Captured captured;
+    captured.data = std::move(data);
+    captured.rows = rows;
+    captured.sequences = capture_sequences;
+    (is_b ? captures_b : captures)[key] = std::move(captured);
     recount_captures();
   }
   void recount_captures() {
-    std::set<const std::vector<float>*> seen;
+    std::set<const void*> seen;
     std::size_t bytes = 0;
     for (const auto* map : {&captures, &captures_b}) {
       for (const auto& [key, value] : *map) {
-        if (seen.insert(value.data.get()).second) bytes += value.data->size() * sizeof(float);
+        if (value.data && seen.insert(value.data.get()).second) {
+          bytes += value.data->size() * sizeof(float);
+        }
+        if (value.device.numel() > 0 && seen.insert(value.device.raw_data()).second) {
+          bytes += value.device.nbytes();
+        }
       }
     }
     capture_bytes = bytes;
@@ -415,7 +542,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     const auto batch = setup.batches->batch(global_step, index);
     const MicroKey key{in.step, in.pipeline, in.chunk, in.microbatch};
     kernels::ConstMatrixView<T> input;
-    std::vector<T> received;
+    tensor::Tensor received;
     if (in.chunk > 0) {
       if (auto local = local_activations.find(key); local != local_activations.end()) {
         input = local->second;
@@ -428,9 +555,9 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
               "posted before it and the previous chunk is on another worker");
         }
         await(it->second, "the activation", position, global_step, in);
-        received = std::move(it->second.buffer);
+        received = take_incoming(it->second, batch->tokens());
         incoming_activations.erase(it);
-        input = {received.data(), batch->tokens(), setup.config.hidden_size};
+        input = matrix_of(received, setup.config.hidden_size);
       }
     }
     model::ForwardOptions options;
@@ -438,11 +565,15 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     capture_step = in.step;
     capture_pipeline = in.pipeline;
     capture_sequences = batch->batch_size;
+    capture_ops = &slot.model->ops();
     last_input = nullptr;
     last_input_copy.reset();
+    last_input_device = {};
     auto result = slot.model->forward(in.microbatch + in.step * microbatches_total, *batch, input,
                                       options, has_kfac ? this : nullptr);
     last_input_copy.reset();
+    last_input_device = {};
+    retire(std::move(received));
     if (result.losses) {
       if (setup.options.check_finite) model::check_finite_loss(*result.losses, global_step);
       mlm_sum += result.losses->mlm;
@@ -468,7 +599,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     const auto batch = setup.batches->batch(global_step, global_index(in.pipeline, in.microbatch));
     const std::int64_t rows = batch->tokens(), H = setup.config.hidden_size;
     kernels::ConstMatrixView<T> grad_output;
-    std::vector<T> received;
+    tensor::Tensor received;
     if (in.chunk < last_chunk) {
       if (auto local = local_gradients.find(key); local != local_gradients.end()) {
         received = std::move(local->second);
@@ -481,26 +612,28 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
               "before it and the next chunk is on another worker");
         }
         await(it->second, "the output gradient", position, global_step, in);
-        received = std::move(it->second.buffer);
+        received = take_incoming(it->second, rows);
         incoming_gradients.erase(it);
       }
-      grad_output = {received.data(), rows, H};
+      grad_output = matrix_of(received, H);
     }
-    std::vector<T> grad_input;
+    tensor::Tensor grad_input;
     kernels::MatrixView<T> grad_input_view;
     if (in.chunk > 0) {
-      grad_input.resize(static_cast<std::size_t>(rows * H));
-      grad_input_view = {grad_input.data(), rows, H};
+      grad_input = new_buffer(rows, H, true);
+      grad_input_view = {grad_input.template data<T>(), rows, H};
     }
     capture_step = in.step;
     capture_pipeline = in.pipeline;
     capture_sequences = batch->batch_size;
+    capture_ops = &slot.model->ops();
     auto* capture = has_kfac ? this : nullptr;
     if (in.kind == OpKind::kBackward) {
       slot.model->backward(stash_id, grad_output, grad_input_view, loss_scale(), capture);
     } else {
       slot.model->backward_input(stash_id, grad_output, grad_input_view, loss_scale(), capture);
     }
+    retire(std::move(received));
     if (in.chunk > 0) {
       const MicroKey previous{in.step, in.pipeline, in.chunk - 1, in.microbatch};
       if (schedule.placement.worker_of(in.pipeline, in.chunk - 1) == self) {
@@ -526,6 +659,29 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
   }
 
+  // The received data: the host buffer, or on a device the message behind the ticket, with the
+  // compute stream made to wait until its copy has landed. A wrong size is an error.
+  tensor::Tensor take_incoming(Incoming& incoming, std::int64_t rows) {
+    tensor::Tensor data;
+    if (!runtime) {
+      data = std::move(incoming.buffer);
+    } else {
+      auto message = runtime->exchange().take(*incoming.ticket);
+      compute_stream->wait(*message.ready);
+      // The instruction's own time starts once its input is there (not while it waits).
+      if (current_span) timeline->restart(*current_span, *compute_stream);
+      data = std::move(message.data);
+    }
+    const std::int64_t expected = rows * setup.config.hidden_size;
+    if (data.numel() != expected) {
+      throw std::runtime_error("received " + std::to_string(data.numel()) +
+                               " elements from worker " + std::to_string(incoming.peer % workers) +
+                               " (pair " + std::to_string(incoming.pair_id) + "), expected " +
+                               std::to_string(expected));
+    }
+    return data;
+  }
+
   void send(const Instruction& in, std::int64_t& bytes) {
     const MicroKey key{in.step, in.pipeline, in.chunk, in.microbatch};
     const int peer = rank_of(replica, in.peer);
@@ -537,11 +693,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
             "on this worker");
       }
       const auto& view = it->second;
-      std::vector<T> packed(static_cast<std::size_t>(view.rows * view.cols));
-      for (std::int64_t r = 0; r < view.rows; ++r) {
-        std::copy_n(view.row(r), view.cols, packed.data() + r * view.cols);
-      }
-      bytes = static_cast<std::int64_t>(packed.size() * sizeof(T));
+      tensor::Tensor packed = pack(view);
+      bytes = static_cast<std::int64_t>(packed.nbytes());
       outputs.erase(it);
       post_send(peer, in.pair_id, std::move(packed));
     } else {
@@ -551,19 +704,61 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
             "nothing to send: the backward of this micro-batch has not run "
             "on this worker");
       }
-      bytes = static_cast<std::int64_t>(it->second.size() * sizeof(T));
-      std::vector<T> buffer = std::move(it->second);
+      bytes = static_cast<std::int64_t>(it->second.nbytes());
+      tensor::Tensor buffer = std::move(it->second);
       gradients_out.erase(it);
+      if (runtime) after_compute(*comm_stream);
       post_send(peer, in.pair_id, std::move(buffer));
     }
   }
 
   // Sends complete in the background; finished ones are dropped as new ones are posted, and all
   // are awaited at the optimizer step.
-  void post_send(int peer, std::int64_t tag, std::vector<T> buffer) {
+  // A forward output packed into a message buffer. On a device: a device-to-device copy on the
+  // communication stream once the compute stream has produced the output (a strided view, never
+  // produced by the model today, is packed on the compute stream instead).
+  tensor::Tensor pack(kernels::ConstMatrixView<T> view) {
+    tensor::Tensor packed = new_buffer(view.rows, view.cols, runtime && !view.contiguous());
+    T* to = packed.template data<T>();
+    if (!runtime) {
+      for (std::int64_t r = 0; r < view.rows; ++r) {
+        std::copy_n(view.row(r), view.cols, to + r * view.cols);
+      }
+    } else if (view.contiguous()) {
+      after_compute(*comm_stream);
+      backend().copy(to, view.data, packed.nbytes(), tensor::CopyKind::kDeviceToDevice,
+                     comm_stream.get());
+    } else {
+      capture_ops->accumulate(view, {to, view.rows, view.cols});
+      after_compute(*comm_stream);
+    }
+    return packed;
+  }
+  // `waiting`'s later work waits for everything issued on the compute stream so far.
+  void after_compute(tensor::Stream& waiting) {
+    const auto produced = backend().create_event();
+    produced->record(*compute_stream);
+    waiting.wait(*produced);
+  }
+
+  // The host path hands the buffer to the communicator; a device posts it to the exchange with
+  // an event recorded after the communication stream's copy, and sends the ticket.
+  void post_send(int peer, std::int64_t tag, tensor::Tensor buffer) {
     PendingSend pending;
-    pending.buffer = std::move(buffer);
-    pending.request = comm.isend(peer, tag, std::as_bytes(std::span<const T>(pending.buffer)));
+    if (!runtime) {
+      pending.buffer = std::move(buffer);
+      pending.request = comm.isend(
+          peer, tag,
+          std::as_bytes(std::span<const T>(pending.buffer.template data<T>(),
+                                           static_cast<std::size_t>(pending.buffer.numel()))));
+    } else {
+      std::shared_ptr<tensor::Event> ready = backend().create_event();
+      ready->record(*comm_stream);
+      pending.ticket =
+          std::make_unique<std::uint64_t>(runtime->exchange().post({std::move(buffer), ready}));
+      pending.request = comm.isend(
+          peer, tag, std::as_bytes(std::span<const std::uint64_t>(pending.ticket.get(), 1)));
+    }
     if (!pending.request->test()) pending_sends.push_back(std::move(pending));
     std::erase_if(pending_sends, [](PendingSend& p) { return p.request->test(); });
   }
@@ -576,12 +771,21 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     const MicroKey key{in.step, in.pipeline, in.chunk, in.microbatch};
     const auto batch = setup.batches->batch(global_step, global_index(in.pipeline, in.microbatch));
     Incoming incoming;
-    incoming.buffer.resize(static_cast<std::size_t>(batch->tokens() * setup.config.hidden_size));
     incoming.pair_id = in.pair_id;
     incoming.peer = rank_of(replica, in.peer);
     incoming.posted_s = now_s();
-    incoming.request = comm.irecv(incoming.peer, in.pair_id,
-                                  std::as_writable_bytes(std::span<T>(incoming.buffer)));
+    if (!runtime) {
+      incoming.buffer = new_buffer(batch->tokens(), setup.config.hidden_size, false);
+      incoming.request = comm.irecv(
+          incoming.peer, in.pair_id,
+          std::as_writable_bytes(std::span<T>(incoming.buffer.template data<T>(),
+                                              static_cast<std::size_t>(incoming.buffer.numel()))));
+    } else {
+      incoming.ticket = std::make_unique<std::uint64_t>(0);
+      incoming.request =
+          comm.irecv(incoming.peer, in.pair_id,
+                     std::as_writable_bytes(std::span<std::uint64_t>(incoming.ticket.get(), 1)));
+    }
     auto& target = in.kind == OpKind::kRecvActivation ? incoming_activations : incoming_gradients;
     if (target.contains(key)) {
       throw std::runtime_error("a receive for this micro-batch is already posted");
@@ -592,6 +796,23 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   void reduce(std::span<T> data, const std::vector<int>& group) {
     const WaitTimer timer(*this);
     comm.all_reduce_sum(data, group, deadline());
+  }
+
+  // Gradients in the worker's memory: in place on the host; a device stages them through host
+  // memory (enough for workers sharing one GPU; NCCL is the multi-GPU answer).
+  void reduce_gradients(std::span<T> data, const std::vector<int>& group) {
+    if (!runtime) {
+      reduce(data, group);
+      return;
+    }
+    std::vector<T> host(data.size());
+    backend().copy(host.data(), data.data(), data.size_bytes(), tensor::CopyKind::kDeviceToHost,
+                   compute_stream.get());
+    compute_stream->synchronize();
+    reduce(host, group);
+    backend().copy(data.data(), host.data(), data.size_bytes(), tensor::CopyKind::kHostToDevice,
+                   compute_stream.get());
+    compute_stream->synchronize();  // `host` goes out of scope
   }
 
   // Time blocked on other workers, excluded from instructions' busy time.
@@ -629,6 +850,17 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       if (embedding_worker == self && head_worker == self) {
         auto word_view = slot_of(pipeline, 0).model->parameter(word);
         auto decoder_view = slot_of(pipeline, last_chunk).model->parameter(decoder);
+        if (runtime) {
+          // The same sum through the ops, then the copy, on the compute stream.
+          const std::int64_t count = word_view->size;
+          slot_of(pipeline, 0)
+              .model->ops()
+              .accumulate({decoder_view->grad, 1, count}, {word_view->grad, 1, count});
+          backend().copy(decoder_view->grad, word_view->grad,
+                         static_cast<std::size_t>(count) * sizeof(T),
+                         tensor::CopyKind::kDeviceToDevice, compute_stream.get());
+          continue;
+        }
         for (std::int64_t i = 0; i < word_view->size; ++i) {
           word_view->grad[i] += decoder_view->grad[i];
           decoder_view->grad[i] = word_view->grad[i];
@@ -640,7 +872,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
                       .model->parameter(holds_embedding ? word : decoder);
       std::vector<int> group = {rank_of(replica, embedding_worker), rank_of(replica, head_worker)};
       std::sort(group.begin(), group.end());
-      reduce({view->grad, static_cast<std::size_t>(view->size)}, group);
+      reduce_gradients({view->grad, static_cast<std::size_t>(view->size)}, group);
     }
   }
 
@@ -652,7 +884,15 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
     tied_embedding_sum();
     double square_sum = 0.0;
-    if (replica == 0) {
+    if (replica == 0 && runtime) {
+      // Per tensor on the device (each sum waits for the stream), summed in double here.
+      auto& ops = slots.front().model->ops();
+      for (std::size_t index : unique_params) {
+        const auto& view = param_views[index];
+        square_sum += static_cast<double>(
+            ops.sum_of_squares(view.grad, static_cast<std::int64_t>(view.size)));
+      }
+    } else if (replica == 0) {
       for (std::size_t index : unique_params) {
         const auto& view = param_views[index];
         for (std::size_t i = 0; i < view.size; ++i) {
@@ -675,6 +915,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     const double lr = setup.learning_rate(global_step);
     optimizer->step(param_views, static_cast<T>(lr), norm);
     for (auto& slot : slots) slot.model->zero_grad();
+    synchronize_device();  // the step's time includes its device work
     StepResult result;
     result.step = global_step;
     const double count = static_cast<double>(microbatches_total * replicas);
@@ -712,10 +953,26 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
                                  " for this micro-batch: its " + (is_a ? "forward" : "backward") +
                                  " has not run on this worker");
       }
-      auto& layer = kfac_layer(in);
       auto& slot = kfac_slot(in);
       // A piece adds its token rows' partial sum; the capture is held until the last piece.
       const bool last_piece = in.piece_end == sched::kPieceUnits;
+      if (runtime) {
+        const auto& captured = it->second;
+        const std::int64_t cols = captured.device.numel() / captured.rows;
+        const float scale = is_a ? 1.0F
+                                 : kfac::output_grad_scale(captured.sequences, captured.rows,
+                                                           microbatches_total * replicas);
+        device_kfac.at({in.pipeline, in.layer, in.linear})
+            ->accumulate(is_a, {captured.device.template data<float>(), captured.rows, cols}, scale,
+                         in.piece_begin, in.piece_end);
+        if (!last_piece) return;
+        ++(is_a ? slot.done_a : slot.done_b);
+        retire(std::move(it->second.device));
+        store_map.erase(it);
+        recount_captures();
+        return;
+      }
+      auto& layer = kfac_layer(in);
       if (is_a) {
         kfac::accumulate_a(layer, it->second.data->data(), it->second.rows, in.piece_begin,
                            in.piece_end);
@@ -736,6 +993,11 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   }
 
   void curvature_sync(const Instruction& in) {
+    if (runtime) {
+      throw std::runtime_error(
+          "curvature sync between data-parallel replicas is not implemented on a device yet (run "
+          "K-FAC with --data-parallel 1 there)");
+    }
     std::vector<int> group = data_parallel_group(self);
     if (in.peer >= 0) {
       for (int member : data_parallel_group(in.peer)) group.push_back(member);
@@ -755,7 +1017,35 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
   }
 
+  // On a device every inversion runs whole at its last piece (no InverseChain there yet).
+  void invert_on_device(const Instruction& in) {
+    if (in.piece_end != sched::kPieceUnits) return;
+    auto& layer = *device_kfac.at({in.pipeline, in.layer, in.linear});
+    auto& slot = kfac_slot(in);
+    const bool is_a = in.kind == OpKind::kInvertA;
+    for (const bool a_factor : {true, false}) {
+      if (layer.pending_microbatches(a_factor) == 0) continue;  // finalized already
+      const int done = a_factor ? slot.done_a : slot.done_b;
+      const int expected = a_factor ? slot.expected_a : slot.expected_b;
+      if (done < expected) {
+        throw std::runtime_error(
+            std::string("inversion before every curvature task of the refresh: factor ") +
+            (a_factor ? "A" : "B") + " has " + std::to_string(done) + " of " +
+            std::to_string(expected) +
+            " micro-batches (pi-adjusted damping needs both factors complete)");
+      }
+      layer.finalize(a_factor, setup.options.kfac.running_average);
+    }
+    const auto damping = layer.damping(setup.options.kfac.damping, setup.options.kfac.pi_adjusted);
+    layer.invert(is_a, is_a ? damping.a : damping.b, setup.options.kfac.method);
+    (is_a ? slot.inverted_a : slot.inverted_b) = true;
+  }
+
   void invert(const Instruction& in) {
+    if (runtime) {
+      invert_on_device(in);
+      return;
+    }
     auto& layer = kfac_layer(in);
     auto& slot = kfac_slot(in);
     const bool is_a = in.kind == OpKind::kInvertA;
@@ -820,7 +1110,30 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
   }
 
+  // On a device a divided preconditioning runs whole at its last piece: the gradient is not
+  // touched between its pieces, so the result is the whole task's.
+  void precondition_on_device(const Instruction& in) {
+    if constexpr (std::is_same_v<T, float>) {
+      auto& layer = *device_kfac.at({in.pipeline, in.layer, in.linear});
+      auto& slot = kfac_slot(in);
+      const bool newest = in.step == schedule.num_steps - 1;
+      const bool previous_a = !newest && slot.inverted_a;
+      const bool previous_b = !newest && slot.inverted_b;
+      if (!layer.has_inverse(true, previous_a) || !layer.has_inverse(false, previous_b)) return;
+      if (newest) refreshed_this_step = true;
+      if (in.piece_end != sched::kPieceUnits) return;
+      const std::string weight = linear_weight_name(in.layer, in.linear);
+      auto* w = find_param(weight);
+      auto* b = find_param(bias_name_of(weight));
+      layer.precondition(previous_a, previous_b, w->grad, b != nullptr ? b->grad : nullptr);
+    }
+  }
+
   void precondition(const Instruction& in) {
+    if (runtime) {
+      precondition_on_device(in);
+      return;
+    }
     if constexpr (std::is_same_v<T, float>) {
       auto& layer = kfac_layer(in);
       auto& slot = kfac_slot(in);
@@ -878,7 +1191,15 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         std::span<const float>(row_major.data(), static_cast<std::size_t>(row_major.size()))));
   }
 
+  void refuse_on_device(const char* what) const {
+    if (runtime) {
+      throw std::runtime_error(std::string(what) + " is not implemented on device " +
+                               tensor::to_string(runtime->device()) + " yet");
+    }
+  }
+
   std::vector<ckpt::TensorRecord> kfac_progress_records(std::string_view prefix) const {
+    refuse_on_device("saving K-FAC progress (checkpoints)");
     std::vector<ckpt::TensorRecord> records;
     for (const auto& [key, slot] : kfac_slots) {
       const auto base = slot_name(prefix, key);
@@ -901,6 +1222,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   }
 
   void load_kfac_progress(const ckpt::SafetensorsFile& file, std::string_view prefix) {
+    refuse_on_device("restoring K-FAC progress (checkpoints)");
     auto restored_slots = kfac_slots;
     for (auto& [key, slot] : restored_slots) {
       const auto base = slot_name(prefix, key);
@@ -966,6 +1288,14 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     const double start = recording ? now_s() : 0.0;
     const double waited_before = waited_s;
     std::int64_t bytes = 0;
+    // On a device the instruction is timed by marks in its stream (the communication stream for
+    // sends, whose copies run there; the compute stream for everything else).
+    tensor::Stream* timed_stream = nullptr;
+    if (recording && runtime) {
+      const bool on_comm = in.kind == OpKind::kSendActivation || in.kind == OpKind::kSendGradient;
+      timed_stream = on_comm ? comm_stream.get() : compute_stream.get();
+      current_span = timeline->begin(*timed_stream);
+    }
     switch (in.kind) {
       case OpKind::kForward:
         forward(in, global_step, position);
@@ -985,13 +1315,13 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         break;
       case OpKind::kReduceGradPipelines: {
         auto grads = slot_of(in.pipeline, in.chunk).model->flat_grads();
-        reduce(grads, pipeline_pair_group(in));
+        reduce_gradients(grads, pipeline_pair_group(in));
         bytes = static_cast<std::int64_t>(grads.size_bytes());
         break;
       }
       case OpKind::kReduceGradDataParallel: {
         auto grads = slot_of(in.pipeline, in.chunk).model->flat_grads();
-        reduce(grads, data_parallel_group(self));
+        reduce_gradients(grads, data_parallel_group(self));
         bytes = static_cast<std::int64_t>(grads.size_bytes());
         break;
       }
@@ -1013,7 +1343,13 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         precondition(in);
         break;
     }
-    if (recording) {
+    if (timed_stream != nullptr) {
+      timeline->end(*current_span, *timed_stream);
+      pending_events.push_back(
+          {{rank, position, global_step, in, lane_of(in.kind), 0.0, 0.0, 0.0, bytes},
+           *current_span});
+      current_span.reset();
+    } else if (recording) {
       const double end = now_s();
       const double waited = waited_s - waited_before;
       const Lane lane = lane_of(in.kind);
@@ -1021,6 +1357,26 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       const double busy = lane == Lane::kCommunication ? end - start : end - start - waited;
       events.push_back({rank, position, global_step, in, lane, start, end, busy, bytes});
     }
+    // The optimizer step synchronized the streams: the step's marks can be read now.
+    if (runtime && in.kind == OpKind::kOptimizerStep && !pending_events.empty()) {
+      resolve_device_events();
+    }
+  }
+
+  // Device-timed events of the step that just ended: spans on the device's clock pinned to the
+  // executor's (busy = the span: it starts once the instruction's inputs have arrived).
+  void resolve_device_events() {
+    compute_stream->synchronize();
+    comm_stream->synchronize();
+    const auto spans = timeline->resolve();
+    for (auto& pending : pending_events) {
+      const auto& span = spans.at(pending.span);
+      pending.event.start_s = span.start_s;
+      pending.event.end_s = std::max(span.end_s, span.start_s);
+      pending.event.busy_s = pending.event.end_s - pending.event.start_s;
+      events.push_back(pending.event);
+    }
+    pending_events.clear();
   }
 
   // A range of steps is cut at optimizer steps, not by the instructions' step fields: K-FAC work
@@ -1030,6 +1386,13 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
            const std::function<void(const StepResult&)>& on_step) {
     omp_set_num_threads(std::max(1, setup.options.threads_per_worker));
     const std::int64_t k = schedule.num_steps;
+    if (runtime) {
+      runtime->bind_thread();
+      synchronize_device();
+      pending_events.clear();
+      current_span.reset();
+      timeline->set_epoch(*compute_stream, [this] { return now_s(); });
+    }
     last_step_end_s = now_s();
     for (std::int64_t round = first_step / k; round * k < last_step; ++round) {
       const std::int64_t round_start = round * k;
@@ -1067,6 +1430,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         setup.batches->release_before(std::min(round_start + k, last_step) - 1);
       }
     }
+    if (runtime && !pending_events.empty()) resolve_device_events();
   }
 };
 
@@ -1111,7 +1475,12 @@ optim::BasicOptimizer<T>& Worker<T>::optimizer() {
 }
 template <typename T>
 kfac::KfacState& Worker<T>::kfac_state(int pipeline) {
-  return impl_->kfac_states[pipeline];
+  auto& state = impl_->kfac_states[pipeline];
+  // On a device the state lives in the device layers: a host copy (statistics, checkpoints).
+  for (const auto& [key, layer] : impl_->device_kfac) {
+    if (key.pipeline == pipeline) state.at({key.layer, key.linear}) = layer->to_host();
+  }
+  return state;
 }
 template <typename T>
 std::vector<ckpt::TensorRecord> Worker<T>::kfac_progress_records(std::string_view prefix) const {
@@ -1126,18 +1495,14 @@ TransientMemory Worker<T>::transient_memory() const {
   TransientMemory memory;
   for (const auto& slot : impl_->slots) memory.activation_stash += slot.model->stash_bytes();
   auto add = [&](const auto& map) {
-    for (const auto& [key, value] : map) memory.message_buffers += value.buffer.size() * sizeof(T);
+    for (const auto& [key, value] : map) memory.message_buffers += value.buffer.nbytes();
   };
   add(impl_->incoming_activations);
   add(impl_->incoming_gradients);
-  for (const auto& [key, value] : impl_->gradients_out) {
-    memory.message_buffers += value.size() * sizeof(T);
-  }
-  for (const auto& [key, value] : impl_->local_gradients) {
-    memory.message_buffers += value.size() * sizeof(T);
-  }
+  for (const auto& [key, value] : impl_->gradients_out) memory.message_buffers += value.nbytes();
+  for (const auto& [key, value] : impl_->local_gradients) memory.message_buffers += value.nbytes();
   for (const auto& pending : impl_->pending_sends) {
-    memory.message_buffers += pending.buffer.size() * sizeof(T);
+    memory.message_buffers += pending.buffer.nbytes();
   }
   memory.kfac_captures = impl_->capture_bytes;
   return memory;

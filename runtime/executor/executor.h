@@ -25,6 +25,7 @@
 #include "kfac/layer_state.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/device/device_runtime.h"
 #include "runtime/executor/batch_source.h"
 #include "runtime/model/bert_chunk.h"
 #include "runtime/model/bert_config.h"
@@ -116,6 +117,15 @@ struct RunSetup {
   OptimizerFactory<T> make_optimizer;
   LearningRate learning_rate;
   BatchSource* batches = nullptr;
+  // The device (device::open_device_runtime). Null: the CPU, where every worker owns a
+  // CpuBackend and runs exactly as before. Set: float models only; all workers of this process
+  // share its backend, each with a compute and a communication stream; sends and receives are
+  // device-to-device messages ordered by events (device::MessageExchange; threads only, not
+  // MPI); reductions stage through host memory; K-FAC runs on device::DeviceKfacLayer (divided
+  // inversion and preconditioning tasks run whole at their last piece); instruction times come
+  // from timing marks on the streams; make_optimizer is not used, device_optimizer is.
+  std::shared_ptr<device::DeviceRuntime> device;
+  device::OptimizerChoice device_optimizer;
 };
 
 // One rank's worker. Not thread-safe: one thread calls run().
@@ -142,7 +152,9 @@ class Worker {
   std::vector<model::BertChunk<T>*> chunks();
   model::BertChunk<T>* chunk(int pipeline, int chunk);
   optim::BasicOptimizer<T>& optimizer();
-  kfac::KfacState& kfac_state(int pipeline);  // per pipeline (Chimera holds two replicas)
+  // Per pipeline (Chimera holds two replicas). On a device: a host copy of the device layers,
+  // refreshed by each call (statistics; changes to it do not reach the device).
+  kfac::KfacState& kfac_state(int pipeline);
   // K-FAC work in progress inside a round, for checkpoints taken between two of its steps: per
   // Linear the curvature tasks done, whether it was inverted and the inverses before that, and
   // the captured inputs and output gradients whose curvature tasks have not run yet. Records

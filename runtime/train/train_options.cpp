@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "runtime/device/device_spec.h"
+
 namespace pf::train {
 
 void add_train_options(CLI::App& app, TrainOptions& o) {
@@ -19,7 +21,13 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option("--seq-len", o.seq_len,
                  "Sequence length; must match the shards (default: theirs; 128 for synthetic)");
-  app.add_option("--precision", o.precision, "fp32, or fp64 (exact checks; no K-FAC)")
+  app.add_option("--precision", o.precision,
+                 "fp32, or fp64 (exact checks; no K-FAC) on the CPU; fp32, tf32 or bf16 matrix "
+                 "products (fp32 weights, optimizer and K-FAC state) on --device cuda")
+      ->capture_default_str();
+  app.add_option("--device", o.device,
+                 "cpu, or cuda / cuda:N: every worker on that one GPU (a compute and a "
+                 "communication stream each)")
       ->capture_default_str();
   app.add_option("--schedule", o.schedule, "gpipe, 1f1b, interleaved or chimera")
       ->capture_default_str();
@@ -98,7 +106,29 @@ namespace {
 void validate_options(const TrainOptions& o) {
   if (o.micro_batch_size < 1) bad("--micro-batch-size must be >= 1");
   if (o.seq_len < 0) bad("--seq-len must be >= 1");
-  if (o.precision != "fp32" && o.precision != "fp64") {
+  const bool on_cuda = device::parse_device(o.device).kind == tensor::DeviceKind::kCuda;
+  if (on_cuda) {
+    if (o.precision != "fp32" && o.precision != "tf32" && o.precision != "bf16") {
+      bad("--precision on --device " + o.device + " must be fp32, tf32 or bf16 (fp64 runs on " +
+          "the CPU only), got '" + o.precision + "'");
+    }
+    if (!o.checkpoint_dir.empty() || o.resume) {
+      bad("--device " + o.device + ": checkpoints (--checkpoint-dir, --resume) are not written " +
+          "from a device yet; run without them");
+    }
+    if (!o.eval_data.empty()) {
+      bad("--device " + o.device + ": --eval-data (held-out evaluation) runs on the CPU only " +
+          "so far");
+    }
+    if (o.kfac.enabled && o.kfac_profile.empty()) {
+      bad("--device " + o.device + " --kfac needs --kfac-profile (the self-profile times the " +
+          "CPU's kernels, not the GPU's)");
+    }
+    if (o.kfac.enabled && o.data_parallel > 1) {
+      bad("--device " + o.device + " --kfac needs --data-parallel 1 (the curvature sync " +
+          "between replicas is not on the device yet)");
+    }
+  } else if (o.precision != "fp32" && o.precision != "fp64") {
     bad("--precision must be fp32 or fp64, got '" + o.precision + "'");
   }
   if (o.stages < 1) bad("--stages must be >= 1");
@@ -121,7 +151,7 @@ void validate_options(const TrainOptions& o) {
   if (!(o.weight_decay >= 0)) bad("--weight-decay must be >= 0");
   if (!(o.momentum >= 0 && o.momentum < 1)) bad("--momentum must lie in [0, 1)");
   if (!(o.kfac_damping > 0)) bad("--kfac-damping must be > 0");
-  if (o.kfac.enabled && o.precision != "fp32") bad("--kfac runs in fp32: drop --precision fp64");
+  if (o.kfac.enabled && o.precision == "fp64") bad("--kfac runs in fp32: drop --precision fp64");
   if (!o.kfac_profile.empty() && !o.kfac.enabled) bad("--kfac-profile needs --kfac");
   if (o.threads_per_worker < 1) bad("--threads-per-worker must be >= 1");
   if (!(o.wait_timeout_s > 0)) bad("--wait-timeout must be > 0 seconds");

@@ -19,7 +19,8 @@ struct TrainOptions {
   std::string data;            // shards directory (pipefisher_data), or "synthetic"
   int micro_batch_size = 8;
   int seq_len = 0;                 // 0: the shards' sequence length (128 for synthetic data)
-  std::string precision = "fp32";  // fp32 or fp64 (CPU)
+  std::string precision = "fp32";  // fp32 or fp64 (CPU); fp32, tf32 or bf16 products (cuda)
+  std::string device = "cpu";      // cpu, cuda or cuda:N
   // Schedule.
   std::string schedule = "1f1b";
   int stages = 2;

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "runtime/device/device_spec.h"
 #include "runtime/executor/executor.h"
 #include "runtime/executor/measured.h"
 #include "runtime/executor/shard_batches.h"
@@ -82,7 +83,17 @@ struct RunContext {
   std::string kfac_summary;
   nlohmann::json identity;                         // what a checkpoint must share to resume
   std::optional<ckpt::TrainingCheckpoint> resume;  // --resume: the checkpoint to continue
+  std::shared_ptr<device::DeviceRuntime> device;   // --device cuda; null on the CPU
 };
+
+device::OptimizerChoice device_optimizer_choice(const TrainOptions& o) {
+  device::OptimizerChoice choice;
+  choice.name = o.optimizer;
+  choice.adamw = optim::AdamWOptions{.weight_decay = o.weight_decay};
+  choice.lamb = optim::LambOptions{.weight_decay = o.weight_decay};
+  choice.sgd = optim::SgdOptions{.momentum = o.momentum, .weight_decay = o.weight_decay};
+  return choice;
+}
 
 template <typename T>
 exec::OptimizerFactory<T> optimizer_factory(const TrainOptions& o) {
@@ -170,6 +181,8 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
         (context.resume ? context.resume->step : 0) + kSummarySteps + 1;
   }
   setup.make_optimizer = optimizer_factory<T>(o);
+  setup.device = context.device;
+  setup.device_optimizer = device_optimizer_choice(o);
   const auto lr_schedule = learning_rate_schedule(o);
   setup.learning_rate = [lr_schedule](std::int64_t step) {
     return static_cast<double>(lr_schedule.learning_rate(step));
@@ -188,7 +201,12 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
         << sched::to_string(schedule.params.kind) << " on " << schedule.num_workers() << " "
         << launch.workers_noun() << " x " << schedule.params.data_parallel << " replica(s), "
         << schedule.params.microbatches << " micro-batches of " << context.micro_batch_size << " x "
-        << context.seq_len << " tokens per step, " << o.optimizer << ", " << o.steps << " steps\n";
+        << context.seq_len << " tokens per step, " << o.optimizer << ", " << o.steps << " steps";
+    if (context.device) {
+      out << ", on " << tensor::to_string(context.device->device()) << " ("
+          << kernels::to_string(context.device->precision()) << " products)";
+    }
+    out << "\n";
     if (!context.kfac_summary.empty()) out << context.kfac_summary;
   }
 
@@ -295,6 +313,16 @@ int run_training(const TrainOptions& o, std::ostream& out) {
 int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
   validate_options(o);
   RunContext context;
+  // The device first: a missing one is the first thing to report (exit 2, one line).
+  const tensor::Device device = device::parse_device(o.device);
+  if (device.kind != tensor::DeviceKind::kCpu && launch.multi_process()) {
+    throw std::invalid_argument("--device " + o.device +
+                                " under mpirun: device runs are threads on one GPU so far "
+                                "(run without mpirun)");
+  }
+  context.device = device::open_device_runtime(
+      device, device.kind == tensor::DeviceKind::kCpu ? kernels::GemmPrecision::kFp32
+                                                      : kernels::parse_gemm_precision(o.precision));
   context.config = model::resolve_bert_config(o.model);
   const bool preset = !fs::exists(o.model);
   context.micro_batch_size = o.micro_batch_size;

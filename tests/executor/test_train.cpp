@@ -2,6 +2,7 @@
 // the simulator replays), --kfac on a self-profile, and the program's refusals (exit status 2).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "runtime/device/device_runtime.h"
 #include "runtime/train/train_options.h"
 #include "runtime/train/trainer.h"
 #include "sim/cli/compile_command.h"
@@ -175,6 +177,69 @@ int run_program(const std::string& arguments) {
   const int status = std::system(
       (std::string(PF_TRAIN_BINARY) + " " + arguments + " > /dev/null 2> /dev/null").c_str());
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// --device and --precision are checked before any work; what a device run cannot do yet is
+// refused with a line saying so.
+TEST_F(TrainTest, DeviceChoicesAreCheckedBeforeAnyWork) {
+  auto expect_refused = [&](TrainOptions o, const std::string& fragment) {
+    std::ostringstream out;
+    try {
+      run_training(o, out);
+      ADD_FAILURE() << "accepted; expected an error containing '" << fragment << "'";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
+    }
+    EXPECT_EQ(out.str().find("step "), std::string::npos) << "training started";
+  };
+  auto o = small_run();
+  o.device = "gpu";
+  expect_refused(o, "--device gpu: expected cpu, cuda or cuda:N");
+  o = small_run();
+  o.device = "cuda";
+  o.precision = "fp64";
+  expect_refused(o, "fp64 runs on the CPU only");
+  o = small_run();
+  o.precision = "bf16";  // on the CPU
+  expect_refused(o, "--precision must be fp32 or fp64");
+  o = small_run();
+  o.device = "cuda:0";
+  o.checkpoint_dir = (dir_ / "checkpoints").string();
+  expect_refused(o, "checkpoints (--checkpoint-dir, --resume) are not written from a device");
+  o = small_run();
+  o.device = "cuda";
+  o.eval_data = "synthetic";
+  expect_refused(o, "--eval-data");
+  o = small_run();
+  o.device = "cuda";
+  o.kfac.enabled = true;
+  expect_refused(o, "--kfac-profile");
+}
+
+bool cuda_device_present() {
+  try {
+    return device::open_device_runtime({tensor::DeviceKind::kCuda, 0}) != nullptr;
+  } catch (const device::DeviceUnavailableError&) {
+    return false;
+  }
+}
+
+TEST_F(TrainTest, CudaWithoutADeviceIsOneErrorLineAndExitTwo) {
+  if (cuda_device_present()) GTEST_SKIP() << "a CUDA device is present";
+  const auto err = dir_ / "stderr.txt";
+  const int status = std::system(
+      (std::string(PF_TRAIN_BINARY) +
+       " --data synthetic --device cuda --steps 1 --quiet > /dev/null 2> " + err.string())
+          .c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  const std::string text = read(err);
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+  EXPECT_EQ(text.rfind("pipefisher_train: error: --device cuda:0: ", 0), 0U) << text;
+  EXPECT_TRUE(
+      text.find(device::cuda_runtime_compiled() ? "no CUDA device" : "this build has no CUDA") !=
+      std::string::npos)
+      << text;
 }
 
 TEST_F(TrainTest, ProgramExitStatus) {

@@ -1,0 +1,163 @@
+#include "runtime/device/cuda/cuda_device_runtime.h"
+
+#include <string>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kfac/cuda/layer_state_cuda.h"
+#include "runtime/optim/cuda/fused_optimizers.h"
+
+namespace pf::device::cuda {
+
+namespace {
+
+using kernels::cuda::CudaBackend;
+
+// A CUDA event with timing (CudaEvent disables it: it only orders streams).
+class CudaTimingMark final : public TimingMark {
+ public:
+  CudaTimingMark() { CUDA_CHECK(cudaEventCreate(&event_)); }
+  ~CudaTimingMark() override {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+  CudaTimingMark(const CudaTimingMark&) = delete;
+  CudaTimingMark& operator=(const CudaTimingMark&) = delete;
+  void record(tensor::Stream& stream) override {
+    CUDA_CHECK(cudaEventRecord(event_, kernels::cuda::stream_of(&stream)));
+  }
+  double seconds_since(const TimingMark& earlier) const override {
+    float milliseconds = 0.0F;
+    CUDA_CHECK(cudaEventElapsedTime(&milliseconds,
+                                    dynamic_cast<const CudaTimingMark&>(earlier).event_, event_));
+    return static_cast<double>(milliseconds) * 1e-3;
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+class CudaKfacLayer final : public DeviceKfacLayer {
+ public:
+  CudaKfacLayer(std::shared_ptr<kfac::cuda::KfacCuda> kfac, tensor::Stream* stream,
+                std::int64_t d_in, std::int64_t d_out, const std::string& name)
+      : owner_(std::move(kfac)),
+        kfac_(*owner_),
+        stream_(stream),
+        layer_(kfac_, d_in, d_out, name) {}
+
+  void accumulate(bool a, kernels::ConstMatrixView<float> x, float scale, int unit_begin,
+                  int unit_end) override {
+    if (a) {
+      layer_.accumulate_a(x, unit_begin, unit_end);
+    } else {
+      layer_.accumulate_b(x, scale, unit_begin, unit_end);
+    }
+  }
+  std::int64_t pending_microbatches(bool a) const override {
+    return (a ? layer_.a() : layer_.b()).microbatches;
+  }
+  void finalize(bool a, float running_average) override {
+    if (a) {
+      layer_.finalize_a(running_average);
+    } else {
+      layer_.finalize_b(running_average);
+    }
+  }
+  kfac::FactorDamping damping(float lambda, bool pi_adjusted) override {
+    return layer_.damping(lambda, pi_adjusted);
+  }
+  void invert(bool a, float damping, kfac::InverseMethod method) override {
+    const auto& factor = a ? layer_.a() : layer_.b();
+    auto& previous = a ? previous_a_ : previous_b_;
+    bool& has_previous = a ? has_previous_a_ : has_previous_b_;
+    has_previous = factor.inverted;
+    if (factor.inverted) {
+      if (!previous.defined() || previous.numel() == 0) {
+        previous =
+            tensor::Tensor::empty(kfac_.backend(), {factor.dim, factor.dim}, tensor::DType::kF32);
+      }
+      kfac_.backend().copy(previous.raw_data(), factor.inverse.raw_data(), previous.nbytes(),
+                           tensor::CopyKind::kDeviceToDevice, stream_);
+    }
+    if (a) {
+      layer_.invert_a(damping, method);
+    } else {
+      layer_.invert_b(damping, method);
+    }
+  }
+  bool has_inverse(bool a, bool previous) const override {
+    if (previous) return a ? has_previous_a_ : has_previous_b_;
+    return (a ? layer_.a() : layer_.b()).inverted;
+  }
+  void precondition(bool previous_a, bool previous_b, float* grad_w, float* grad_b) override {
+    const float* a_inv = previous_a ? previous_a_.data<float>() : layer_.a().inverse.data<float>();
+    const float* b_inv = previous_b ? previous_b_.data<float>() : layer_.b().inverse.data<float>();
+    kfac_.precondition(a_inv, b_inv, grad_w, grad_b, layer_.d_out(), layer_.d_in(), grad_w, grad_b);
+  }
+  kfac::KfacLayerState to_host() const override { return layer_.to_host(); }
+
+ private:
+  std::shared_ptr<kfac::cuda::KfacCuda> owner_;  // declared first: outlives layer_
+  kfac::cuda::KfacCuda& kfac_;
+  tensor::Stream* stream_;
+  kfac::cuda::KfacLayerCuda layer_;
+  tensor::Tensor previous_a_, previous_b_;
+  bool has_previous_a_ = false, has_previous_b_ = false;
+};
+
+}  // namespace
+
+CudaDeviceRuntime::CudaDeviceRuntime(int index, kernels::GemmPrecision precision)
+    : index_(index), precision_(precision) {
+  const int count = kernels::cuda::device_count();
+  if (count == 0) {
+    throw DeviceUnavailableError("--device cuda:" + std::to_string(index) +
+                                 ": no CUDA device (the driver reports none)");
+  }
+  if (index < 0 || index >= count) {
+    throw DeviceUnavailableError("--device cuda:" + std::to_string(index) +
+                                 ": no such CUDA device (" + std::to_string(count) +
+                                 " present: cuda:0.." + std::to_string(count - 1) + ")");
+  }
+  backend_ = std::make_unique<CudaBackend>(index);
+}
+
+void CudaDeviceRuntime::bind_thread() {
+  CUDA_CHECK(cudaSetDevice(index_));
+}
+
+std::unique_ptr<TimingMark> CudaDeviceRuntime::create_timing_mark() {
+  return std::make_unique<CudaTimingMark>();
+}
+
+std::unique_ptr<optim::Optimizer> CudaDeviceRuntime::make_optimizer(const OptimizerChoice& choice,
+                                                                    tensor::Stream* stream) {
+  if (choice.name == "adamw") {
+    return std::make_unique<optim::cuda::CudaAdamW>(*backend_, stream, choice.adamw);
+  }
+  if (choice.name == "sgd") {
+    return std::make_unique<optim::cuda::CudaSgd>(*backend_, stream, choice.sgd);
+  }
+  if (choice.name == "lamb") {
+    return std::make_unique<optim::cuda::CudaLamb>(*backend_, stream, choice.lamb);
+  }
+  throw std::invalid_argument("optimizer '" + choice.name + "': expected lamb, adamw or sgd");
+}
+
+std::unique_ptr<DeviceKfacLayer> CudaDeviceRuntime::make_kfac_layer(tensor::Stream* stream,
+                                                                    std::int64_t d_in,
+                                                                    std::int64_t d_out,
+                                                                    const std::string& name) {
+  std::shared_ptr<kfac::cuda::KfacCuda> kfac;
+  {
+    const std::lock_guard lock(mutex_);
+    auto& slot = kfac_by_stream_[stream];
+    kfac = slot.lock();
+    if (!kfac) {
+      kfac = std::make_shared<kfac::cuda::KfacCuda>(*backend_, stream);
+      slot = kfac;
+    }
+  }
+  return std::make_unique<CudaKfacLayer>(std::move(kfac), stream, d_in, d_out, name);
+}
+
+}  // namespace pf::device::cuda

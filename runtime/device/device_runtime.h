@@ -1,0 +1,118 @@
+#pragma once
+// What the executor needs from a device beyond the ops interface, behind one abstract class so
+// that runtime code never names CUDA (no #ifdef outside device_runtime.cpp, the one file that
+// maps a device to its implementation, as kernels/make_ops.cpp does for the ops):
+//   - the backend (memory, copies, streams, events) all workers of this process share;
+//   - timing marks recorded in stream order (CUDA events with timing), for the measured trace;
+//   - the device's optimizers (fused multi-tensor kernels) and K-FAC layers (cuBLAS/cuSOLVER);
+//   - an in-process exchange for device-to-device messages between workers sharing the device.
+// The CPU keeps its own path (each worker owns a CpuBackend; host clocks; Eigen K-FAC): a run
+// on the CPU has no DeviceRuntime at all, so it executes exactly as before.
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "kernels/backend_ops.h"
+#include "kernels/matrix_view.h"
+#include "kfac/damping.h"
+#include "kfac/inverse.h"
+#include "kfac/layer_state.h"
+#include "runtime/device/message_exchange.h"
+#include "runtime/optim/adamw.h"
+#include "runtime/optim/lamb.h"
+#include "runtime/optim/optimizer.h"
+#include "runtime/optim/sgd.h"
+#include "runtime/tensor/backend.h"
+
+namespace pf::device {
+
+// The device cannot be used: this build has no CUDA, or no CUDA device is present. A bad
+// command-line choice (exit status 2), so it derives from std::invalid_argument.
+class DeviceUnavailableError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// A point in a stream's work: record() marks it; once the stream has passed both marks (the
+// caller synchronized it), seconds_since gives the time between them.
+class TimingMark {
+ public:
+  virtual ~TimingMark() = default;
+  TimingMark() = default;
+  TimingMark(const TimingMark&) = delete;
+  TimingMark& operator=(const TimingMark&) = delete;
+  virtual void record(tensor::Stream& stream) = 0;
+  virtual double seconds_since(const TimingMark& earlier) const = 0;
+};
+
+// One preconditioned Linear's K-FAC state on the device (kfac/layer_state.h's life cycle), plus
+// the inverses an inversion replaced: a refresh's earlier steps precondition with those while
+// the new ones are computed in the bubbles (as the executor's CPU path keeps previous_*_inverse).
+class DeviceKfacLayer {
+ public:
+  virtual ~DeviceKfacLayer() = default;
+  DeviceKfacLayer() = default;
+  DeviceKfacLayer(const DeviceKfacLayer&) = delete;
+  DeviceKfacLayer& operator=(const DeviceKfacLayer&) = delete;
+
+  // x: device memory [tokens, d] (any leading dimension); pieces as kfac/pieces.h.
+  virtual void accumulate(bool a, kernels::ConstMatrixView<float> x, float scale, int unit_begin,
+                          int unit_end) = 0;
+  // Micro-batches accumulated since the factor's last finalize.
+  virtual std::int64_t pending_microbatches(bool a) const = 0;
+  virtual void finalize(bool a, float running_average) = 0;
+  virtual kfac::FactorDamping damping(float lambda, bool pi_adjusted) = 0;
+  // Replaces the factor's inverse; the one it replaces becomes the previous inverse.
+  virtual void invert(bool a, float damping, kfac::InverseMethod method) = 0;
+  virtual bool has_inverse(bool a, bool previous) const = 0;
+  // grad_w (d_out x d_in, row-major) and grad_b (may be null), device memory, in place.
+  virtual void precondition(bool previous_a, bool previous_b, float* grad_w, float* grad_b) = 0;
+  // The state as the CPU keeps it (waits for the device), for statistics and checkpoints.
+  virtual kfac::KfacLayerState to_host() const = 0;
+};
+
+// The optimizer a run asked for ("lamb", "adamw", "sgd") with its options.
+struct OptimizerChoice {
+  std::string name = "lamb";
+  optim::AdamWOptions adamw;
+  optim::LambOptions lamb;
+  optim::SgdOptions sgd;
+};
+
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+  DeviceRuntime() = default;
+  DeviceRuntime(const DeviceRuntime&) = delete;
+  DeviceRuntime& operator=(const DeviceRuntime&) = delete;
+
+  virtual tensor::Device device() const = 0;
+  virtual kernels::GemmPrecision precision() const = 0;
+  // Shared by every worker of the process (thread-safe).
+  virtual tensor::Backend& backend() = 0;
+  // Makes the calling thread use this device (each worker thread calls it before its work).
+  virtual void bind_thread() = 0;
+  virtual std::unique_ptr<TimingMark> create_timing_mark() = 0;
+  // Issue on `stream` (the worker's compute stream).
+  virtual std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerChoice& choice,
+                                                           tensor::Stream* stream) = 0;
+  // `name` labels errors ("layer 3 query").
+  virtual std::unique_ptr<DeviceKfacLayer> make_kfac_layer(tensor::Stream* stream,
+                                                           std::int64_t d_in, std::int64_t d_out,
+                                                           const std::string& name) = 0;
+  // Messages between the workers of this process.
+  virtual MessageExchange& exchange() = 0;
+};
+
+// nullptr for the CPU (the executor's own path). For cuda:N, the CUDA runtime on device N.
+// Throws DeviceUnavailableError with one line: "--device cuda: this build has no CUDA (...)"
+// or "--device cuda:N: no CUDA device (...)".
+std::shared_ptr<DeviceRuntime> open_device_runtime(
+    tensor::Device device, kernels::GemmPrecision precision = kernels::GemmPrecision::kFp32);
+
+// True when this build can open a CUDA device runtime.
+bool cuda_runtime_compiled();
+
+}  // namespace pf::device

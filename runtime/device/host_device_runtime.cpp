@@ -1,0 +1,95 @@
+#include "runtime/device/host_device_runtime.h"
+
+#include "kfac/layer_state.h"
+#include "kfac/precondition.h"
+#include "runtime/device/stream_timeline.h"
+
+namespace pf::device {
+
+namespace {
+
+// kfac/layer_state.h's functions on one KfacLayerState, keeping the inverses an inversion
+// replaced (what the CPU path's KfacSlot keeps as previous_*_inverse).
+class HostKfacLayer final : public DeviceKfacLayer {
+ public:
+  HostKfacLayer(std::int64_t d_in, std::int64_t d_out, std::string name)
+      : layer_(d_in, d_out), name_(std::move(name)) {}
+
+  void accumulate(bool a, kernels::ConstMatrixView<float> x, float scale, int unit_begin,
+                  int unit_end) override {
+    if (!x.contiguous()) {
+      throw std::invalid_argument("K-FAC " + name_ + ": curvature from a strided view (ld " +
+                                  std::to_string(x.ld) + ", " + std::to_string(x.cols) +
+                                  " columns); the host layer takes contiguous rows");
+    }
+    if (a) {
+      kfac::accumulate_a(layer_, x.data, x.rows, unit_begin, unit_end);
+    } else {
+      kfac::accumulate_b(layer_, x.data, x.rows, scale, unit_begin, unit_end);
+    }
+  }
+  std::int64_t pending_microbatches(bool a) const override {
+    return (a ? layer_.a : layer_.b).microbatches;
+  }
+  void finalize(bool a, float running_average) override {
+    if (a) {
+      kfac::finalize_a(layer_, running_average);
+    } else {
+      kfac::finalize_b(layer_, running_average);
+    }
+  }
+  kfac::FactorDamping damping(float lambda, bool pi_adjusted) override {
+    return kfac::layer_damping(layer_, lambda, pi_adjusted);
+  }
+  void invert(bool a, float damping, kfac::InverseMethod method) override {
+    (a ? previous_a_ : previous_b_) = (a ? layer_.a : layer_.b).inverse;
+    if (a) {
+      kfac::invert_a(layer_, damping, method);
+    } else {
+      kfac::invert_b(layer_, damping, method);
+    }
+  }
+  bool has_inverse(bool a, bool previous) const override {
+    const auto& inverse =
+        previous ? (a ? previous_a_ : previous_b_) : (a ? layer_.a : layer_.b).inverse;
+    return inverse.size() > 0;
+  }
+  void precondition(bool previous_a, bool previous_b, float* grad_w, float* grad_b) override {
+    const Eigen::MatrixXf& a_inv = previous_a ? previous_a_ : layer_.a.inverse;
+    const Eigen::MatrixXf& b_inv = previous_b ? previous_b_ : layer_.b.inverse;
+    kfac::precondition(a_inv, b_inv, grad_w, grad_b, layer_.d_out, layer_.d_in, grad_w, grad_b);
+  }
+  kfac::KfacLayerState to_host() const override { return layer_; }
+
+ private:
+  kfac::KfacLayerState layer_;
+  Eigen::MatrixXf previous_a_, previous_b_;
+  std::string name_;
+};
+
+}  // namespace
+
+std::unique_ptr<optim::Optimizer> make_host_optimizer(const OptimizerChoice& choice) {
+  if (choice.name == "adamw") return std::make_unique<optim::BasicAdamW<float>>(choice.adamw);
+  if (choice.name == "sgd") return std::make_unique<optim::BasicSgd<float>>(choice.sgd);
+  if (choice.name == "lamb") return std::make_unique<optim::BasicLamb<float>>(choice.lamb);
+  throw std::invalid_argument("optimizer '" + choice.name + "': expected lamb, adamw or sgd");
+}
+
+std::unique_ptr<TimingMark> HostDeviceRuntime::create_timing_mark() {
+  return std::make_unique<HostTimingMark>();
+}
+
+std::unique_ptr<optim::Optimizer> HostDeviceRuntime::make_optimizer(const OptimizerChoice& choice,
+                                                                    tensor::Stream* /*stream*/) {
+  return make_host_optimizer(choice);
+}
+
+std::unique_ptr<DeviceKfacLayer> HostDeviceRuntime::make_kfac_layer(tensor::Stream* /*stream*/,
+                                                                    std::int64_t d_in,
+                                                                    std::int64_t d_out,
+                                                                    const std::string& name) {
+  return std::make_unique<HostKfacLayer>(d_in, d_out, name);
+}
+
+}  // namespace pf::device

@@ -1,0 +1,208 @@
+// The device seam's CPU-side logic: --device parsing, opening a device where there is none (or
+// no CUDA in the build), the in-process message exchange, and the stream timeline that turns
+// marks recorded in stream order into instruction times (with host-clock marks on the CPU
+// backend, whose work is done when the call returns).
+#include <algorithm>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "runtime/device/device_runtime.h"
+#include "runtime/device/device_spec.h"
+#include "runtime/device/message_exchange.h"
+#include "runtime/device/stream_timeline.h"
+#include "runtime/tensor/cpu_backend.h"
+
+namespace pf::device {
+namespace {
+
+using tensor::DeviceKind;
+
+TEST(ParseDevice, AcceptsCpuCudaAndAnIndex) {
+  EXPECT_EQ(parse_device("cpu"), (tensor::Device{DeviceKind::kCpu, 0}));
+  EXPECT_EQ(parse_device("cuda"), (tensor::Device{DeviceKind::kCuda, 0}));
+  EXPECT_EQ(parse_device("cuda:0"), (tensor::Device{DeviceKind::kCuda, 0}));
+  EXPECT_EQ(parse_device("cuda:3"), (tensor::Device{DeviceKind::kCuda, 3}));
+}
+
+TEST(ParseDevice, RefusesAnythingElseNamingTheValue) {
+  for (const char* text :
+       {"", "gpu", "CUDA", "cuda:", "cuda:-1", "cuda:1x", "cuda:x", "cpu:0", "cuda:99999999999"}) {
+    try {
+      parse_device(text);
+      ADD_FAILURE() << "accepted '" << text << "'";
+    } catch (const std::invalid_argument& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find(std::string("--device ") + text + ":"), std::string::npos) << message;
+      EXPECT_NE(message.find("cpu, cuda or cuda:N"), std::string::npos) << message;
+    }
+  }
+}
+
+TEST(OpenDeviceRuntime, TheCpuHasNone) {
+  EXPECT_EQ(open_device_runtime({DeviceKind::kCpu, 0}), nullptr);
+}
+
+// Without a GPU (CI, this machine) or without CUDA in the build: one line saying which.
+TEST(OpenDeviceRuntime, NoDeviceIsOneClearLine) {
+  for (const int index : {0, 7}) {
+    try {
+      const auto runtime = open_device_runtime({DeviceKind::kCuda, index});
+      if (runtime) GTEST_SKIP() << "a CUDA device is present";
+      ADD_FAILURE() << "no runtime and no error";
+    } catch (const DeviceUnavailableError& error) {
+      const std::string message = error.what();
+      EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+      EXPECT_EQ(message.rfind("--device cuda:" + std::to_string(index) + ": ", 0), 0U) << message;
+      if (cuda_runtime_compiled()) {
+        EXPECT_TRUE(message.find("no CUDA device") != std::string::npos ||
+                    message.find("no such CUDA device") != std::string::npos)
+            << message;
+      } else {
+        EXPECT_NE(message.find("this build has no CUDA"), std::string::npos) << message;
+      }
+    }
+  }
+}
+
+TEST(OpenDeviceRuntime, UnavailableIsABadArgument) {
+  // pipefisher_train maps std::invalid_argument to exit status 2.
+  static_assert(std::is_base_of_v<std::invalid_argument, DeviceUnavailableError>);
+}
+
+DeviceMessage message_of(tensor::Backend& backend, float value) {
+  auto data = tensor::Tensor::empty(backend, {2, 3}, tensor::DType::kF32);
+  std::fill_n(data.data<float>(), 6, value);
+  std::shared_ptr<tensor::Event> ready = backend.create_event();
+  auto stream = backend.create_stream();
+  ready->record(*stream);
+  return {data, ready};
+}
+
+TEST(MessageExchange, TakesWhatWasPostedOnce) {
+  tensor::CpuBackend backend;
+  MessageExchange exchange;
+  const auto first = exchange.post(message_of(backend, 1.0F));
+  const auto second = exchange.post(message_of(backend, 2.0F));
+  EXPECT_NE(first, second);
+  EXPECT_EQ(exchange.pending(), 2U);
+  const auto taken = exchange.take(second);
+  EXPECT_EQ(taken.data.data<float>()[5], 2.0F);
+  EXPECT_TRUE(taken.ready->completed());
+  EXPECT_EQ(exchange.pending(), 1U);
+  try {
+    exchange.take(second);
+    ADD_FAILURE() << "taken twice";
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what()).find("message " + std::to_string(second)),
+              std::string::npos);
+  }
+  EXPECT_THROW(exchange.take(12345), std::runtime_error);
+  EXPECT_EQ(exchange.take(first).data.data<float>()[0], 1.0F);
+  EXPECT_EQ(exchange.pending(), 0U);
+}
+
+TEST(MessageExchange, RefusesAMessageWithoutItsReadyEvent) {
+  tensor::CpuBackend backend;
+  MessageExchange exchange;
+  EXPECT_THROW(exchange.post({tensor::Tensor::empty(backend, {1}, tensor::DType::kF32), nullptr}),
+               std::invalid_argument);
+  EXPECT_EQ(exchange.pending(), 0U);
+}
+
+TEST(MessageExchange, TicketsAreUniqueAcrossThreads) {
+  tensor::CpuBackend backend;
+  MessageExchange exchange;
+  constexpr int kThreads = 4, kEach = 50;
+  std::vector<std::vector<std::uint64_t>> tickets(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        tickets[static_cast<std::size_t>(t)].push_back(
+            exchange.post(message_of(backend, static_cast<float>(t))));
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  std::set<std::uint64_t> all;
+  for (const auto& list : tickets) all.insert(list.begin(), list.end());
+  EXPECT_EQ(all.size(), static_cast<std::size_t>(kThreads * kEach));
+  for (int t = 0; t < kThreads; ++t) {
+    for (const auto ticket : tickets[static_cast<std::size_t>(t)]) {
+      EXPECT_EQ(exchange.take(ticket).data.data<float>()[0], static_cast<float>(t));
+    }
+  }
+}
+
+class Timeline : public ::testing::Test {
+ protected:
+  tensor::CpuBackend backend_;
+  std::unique_ptr<tensor::Stream> stream_ = backend_.create_stream();
+  StreamTimeline timeline_{[] { return std::make_unique<HostTimingMark>(); }};
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  double now_s() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+};
+
+TEST_F(Timeline, SpansAreTheWorkBetweenTheirMarksOnTheHostClock) {
+  EXPECT_THROW(timeline_.begin(*stream_), std::logic_error);  // no epoch yet
+  const double before = now_s();
+  timeline_.set_epoch(*stream_, [this] { return now_s(); });
+  const auto first = timeline_.begin(*stream_);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  timeline_.end(first, *stream_);
+  const auto second = timeline_.begin(*stream_);
+  timeline_.end(second, *stream_);
+  const double after = now_s();
+  EXPECT_EQ(timeline_.open_spans(), 2U);
+  const auto spans = timeline_.resolve();
+  ASSERT_EQ(spans.size(), 2U);
+  EXPECT_GE(spans[0].end_s - spans[0].start_s, 0.019);
+  EXPECT_GE(spans[0].start_s, before);
+  EXPECT_LE(spans[0].end_s, spans[1].start_s);
+  EXPECT_LE(spans[1].start_s, spans[1].end_s);
+  EXPECT_LE(spans[1].end_s, after + 1e-3);
+  EXPECT_EQ(timeline_.open_spans(), 0U);
+  // Marks are reused: a second round works the same.
+  const auto again = timeline_.begin(*stream_);
+  EXPECT_EQ(again, 0U);
+  timeline_.end(again, *stream_);
+  EXPECT_EQ(timeline_.resolve().size(), 1U);
+}
+
+TEST_F(Timeline, RestartLeavesTheWaitOutOfTheSpan) {
+  timeline_.set_epoch(*stream_, [this] { return now_s(); });
+  const auto span = timeline_.begin(*stream_);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));  // waiting for an input
+  timeline_.restart(span, *stream_);
+  timeline_.end(span, *stream_);
+  const auto spans = timeline_.resolve();
+  ASSERT_EQ(spans.size(), 1U);
+  EXPECT_LT(spans[0].end_s - spans[0].start_s, 0.025);
+}
+
+TEST_F(Timeline, MisuseIsALogicError) {
+  timeline_.set_epoch(*stream_, [this] { return now_s(); });
+  EXPECT_THROW(timeline_.end(0, *stream_), std::logic_error);  // never begun
+  const auto span = timeline_.begin(*stream_);
+  EXPECT_THROW(timeline_.resolve(), std::logic_error);  // not closed
+  timeline_.end(span, *stream_);
+  EXPECT_THROW(timeline_.end(span, *stream_), std::logic_error);      // closed
+  EXPECT_THROW(timeline_.restart(span, *stream_), std::logic_error);  // closed
+  // A new epoch drops what a stopped run left unresolved.
+  timeline_.begin(*stream_);
+  timeline_.set_epoch(*stream_, [this] { return now_s(); });
+  EXPECT_EQ(timeline_.open_spans(), 0U);
+  EXPECT_TRUE(timeline_.resolve().empty());
+}
+
+TEST(HostTimingMark, ReadBeforeRecordedIsALogicError) {
+  HostTimingMark early, late;
+  EXPECT_THROW((void)late.seconds_since(early), std::logic_error);
+}
+
+}  // namespace
+}  // namespace pf::device

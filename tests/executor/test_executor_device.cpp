@@ -1,0 +1,140 @@
+// The executor's device path on the CPU backend (HostDeviceRuntime): messages as tickets through
+// the MessageExchange with ready events, hand-offs, staged reductions, the tied-embedding sum
+// through the ops, device K-FAC layers (inverses kept for the refresh's earlier steps), timing
+// marks resolved at the step's end. Against the CPU path (no runtime) on the same schedule:
+// equal bit for bit with AdamW (no gradient norm in the update), with LAMB within the rounding
+// of the gradient norm (summed per tensor in float by the ops, in double by the CPU path).
+// What these tests cannot show is anything about a GPU: see test_executor_cuda.
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "tests/executor/device_run.h"
+
+namespace pf::exec {
+namespace {
+
+using testing::device_test_config;
+using testing::device_test_schedule;
+using testing::run_schedule;
+
+struct DeviceCase {
+  sched::ScheduleKind kind;
+  int workers;
+  int chunks;
+  bool kfac;
+  bool split_backward;
+};
+
+std::string name_of(const DeviceCase& c) {
+  return std::string(sched::to_string(c.kind)) + "_p" + std::to_string(c.workers) + "_v" +
+         std::to_string(c.chunks) + (c.kfac ? "_kfac" : "") + (c.split_backward ? "_split" : "");
+}
+
+class HostDevicePath : public ::testing::TestWithParam<DeviceCase> {};
+
+TEST_P(HostDevicePath, EqualsTheCpuPathBitForBit) {
+  const auto c = GetParam();
+  const auto config = device_test_config(4);
+  const auto schedule =
+      device_test_schedule(c.kind, c.workers, c.chunks, 4, c.kfac, c.split_backward);
+  const std::int64_t steps = 2 * schedule.num_steps + 1;
+  const auto cpu = run_schedule(nullptr, config, schedule, "adamw", steps);
+  auto runtime = std::make_shared<device::HostDeviceRuntime>();
+  const auto device = run_schedule(runtime, config, schedule, "adamw", steps);
+
+  ASSERT_EQ(device.values.size(), cpu.values.size());
+  for (const auto& [name, values] : cpu.values) {
+    ASSERT_TRUE(device.values.contains(name)) << name;
+    const auto& actual = device.values.at(name);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      ASSERT_EQ(actual[i], values[i]) << name << "[" << i << "]";
+    }
+  }
+  ASSERT_EQ(device.steps.size(), cpu.steps.size());
+  for (std::size_t s = 0; s < cpu.steps.size(); ++s) {
+    EXPECT_EQ(device.steps[s].mlm_loss, cpu.steps[s].mlm_loss) << "step " << s;
+    EXPECT_EQ(device.steps[s].nsp_loss, cpu.steps[s].nsp_loss) << "step " << s;
+    EXPECT_EQ(device.steps[s].kfac_refresh, cpu.steps[s].kfac_refresh) << "step " << s;
+    EXPECT_NEAR(device.steps[s].grad_norm, cpu.steps[s].grad_norm, 1e-5 * cpu.steps[s].grad_norm);
+  }
+  // Every message was taken, every buffer released; stopped inside a K-FAC refresh, both paths
+  // keep the same captures for its remaining curvature tasks.
+  EXPECT_EQ(device.exchange_pending, 0U);
+  EXPECT_EQ(device.pending_messages, 0U);
+  EXPECT_EQ(device.transient_bytes, cpu.transient_bytes);
+  if (!c.kfac) {
+    EXPECT_EQ(device.transient_bytes, 0U);
+  }
+  // One event per executed instruction, as on the CPU path, timed by the marks.
+  ASSERT_EQ(device.events.size(), cpu.events.size());
+  std::multiset<std::tuple<int, int, std::int64_t>> cpu_keys, device_keys;
+  for (const auto& e : cpu.events) cpu_keys.insert({e.rank, e.position, e.global_step});
+  for (const auto& e : device.events) {
+    device_keys.insert({e.rank, e.position, e.global_step});
+    EXPECT_LE(e.start_s, e.end_s);
+    EXPECT_GE(e.start_s, 0.0);
+    EXPECT_DOUBLE_EQ(e.busy_s, e.end_s - e.start_s);
+  }
+  EXPECT_EQ(device_keys, cpu_keys);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, HostDevicePath,
+    ::testing::Values(DeviceCase{sched::ScheduleKind::kOneFOneB, 1, 1, false, false},
+                      DeviceCase{sched::ScheduleKind::kOneFOneB, 2, 1, false, false},
+                      DeviceCase{sched::ScheduleKind::kGPipe, 4, 1, false, false},
+                      DeviceCase{sched::ScheduleKind::kInterleaved, 2, 2, false, false},
+                      DeviceCase{sched::ScheduleKind::kOneFOneB, 2, 1, false, true},
+                      DeviceCase{sched::ScheduleKind::kChimera, 2, 1, false, false},
+                      DeviceCase{sched::ScheduleKind::kOneFOneB, 2, 1, true, false},
+                      DeviceCase{sched::ScheduleKind::kGPipe, 2, 1, true, false}),
+    [](const ::testing::TestParamInfo<DeviceCase>& param) { return name_of(param.param); });
+
+TEST(HostDevicePath, LambWithinTheGradientNormsRounding) {
+  const auto config = device_test_config(4);
+  const auto schedule = device_test_schedule(sched::ScheduleKind::kOneFOneB, 2, 1, 4, false);
+  const auto cpu = run_schedule(nullptr, config, schedule, "lamb", 3, false);
+  const auto device = run_schedule(std::make_shared<device::HostDeviceRuntime>(), config, schedule,
+                                   "lamb", 3, false);
+  EXPECT_LT(testing::max_relative_difference(device, cpu), 1e-5);
+  EXPECT_TRUE(device.events.empty());  // not recorded when not asked for
+}
+
+TEST(HostDevicePath, ADoubleModelIsRefusedOnADevice) {
+  const auto config = device_test_config(2);
+  SyntheticBatches batches(config, 2, 6, 2, 13);
+  RunSetup<double> setup;
+  setup.config = config;
+  setup.schedule = device_test_schedule(sched::ScheduleKind::kOneFOneB, 2, 1, 2, false);
+  setup.make_optimizer = [] { return nullptr; };
+  setup.learning_rate = [](std::int64_t) { return 1e-3; };
+  setup.batches = &batches;
+  setup.device = std::make_shared<device::HostDeviceRuntime>();
+  try {
+    ThreadedExecutor<double> executor(setup);
+    FAIL() << "a double model was accepted on a device";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("runs float models"), std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(HostDevicePath, KfacProgressCheckpointsAreRefusedOnADevice) {
+  const auto config = device_test_config(4);
+  SyntheticBatches batches(config, 2, 6, 2, 13);
+  RunSetup<float> setup;
+  setup.config = config;
+  setup.schedule = device_test_schedule(sched::ScheduleKind::kOneFOneB, 2, 1, 4, true);
+  setup.learning_rate = [](std::int64_t) { return 1e-3; };
+  setup.batches = &batches;
+  setup.device = std::make_shared<device::HostDeviceRuntime>();
+  setup.device_optimizer.name = "sgd";
+  ThreadedExecutor<float> executor(setup);
+  EXPECT_THROW(executor.worker(0).kfac_progress_records("kfac"), std::runtime_error);
+  // The K-FAC statistics' host copy works (empty factors before any refresh).
+  EXPECT_FALSE(executor.worker(0).kfac_state(0).layers().empty());
+}
+
+}  // namespace
+}  // namespace pf::exec
