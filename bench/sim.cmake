@@ -14,3 +14,11 @@ if(PF_BUILD_TESTS)
            WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(bench_sim_calibrate.smoke PROPERTIES LABELS "bench;no_sanitizer" TIMEOUT 600)
 endif()
+
+# The simulator at scale: a 3072-GPU PTD-P step and the configuration search (docs/scale.md).
+if(TARGET pf_sim_command)
+  pf_add_benchmark(NAME bench_scale
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/bench_scale.cpp
+    LIBS pf_sim_command
+    SMOKE_ARGS --benchmark_filter=BM_SearchBertLarge512)
+endif()

@@ -116,9 +116,11 @@ void estimate(const ParallelCostModel& model, const SearchOptions& options, Cand
     tail = std::max(tail, reductions + model.duration(s, w, step));
     peak = std::max(peak, fixed + in_flight);
   }
-  const double busiest = *std::max_element(work.begin(), work.end());
-  double total = 0.0;
-  for (double x : work) total += x;
+  double busiest = 0.0, total = 0.0;
+  for (double x : work) {
+    busiest = std::max(busiest, x);
+    total += x;
+  }
   const double hop = p > 1 ? seconds_of(model, s, 0, OpKind::kSendActivation, 0, 0) : 0.0;
   double step = 0.0;
   if (chimera) {
@@ -132,6 +134,42 @@ void estimate(const ParallelCostModel& model, const SearchOptions& options, Cand
   c.step_time_s = c.estimate_s;
   c.memory_estimate_bytes = peak;
   c.peak_memory_bytes = peak;
+}
+
+int formula_refresh_steps(const ParallelCostModel& model, const SearchOptions& options,
+                          const Candidate& c) {
+  const sched::Schedule s = placement_only(params_of(c, options.model.num_layers));
+  const int p = c.stages, m = c.microbatches;
+  const auto by_worker = sched::chunks_by_worker(s.placement, p);
+  const auto& linears = options.kfac->linears;
+  int worst = 0;
+  for (int w = 0; w < p; ++w) {
+    double forward = 0.0, backward = 0.0, kron = 0.0, inversion = 0.0;
+    for (const sched::ChunkRef& ref : by_worker[static_cast<std::size_t>(w)]) {
+      const double share = c.kind == ScheduleKind::kChimera ? 0.5 : 1.0;
+      forward += share * seconds_of(model, s, w, OpKind::kForward, ref.pipeline, ref.chunk);
+      backward += share * seconds_of(model, s, w, OpKind::kBackward, ref.pipeline, ref.chunk);
+      const int layers = s.placement.at(ref.pipeline, ref.chunk).num_layers;
+      for (sched::LinearKind linear : linears) {
+        sched::Instruction in;
+        in.linear = linear;
+        for (OpKind kind : {OpKind::kCurvatureA, OpKind::kCurvatureB}) {
+          in.kind = kind;
+          kron += share * layers * model.duration(s, w, in);
+        }
+        for (OpKind kind : {OpKind::kInvertA, OpKind::kInvertB}) {
+          in.kind = kind;
+          inversion += share * layers * model.duration(s, w, in);
+        }
+      }
+    }
+    double bubble = (p - 1.0) * (forward + backward);
+    if (c.kind == ScheduleKind::kInterleaved) bubble /= c.chunks;
+    if (c.kind == ScheduleKind::kChimera) bubble = double{1.0} * m / p * (p - 2.0) * backward;
+    if (bubble <= 0.0) return -1;
+    worst = std::max(worst, static_cast<int>(std::ceil((m * kron + inversion) / bubble)));
+  }
+  return worst;
 }
 
 std::vector<int> tensor_degrees(const SearchOptions& o) {
@@ -218,6 +256,11 @@ SearchResult search_configurations(const SearchOptions& options) {
     if (options.gpus % t != 0) continue;
     for (int p = 1; p <= options.gpus / t && p <= L; ++p) {
       if ((options.gpus / t) % p != 0) continue;
+      if (!options.pipeline_stages.empty() &&
+          std::find(options.pipeline_stages.begin(), options.pipeline_stages.end(), p) ==
+              options.pipeline_stages.end()) {
+        continue;
+      }
       const int d = options.gpus / (t * p);
       for (int b : options.micro_batch_sizes) {
         if (options.global_batch % (static_cast<long>(b) * d) != 0) continue;
@@ -316,6 +359,7 @@ SearchResult search_configurations(const SearchOptions& options) {
       c.kfac_step_time_s = pass.report.step_time_after_s;
       c.refresh_steps = pass.report.refresh_steps;
       c.refresh_bound = pass.report.refresh_bound;
+      c.formula_refresh_steps = formula_refresh_steps(*model, options, c);
     }
     std::stable_sort(ranked.begin(), ranked.end(), better);
   }
@@ -339,7 +383,7 @@ std::string search_table(const SearchOptions& options, const SearchResult& resul
   out +=
       "rank    t    p    d  schedule         b      m  recompute   step time  TFLOP/s/GPU    "
       "MFU  bubble   memory";
-  if (kfac) out += "  util before -> after   k  step w/ K-FAC";
+  if (kfac) out += "  util before -> after   k  formula k  step w/ K-FAC";
   out += "\n";
   const int n = std::min<int>(top, static_cast<int>(result.ranked.size()));
   for (int i = 0; i < n; ++i) {
@@ -357,7 +401,9 @@ std::string search_table(const SearchOptions& options, const SearchResult& resul
     if (kfac && c.kfac_run) {
       out += pad(text("%.1f%%", 100 * c.utilization_before), 13) + " ->" +
              pad(text("%.1f%%", 100 * c.utilization_after), 7) +
-             pad(std::to_string(c.refresh_steps), 4) + pad(text("%.3f s", c.kfac_step_time_s), 15);
+             pad(std::to_string(c.refresh_steps), 4) +
+             pad(std::to_string(c.formula_refresh_steps), 11) +
+             pad(text("%.3f s", c.kfac_step_time_s), 15);
     }
     out += "\n";
   }
@@ -392,6 +438,7 @@ nlohmann::json search_json(const SearchOptions& options, const SearchResult& res
                       {"utilization_after", c.utilization_after},
                       {"refresh_steps", c.refresh_steps},
                       {"refresh_bound", c.refresh_bound},
+                      {"pipefisher_formula_refresh_steps", c.formula_refresh_steps},
                       {"step_time_s", c.kfac_step_time_s}};
     }
     list.push_back(item);

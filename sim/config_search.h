@@ -41,6 +41,7 @@ struct SearchOptions {
   int seq_len = 2048;
   Precision precision = Precision::kBf16;
   std::vector<int> tensor_parallel;  // empty: 1, 2, 4, ... up to 2 x GPUs per node
+  std::vector<int> pipeline_stages;  // empty: every p dividing N / t, up to the layers
   std::vector<int> micro_batch_sizes = {1, 2, 4, 8};
   std::vector<sched::ScheduleKind> kinds = {
       sched::ScheduleKind::kGPipe, sched::ScheduleKind::kOneFOneB,
@@ -71,6 +72,11 @@ struct Candidate {
   double utilization_before = 0.0, utilization_after = 0.0;
   double kfac_step_time_s = 0.0;  // per step with K-FAC in the bubbles
   int refresh_steps = 0, refresh_bound = -1;
+  // PipeFisher's own analytic refresh period, ceil((N T_kron + T_inv) / bubble) on the worst
+  // worker, with its pipeline model's bubble: (p - 1)(T_f + T_b) for GPipe / 1F1B, divided by v
+  // for interleaved, m / p (p - 2) T_b for Chimera (c_f = D, c_b = 2D - 2 per unit of D); -1 when
+  // there is no bubble.
+  int formula_refresh_steps = -1;
 
   std::string schedule_name() const;  // "1f1b", "interleaved v=2", ...
 };

@@ -82,6 +82,8 @@ CLI::App* add_search_command(CLI::App& app, SearchCommandOptions& options) {
   command->add_option("--tensor-parallel", options.tensor_parallel,
                       "Tensor-parallel degrees to try, comma-separated (default: 1, 2, 4, ... "
                       "up to two nodes)");
+  command->add_option("--stages", options.stages,
+                      "Pipeline stages to try, comma-separated (default: every p dividing N / t)");
   command
       ->add_option("--micro-batch-sizes", options.micro_batch_sizes,
                    "Micro-batch sizes to try, comma-separated")
@@ -109,6 +111,7 @@ int run_search_command(const SearchCommandOptions& options, std::ostream& out) {
   if (!options.tensor_parallel.empty()) {
     search.tensor_parallel = split_ints(options.tensor_parallel, "--tensor-parallel");
   }
+  if (!options.stages.empty()) search.pipeline_stages = split_ints(options.stages, "--stages");
   search.micro_batch_sizes = split_ints(options.micro_batch_sizes, "--micro-batch-sizes");
   search.kinds.clear();
   for (const std::string& name : split(options.schedules, "--schedules")) {

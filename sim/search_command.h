@@ -24,6 +24,7 @@ struct SearchCommandOptions {
   int simulate_top = 24;
   int kfac_top = 6;
   std::string tensor_parallel;  // comma-separated degrees; empty: powers of two
+  std::string stages;           // comma-separated p; empty: every divisor
   std::string micro_batch_sizes = "1,2,4,8";
   std::string schedules = "gpipe,1f1b,interleaved,chimera";
   std::string recompute = "none,selective,full";

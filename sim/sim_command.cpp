@@ -400,6 +400,11 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
       throw std::invalid_argument(
           "--schedule all compares simulated schedules: give --model, --uniform or --profile");
     }
+    if (parallel_requested(options)) {
+      throw std::invalid_argument(
+          "--tensor-parallel, --cluster, --recompute and --global-batch price a model: give "
+          "--model");
+    }
     return run_compile_command(compile, out);
   }
   const CostSetup setup = make_cost_setup(options);

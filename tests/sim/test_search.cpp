@@ -126,6 +126,7 @@ TEST(ConfigSearch, KfacRunsThePassOnTheBest) {
     ++with_kfac;
     EXPECT_GE(c.utilization_after, c.utilization_before);
     EXPECT_GE(c.refresh_steps, 1);
+    EXPECT_GE(c.formula_refresh_steps, 1);
   }
   EXPECT_EQ(with_kfac, 2);
   EXPECT_TRUE(r.ranked[0].kfac_run);

@@ -368,6 +368,9 @@ TEST(SimCommand, BadInputGivesClearErrors) {
   o.uniform = "1,2";
   EXPECT_NE(error_of({}, o).find("cannot be combined with --uniform"), std::string::npos);
   o = {};
+  o.tensor_parallel = 8;
+  EXPECT_NE(error_of({}, o).find("price a model: give --model"), std::string::npos);
+  o = {};
   o.report = "x.json";
   EXPECT_NE(error_of({}, o).find("--model, --uniform or --profile"), std::string::npos);
   // A schedule file that fails validation: the compiler's error names the file.
