@@ -1,5 +1,6 @@
 #include "sim/sim_command.h"
 
+#include <algorithm>
 #include <iomanip>
 #include <optional>
 #include <ostream>
@@ -230,8 +231,15 @@ void add_sim_options(CLI::App& app, SimCommandOptions& options) {
   app.add_option("--model", options.model,
                  "Simulate with the analytic cost model of this BERT: preset (tiny, mini, small, "
                  "medium, base, large) or a Hugging Face config.json");
-  app.add_option("--seq-len", options.seq_len, "Sequence length (analytic model)")
-      ->capture_default_str();
+  app.add_option_function<int>(
+         "--seq-len",
+         [&options](int value) {
+           options.seq_len = value;
+           options.seq_len_given = true;
+         },
+         "Sequence length (analytic model; GPT / Llama default: the model's maximum, at most "
+         "2048)")
+      ->default_str(std::to_string(options.seq_len));
   app.add_option("--micro-batch-size", options.micro_batch_size,
                  "Sequences per micro-batch (analytic model; throughput)")
       ->capture_default_str();
@@ -309,6 +317,9 @@ CostSetup make_parallel_setup(const SimCommandOptions& options) {
   sim::ParallelWorkload workload;
   workload.model = sim::resolve_transformer(options.model);
   workload.seq_len = options.seq_len;
+  if (!options.seq_len_given && workload.model.family != sim::ModelFamily::kBert) {
+    workload.seq_len = std::min(2048, workload.model.max_position_embeddings);
+  }
   workload.micro_batch_size = options.micro_batch_size;
   workload.precision = sim::precision_from_string(options.precision);
   workload.tensor_parallel = options.tensor_parallel;

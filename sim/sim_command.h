@@ -20,6 +20,7 @@ namespace pf::cli {
 struct SimCommandOptions {
   std::string model;  // BERT preset or config.json: enables the analytic model
   int seq_len = 128;
+  bool seq_len_given = false;  // --seq-len appeared (GPT / Llama default to their maximum)
   int micro_batch_size = 32;
   std::string precision = "bf16";  // fp32, tf32, bf16, fp16
   std::string device = "h100";     // preset or device JSON

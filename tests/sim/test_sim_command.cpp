@@ -181,6 +181,14 @@ TEST(SimCommand, TheBertPathIsUnchangedByTheParallelFlags) {
   ASSERT_EQ(run_sim_command(compile, options, out), 0);
   EXPECT_NE(out.str().find("costs: analytic (BERT large"), std::string::npos) << out.str();
   EXPECT_EQ(out.str().find("TFLOP/s per GPU"), std::string::npos) << out.str();
+  // A decoder without --seq-len runs at its maximum sequence (GPT-2: 1024).
+  CompileCommandOptions gpt_compile;
+  SimCommandOptions gpt;
+  parse({"--schedule", "1f1b", "-p", "2", "-m", "4", "--model", "gpt2", "--grid", "none"},
+        gpt_compile, gpt);
+  std::ostringstream gpt_out;
+  ASSERT_EQ(run_sim_command(gpt_compile, gpt, gpt_out), 0);
+  EXPECT_NE(gpt_out.str().find("gpt gpt2, S=1024"), std::string::npos) << gpt_out.str();
 }
 
 TEST(SimCommand, KfacFillsTheBubblesAndReportsBothRuns) {
