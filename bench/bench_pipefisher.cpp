@@ -2,23 +2,22 @@
 //   bench_pipefisher [benchmark flags]   time the pass (BERT-Large, 8 stages, Chimera, 64 mb ...)
 //   bench_pipefisher --figures           print the docs' table (docs/pipefisher.md)
 //   bench_pipefisher --zero-bubble N     zero-bubble schedules against 1F1B with K-FAC, m = N*p
-//   bench_pipefisher --pieces            the divisible-task sweep (docs/pipefisher.md): one
-//                                        layer per stage, N = D micro-batches, split on vs off
+//   bench_pipefisher --pieces [CASE]     the divisible-task sweep (docs/pipefisher.md): one
+//                                        layer per stage, N = D micro-batches, split on vs off;
+//                                        CASE (e.g. analytic/v100/large/8/4/1f1b): that one only
 #include <benchmark/benchmark.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <optional>
 #include <string>
+#include <vector>
 
 #include "runtime/model/bert_config.h"
 #include "scheduler/compile.h"
-#include "scheduler/pipefisher/kfac_work.h"
 #include "scheduler/pipefisher/pass.h"
+#include "scheduler/pipefisher/pieces_sweep.h"
 #include "sim/analytic_cost_model.h"
-#include "sim/measured_cost_model.h"
 
 namespace {
 
@@ -175,165 +174,80 @@ int print_zero_bubble_figures(int microbatches_per_stage) {
   return 0;
 }
 
-// --- The divisible-task sweep: PipeFisher's performance model (one encoder layer per stage,
-// N = D micro-batches), analytic costs on four devices and measured-format profiles built from
-// them, every schedule, split on against split off.
-pf::sim::AnalyticCostModel sweep_analytic(const char* model, const char* device_name,
-                                          int micro_batch) {
-  pf::sim::Workload workload;
-  workload.config = pf::model::bert_preset(model);
-  workload.seq_len = 128;
-  workload.micro_batch_size = micro_batch;
-  const pf::sim::DeviceSpec device = pf::sim::device_preset(device_name);
-  workload.precision =
-      device.peak_bf16_flops > 0.0 ? pf::sim::Precision::kBf16 : pf::sim::Precision::kFp16;
-  return pf::sim::AnalyticCostModel(workload, device);
-}
-
-pf::sched::Schedule sweep_schedule(ScheduleKind kind, int stages) {
-  pf::sched::ScheduleParams params;
-  params.kind = kind;
-  params.workers = stages;
-  params.microbatches = stages;
-  params.chunks_per_worker = kind == ScheduleKind::kInterleaved ? 2 : 1;
-  params.num_layers = stages * params.chunks_per_worker;  // one layer per stage
-  return pf::sched::compile(params);
-}
-
-// A measured-format profile with the analytic model's per-chunk and per-Linear times (what a
-// profile of PipeFisher's published per-layer times looks like), its per-task overhead included.
-pf::sim::MeasuredCostModel measured_from(const pf::sim::AnalyticCostModel& analytic,
-                                         const pf::sched::Schedule& schedule) {
-  pf::sim::Profile profile;
-  profile.description = "from the analytic model";
-  for (int c = 0; c < schedule.placement.chunks_per_pipeline; ++c) {
-    const auto& placed = schedule.placement.at(0, c);
-    pf::sched::Instruction in;
-    in.pipeline = 0;
-    in.chunk = c;
-    in.microbatch = 0;
-    pf::sim::ChunkProfile chunk;
-    chunk.chunk = c;
-    in.kind = pf::sched::OpKind::kForward;
-    chunk.forward_s = analytic.duration(schedule, placed.worker, in);
-    in.kind = pf::sched::OpKind::kBackward;
-    chunk.backward_s = analytic.duration(schedule, placed.worker, in);
-    chunk.activation_bytes = analytic.activation_bytes(schedule, 0, c);
-    chunk.static_bytes = analytic.static_bytes(schedule, 0, c);
-    profile.chunks.push_back(chunk);
-  }
-  const auto& device = analytic.device();
-  profile.communication = {device.link_bandwidth, device.link_latency_s,
-                           pf::sim::boundary_bytes(analytic.workload())};
-  profile.reduction = {device.link_bandwidth, device.link_latency_s, 0.0};
-  profile.kfac_task_overhead_s = analytic.kfac_task_overhead_s();
-  for (int l = 0; l < pf::sched::kNumLinearKinds; ++l) {
-    pf::sched::Instruction in;
-    in.layer = 0;
-    in.linear = static_cast<pf::sched::LinearKind>(l);
-    pf::sim::KfacProfile k;
-    k.linear = in.linear;
-    auto time = [&](pf::sched::OpKind kind) {
-      in.kind = kind;
-      return analytic.duration(schedule, 0, in);
-    };
-    k.curvature_a_s = time(pf::sched::OpKind::kCurvatureA);
-    k.curvature_b_s = time(pf::sched::OpKind::kCurvatureB);
-    k.invert_a_s = time(pf::sched::OpKind::kInvertA);
-    k.invert_b_s = time(pf::sched::OpKind::kInvertB);
-    k.precondition_s = time(pf::sched::OpKind::kPrecondition);
-    k.bytes = analytic.kfac_bytes(schedule, 0, in.linear);
-    profile.kfac.push_back(k);
-  }
-  return pf::sim::MeasuredCostModel(profile, "sweep profile");
-}
-
-// PipeFisher's own step-time overhead: every preconditioning after the flush (the worst worker).
-double pipefisher_overhead(const pf::sim::CostModel& costs, const pf::sched::Schedule& base,
-                           double step_s) {
-  const auto held = pf::pipefisher::preconditioned_linears(base, pf::pipefisher::KfacOptions{});
-  double worst = 0.0;
-  for (std::size_t w = 0; w < held.size(); ++w) {
-    double total = 0.0;
-    for (const auto& linear : held[w]) {
-      pf::sched::Instruction in;
-      in.kind = pf::sched::OpKind::kPrecondition;
-      in.layer = static_cast<std::int16_t>(linear.layer);
-      in.linear = linear.linear;
-      total += costs.duration(base, static_cast<int>(w), in);
-    }
-    worst = std::max(worst, total);
-  }
-  return step_s > 0.0 ? worst / step_s : 0.0;
-}
-
-int print_pieces_sweep() {
+// --- The divisible-task sweep (docs/pipefisher.md, "The sweep"): every case of
+// pf::pipefisher::pieces_sweep_cases(), or the one named (costs/device/model/mb/D/schedule).
+int print_pieces_sweep(const char* only) {
   std::printf(
-      "| costs | device | model | mb | D | schedule | bound | k split (whole) | util before | "
-      "util after split (whole) | overhead split (whole) | PipeFisher's | pieces | after flush "
-      "split (whole) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  int configs = 0, refused = 0, at_bound = 0, within_one = 0, above = 0, cheaper = 0;
-  int whole_at_bound = 0, whole_refused = 0;
-  for (const char* costs_kind : {"analytic", "measured"}) {
-    for (const char* device : {"p100", "v100", "a100", "h100"}) {
-      for (const char* model : {"base", "large"}) {
-        for (int mb : {8, 16, 32}) {
-          const auto analytic = sweep_analytic(model, device, mb);
-          for (int stages : {4, 8, 16}) {
-            for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
-                                      ScheduleKind::kInterleaved, ScheduleKind::kChimera}) {
-              ++configs;
-              const auto base = sweep_schedule(kind, stages);
-              std::optional<pf::sim::MeasuredCostModel> measured;
-              if (std::strcmp(costs_kind, "measured") == 0)
-                measured = measured_from(analytic, base);
-              const pf::sim::CostModel& costs =
-                  measured ? static_cast<const pf::sim::CostModel&>(*measured) : analytic;
-              pf::pipefisher::KfacOptions split;
-              pf::pipefisher::KfacOptions whole;
-              whole.split = false;
-              pf::pipefisher::KfacReport r, w;
-              bool ok = true;
-              try {
-                r = pf::pipefisher::run_pipefisher(base, costs, split).report;
-              } catch (const std::exception& error) {
-                ++refused;
-                ok = false;
-                std::printf("| %s | %s | %s | %d | %d | %s | refused: %s |\n", costs_kind, device,
-                            model, mb, stages, std::string(pf::sched::to_string(kind)).c_str(),
-                            error.what());
-              }
-              try {
-                w = pf::pipefisher::run_pipefisher(base, costs, whole).report;
-              } catch (const std::exception&) {
-                ++whole_refused;
-              }
-              if (!ok) continue;
-              const double own = pipefisher_overhead(costs, base, r.step_time_before_s);
-              at_bound += r.refresh_steps == r.refresh_bound ? 1 : 0;
-              whole_at_bound += w.refresh_steps == w.refresh_bound ? 1 : 0;
-              within_one += r.refresh_steps <= r.refresh_bound + 1 ? 1 : 0;
-              above += r.refresh_steps > r.refresh_bound + 1 ? 1 : 0;
-              cheaper += r.step_time_overhead <= own + 1e-9 ? 1 : 0;
-              std::printf(
-                  "| %s | %s | %s | %d | %d | %s | %d | %d (%d%s) | %.1f%% | %.1f%% (%.1f%%) | "
-                  "%+.1f%% (%+.1f%%) | %+.1f%% | %d in %d | %.2f (%.2f) ms |\n",
-                  costs_kind, device, model, mb, stages,
-                  std::string(pf::sched::to_string(kind)).c_str(), r.refresh_bound, r.refresh_steps,
-                  w.refresh_steps, w.capped ? ", capped" : "", 100 * r.utilization_before,
-                  100 * r.utilization_after, 100 * w.utilization_after, 100 * r.step_time_overhead,
-                  100 * w.step_time_overhead, 100 * own, r.pieces, r.divided_tasks,
-                  1e3 * r.after_flush_s, 1e3 * w.after_flush_s);
-            }
-          }
-        }
+      "| costs | device | model | mb | D | schedule | bound | with release times | k split "
+      "(whole) | util before | util after split (whole) | overhead split (whole) | PipeFisher's "
+      "| pieces | after flush split (whole) |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+      "---|---|---|\n");
+  std::vector<pf::pipefisher::SweepResult> results;
+  for (const auto& config : pf::pipefisher::pieces_sweep_cases()) {
+    if (only != nullptr && config.name() != only) continue;
+    const auto r = pf::pipefisher::run_sweep_case(config);
+    results.push_back(r);
+    const std::string schedule = std::string(pf::sched::to_string(config.kind));
+    if (!r.refused.empty()) {
+      std::printf("| %s | %s | %s | %d | %d | %s | refused: %s |\n", config.costs.c_str(),
+                  config.device.c_str(), config.model.c_str(), config.micro_batch, config.stages,
+                  schedule.c_str(), r.refused.c_str());
+      continue;
+    }
+    const auto& s = r.split;
+    const auto& w = r.whole;
+    std::printf(
+        "| %s | %s | %s | %d | %d | %s | %d | %d | %d%s (%d%s) | %.1f%% | %.1f%% (%.1f%%) | "
+        "%+.1f%% (%+.1f%%) | %+.1f%% | %d in %d | %.2f (%.2f) ms |\n",
+        config.costs.c_str(), config.device.c_str(), config.model.c_str(), config.micro_batch,
+        config.stages, schedule.c_str(), s.refresh_bound, s.release_bound, s.refresh_steps,
+        s.capped ? ", capped" : "", w.refresh_steps, w.capped ? ", capped" : "",
+        100 * s.utilization_before, 100 * s.utilization_after, 100 * w.utilization_after,
+        100 * s.step_time_overhead, 100 * w.step_time_overhead, 100 * r.pipefisher_overhead,
+        s.pieces, s.divided_tasks, 1e3 * s.after_flush_s, 1e3 * w.after_flush_s);
+    std::fflush(stdout);
+  }
+  // By cost model and schedule: the criteria's counts and the mean utilization and overheads.
+  std::printf(
+      "\n| costs | schedule | configurations | k at bound | at bound with release times | k <= "
+      "bound + 1 | split off: k at its bound | util before | util after split (whole) | "
+      "overhead split (whole) | PipeFisher's | overhead <= PipeFisher's |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const char* costs : {"analytic", "measured"}) {
+    for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
+                      ScheduleKind::kChimera}) {
+      std::vector<pf::pipefisher::SweepResult> group;
+      double before = 0, after = 0, after_whole = 0, overhead = 0, overhead_whole = 0, own = 0;
+      for (const auto& r : results) {
+        if (r.config.costs != costs || r.config.kind != kind || !r.refused.empty()) continue;
+        group.push_back(r);
+        before += r.split.utilization_before;
+        after += r.split.utilization_after;
+        after_whole += r.whole.utilization_after;
+        overhead += r.split.step_time_overhead;
+        overhead_whole += r.whole.step_time_overhead;
+        own += r.pipefisher_overhead;
       }
+      if (group.empty()) continue;
+      const double n = static_cast<double>(group.size());
+      const auto g = pf::pipefisher::summarize(group);
+      std::printf(
+          "| %s | %s | %d | %d | %d | %d | %d | %.1f%% | %.1f%% (%.1f%%) | %+.1f%% (%+.1f%%) | "
+          "%+.1f%% | %d |\n",
+          costs, std::string(pf::sched::to_string(kind)).c_str(), g.configurations, g.at_bound,
+          g.at_release_bound, g.within_one, g.whole_at_bound, 100 * before / n, 100 * after / n,
+          100 * after_whole / n, 100 * overhead / n, 100 * overhead_whole / n, 100 * own / n,
+          g.not_costlier);
     }
   }
+  const auto sum = pf::pipefisher::summarize(results);
   std::printf(
-      "\nconfigurations %d; refused %d (split off: %d); k at the bound %d (split off: %d); "
-      "k <= bound + 1 %d; k > bound + 1 %d; overhead <= PipeFisher's %d\n",
-      configs, refused, whole_refused, at_bound, whole_at_bound, within_one, above, cheaper);
+      "\nconfigurations %d; refused %d (split off: %d); k at the bound %d (split off: %d); k at "
+      "the bound with release times %d; k <= bound + 1 %d; k > bound + 1 %d; capped below the "
+      "bound (bound > --kfac-max-refresh) %d; overhead <= PipeFisher's %d\n",
+      sum.configurations, sum.refused, sum.whole_refused, sum.at_bound, sum.whole_at_bound,
+      sum.at_release_bound, sum.within_one, sum.above_bound_plus_one, sum.capped_below_bound,
+      sum.not_costlier);
   return 0;
 }
 
@@ -345,7 +259,8 @@ int main(int argc, char** argv) {
       const int per_stage = i + 1 < argc ? std::atoi(argv[i + 1]) : 1;
       return print_figures(per_stage > 0 ? per_stage : 1);
     }
-    if (std::strcmp(argv[i], "--pieces") == 0) return print_pieces_sweep();
+    if (std::strcmp(argv[i], "--pieces") == 0)
+      return print_pieces_sweep(i + 1 < argc ? argv[i + 1] : nullptr);
     if (std::strcmp(argv[i], "--zero-bubble") == 0) {
       const int per_stage = i + 1 < argc ? std::atoi(argv[i + 1]) : 1;
       return print_zero_bubble_figures(per_stage > 0 ? per_stage : 1);

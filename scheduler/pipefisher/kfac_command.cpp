@@ -134,7 +134,11 @@ std::string format_kfac_report(const KfacReport& report) {
   }
   text += format("refresh interval k = %.0f steps", report.refresh_steps);
   if (report.refresh_bound > 0) {
-    text += format(" (work/bubble bound %.0f)", report.refresh_bound);
+    text += format(" (work/bubble bound %.0f", report.refresh_bound);
+    if (report.release_bound > 0) {
+      text += format(", with release times %.0f", report.release_bound);
+    }
+    text += ")";
   } else {
     text += " (no k holds all the work)";
   }

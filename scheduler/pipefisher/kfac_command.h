@@ -23,7 +23,7 @@ struct KfacCommandOptions {
   std::string layers = "all";            // --kfac-layers: all, or e.g. 0-3,8
   std::string split = "on";              // --kfac-split on|off
   int max_refresh_steps = 64;            // --kfac-max-refresh
-  double min_piece_overheads = 10.0;     // --kfac-min-piece
+  double min_piece_overheads = 2.0;      // --kfac-min-piece
 };
 
 // Registers --kfac and its options on app.

@@ -292,16 +292,36 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
     double release = item.release;
     int spill_step = item.step_bound >= 0 ? item.step_bound : problem.num_steps - 1;
     bool spill = false;
+    int step_lo = item.step_bound >= 0 ? item.step_bound : 0;
+    const int step_hi = item.step_bound >= 0 ? item.step_bound : problem.num_steps - 1;
     for (int p : item.preds) {
       const auto& pred = result.placements[static_cast<std::size_t>(p)];
       release = std::max(release, pred.end);
       if (pred.spilled) {
-        spill = true;
+        // Work after a flush comes in the stream after that step's bubbles: only later steps'.
+        step_lo = std::max(step_lo, pred.step + 1);
         spill_step = std::max(spill_step, pred.step);
       }
     }
-    const int step_lo = item.step_bound >= 0 ? item.step_bound : 0;
-    const int step_hi = item.step_bound >= 0 ? item.step_bound : problem.num_steps - 1;
+    if (step_lo > step_hi) spill = true;
+    if (item.spill_early && !spill) {
+      spill = true;
+      // The first flush at or after the release on every participant (the last step's if none).
+      // After every predecessor's step: a bubble of step s may sit in the stream after the
+      // flush of step s (before the receives of step s + 1).
+      spill_step = step_lo;
+      for (int p : item.preds) {
+        spill_step = std::max(spill_step, result.placements[static_cast<std::size_t>(p)].step + 1);
+      }
+      spill_step = std::min(spill_step, problem.num_steps - 1);
+      while (spill_step < problem.num_steps - 1 &&
+             std::any_of(item.workers.begin(), item.workers.end(), [&](int w) {
+               return problem.flush_start[static_cast<std::size_t>(w)]
+                                         [static_cast<std::size_t>(spill_step)] < release;
+             })) {
+        ++spill_step;
+      }
+    }
 
     std::vector<Fit> fits;
     const bool divisible = item.divisible && item.workers.size() == 1 && !spill;

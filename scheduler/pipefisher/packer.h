@@ -31,6 +31,10 @@ struct PackItem {
   bool divisible = false;
   double overhead = 0.0;
   double min_piece = 0.0;
+  // Fits no bubble whatever the number of steps (an indivisible task, e.g. a collective, longer
+  // than every gap): it runs after the flush of the first step that ends after its release, so
+  // that what depends on it can still fill the bubbles of the later steps.
+  bool spill_early = false;
 };
 
 // One piece of a divided item, in time order.
@@ -77,8 +81,9 @@ struct PackResult {
 // fit whole (first-fit: in the earliest bubble it could start in; best-fit: anywhere) is cut:
 // pieces fill the bubbles from its release on, each as large as the room left, none smaller
 // than min_piece, and what is left at the end of its steps runs after the flush. An item that
-// fits nowhere (or whose predecessor spilled) spills to the flush of its bound step or of the
-// last step.
+// fits nowhere spills to the flush of its bound step or of the last step (spill_early: of the
+// first step ending after its release); an item whose predecessor spilled goes into the bubbles
+// of the steps after that flush, or spills too.
 // Throws std::invalid_argument on malformed input (unsorted or overlapping bubbles, bad worker
 // or predecessor indices, negative durations); kBestOfBoth is not accepted here.
 PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,

@@ -41,14 +41,19 @@ struct Plan {
   int unavoidable_spills = 0;
   std::string cap_reason;  // non-empty: automatic k stopped at the cap with work after the flush
   int avoidable_spills() const { return packed.spilled_items - unavoidable_spills; }
+  double total_after_flush_s = 0.0;  // K-FAC seconds per refresh after a flush, all workers
 
   const KfacWork& work() const { return prepared->work; }
   const BubbleMap& bubbles() const { return prepared->bubbles; }
 };
 
-// Preconditions of all but the refresh's last step go first (they run every step, so a bubble
-// they take saves step time), then curvature, sync and inversion, then the last step's
-// preconditions, which need the new inverses.
+// Curvature, sync and inversion go first, then the preconditions of all but the refresh's last
+// step (bound to their step, in what room the refresh leaves them: one that finds none runs
+// after the flush, as PipeFisher runs all of them), then the last step's preconditions, which
+// need the new inverses. Refresh first: the bubbles then hold as much of the refresh as they
+// can, so k reaches the work/bubble bound (preconditions first took the room the refresh needed
+// and cost steps: in the divisible-task sweep, docs/pipefisher.md, k was at the bound in 104 of
+// 576 configurations that way against 304 this way, at about the same mean step-time overhead).
 // First-fit keeps PipeFisher's priority order (all curvature A, all curvature B, syncs,
 // inversions); best-fit goes factor by factor (one Linear's curvature, sync and inversions
 // before the next Linear's), so that large inversions are placed while large bubbles are
@@ -57,10 +62,11 @@ std::vector<int> packing_order(const KfacWork& work, PackingPolicy policy) {
   std::vector<int> order;
   order.reserve(work.tasks.size());
   const int last = work.refresh_steps - 1;
+  std::vector<int> early;
   for (std::size_t t = 0; t < work.tasks.size(); ++t) {
     const auto& task = work.tasks[t];
     if (task.kind() == OpKind::kPrecondition && task.step_bound < last) {
-      order.push_back(static_cast<int>(t));
+      early.push_back(static_cast<int>(t));
     }
   }
   std::vector<int> middle;
@@ -77,6 +83,7 @@ std::vector<int> packing_order(const KfacWork& work, PackingPolicy policy) {
     });
   }
   order.insert(order.end(), middle.begin(), middle.end());
+  order.insert(order.end(), early.begin(), early.end());
   for (std::size_t t = 0; t < work.tasks.size(); ++t) {
     const auto& task = work.tasks[t];
     if (task.kind() == OpKind::kPrecondition && task.step_bound == last) {
@@ -159,6 +166,10 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
     }
     for (int dep : task.task_deps) item.preds.push_back(item_of[static_cast<std::size_t>(dep)]);
     item.step_bound = task.step_bound;
+    // A divisible task fits any gap piece by piece; an indivisible one longer than every steady
+    // gap fits under no k.
+    item.spill_early = item.step_bound < 0 && !divisible(task, options, task_overhead_s) &&
+                       longest.never_fits(item.workers, item.duration, options.safety_margin);
     if (divisible(task, options, task_overhead_s)) {
       item.divisible = true;
       item.overhead = task_overhead_s;
@@ -168,6 +179,10 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
     items.push_back(std::move(item));
   }
   plan.packed = pack(plan.bubbles().problem, items, policy, options.safety_margin);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    plan.total_after_flush_s +=
+        plan.packed.placements[i].spilled_s * static_cast<double>(items[i].workers.size());
+  }
   std::vector<bool> unavoidable(items.size(), false);
   for (std::size_t i = 0; i < items.size(); ++i) {
     const auto& item = items[i];
@@ -176,12 +191,7 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
       plan.spilled_bound_s += plan.packed.placements[i].spilled_s;
     }
     if (item.step_bound >= 0) continue;
-    // A divisible task fits any gap piece by piece.
-    unavoidable[i] =
-        !item.divisible && longest.never_fits(item.workers, item.duration, options.safety_margin);
-    for (int pred : item.preds) {
-      if (unavoidable[static_cast<std::size_t>(pred)]) unavoidable[i] = true;
-    }
+    unavoidable[i] = item.spill_early;
     if (unavoidable[i] && spilled) ++plan.unavoidable_spills;
   }
   return plan;
@@ -321,9 +331,6 @@ Bound refresh_lower_bound(const sched::Schedule& base, const BubbleMap& map,
     if (task.kind() == OpKind::kPrecondition) continue;
     spills_anyway[t] = !divisible(task, options, task_overhead_s) &&
                        longest.never_fits(task.workers, task.duration_s, options.safety_margin);
-    for (int dep : task.task_deps) {
-      if (spills_anyway[static_cast<std::size_t>(dep)]) spills_anyway[t] = true;
-    }
     if (spills_anyway[t]) continue;
     const bool per_step =
         every_step && (task.kind() == OpKind::kCurvatureA || task.kind() == OpKind::kCurvatureB);
@@ -335,10 +342,14 @@ Bound refresh_lower_bound(const sched::Schedule& base, const BubbleMap& map,
   Bound bound;
   for (std::size_t w = 0; w < rest.size(); ++w) {
     if (curvature[w] + rest[w] <= 0.0) continue;
+    // Idle time per step in the steady state (PipeFisher's bubble). Step 0's is larger by the
+    // wait for the first forward, which no K-FAC work can use (all of it follows a forward).
     const double steady = map.capacity_s[w][1];
-    const double capacity = std::max(map.capacity_s[w][0], steady);
+    const double capacity = steady;
     if (!(capacity > 0.0)) {
-      bound.impossible = "worker " + std::to_string(w) + " has no idle time to fill";
+      if (bound.impossible.empty()) {
+        bound.impossible = "worker " + std::to_string(w) + " has no idle time to fill";
+      }
       continue;
     }
     if (every_step && curvature[w] >= steady) {
@@ -355,9 +366,94 @@ Bound refresh_lower_bound(const sched::Schedule& base, const BubbleMap& map,
   return bound;
 }
 
+// The bound with release times: per worker, the refresh's curvature, sync and inversion run
+// as a fluid (cut anywhere, no overhead beyond each task's own, the margin kept) through the gaps
+// that can hold at least one piece, each task from its release on (curvature after its forward
+// or backward, sync and inversion after the curvature they need); k is the step whose gaps
+// finish it, + 1, the max over workers. A lower bound on any k the packer reaches (up to gaps
+// that a whole task shorter than a minimum piece could still use); it exceeds refresh_bound
+// where a worker's first-step gaps come before most of its work is released (worker 0 of
+// GPipe/1F1B only gets its curvature B after its last backward, at the end of the step). -1
+// with every_step curvature (not computed) or where no k can hold the work.
+int release_lower_bound(const sched::Schedule& base, const Timeline& timeline, const BubbleMap& map,
+                        const LongestBubbles& longest, const KfacOptions& options,
+                        const DurationFn& duration, double task_overhead_s) {
+  if (options.curvature != CurvatureSource::kFirstStep) return -1;
+  const KfacWork work = build_kfac_work(base, options, 1, duration);
+  const double margin = 1.0 + options.safety_margin;
+  std::vector<double> release(work.tasks.size(), 0.0);
+  // Per worker: (release, seconds) of the work, and the smallest piece a gap must hold.
+  std::vector<std::vector<std::pair<double, double>>> items(
+      static_cast<std::size_t>(base.num_workers()));
+  std::vector<double> smallest(items.size(), std::numeric_limits<double>::infinity());
+  for (std::size_t t = 0; t < work.tasks.size(); ++t) {
+    const KfacTask& task = work.tasks[t];
+    for (const auto& ref : task.base_deps)
+      release[t] = std::max(release[t], timeline.at(ref).end_s);
+    for (int dep : task.task_deps) {
+      release[t] = std::max(release[t], release[static_cast<std::size_t>(dep)]);
+    }
+    if (task.kind() == OpKind::kPrecondition) continue;
+    const bool cut = divisible(task, options, task_overhead_s);
+    // What no k can hold runs after a flush whatever k is: it does not bound k (as for the
+    // work/bubble bound).
+    if (!cut && longest.never_fits(task.workers, task.duration_s, options.safety_margin)) continue;
+    const double piece =
+        cut ? std::min(task.duration_s, std::max(options.min_piece_overheads * task_overhead_s,
+                                                 task.duration_s / kMinPieceDivisor))
+            : task.duration_s;
+    for (int w : task.workers) {
+      items[static_cast<std::size_t>(w)].emplace_back(release[t], task.duration_s * margin);
+      smallest[static_cast<std::size_t>(w)] =
+          std::min(smallest[static_cast<std::size_t>(w)], piece * margin);
+    }
+  }
+  int bound = 1;
+  for (std::size_t w = 0; w < items.size(); ++w) {
+    auto& work_of = items[w];
+    if (work_of.empty()) continue;
+    std::sort(work_of.begin(), work_of.end());
+    const auto& bubbles = map.problem.bubbles[w];
+    double usable_steady = 0.0;  // step 1 of the map is a whole steady step
+    for (const Bubble& b : bubbles) {
+      if (b.step == 1 && b.end - b.start >= smallest[w]) usable_steady += b.end - b.start;
+    }
+    std::size_t next = 0;
+    double pending = 0.0;
+    int finished_step = -1;
+    for (const Bubble& b : bubbles) {
+      if (b.end - b.start < smallest[w]) continue;
+      double t = b.start;
+      while (t < b.end) {
+        while (next < work_of.size() && work_of[next].first <= t) pending += work_of[next++].second;
+        const double next_release =
+            next < work_of.size() ? work_of[next].first : std::numeric_limits<double>::infinity();
+        const double until = std::min(b.end, next_release);
+        const double done = std::min(pending, until - t);
+        pending -= done;
+        t = pending > 0.0 ? t + done : until;
+        if (pending <= 0.0 && next == work_of.size()) break;
+      }
+      if (pending <= 1e-15 && next == work_of.size()) {
+        finished_step = b.step;
+        break;
+      }
+    }
+    if (finished_step < 0) {
+      // The rest goes through later steady steps, usable_steady at a time.
+      for (; next < work_of.size(); ++next) pending += work_of[next].second;
+      if (!(usable_steady > 0.0)) return -1;
+      finished_step =
+          map.problem.num_steps - 1 + static_cast<int>(std::ceil(pending / usable_steady - 1e-9));
+    }
+    bound = std::max(bound, finished_step + 1);
+  }
+  return bound;
+}
+
 bool better(const Plan& a, const Plan& b) {
-  return std::make_tuple(a.refresh_steps, a.packed.spilled_items, a.spilled_bound_s) <
-         std::make_tuple(b.refresh_steps, b.packed.spilled_items, b.spilled_bound_s);
+  return std::make_tuple(a.refresh_steps, a.total_after_flush_s, a.packed.spilled_items) <
+         std::make_tuple(b.refresh_steps, b.total_after_flush_s, b.packed.spilled_items);
 }
 
 // Inserts the planned K-FAC instructions into the base streams repeated k times.
@@ -545,6 +641,10 @@ PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& cos
   }
   const Bound bound =
       refresh_lower_bound(base, steady, longest, options, duration, task_overhead_s);
+  const int release_bound =
+      bound.impossible.empty()
+          ? release_lower_bound(base, timeline, steady, longest, options, duration, task_overhead_s)
+          : -1;
 
   std::vector<PackingPolicy> policies;
   if (options.policy != PackingPolicy::kBestFit) policies.push_back(PackingPolicy::kFirstFit);
@@ -562,6 +662,7 @@ PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& cos
   result.after = sim::simulate(result.schedule, costs, sim_options);
   result.report = make_report(base, costs, options, *chosen, result.before, result.after);
   result.report.refresh_bound = bound.impossible.empty() ? bound.steps : -1;
+  result.report.release_bound = release_bound;
   for (const Plan& plan : plans) {
     (plan.policy == PackingPolicy::kFirstFit ? result.report.first_fit_refresh_steps
                                              : result.report.best_fit_refresh_steps) =

@@ -31,6 +31,12 @@ struct KfacReport {
   // no k can hold the work (a worker without idle time, or every_step curvature longer than a
   // step's bubbles).
   int refresh_bound = -1;
+  // The bound with the work's release times: the same work run as a fluid through each worker's
+  // gaps (those that can hold a piece), each task from its release on; >= refresh_bound up to
+  // the gaps too short for a piece. Where the first step's gaps come before most of the work
+  // (worker 0 of GPipe/1F1B gets its curvature B only after its last backward) it is
+  // refresh_bound + 1. -1 with every_step curvature or where no k can hold the work.
+  int release_bound = -1;
   bool split = true;                 // tasks may be cut into pieces (--kfac-split)
   bool capped = false;               // the automatic k hit max_refresh_steps or the work cannot fit
   std::string warning;               // one line when work runs after the flush (capped), or empty

@@ -1,0 +1,41 @@
+// The divisible-task sweep's criteria (docs/pipefisher.md, "The sweep"): no configuration
+// refused, k at the work/bubble bound (or, where the first step's gaps come before the work,
+// at the bound with release times), hardly ever above the bound + 1, and the step-time
+// overhead no more than PipeFisher's own (every step's preconditioning after the flush).
+// This runs 64 of the 576 cases (seconds); test_pieces_sweep_full.cpp, labelled slow, all.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/pipefisher/sweep_checks.h"
+
+namespace pf::pipefisher {
+namespace {
+
+TEST(PipeFisherSweep, Subset) {
+  std::vector<SweepResult> results;
+  for (const SweepCase& config : pieces_sweep_cases()) {
+    if (config.costs != "analytic" || (config.device != "p100" && config.device != "h100") ||
+        config.micro_batch == 16 || config.stages == 16) {
+      continue;
+    }
+    results.push_back(run_sweep_case(config));
+    check_case(results.back());
+  }
+  ASSERT_EQ(results.size(), 64u);
+  const SweepSummary sum = summarize(results);
+  EXPECT_EQ(sum.refused, 0);
+  EXPECT_EQ(sum.whole_refused, 0);
+  // As measured on this subset (docs/pipefisher.md, "The sweep"): 33 at the bound (the
+  // indivisible pass: 11), 53 at the bound with release times, 58 within the bound + 1, 61 no
+  // costlier than PipeFisher's own.
+  EXPECT_GE(sum.at_bound, 33);
+  EXPECT_GT(sum.at_bound, sum.whole_at_bound);
+  EXPECT_GE(sum.at_release_bound, 53);
+  EXPECT_GE(sum.within_one, 58);
+  EXPECT_GE(sum.not_costlier, 61);
+}
+
+}  // namespace
+}  // namespace pf::pipefisher
