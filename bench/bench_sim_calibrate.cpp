@@ -57,13 +57,19 @@ double now_seconds(bool cpu_clock) {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
+// Median over `repeats` samples after one warm-up. A sample runs the kernel enough times back
+// to back to take about a millisecond (small kernels would otherwise be timed at the clock's and
+// the scheduler's granularity) and reports the time per run.
 double median_seconds(int repeats, bool cpu_clock, const std::function<void()>& run) {
+  const double warm_start = now_seconds(cpu_clock);
   run();  // warm-up: first-touch pages, caches
+  const double warm = std::max(now_seconds(cpu_clock) - warm_start, 1e-7);
+  const int inner = static_cast<int>(std::clamp(1e-3 / warm, 1.0, 1000.0));
   std::vector<double> times;
   for (int r = 0; r < repeats; ++r) {
     const double start = now_seconds(cpu_clock);
-    run();
-    times.push_back(now_seconds(cpu_clock) - start);
+    for (int i = 0; i < inner; ++i) run();
+    times.push_back((now_seconds(cpu_clock) - start) / inner);
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
@@ -95,10 +101,13 @@ class Recorder {
 void time_gemms(Recorder& rec, bool smoke) {
   // (m, n, k): c[m x n] = a[m x k] b[k x n]. BERT-mini (T = 1024 tokens, H = 256, I = 1024) and
   // BERT-base-sized Linears, their weight gradients (k = T), the MLM decoder, K-FAC products.
+  // Small and skinny products (the pooler's 8 rows, the MLM decoder's 160 scored positions and
+  // its weight gradient) trace the efficiency curve in the smallest dimension.
   std::vector<std::array<std::int64_t, 3>> shapes = {
-      {64, 64, 64},      {128, 128, 128},  {1024, 256, 256},   {256, 256, 1024}, {1024, 1024, 256},
-      {1024, 256, 1024}, {1024, 768, 256}, {256, 1024, 1024},  {512, 512, 512},  {160, 8192, 256},
-      {2048, 768, 768},  {768, 768, 2048}, {1024, 1024, 1024}, {2048, 2048, 512}};
+      {8, 256, 256},     {64, 64, 64},     {96, 96, 96},       {128, 128, 128},   {256, 256, 256},
+      {1024, 256, 256},  {256, 256, 1024}, {1024, 1024, 256},  {1024, 256, 1024}, {1024, 768, 256},
+      {256, 1024, 1024}, {512, 512, 512},  {160, 8192, 256},   {160, 256, 8192},  {8192, 256, 160},
+      {2048, 768, 768},  {768, 768, 2048}, {1024, 1024, 1024}, {2048, 2048, 512}, {4096, 64, 256}};
   if (smoke) shapes = {{32, 32, 32}, {64, 48, 80}};
   for (const auto& [m, n, k] : shapes) {
     auto a = filled(m * k), b = filled(k * n), c = filled(m * n);
@@ -141,23 +150,36 @@ void time_memory(Recorder& rec, bool smoke) {
     auto x = filled(r * cols), y = filled(r * cols), z = filled(r * cols);
     const ConstMatrixView<float> cx{x.data(), r, cols}, cy{y.data(), r, cols};
     const MatrixView<float> out{z.data(), r, cols};
-    // GELU reads x, writes y; an add reads two, writes one; LayerNorm reads x, writes y (the
-    // per-row statistics are negligible).
-    rec.add({{"operation", "memory"}, {"name", "gelu"}, {"bytes", 8.0 * n}},
-            [&] { kernels::gelu_forward<float>(cx, out); });
-    rec.add({{"operation", "memory"}, {"name", "add"}, {"bytes", 12.0 * n}},
-            [&] { kernels::add<float>(cx, cy, out); });
+    // Bytes moved and per-element arithmetic (sim/bert_kernels.cpp counts the same): GELU reads
+    // x, writes y, 4 FLOPs and an erf per element; an add reads two, writes one, 1 FLOP;
+    // LayerNorm reads x, writes y, 8 FLOPs (the per-row statistics' bytes are negligible);
+    // softmax rescales the scores in place, 4 FLOPs and an exp; dropout reads x, writes y, 2
+    // FLOPs and a random number (the mask is regenerated, not stored). Five kinds per size, so
+    // that each kind lands in both shape sets.
+    auto record = [&](const char* name, double bytes, double flops, double special, double random) {
+      nlohmann::json entry = {
+          {"operation", "memory"}, {"name", name}, {"bytes", bytes * n}, {"flops", flops * n}};
+      if (special > 0) entry["special_functions"] = special * n;
+      if (random > 0) entry["random_numbers"] = random * n;
+      return entry;
+    };
+    rec.add(record("gelu", 8, 4, 1, 0), [&] { kernels::gelu_forward<float>(cx, out); });
+    rec.add(record("add", 12, 1, 0, 0), [&] { kernels::add<float>(cx, cy, out); });
     std::vector<float> gamma(static_cast<std::size_t>(cols), 1.0f), beta(gamma.size(), 0.0f);
     std::vector<float> mean(static_cast<std::size_t>(r)), rstd(mean.size());
-    rec.add({{"operation", "memory"}, {"name", "layernorm"}, {"bytes", 8.0 * n}}, [&] {
+    rec.add(record("layernorm", 8, 8, 0, 0), [&] {
       kernels::layernorm_forward<float>(cx, gamma.data(), beta.data(), 1e-12f, out, mean.data(),
                                         rstd.data());
     });
+    rec.add(record("softmax", 8, 4, 1, 0),
+            [&] { kernels::masked_softmax_forward<float>(out, 0.125f, nullptr); });
+    rec.add(record("dropout", 8, 2, 0, 1),
+            [&] { kernels::dropout_forward<float>(cx, out, 0.1f, 42); });
   }
 }
 
 void time_inverses(Recorder& rec, int max_order, bool smoke) {
-  std::vector<int> orders = {128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096};
+  std::vector<int> orders = {128, 256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 2048, 3072, 4096};
   if (smoke) orders = {16, 32};
   for (int d : orders) {
     if (d > max_order) continue;

@@ -165,9 +165,13 @@ double AnalyticCostModel::duration(const sched::Schedule& schedule, int worker,
       return ring_allreduce_seconds(bytes, participants, device_.link_bandwidth,
                                     device_.link_latency_s);
     }
-    case OpKind::kOptimizerStep:
+    case OpKind::kOptimizerStep: {
+      // LAMB / Adam: ~16 FLOPs and a square root per parameter (moments, update, trust ratio).
+      const double params = worker_params(schedule, worker);
       return device_.launch_overhead_s +
-             kernel_seconds(device_, memory_kernel(28.0 * worker_params(schedule, worker)));
+             kernel_seconds(device_,
+                            elementwise_kernel(28.0 * params, per_element(params, 16.0, 1.0)));
+    }
     case OpKind::kCurvatureSync:
       return kfac_seconds(schedule, in);
     case OpKind::kCurvatureA:

@@ -1,8 +1,11 @@
 #include "sim/calibration.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <fstream>
+#include <functional>
+#include <set>
 #include <stdexcept>
 
 #include "common/json_fields.h"
@@ -164,7 +167,12 @@ Measurement parse_record(const nlohmann::json& record, const std::string& where,
     m.label = op + " " + (op == "attention" ? compact(batch) + "x" : "") + compact(mm) + "x" +
               compact(n) + "x" + compact(k) + " " + std::string(to_string(p));
   } else if (op == "memory") {
-    m.timed = {memory_kernel(r.number("bytes"), count)};
+    auto optional = [&](const char* field) {
+      return record.contains(field) ? r.number(field, false) : 0.0;
+    };
+    const ElementWork work{optional("flops"), optional("special_functions"),
+                           optional("random_numbers")};
+    m.timed = {elementwise_kernel(r.number("bytes"), work, count)};
     m.label = "memory " + r.text("name", "") + " " + compact(r.number("bytes")) + " B";
   } else if (op == "cholesky_inverse" || op == "eigen_inverse") {
     const double order = r.number("order");
@@ -185,23 +193,174 @@ std::string as_text(const nlohmann::json& value) {
   return value.dump();
 }
 
-// Fitted parameters live in an unconstrained space: efficiencies through a logistic, times
-// through exp (seconds).
+bool is_efficiency(const FitParameter& p) {
+  return p.kind == FitParameter::Kind::kEfficiency ||
+         p.kind == FitParameter::Kind::kGemmPrecisionEfficiency;
+}
+
+// Range of a positive parameter's logarithm: times in seconds (up to e^5), sizes (1e-4 ... 1e13
+// elements or bytes), exponents of the size curve (0.1 ... 10).
+std::pair<double, double> log_range(const FitParameter& p) {
+  switch (p.kind) {
+    case FitParameter::Kind::kHalfEfficiencySize:  // sizes, or bytes for the memory class
+      return {std::log(1e-4), std::log(1e13)};
+    case FitParameter::Kind::kSizeExponent:
+      // Up to 2 for the FLOP classes: a steeper curve is a step that a few sizes cannot place
+      // and that extrapolates to absurd times below the smallest measured size (a 2-column
+      // classifier product); the caches' cliff may be steeper.
+      return {std::log(0.25), std::log(p.index == static_cast<int>(OpClass::kMemory) ? 8.0 : 2.0)};
+    case FitParameter::Kind::kCacheSlowdown:  // of slowdown - 1
+      return {std::log(1e-3), std::log(1e3)};
+    default:
+      return {-40.0, 5.0};
+  }
+}
+
+// Fitted parameters live in an unconstrained space: efficiencies through a logistic, the rest
+// (times, sizes, exponents) through exp.
+bool is_curve(const FitParameter& p) {
+  return p.kind == FitParameter::Kind::kHalfEfficiencySize ||
+         p.kind == FitParameter::Kind::kSizeExponent ||
+         p.kind == FitParameter::Kind::kCacheSlowdown;
+}
+
+// The slowdown beyond the caches is >= 1: it is fitted as log(slowdown - 1).
+double offset(const FitParameter& p) {
+  return p.kind == FitParameter::Kind::kCacheSlowdown ? 1.0 : 0.0;
+}
+
 double to_free(const FitParameter& p, double value) {
-  if (p.kind == FitParameter::Kind::kEfficiency ||
-      p.kind == FitParameter::Kind::kGemmPrecisionEfficiency) {
+  if (is_efficiency(p)) {
     const double e = std::clamp(value, 1e-4, 1.0 - 1e-4);
     return std::log(e / (1.0 - e));
   }
-  return std::log(std::max(value, 1e-8));
+  const auto [lo, hi] = log_range(p);
+  const double log_value = std::clamp(std::log(std::max(value - offset(p), 1e-300)), lo, hi);
+  if (is_curve(p)) {
+    // A logistic between the bounds: no flat plateau past a bound, where a clamp would leave a
+    // curve parameter without a gradient (its size and exponent trade off against each other).
+    const double t = std::clamp((log_value - lo) / (hi - lo), 1e-9, 1.0 - 1e-9);
+    return std::log(t / (1.0 - t));
+  }
+  return log_value;
 }
 
 double from_free(const FitParameter& p, double x) {
-  if (p.kind == FitParameter::Kind::kEfficiency ||
-      p.kind == FitParameter::Kind::kGemmPrecisionEfficiency) {
-    return std::clamp(1.0 / (1.0 + std::exp(-x)), 1e-4, 1.0);
+  if (is_efficiency(p)) return std::clamp(1.0 / (1.0 + std::exp(-x)), 1e-4, 1.0);
+  const auto [lo, hi] = log_range(p);
+  if (is_curve(p)) return offset(p) + std::exp(lo + (hi - lo) / (1.0 + std::exp(-x)));
+  return std::exp(std::clamp(x, lo, hi));
+}
+
+// Where a parameter that is not set (0) starts: a microsecond for times; 10 fs per element-wise
+// operation and a curve where it barely acts (half efficiency at size
+// 0.01, half bandwidth at 100 GB).
+double start_value(const FitParameter& p, double value) {
+  if (is_efficiency(p) || value > 0.0) return value;
+  switch (p.kind) {
+    case FitParameter::Kind::kHalfEfficiencySize:  // where the curve barely acts
+      return p.index == static_cast<int>(OpClass::kMemory) ? 1e11 : 1e-2;
+    case FitParameter::Kind::kElementWork:
+      return 1e-14;
+    default:
+      return 1e-6;
   }
-  return std::exp(std::clamp(x, -40.0, 5.0));
+}
+
+double sum_of_squares(const std::vector<double>& values) {
+  double sum = 0.0;
+  for (double v : values) sum += v * v;
+  return sum;
+}
+
+// Solves the small dense system a x = b (n x n, row-major) by Gaussian elimination with partial
+// pivoting; false when it is singular.
+bool solve_dense(std::vector<double> a, std::vector<double>& b) {
+  const std::size_t n = b.size();
+  for (std::size_t col = 0; col < n; ++col) {
+    std::size_t pivot = col;
+    for (std::size_t row = col + 1; row < n; ++row) {
+      if (std::abs(a[row * n + col]) > std::abs(a[pivot * n + col])) pivot = row;
+    }
+    if (!(std::abs(a[pivot * n + col]) > 0.0)) return false;
+    if (pivot != col) {
+      for (std::size_t k = 0; k < n; ++k) std::swap(a[col * n + k], a[pivot * n + k]);
+      std::swap(b[col], b[pivot]);
+    }
+    for (std::size_t row = col + 1; row < n; ++row) {
+      const double factor = a[row * n + col] / a[col * n + col];
+      for (std::size_t k = col; k < n; ++k) a[row * n + k] -= factor * a[col * n + k];
+      b[row] -= factor * b[col];
+    }
+  }
+  for (std::size_t col = n; col-- > 0;) {
+    for (std::size_t k = col + 1; k < n; ++k) b[col] -= a[col * n + k] * b[k];
+    b[col] /= a[col * n + col];
+  }
+  return true;
+}
+
+// Levenberg-Marquardt on the residual vector `errors(x)` from `x`, with a forward-difference
+// Jacobian; returns the best point found within `max_evaluations` residual evaluations.
+std::vector<double> levenberg_marquardt(
+    std::vector<double> x,
+    const std::function<std::vector<double>(const std::vector<double>&)>& errors,
+    int max_evaluations) {
+  const std::size_t n = x.size();
+  std::vector<double> r = errors(x);
+  double current = sum_of_squares(r);
+  double lambda = 1e-3;
+  int evaluations = 1;
+  constexpr double kStep = 1e-6;
+  while (evaluations + static_cast<int>(n) + 1 < max_evaluations && lambda < 1e12) {
+    // Jacobian (m x n) by forward differences in the free parameters.
+    const std::size_t m = r.size();
+    std::vector<double> jacobian(m * n);
+    for (std::size_t j = 0; j < n; ++j) {
+      std::vector<double> shifted = x;
+      shifted[j] += kStep;
+      const std::vector<double> rj = errors(shifted);
+      ++evaluations;
+      for (std::size_t i = 0; i < m; ++i) jacobian[i * n + j] = (rj[i] - r[i]) / kStep;
+    }
+    std::vector<double> normal(n * n, 0.0), gradient(n, 0.0);
+    for (std::size_t i = 0; i < m; ++i) {
+      for (std::size_t j = 0; j < n; ++j) {
+        gradient[j] += jacobian[i * n + j] * r[i];
+        for (std::size_t k = 0; k < n; ++k) {
+          normal[j * n + k] += jacobian[i * n + j] * jacobian[i * n + k];
+        }
+      }
+    }
+    bool improved = false;
+    while (!improved && lambda < 1e12 && evaluations < max_evaluations) {
+      std::vector<double> damped = normal;
+      for (std::size_t j = 0; j < n; ++j) damped[j * n + j] += lambda * normal[j * n + j] + 1e-12;
+      std::vector<double> step(n);
+      for (std::size_t j = 0; j < n; ++j) step[j] = -gradient[j];
+      if (!solve_dense(damped, step)) {
+        lambda *= 4.0;
+        continue;
+      }
+      std::vector<double> trial = x;
+      for (std::size_t j = 0; j < n; ++j) trial[j] += step[j];
+      const std::vector<double> rt = errors(trial);
+      ++evaluations;
+      const double trial_cost = sum_of_squares(rt);
+      if (trial_cost < current) {
+        const double gain = current - trial_cost;
+        x = trial;
+        r = rt;
+        current = trial_cost;
+        lambda = std::max(lambda / 3.0, 1e-12);
+        improved = true;
+        if (gain < 1e-14 * (1.0 + current)) return x;
+      } else {
+        lambda *= 4.0;
+      }
+    }
+  }
+  return x;
 }
 
 }  // namespace
@@ -306,6 +465,17 @@ std::string FitParameter::name() const {
       return "launch_overhead_s";
     case Kind::kBackwardLaunch:
       return "backward_launch_overhead_s";
+    case Kind::kHalfEfficiencySize:
+      return "classes." + std::string(to_string(static_cast<OpClass>(index))) +
+             ".half_efficiency_size";
+    case Kind::kSizeExponent:
+      return "classes." + std::string(to_string(static_cast<OpClass>(index))) + ".size_exponent";
+    case Kind::kCacheSlowdown:
+      return "classes.memory.beyond_cache_slowdown";
+    case Kind::kElementWork:
+      return index == 0   ? "classes.memory.element_flop_s"
+             : index == 1 ? "classes.memory.special_function_s"
+                          : "classes.memory.random_number_s";
   }
   return "";
 }
@@ -322,6 +492,16 @@ double FitParameter::get(const DeviceSpec& device) const {
       return device.launch_overhead_s;
     case Kind::kBackwardLaunch:
       return device.backward_launch_s();
+    case Kind::kHalfEfficiencySize:
+      return device.classes[static_cast<std::size_t>(index)].half_efficiency_size;
+    case Kind::kSizeExponent:
+      return device.classes[static_cast<std::size_t>(index)].size_exponent;
+    case Kind::kCacheSlowdown:
+      return device.classes[static_cast<std::size_t>(OpClass::kMemory)].beyond_cache_slowdown;
+    case Kind::kElementWork: {
+      const ClassRate& m = device.classes[static_cast<std::size_t>(OpClass::kMemory)];
+      return index == 0 ? m.element_flop_s : index == 1 ? m.special_function_s : m.random_number_s;
+    }
   }
   return 0.0;
 }
@@ -344,13 +524,31 @@ void FitParameter::set(DeviceSpec& device, double value) const {
     case Kind::kBackwardLaunch:
       device.backward_launch_overhead_s = value;
       break;
+    case Kind::kHalfEfficiencySize:
+      device.classes[i].half_efficiency_size = value;
+      break;
+    case Kind::kSizeExponent:
+      device.classes[i].size_exponent = value;
+      break;
+    case Kind::kCacheSlowdown:
+      device.classes[static_cast<std::size_t>(OpClass::kMemory)].beyond_cache_slowdown = value;
+      break;
+    case Kind::kElementWork: {
+      ClassRate& m = device.classes[static_cast<std::size_t>(OpClass::kMemory)];
+      (index == 0   ? m.element_flop_s
+       : index == 1 ? m.special_function_s
+                    : m.random_number_s) = value;
+      break;
+    }
   }
 }
 
 std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurements) {
   std::array<bool, kNumOpClasses> classes{};
   std::array<bool, 4> precisions{};
+  std::array<std::set<double>, kNumOpClasses> sizes;
   bool backward = false, any = false;
+  std::array<bool, 3> element_work{};  // flops, special functions, random numbers
   for (const auto& m : measurements) {
     if (m.held_out) continue;
     any = true;
@@ -358,6 +556,14 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
     for (const auto* list : {&m.before, &m.timed}) {
       for (const Kernel& k : *list) {
         classes[static_cast<std::size_t>(k.op_class)] = true;
+        // The memory class's curve is in the bytes (caches).
+        const double size = k.op_class == OpClass::kMemory ? k.bytes : k.size;
+        if (size > 0.0) sizes[static_cast<std::size_t>(k.op_class)].insert(size);
+        if (k.op_class == OpClass::kMemory) {
+          element_work[0] = element_work[0] || k.flops > 0.0;
+          element_work[1] = element_work[1] || k.special_functions > 0.0;
+          element_work[2] = element_work[2] || k.random_numbers > 0.0;
+        }
         if (k.op_class == OpClass::kGemm) precisions[static_cast<std::size_t>(k.precision)] = true;
       }
     }
@@ -380,50 +586,55 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
       out.push_back({Kind::kEfficiency, c});
     }
     out.push_back({Kind::kLatency, c});
+    if (static_cast<int>(sizes[static_cast<std::size_t>(c)].size()) >= kMinSizesForCurve) {
+      out.push_back({Kind::kHalfEfficiencySize, c});
+      out.push_back({Kind::kSizeExponent, c});
+      if (c == static_cast<int>(OpClass::kMemory)) out.push_back({Kind::kCacheSlowdown, c});
+    }
+  }
+  for (int w = 0; w < 3; ++w) {
+    if (element_work[static_cast<std::size_t>(w)]) out.push_back({Kind::kElementWork, w});
   }
   out.push_back({Kind::kLaunch, 0});
   if (backward) out.push_back({Kind::kBackwardLaunch, 0});
   return out;
 }
 
-FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& measurements,
-                     const FitOptions& options) {
-  FitResult result;
-  result.parameters = parameters_of(measurements);
-  if (result.parameters.empty()) {
-    throw std::invalid_argument("calibrate: no measurement left to fit (all held out)");
-  }
-  const auto& params = result.parameters;
+namespace {
+
+struct StageResult {
+  DeviceSpec device;
+  double cost = 0.0;  // sum of squared log errors
+};
+
+// Fits `params` of `start` to the `fitted` records: Nelder-Mead, then Levenberg-Marquardt.
+StageResult fit_stage(const DeviceSpec& start, const std::vector<FitParameter>& params,
+                      const std::vector<const Measurement*>& fitted, const FitOptions& options,
+                      int& evaluations) {
+  struct {
+    int evaluations = 0;
+  } result;
   const std::size_t n = params.size();
-  std::vector<const Measurement*> fitted;
-  for (const auto& m : measurements) {
-    if (!m.held_out) fitted.push_back(&m);
-  }
   auto device_at = [&](const std::vector<double>& x) {
     DeviceSpec d = start;
     for (std::size_t i = 0; i < n; ++i) params[i].set(d, from_free(params[i], x[i]));
     return d;
   };
-  auto cost = [&](const std::vector<double>& x) {
+  auto log_errors = [&](const std::vector<double>& x) {
     ++result.evaluations;
     const DeviceSpec d = device_at(x);
-    double sum = 0.0;
+    std::vector<double> errors;
+    errors.reserve(fitted.size());
     for (const Measurement* m : fitted) {
-      const double predicted = std::max(predict(d, *m), 1e-15);
-      const double r = std::log(predicted / m->seconds);
-      sum += r * r;
+      errors.push_back(std::log(std::max(predict(d, *m), 1e-15) / m->seconds));
     }
-    return sum;
+    return errors;
   };
+  auto cost = [&](const std::vector<double>& x) { return sum_of_squares(log_errors(x)); };
   std::vector<double> best(n);
   for (std::size_t i = 0; i < n; ++i) {
-    double value = params[i].get(start);
-    // A latency that starts at 0 would start at exp(-inf): start it at a microsecond.
-    if (params[i].kind != FitParameter::Kind::kEfficiency &&
-        params[i].kind != FitParameter::Kind::kGemmPrecisionEfficiency && value <= 0.0) {
-      value = 1e-6;
-    }
-    best[i] = to_free(params[i], value);
+    // A time or size that starts at 0 would start at exp(-inf).
+    best[i] = to_free(params[i], start_value(params[i], params[i].get(start)));
   }
   double best_cost = cost(best);
   // Nelder-Mead (reflection 1, expansion 2, contraction 1/2, shrink 1/2), restarted from the
@@ -496,8 +707,76 @@ FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& me
       best = simplex[static_cast<std::size_t>(it - values.begin())];
     }
   }
-  result.device = device_at(best);
-  result.rms_log_error = std::sqrt(best_cost / static_cast<double>(fitted.size()));
+  // Nelder-Mead finds the basin; Levenberg-Marquardt then converges in it (with the shape terms
+  // there are up to ~20 parameters, where the simplex alone stalls short of the minimum).
+  best = levenberg_marquardt(best, log_errors, options.max_evaluations);
+  best_cost = cost(best);
+  evaluations += result.evaluations;
+  return {device_at(best), best_cost};
+}
+
+bool is_shape_term(const FitParameter& p) {
+  return is_curve(p) || p.kind == FitParameter::Kind::kElementWork;
+}
+
+}  // namespace
+
+FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& measurements,
+                     const FitOptions& options) {
+  FitResult result;
+  result.parameters = parameters_of(measurements);
+  if (result.parameters.empty()) {
+    throw std::invalid_argument("calibrate: no measurement left to fit (all held out)");
+  }
+  std::vector<const Measurement*> fitted;
+  for (const auto& m : measurements) {
+    if (!m.held_out) fitted.push_back(&m);
+  }
+  // Two stages: the flat model first (efficiencies, latencies, launches), then everything from
+  // there with the shape terms starting where they barely act. The second stage starts at the
+  // first one's optimum, so the shape terms can only lower the error, and extra, weakly
+  // determined parameters do not send the fit into a worse local minimum.
+  std::vector<FitParameter> flat;
+  for (const auto& p : result.parameters) {
+    if (!is_shape_term(p)) flat.push_back(p);
+  }
+  StageResult best = fit_stage(start, flat, fitted, options, result.evaluations);
+  if (flat.size() < result.parameters.size()) {
+    // The shape terms sit behind a max() and a saturating curve: where they barely act their
+    // gradient is ~0, so the second stage also starts from where they clearly act: each curve
+    // halving its class at the smallest size (FLOP classes) or the largest bytes (memory) the
+    // records have, each element-wise term pricing an operation like 8 bytes of bandwidth.
+    DeviceSpec acting = best.device;
+    std::array<double, kNumOpClasses> smallest{}, largest{};
+    for (const Measurement* m : fitted) {
+      for (const Kernel& k : m->timed) {
+        const auto c = static_cast<std::size_t>(k.op_class);
+        const double size = k.op_class == OpClass::kMemory ? k.bytes : k.size;
+        if (size <= 0.0) continue;
+        smallest[c] = smallest[c] > 0.0 ? std::min(smallest[c], size) : size;
+        largest[c] = std::max(largest[c], size);
+      }
+    }
+    for (const auto& p : result.parameters) {
+      if (p.kind == FitParameter::Kind::kHalfEfficiencySize) {
+        const auto c = static_cast<std::size_t>(p.index);
+        p.set(acting, p.index == static_cast<int>(OpClass::kMemory)
+                          ? std::sqrt(smallest[c] * largest[c])
+                          : smallest[c]);
+      } else if (p.kind == FitParameter::Kind::kCacheSlowdown) {
+        p.set(acting, 2.0);
+      } else if (p.kind == FitParameter::Kind::kElementWork) {
+        p.set(acting, 8.0 / (acting.memory_bandwidth * acting.efficiency(OpClass::kMemory)));
+      }
+    }
+    for (const DeviceSpec& from : {best.device, acting}) {
+      const StageResult full =
+          fit_stage(from, result.parameters, fitted, options, result.evaluations);
+      if (full.cost < best.cost) best = full;
+    }
+  }
+  result.device = best.device;
+  result.rms_log_error = std::sqrt(best.cost / static_cast<double>(fitted.size()));
   return result;
 }
 

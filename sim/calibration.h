@@ -13,7 +13,8 @@
 //     "seconds": 0.0029},
 //    {"operation": "gemm", "m": 4096, "n": 1024, "k": 1024, "precision": "fp32", "seconds": ...},
 //    {"operation": "attention", "batch": 384, "m": 128, "n": 128, "k": 64, "precision": ...},
-//    {"operation": "memory", "bytes": 3.2e7, "seconds": ...},
+//    {"operation": "memory", "bytes": 3.2e7, "seconds": ...,
+//     optional: "flops": 4e6, "special_functions": 4e6, "random_numbers": 4e6},
 //    {"operation": "cholesky_inverse" | "eigen_inverse", "order": 1024, "seconds": ...}]}
 // layer_* price one encoder layer (bert_kernels.h): forward; backward (the backward issued right
 // after the forward, as a harness that times forward+backward minus forward sees it); and K-FAC
@@ -82,7 +83,18 @@ std::vector<Residual> residuals(const DeviceSpec& device,
 
 // One fitted quantity of the device.
 struct FitParameter {
-  enum class Kind { kEfficiency, kLatency, kGemmPrecisionEfficiency, kLaunch, kBackwardLaunch };
+  enum class Kind {
+    kEfficiency,
+    kLatency,
+    kGemmPrecisionEfficiency,
+    kLaunch,
+    kBackwardLaunch,
+    kHalfEfficiencySize,  // ClassRate::half_efficiency_size of class `index`
+    kSizeExponent,        // ClassRate::size_exponent of class `index`
+    kCacheSlowdown,       // the memory class's beyond_cache_slowdown
+    kElementWork          // the memory class's element_flop_s (index 0), special_function_s (1),
+                          // random_number_s (2)
+  };
   Kind kind = Kind::kLaunch;
   int index = 0;  // OpClass or Precision
   std::string name() const;
@@ -105,7 +117,12 @@ struct FitResult {
 // The parameters the fitted records depend on: the efficiency and latency of every class their
 // kernels use (per precision for gemm; not triangular_solve, which no record times apart from its
 // factorization: it keeps the fp32 gemm rate), the launch overhead, and the backward launch
-// overhead when a record times backward work.
+// overhead when a record times backward work. A class's efficiency curve in the kernel size
+// (half_efficiency_size, size_exponent) is fitted when its kernels in the fitted records have at
+// least kMinSizesForCurve distinct sizes (fewer cannot tell a curve from the flat efficiency),
+// and each of the memory class's per-element compute terms (element_flop_s, special_function_s,
+// random_number_s) when a fitted element-wise kernel does that work.
+inline constexpr int kMinSizesForCurve = 4;
 std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurements);
 
 // Minimizes the sum over records not held out of log(predicted / measured)^2 over

@@ -92,6 +92,16 @@ double DeviceSpec::efficiency(OpClass op_class) const {
   return matmul_efficiency;
 }
 
+double DeviceSpec::size_factor(OpClass op_class, double size) const {
+  const ClassRate& rate = classes[static_cast<std::size_t>(op_class)];
+  if (!(rate.half_efficiency_size > 0.0) || !(size > 0.0)) return 1.0;
+  const double curve = 1.0 / (1.0 + std::pow(rate.half_efficiency_size / size, rate.size_exponent));
+  // Memory: the bandwidth falls to 1 / beyond_cache_slowdown once the bytes outgrow the caches
+  // (and stays there); FLOP classes: the efficiency rises with the size.
+  if (op_class == OpClass::kMemory) return 1.0 / (1.0 + (rate.beyond_cache_slowdown - 1.0) * curve);
+  return curve;
+}
+
 double DeviceSpec::gemm_efficiency(Precision precision) const {
   const double set = gemm_efficiency_by_precision[static_cast<std::size_t>(precision)];
   return set > 0.0 ? set : efficiency(OpClass::kGemm);
@@ -160,7 +170,18 @@ void DeviceSpec::validate(std::string_view source) const {
   for (int i = 0; i < kNumOpClasses; ++i) {
     const std::string field = "classes." + std::string(kOpClassNames[static_cast<std::size_t>(i)]);
     fraction(classes[static_cast<std::size_t>(i)].efficiency, field + ".efficiency");
-    check(classes[static_cast<std::size_t>(i)].latency_s, (field + ".latency_s").c_str(), true);
+    const ClassRate& rate = classes[static_cast<std::size_t>(i)];
+    check(rate.latency_s, (field + ".latency_s").c_str(), true);
+    check(rate.half_efficiency_size, (field + ".half_efficiency_size").c_str(), true);
+    check(rate.size_exponent, (field + ".size_exponent").c_str(), false);
+    if (!(rate.beyond_cache_slowdown >= 1.0) || !std::isfinite(rate.beyond_cache_slowdown)) {
+      throw std::invalid_argument(
+          std::string(source) + ": field '" + field + ".beyond_cache_slowdown' = " +
+          std::to_string(rate.beyond_cache_slowdown) + " (must be finite and >= 1)");
+    }
+    check(rate.element_flop_s, (field + ".element_flop_s").c_str(), true);
+    check(rate.special_function_s, (field + ".special_function_s").c_str(), true);
+    check(rate.random_number_s, (field + ".random_number_s").c_str(), true);
   }
   for (std::size_t p = 0; p < kPrecisionNames.size(); ++p) {
     fraction(gemm_efficiency_by_precision[p],
@@ -246,18 +267,38 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
                                     "' must be an object {efficiency, latency_s}, got " +
                                     value.dump());
       }
+      const bool memory = op_class == OpClass::kMemory;
       for (const auto& [field, ignored] : value.items()) {
         (void)ignored;
         if (field != "efficiency" && field != "latency_s" &&
-            !(field == "by_precision" && op_class == OpClass::kGemm)) {
-          throw std::invalid_argument(where + ": unknown field '" + path + "." + field +
-                                      "' (allowed: efficiency, latency_s" +
-                                      (op_class == OpClass::kGemm ? ", by_precision" : "") + ")");
+            !(field == "by_precision" && op_class == OpClass::kGemm) &&
+            field != "half_efficiency_size" && field != "size_exponent" &&
+            !(memory && (field == "element_flop_s" || field == "special_function_s" ||
+                         field == "beyond_cache_slowdown" || field == "random_number_s"))) {
+          throw std::invalid_argument(
+              where + ": unknown field '" + path + "." + field +
+              "' (allowed: efficiency, latency_s" +
+              (op_class == OpClass::kGemm ? ", by_precision" : "") +
+              ", half_efficiency_size, size_exponent" +
+              (memory ? ", beyond_cache_slowdown, element_flop_s, special_function_s, "
+                        "random_number_s"
+                      : "") +
+              ")");
         }
       }
       auto& rate = d.classes[static_cast<std::size_t>(op_class)];
       rate.efficiency = number(value, "efficiency", path + ".efficiency", false, 0.0);
       rate.latency_s = number(value, "latency_s", path + ".latency_s", false, 0.0);
+      rate.half_efficiency_size =
+          number(value, "half_efficiency_size", path + ".half_efficiency_size", false, 0.0);
+      rate.size_exponent = number(value, "size_exponent", path + ".size_exponent", false, 1.0);
+      rate.beyond_cache_slowdown =
+          number(value, "beyond_cache_slowdown", path + ".beyond_cache_slowdown", false, 1.0);
+      rate.element_flop_s = number(value, "element_flop_s", path + ".element_flop_s", false, 0.0);
+      rate.special_function_s =
+          number(value, "special_function_s", path + ".special_function_s", false, 0.0);
+      rate.random_number_s =
+          number(value, "random_number_s", path + ".random_number_s", false, 0.0);
       const auto by_precision = value.find("by_precision");
       if (by_precision != value.end()) {
         if (!by_precision->is_object()) {
@@ -327,6 +368,16 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
     const auto op_class = static_cast<OpClass>(i);
     nlohmann::json entry = {{"efficiency", d.efficiency(op_class)},
                             {"latency_s", d.latency_s(op_class)}};
+    // The optional shape terms only when set: files without them stay as they were.
+    const ClassRate& rate = d.classes[static_cast<std::size_t>(i)];
+    if (rate.half_efficiency_size > 0.0) {
+      entry["half_efficiency_size"] = rate.half_efficiency_size;
+      entry["size_exponent"] = rate.size_exponent;
+      if (op_class == OpClass::kMemory) entry["beyond_cache_slowdown"] = rate.beyond_cache_slowdown;
+    }
+    if (rate.element_flop_s > 0.0) entry["element_flop_s"] = rate.element_flop_s;
+    if (rate.special_function_s > 0.0) entry["special_function_s"] = rate.special_function_s;
+    if (rate.random_number_s > 0.0) entry["random_number_s"] = rate.random_number_s;
     if (op_class == OpClass::kGemm) {
       nlohmann::json by_precision = nlohmann::json::object();
       for (std::size_t p = 0; p < kPrecisionNames.size(); ++p) {

@@ -46,9 +46,34 @@ OpClass op_class_from_string(std::string_view name);  // throws naming the allow
 // memory class) and a fixed device time per kernel (per panel for factorizations, see
 // kernel_costs.h). efficiency <= 0 means "not set": 1 for memory, the fp32 gemm efficiency for
 // triangular solves (blocked into products), matmul_efficiency for the other FLOP classes.
+//
+// Optional shape terms (their defaults leave a device without them as it was):
+// - half_efficiency_size h > 0: the efficiency of a kernel of size s (the smallest dimension of a
+//   product, the order of a factorization, solve or eigendecomposition) is
+//     efficiency x 1 / (1 + (h / s)^size_exponent)
+//   so small and skinny products, and small factorizations, run slower (h is the size at which
+//   a kernel reaches half the class efficiency). 0: no curve.
+// - memory class: the size is a kernel's bytes, and the bandwidth falls from the caches' to
+//   memory's once the data outgrows the caches: the bandwidth term of an element-wise kernel is
+//   multiplied by 1 + (beyond_cache_slowdown - 1) x 1 / (1 + (h / bytes)^size_exponent)
+//   (h: the bytes half-way between the two, beyond_cache_slowdown: how much slower beyond them;
+//   1: no change).
+// - element_flop_s, special_function_s, random_number_s (memory class): device time per
+//   element-wise FLOP, per evaluation of erf / exp / tanh (GELU, softmax, the pooler) and per
+//   random number (dropout's mask). An element-wise kernel takes
+//     max(bytes / bandwidth, flops x element_flop_s + evaluations x special_function_s +
+//         draws x random_number_s)
+//   so GELU and LayerNorm can be compute-bound where an add of the same bytes is not. 0:
+//   element-wise arithmetic is free (bandwidth-bound only).
 struct ClassRate {
   double efficiency = 0.0;
   double latency_s = 0.0;
+  double half_efficiency_size = 0.0;
+  double size_exponent = 1.0;
+  double beyond_cache_slowdown = 1.0;
+  double element_flop_s = 0.0;
+  double special_function_s = 0.0;
+  double random_number_s = 0.0;
 };
 
 struct DeviceSpec {
@@ -77,6 +102,9 @@ struct DeviceSpec {
   double efficiency(OpClass op_class) const;
   double gemm_efficiency(Precision precision) const;
   double latency_s(OpClass op_class) const { return classes[static_cast<int>(op_class)].latency_s; }
+  // The class's shape factor in (0, 1] for a kernel of size s (ClassRate); 1 without a curve or
+  // for s <= 0 (size unknown).
+  double size_factor(OpClass op_class, double size) const;
   double backward_launch_s() const {
     return backward_launch_overhead_s < 0.0 ? launch_overhead_s : backward_launch_overhead_s;
   }
@@ -96,9 +124,13 @@ std::vector<std::string> device_preset_names();
 // {"name": "...", "peak_flops": {"fp32": F, "tf32": F, "bf16": F, "fp16": F},
 //  "matmul_efficiency": E, "memory_bandwidth": B, "link_bandwidth": B, "link_latency_s": S,
 //  optional: "launch_overhead_s": S, "backward_launch_overhead_s": S,
-//            "classes": {"gemm": {"efficiency": E, "latency_s": S, "by_precision": {"bf16": E}},
-//                        "attention": {...}, "memory": {...}, "factorization": {...},
-//                        "triangular_solve": {...}, "eigendecomposition": {...}}}
+//            "classes": {"gemm": {"efficiency": E, "latency_s": S, "by_precision": {"bf16": E},
+//                                 "half_efficiency_size": D, "size_exponent": P},
+//                        "attention": {...},
+//                        "memory": {..., "beyond_cache_slowdown": K, "element_flop_s": S,
+//                                   "special_function_s": S, "random_number_s": S},
+//                        "factorization": {...}, "triangular_solve": {...},
+//                        "eigendecomposition": {...}}}
 // fp32 is required; the other precisions are optional (absent = unsupported). Files without the
 // optional fields price every product at matmul_efficiency with no latencies (the first model).
 DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source);

@@ -24,6 +24,7 @@ Kernel gemm_kernel(Precision precision, double m, double n, double k, double ele
   kernel.precision = precision;
   kernel.flops = 2.0 * m * n * k;
   kernel.bytes = element_bytes * (m * k + k * n + m * n);
+  kernel.size = std::min({m, n, k});
   kernel.count = count;
   return kernel;
 }
@@ -32,6 +33,19 @@ Kernel memory_kernel(double bytes, int count) {
   Kernel kernel;
   kernel.bytes = bytes;
   kernel.count = count;
+  return kernel;
+}
+
+ElementWork per_element(double elements, double flops, double special_functions,
+                        double random_numbers) {
+  return {elements * flops, elements * special_functions, elements * random_numbers};
+}
+
+Kernel elementwise_kernel(double bytes, const ElementWork& work, int count) {
+  Kernel kernel = memory_kernel(bytes, count);
+  kernel.flops = work.flops;
+  kernel.special_functions = work.special_functions;
+  kernel.random_numbers = work.random_numbers;
   return kernel;
 }
 
@@ -44,9 +58,22 @@ double kernel_seconds(const DeviceSpec& device, const Kernel& kernel) {
   } else if (kernel.op_class == OpClass::kAttention) {
     peak = device.peak_flops(kernel.precision);
   }
-  const double compute = kernel.flops > 0.0 ? kernel.flops / (peak * efficiency) : 0.0;
+  const ClassRate& elementwise = device.classes[static_cast<std::size_t>(OpClass::kMemory)];
+  double compute = 0.0;
+  if (kernel.op_class == OpClass::kMemory) {
+    compute = kernel.flops * elementwise.element_flop_s +
+              kernel.special_functions * elementwise.special_function_s +
+              kernel.random_numbers * elementwise.random_number_s;
+  } else if (kernel.flops > 0.0) {
+    compute = kernel.flops / (peak * efficiency * device.size_factor(kernel.op_class, kernel.size));
+  }
+  // The memory class's cache curve applies to element-wise kernels only, so that a change of it
+  // moves only that class (a product's bytes are mostly reused from caches anyway).
+  const double cache = kernel.op_class == OpClass::kMemory
+                           ? device.size_factor(OpClass::kMemory, kernel.bytes)
+                           : 1.0;
   const double memory =
-      kernel.bytes / (device.memory_bandwidth * device.efficiency(OpClass::kMemory));
+      kernel.bytes / (device.memory_bandwidth * device.efficiency(OpClass::kMemory) * cache);
   const double panels = is_matrix_function(kernel.op_class)
                             ? std::max(1.0, std::ceil(kernel.size / kPanelColumns))
                             : 1.0;

@@ -1,12 +1,20 @@
 #pragma once
 // Prices work as the device runs it: a sequence of kernels, each of one operation class
 // (sim/device.h). A kernel takes
-//   latency(class) x panels + max(flops / (peak(precision) x efficiency(class)),
-//                                 bytes / (memory_bandwidth x efficiency(memory)))
+//   latency(class) x panels + max(flops / (peak(precision) x efficiency(class) x shape(size)),
+//                                 bytes / (memory_bandwidth x efficiency(memory) x
+//                                          cache(bytes)),
+//                                 element_work_s)
+// where element_work_s = flops x element_flop_s + special_functions x special_function_s +
+// random_numbers x random_number_s (the memory class's per-element compute terms) prices an
+// element-wise kernel's arithmetic; the FLOP classes' flops run at their peak x efficiency and an
+// element-wise kernel's flops at element_flop_s.
 // on the device (panels = ceil(d / 256) for the factorization classes of a d x d matrix, 1
-// otherwise: blocked factorizations run one dependent step per panel). The host issues the
-// kernels one after another, launch_overhead_s apart, and the device runs each once it is issued
-// and the previous one is done:
+// otherwise: blocked factorizations run one dependent step per panel; shape(size) is the class's
+// efficiency curve in the kernel's size and cache(bytes) the memory class's curve in the bytes,
+// DeviceSpec::size_factor, 1 without them). The host issues
+// the kernels one after another, launch_overhead_s apart, and the device runs each once it is
+// issued and the previous one is done:
 //   issue_i = issue_{i-1} + launch;  end_i = max(end_{i-1}, issue_i) + device_time_i
 // so a run of small kernels costs its launches (the "launch floor") and a run of large ones its
 // device time. A kernel with host_sync makes the host wait for it (error-info checks, .item()).
@@ -22,8 +30,14 @@ struct Kernel {
   Precision precision = Precision::kFp32;  // arithmetic of gemm / attention kernels
   double flops = 0.0;
   double bytes = 0.0;  // bytes read + written
-  double size = 0.0;   // matrix order d of a factorization, solve or eigendecomposition
-  int count = 1;       // identical kernels in a row
+  // Smallest dimension of a product; matrix order d of a factorization, solve or
+  // eigendecomposition (also its panel count); 0: unknown (no shape factor).
+  double size = 0.0;
+  // Element-wise work of a memory-class kernel beyond its flops: evaluations of erf, exp, tanh
+  // (GELU, softmax, the pooler) and random numbers drawn (dropout).
+  double special_functions = 0.0;
+  double random_numbers = 0.0;
+  int count = 1;  // identical kernels in a row
   bool host_sync = false;
 };
 using Kernels = std::vector<Kernel>;
@@ -32,6 +46,17 @@ using Kernels = std::vector<Kernel>;
 Kernel gemm_kernel(Precision precision, double m, double n, double k, double element_bytes,
                    int count = 1);  // 2mnk FLOPs; reads m x k and k x n, writes m x n
 Kernel memory_kernel(double bytes, int count = 1);
+// Per-element arithmetic of an element-wise kernel (totals over its elements).
+struct ElementWork {
+  double flops = 0.0;
+  double special_functions = 0.0;
+  double random_numbers = 0.0;
+};
+// `elements` elements, each with the given flops, special-function evaluations and random draws.
+ElementWork per_element(double elements, double flops, double special_functions = 0.0,
+                        double random_numbers = 0.0);
+// An element-wise (memory-class) kernel that moves `bytes` and does `work`.
+Kernel elementwise_kernel(double bytes, const ElementWork& work, int count = 1);
 
 // Device time of one kernel (above). Throws std::invalid_argument when the device lacks the
 // kernel's precision.

@@ -2,9 +2,12 @@
 // launch floor, per-class rates, the fit recovering known parameters, measurement-file errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -94,6 +97,129 @@ TEST(SimKernelCosts, ChangingOneClassMovesOnlyItsOperations) {
   EXPECT_NEAR(kernel_seconds(slow, potrf) - kernel_seconds(base, potrf), 16e-3, 1e-12);
 }
 
+TEST(SimKernelCosts, ShapeTermsMoveOnlyTheirClass) {
+  const DeviceSpec base = simple_device();
+  const Kernel gemm = gemm_kernel(Precision::kFp32, 4096, 64, 2048, 4.0);  // skinny: size 64
+  Kernel attention = gemm;
+  attention.op_class = OpClass::kAttention;
+  const Kernel add = memory_kernel(1e8);
+  const Kernel gelu = elementwise_kernel(8e6, per_element(1e6, 4.0, 1.0));
+  const Kernel dropout = elementwise_kernel(8e6, per_element(1e6, 2.0, 0.0, 1.0));
+  Kernel potrf;
+  for (const Kernel& k : inversion_kernels(1024)) {
+    if (k.op_class == OpClass::kFactorization) potrf = k;
+  }
+  EXPECT_EQ(gemm.size, 64.0);
+  EXPECT_EQ(potrf.size, 1024.0);
+  auto all = [&](const DeviceSpec& d) {
+    return std::array<double, 6>{kernel_seconds(d, gemm),    kernel_seconds(d, attention),
+                                 kernel_seconds(d, add),     kernel_seconds(d, gelu),
+                                 kernel_seconds(d, dropout), kernel_seconds(d, potrf)};
+  };
+  const auto before = all(base);
+  // Without the new terms an element-wise kernel is bandwidth-bound whatever its arithmetic.
+  EXPECT_DOUBLE_EQ(before[3], 8e6 / 1e11);
+  auto rate = [](DeviceSpec& d, OpClass c) -> ClassRate& {
+    return d.classes[static_cast<std::size_t>(c)];
+  };
+  struct Change {
+    const char* what;
+    std::function<void(DeviceSpec&)> apply;
+    std::vector<int> moved;  // indices into all()
+  };
+  const std::vector<Change> changes = {
+      {"gemm curve",
+       [&](DeviceSpec& d) { rate(d, OpClass::kGemm).half_efficiency_size = 128; },
+       {0}},
+      {"attention curve",
+       [&](DeviceSpec& d) { rate(d, OpClass::kAttention).half_efficiency_size = 128; },
+       {1}},
+      {"factorization curve",
+       [&](DeviceSpec& d) {
+         rate(d, OpClass::kFactorization).half_efficiency_size = 2048;
+         rate(d, OpClass::kFactorization).size_exponent = 2.0;
+       },
+       {5}},
+      {"memory cache curve",
+       [&](DeviceSpec& d) {
+         rate(d, OpClass::kMemory).half_efficiency_size = 1e6;
+         rate(d, OpClass::kMemory).beyond_cache_slowdown = 3.0;
+       },
+       {2, 3, 4}},
+      {"element flops",
+       [&](DeviceSpec& d) { rate(d, OpClass::kMemory).element_flop_s = 1e-9; },
+       {3, 4}},
+      {"special functions",
+       [&](DeviceSpec& d) { rate(d, OpClass::kMemory).special_function_s = 1e-8; },
+       {3}},
+      {"random numbers",
+       [&](DeviceSpec& d) { rate(d, OpClass::kMemory).random_number_s = 1e-8; },
+       {4}},
+  };
+  for (const Change& change : changes) {
+    DeviceSpec changed = base;
+    change.apply(changed);
+    const auto after = all(changed);
+    for (int o = 0; o < 6; ++o) {
+      const bool moves =
+          std::find(change.moved.begin(), change.moved.end(), o) != change.moved.end();
+      if (moves) {
+        EXPECT_GT(after[o], before[o] * 1.2) << change.what << " op " << o;
+      } else {
+        EXPECT_DOUBLE_EQ(after[o], before[o]) << change.what << " op " << o;
+      }
+    }
+  }
+  // The curve: half the class efficiency at the half size, as the formula says elsewhere.
+  DeviceSpec curved = base;
+  rate(curved, OpClass::kGemm).half_efficiency_size = 64;
+  rate(curved, OpClass::kGemm).size_exponent = 3.0;
+  EXPECT_NEAR(kernel_seconds(curved, gemm) / kernel_seconds(base, gemm), 2.0, 1e-12);
+  EXPECT_NEAR(curved.size_factor(OpClass::kGemm, 128), 1.0 / (1.0 + 0.125), 1e-12);
+  // Element-wise compute: max(bandwidth, flops + evaluations + draws).
+  DeviceSpec work = base;
+  rate(work, OpClass::kMemory).element_flop_s = 1e-10;
+  rate(work, OpClass::kMemory).special_function_s = 2e-9;
+  EXPECT_NEAR(kernel_seconds(work, gelu), 1e6 * (4 * 1e-10 + 2e-9), 1e-15);
+}
+
+TEST(SimCalibration, DevicesWithoutShapeTermsKeepTheirFiles) {
+  for (const auto& name : device_preset_names()) {
+    const nlohmann::json json = device_to_json(device_preset(name));
+    for (const auto& [cls, entry] : json.at("classes").items()) {
+      EXPECT_FALSE(entry.contains("half_efficiency_size")) << name << " " << cls;
+      EXPECT_FALSE(entry.contains("special_function_s")) << name << " " << cls;
+      EXPECT_FALSE(entry.contains("element_flop_s")) << name << " " << cls;
+    }
+  }
+  DeviceSpec d = simple_device();
+  d.classes[static_cast<std::size_t>(OpClass::kGemm)].half_efficiency_size = 96;
+  d.classes[static_cast<std::size_t>(OpClass::kGemm)].size_exponent = 2.5;
+  d.classes[static_cast<std::size_t>(OpClass::kMemory)].half_efficiency_size = 3e7;
+  d.classes[static_cast<std::size_t>(OpClass::kMemory)].beyond_cache_slowdown = 2.0;
+  d.classes[static_cast<std::size_t>(OpClass::kMemory)].element_flop_s = 1e-10;
+  d.classes[static_cast<std::size_t>(OpClass::kMemory)].special_function_s = 2e-9;
+  d.classes[static_cast<std::size_t>(OpClass::kMemory)].random_number_s = 3e-9;
+  const DeviceSpec back = device_from_json(device_to_json(d), "round trip");
+  const Kernel gelu = elementwise_kernel(8e6, per_element(1e6, 4.0, 1.0, 1.0));
+  const Kernel gemm = gemm_kernel(Precision::kFp32, 100, 200, 300, 4.0);
+  EXPECT_DOUBLE_EQ(kernel_seconds(back, gelu), kernel_seconds(d, gelu));
+  EXPECT_DOUBLE_EQ(kernel_seconds(back, memory_kernel(1e9)), kernel_seconds(d, memory_kernel(1e9)));
+  // Beyond the caches the bandwidth settles at 1 / slowdown of the caches' (it does not go on
+  // falling): 1e12 bytes take twice as long per byte as 1e3 bytes.
+  EXPECT_NEAR(kernel_seconds(d, memory_kernel(1e12)) / kernel_seconds(d, memory_kernel(1e3)), 2e9,
+              2e9 * 1e-4);
+  EXPECT_DOUBLE_EQ(kernel_seconds(back, gemm), kernel_seconds(d, gemm));
+  nlohmann::json bad = device_to_json(d);
+  bad["classes"]["gemm"]["size_exponent"] = 0.0;
+  EXPECT_NE(error_of([&] { device_from_json(bad, "bad"); }).find("classes.gemm.size_exponent"),
+            std::string::npos);
+  bad = device_to_json(d);
+  bad["classes"]["gemm"]["special_function_s"] = 1e-9;  // a memory-class field
+  EXPECT_NE(error_of([&] { device_from_json(bad, "bad"); }).find("special_function_s"),
+            std::string::npos);
+}
+
 // Synthetic records: GEMMs of several shapes, element-wise passes, Cholesky inverses.
 nlohmann::json synthetic_records() {
   nlohmann::json records = nlohmann::json::array();
@@ -132,6 +258,79 @@ TEST(SimCalibration, FitRecoversKnownParametersFromSyntheticDurations) {
   near(fit.device.latency_s(OpClass::kFactorization), 50e-6, "factorization latency");
   near(fit.device.launch_overhead_s + fit.device.latency_s(OpClass::kGemm), 8e-6,
        "launch + gemm latency");
+  for (const auto& r : residuals(fit.device, measurements)) {
+    EXPECT_NEAR(r.relative_error, 0.0, 0.01) << r.label;
+  }
+}
+
+// GEMMs whose smallest dimension runs 8 ... 2048, element-wise kernels of five kinds (as
+// bench_sim_calibrate times) from cache-sized to DRAM-sized, Cholesky inverses 64 ... 4096.
+nlohmann::json synthetic_shape_records() {
+  nlohmann::json records = nlohmann::json::array();
+  for (double small : {8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0}) {
+    records.push_back(
+        {{"operation", "gemm"}, {"m", small}, {"n", 2048}, {"k", 1024}, {"seconds", 1.0}});
+  }
+  struct Kind {
+    double bytes, flops, special, random;
+  };
+  const Kind kinds[] = {{12, 1, 0, 0}, {8, 8, 0, 0}, {8, 4, 1, 0}, {8, 2, 0, 1}};
+  for (double elements : {1e4, 1e5, 1e6, 1e7, 1e8}) {
+    for (const Kind& k : kinds) {
+      records.push_back({{"operation", "memory"},
+                         {"bytes", k.bytes * elements},
+                         {"flops", k.flops * elements},
+                         {"special_functions", k.special * elements},
+                         {"random_numbers", k.random * elements},
+                         {"seconds", 1.0}});
+    }
+  }
+  for (double d : {64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0}) {
+    records.push_back({{"operation", "cholesky_inverse"}, {"order", d}, {"seconds", 1.0}});
+  }
+  return {{"format_version", 1}, {"measurements", records}};
+}
+
+TEST(SimCalibration, FitRecoversKnownShapeTermsFromSyntheticDurations) {
+  DeviceSpec truth = simple_device();
+  auto rate = [&](OpClass c) -> ClassRate& { return truth.classes[static_cast<std::size_t>(c)]; };
+  rate(OpClass::kGemm).efficiency = 0.7;
+  rate(OpClass::kGemm).half_efficiency_size = 48;
+  rate(OpClass::kGemm).size_exponent = 2.0;
+  rate(OpClass::kMemory).efficiency = 0.6;
+  rate(OpClass::kMemory).half_efficiency_size = 2e8;
+  rate(OpClass::kMemory).size_exponent = 1.5;
+  rate(OpClass::kMemory).beyond_cache_slowdown = 2.5;
+  rate(OpClass::kMemory).element_flop_s = 1e-10;
+  rate(OpClass::kMemory).special_function_s = 2e-9;
+  rate(OpClass::kMemory).random_number_s = 5e-9;
+  rate(OpClass::kFactorization).efficiency = 0.3;
+  rate(OpClass::kFactorization).half_efficiency_size = 600;
+  rate(OpClass::kFactorization).size_exponent = 1.5;
+  truth.launch_overhead_s = 2e-6;
+  auto measurements = measurements_from_json(synthetic_shape_records(), "synthetic", truth);
+  for (auto& m : measurements) m.seconds = predict(truth, m);
+
+  FitOptions options;
+  options.max_evaluations = 60000;
+  options.restarts = 6;
+  const FitResult fit = fit_device(simple_device(), measurements, options);
+  EXPECT_LT(fit.rms_log_error, 2e-3);
+  const auto& got = fit.device.classes;
+  auto near = [](double value, double want, const char* what) {
+    EXPECT_NEAR(value / want, 1.0, 0.05) << what << ": " << value << " vs " << want;
+  };
+  auto at = [&](OpClass c) { return got[static_cast<std::size_t>(c)]; };
+  near(fit.device.gemm_efficiency(Precision::kFp32), 0.7, "gemm efficiency");
+  near(at(OpClass::kGemm).half_efficiency_size, 48, "gemm half-efficiency size");
+  near(at(OpClass::kGemm).size_exponent, 2.0, "gemm size exponent");
+  near(at(OpClass::kMemory).half_efficiency_size, 2e8, "memory half-way bytes");
+  near(at(OpClass::kMemory).beyond_cache_slowdown, 2.5, "memory slowdown beyond the caches");
+  near(at(OpClass::kMemory).element_flop_s, 1e-10, "element flop");
+  near(at(OpClass::kMemory).special_function_s, 2e-9, "special function");
+  near(at(OpClass::kMemory).random_number_s, 5e-9, "random number");
+  near(at(OpClass::kFactorization).half_efficiency_size, 600, "factorization half size");
+  near(at(OpClass::kFactorization).size_exponent, 1.5, "factorization size exponent");
   for (const auto& r : residuals(fit.device, measurements)) {
     EXPECT_NEAR(r.relative_error, 0.0, 0.01) << r.label;
   }
