@@ -72,11 +72,11 @@ if want train; then
       --trace "$OUT/trace_large_p4.json" --profile-out "$OUT/profile_large_p4.json" || status=1
     # fp32 on the GPU against the CPU, same seed and schedule: the per-step losses side by side.
     small=("${common[@]}" --model mini --schedule 1f1b --stages 2 --microbatches 4
-      --micro-batch-size 4 --steps 6 --optimizer sgd)
+      --micro-batch-size 4 --optimizer sgd)
     rm -f "$OUT/metrics_gpu_fp32.jsonl" "$OUT/metrics_cpu_fp32.jsonl"
-    train mini_gpu_fp32 "${small[@]}" --device cuda --precision fp32 \
+    train mini_gpu_fp32 "${small[@]}" --steps 6 --device cuda --precision fp32 \
       --metrics "$OUT/metrics_gpu_fp32.jsonl" || status=1
-    train mini_cpu_fp32 "${small[@]}" --device cpu --precision fp32 \
+    train mini_cpu_fp32 "${small[@]}" --steps 6 --device cpu --precision fp32 \
       --metrics "$OUT/metrics_cpu_fp32.jsonl" || status=1
     python3 - "$OUT/metrics_cpu_fp32.jsonl" "$OUT/metrics_gpu_fp32.jsonl" <<'PY' | tee -a "$OUT/session.log"
 import json, sys
@@ -85,13 +85,13 @@ print("step  cpu loss    gpu loss    rel diff")
 for c, g in zip(*rows):
     print(f"{c['step']:4d}  {c['loss']:.6f}  {g['loss']:.6f}  {abs(g['loss'] - c['loss']) / c['loss']:.2e}")
 PY
-    # K-FAC in the bubbles on the GPU. The pass needs a profile with K-FAC entries; a CPU run
-    # with --kfac makes one (its times are the CPU's, so the placement is not the GPU's best:
-    # this checks that the stream runs, not how fast).
-    train mini_cpu_kfac_profile "${small[@]}" --device cpu --kfac --steps 2 \
-      --profile-out "$OUT/profile_cpu_kfac.json" || status=1
-    train mini_gpu_kfac "${small[@]}" --device cuda --precision fp32 --kfac \
-      --kfac-profile "$OUT/profile_cpu_kfac.json" --steps 8 --trace "$OUT/trace_mini_kfac.json" ||
+    # K-FAC in the bubbles on the GPU, placed by the pass from the GPU's self-profile (the
+    # schedule and the K-FAC kernels timed on the device); then BERT-Large, bf16, 1F1B p = 4.
+    train mini_gpu_kfac "${small[@]}" --device cuda --precision fp32 --kfac --steps 8 \
+      --trace "$OUT/trace_mini_kfac.json" || status=1
+    train large_1f1b_p4_kfac "${common[@]}" --model large --device cuda --precision bf16 \
+      --schedule 1f1b --stages 4 --microbatches 8 --micro-batch-size 8 --steps 10 --kfac \
+      --trace "$OUT/trace_large_p4_kfac.json" --profile-out "$OUT/profile_large_p4_kfac.json" ||
       status=1
     # No device visible: one error line, exit 2.
     CUDA_VISIBLE_DEVICES="" "$bin" --data synthetic --device cuda --steps 1 \

@@ -60,11 +60,57 @@ sim::KfacProfile time_kfac(std::int64_t d_in, std::int64_t d_out, std::int64_t t
   return profile;
 }
 
+// The same kernels on a device, through its K-FAC layer on a stream of its own.
+sim::KfacProfile time_kfac_on_device(device::DeviceRuntime& device, std::int64_t d_in,
+                                     std::int64_t d_out, std::int64_t tokens, float damping) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  auto& backend = device.backend();
+  const auto stream = backend.create_stream();
+  std::vector<tensor::Tensor> keep;
+  auto upload = [&](std::int64_t count) {
+    std::vector<float> values(static_cast<std::size_t>(count));
+    for (auto& v : values) v = normal(rng);
+    auto tensor = tensor::Tensor::empty(backend, {count}, tensor::DType::kF32);
+    backend.copy(tensor.raw_data(), values.data(), tensor.nbytes(), tensor::CopyKind::kHostToDevice,
+                 stream.get());
+    stream->synchronize();  // `values` goes out of scope
+    keep.push_back(tensor);
+    return tensor.data<float>();
+  };
+  const float* a = upload(tokens * d_in);
+  const float* g = upload(tokens * d_out);
+  float* grad = upload(d_out * d_in);
+  float* bias = upload(d_out);
+  const auto layer = device.make_kfac_layer(stream.get(), d_in, d_out, "self-profile");
+  auto timed = [&](auto&& body) {
+    return median_seconds(3, [&] {
+      body();
+      stream->synchronize();
+    });
+  };
+  sim::KfacProfile profile;
+  profile.curvature_a_s = timed([&] {
+    layer->accumulate(true, {a, tokens, d_in}, 1.0F, 0, kfac::kPieceUnits);
+  });
+  profile.curvature_b_s = timed([&] {
+    layer->accumulate(false, {g, tokens, d_out}, 1.0F, 0, kfac::kPieceUnits);
+  });
+  layer->finalize(true, 0.0F);
+  layer->finalize(false, 0.0F);
+  const auto d = layer->damping(damping, true);
+  profile.invert_a_s = timed([&] { layer->invert(true, d.a, kfac::InverseMethod::kCholesky); });
+  profile.invert_b_s = timed([&] { layer->invert(false, d.b, kfac::InverseMethod::kCholesky); });
+  profile.precondition_s = timed([&] { layer->precondition(false, false, grad, bias); });
+  profile.bytes = static_cast<double>(2 * (d_in * d_in + d_out * d_out) * sizeof(float));
+  return profile;
+}
+
 }  // namespace
 
 sim::Profile profile_schedule(const model::BertConfig& config, const sched::Schedule& base,
                               const ProfileShape& shape, const exec::ExecutorOptions& options,
-                              int steps) {
+                              int steps, const std::shared_ptr<device::DeviceRuntime>& device) {
   exec::SyntheticBatches batches(config, shape.micro_batch_size, shape.seq_len,
                                  shape.max_predictions, 99);
   exec::RunSetup<float> setup;
@@ -73,6 +119,8 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
   setup.options = options;
   setup.options.record_events = true;
   setup.make_optimizer = [] { return std::make_unique<optim::Sgd>(); };
+  setup.device = device;
+  setup.device_optimizer.name = "sgd";
   setup.learning_rate = [](std::int64_t) { return 0.0; };
   setup.batches = &batches;
   exec::ThreadedExecutor<float> executor(setup);
@@ -83,9 +131,13 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
   omp_set_num_threads(std::max(1, options.threads_per_worker));
   const std::int64_t H = config.hidden_size, I = config.intermediate_size;
   const std::int64_t tokens = shape.micro_batch_size * shape.seq_len;
-  const auto square = time_kfac(H, H, tokens, options.kfac.damping);
-  const auto ffn_in = time_kfac(H, I, tokens, options.kfac.damping);
-  const auto ffn_out = time_kfac(I, H, tokens, options.kfac.damping);
+  const auto time = [&](std::int64_t d_in, std::int64_t d_out) {
+    return device ? time_kfac_on_device(*device, d_in, d_out, tokens, options.kfac.damping)
+                  : time_kfac(d_in, d_out, tokens, options.kfac.damping);
+  };
+  const auto square = time(H, H);
+  const auto ffn_in = time(H, I);
+  const auto ffn_out = time(I, H);
   for (int k = 0; k < sched::kNumLinearKinds; ++k) {
     const auto linear = static_cast<sched::LinearKind>(k);
     sim::KfacProfile entry = linear == sched::LinearKind::kFfnIn    ? ffn_in

@@ -3,7 +3,9 @@
 // base schedule's instructions (a few steps of a throw-away copy of the model on synthetic
 // batches of the run's shapes) and of the K-FAC kernels at the model's Linear sizes.
 #include <cstdint>
+#include <memory>
 
+#include "runtime/device/device_runtime.h"
 #include "runtime/executor/executor.h"
 #include "sim/measured_cost_model.h"
 
@@ -16,9 +18,13 @@ struct ProfileShape {
 };
 
 // Runs `steps` steps (the first is warm-up) of `base` and times the K-FAC kernels; the profile
-// has chunk entries for every chunk and one K-FAC entry per Linear kind (all layers).
+// has chunk entries for every chunk and one K-FAC entry per Linear kind (all layers). With a
+// device (--device cuda) both run there: the schedule on the executor's device path (times from
+// its stream marks), the K-FAC kernels through the device's K-FAC layers (host time around
+// each call and a wait for the stream).
 sim::Profile profile_schedule(const model::BertConfig& config, const sched::Schedule& base,
                               const ProfileShape& shape, const exec::ExecutorOptions& options,
-                              int steps = 3);
+                              int steps = 3,
+                              const std::shared_ptr<device::DeviceRuntime>& device = nullptr);
 
 }  // namespace pf::train

@@ -120,10 +120,6 @@ void validate_options(const TrainOptions& o) {
       bad("--device " + o.device + ": --eval-data (held-out evaluation) runs on the CPU only " +
           "so far");
     }
-    if (o.kfac.enabled && o.kfac_profile.empty()) {
-      bad("--device " + o.device + " --kfac needs --kfac-profile (the self-profile times the " +
-          "CPU's kernels, not the GPU's)");
-    }
     if (o.kfac.enabled && o.data_parallel > 1) {
       bad("--device " + o.device + " --kfac needs --data-parallel 1 (the curvature sync " +
           "between replicas is not on the device yet)");

@@ -422,9 +422,10 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
       if (!o.quiet)
         out << "profiling the schedule and the K-FAC kernels for the PipeFisher pass...\n";
       if (launch.is_root()) {
-        profile = profile_schedule(
-            context.config, context.schedule,
-            {context.micro_batch_size, context.seq_len, context.max_predictions}, profile_options);
+        profile =
+            profile_schedule(context.config, context.schedule,
+                             {context.micro_batch_size, context.seq_len, context.max_predictions},
+                             profile_options, 3, context.device);
       }
       if (launch.multi_process()) {  // one profile, so that every process compiles one schedule
         const auto wait =

@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/device/device_runtime.h"
+#include "runtime/device/host_device_runtime.h"
+#include "runtime/train/self_profile.h"
 #include "runtime/train/train_options.h"
 #include "runtime/train/trainer.h"
 #include "sim/cli/compile_command.h"
@@ -213,7 +215,37 @@ TEST_F(TrainTest, DeviceChoicesAreCheckedBeforeAnyWork) {
   o = small_run();
   o.device = "cuda";
   o.kfac.enabled = true;
-  expect_refused(o, "--kfac-profile");
+  o.data_parallel = 2;
+  expect_refused(o, "--data-parallel 1");
+}
+
+// The self-profile on a device path: the schedule's chunks timed by stream marks, the K-FAC
+// kernels through the device's K-FAC layers (here the device path on the CPU backend; on a GPU
+// the same code times the GPU, which is what --device cuda --kfac uses).
+TEST_F(TrainTest, SelfProfileRunsOnTheDevicePath) {
+  const auto config = model::resolve_bert_config((dir_ / "config.json").string());
+  cli::CompileCommandOptions compile;
+  compile.schedule = "1f1b";
+  compile.stages = 2;
+  compile.microbatches = 4;
+  compile.layers = config.num_layers;
+  const auto schedule = cli::build_schedule(compile);
+  exec::ExecutorOptions options;
+  options.kfac.damping = 1e-3F;
+  const auto cpu = profile_schedule(config, schedule, {2, 12, 2}, options, 2);
+  const auto device = profile_schedule(config, schedule, {2, 12, 2}, options, 2,
+                                       std::make_shared<device::HostDeviceRuntime>());
+  ASSERT_EQ(device.chunks.size(), cpu.chunks.size());
+  for (const auto& chunk : device.chunks) {
+    EXPECT_GT(chunk.forward_s, 0.0);
+    EXPECT_GT(chunk.backward_s, 0.0);
+  }
+  ASSERT_EQ(device.kfac.size(), cpu.kfac.size());
+  for (const auto& entry : device.kfac) {
+    EXPECT_GT(entry.curvature_a_s, 0.0);
+    EXPECT_GT(entry.invert_b_s, 0.0);
+    EXPECT_GT(entry.precondition_s, 0.0);
+  }
 }
 
 bool cuda_device_present() {
