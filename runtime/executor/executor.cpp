@@ -17,6 +17,7 @@
 #include "kfac/inverse_chain.h"
 #include "kfac/precondition.h"
 #include "runtime/comm/in_process.h"
+#include "runtime/device/buffer_pool.h"
 #include "runtime/device/stream_timeline.h"
 #include "runtime/tensor/cpu_backend.h"
 #include "runtime/tensor/tensor.h"
@@ -160,6 +161,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     std::unique_ptr<tensor::Event> done;
   };
   std::vector<Retired> retired;
+  std::unique_ptr<device::BufferPool> pool;  // message buffers, reused (device path)
 
   struct Slot {
     int pipeline = 0, chunk = 0;
@@ -309,6 +311,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     runtime->bind_thread();
     compute_stream = runtime->backend().create_stream();
     comm_stream = runtime->backend().create_stream();
+    pool = std::make_unique<device::BufferPool>(runtime->backend());
     timeline = std::make_unique<device::StreamTimeline>(
         [runtime_ = runtime.get()] { return runtime_->create_timing_mark(); });
   }
@@ -325,7 +328,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   // Buffers for messages and hand-offs, on the worker's device. `zeroed` clears them in stream
   // order (a host memset on the CPU, as the std::vector they replace did).
   tensor::Tensor new_buffer(std::int64_t rows, std::int64_t cols, bool zeroed) {
-    auto buffer = tensor::Tensor::empty(backend(), {rows, cols}, tensor::dtype_of<T>);
+    auto buffer = pool ? pool->acquire({rows, cols}, tensor::dtype_of<T>)
+                       : tensor::Tensor::empty(backend(), {rows, cols}, tensor::dtype_of<T>);
     if (zeroed) backend().fill_zero(buffer.raw_data(), buffer.nbytes(), compute_stream.get());
     return buffer;
   }
@@ -340,6 +344,11 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     Retired entry{std::move(buffer), backend().create_event()};
     entry.done->record(*compute_stream);
     retired.push_back(std::move(entry));
+  }
+  // A message buffer this worker holds the only reference to, read by work issued on the compute
+  // stream: back to the pool on a device (reused once that work has run); freed on the CPU.
+  void recycle(tensor::Tensor buffer) {
+    if (pool) pool->release(std::move(buffer), *compute_stream);
   }
   // The step's end on a device: every stream idle, retired buffers freed.
   void synchronize_device() {
@@ -573,7 +582,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
                                       options, has_kfac ? this : nullptr);
     last_input_copy.reset();
     last_input_device = {};
-    retire(std::move(received));
+    recycle(std::move(received));
     if (result.losses) {
       if (setup.options.check_finite) model::check_finite_loss(*result.losses, global_step);
       mlm_sum += result.losses->mlm;
@@ -633,7 +642,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     } else {
       slot.model->backward_input(stash_id, grad_output, grad_input_view, loss_scale(), capture);
     }
-    retire(std::move(received));
+    recycle(std::move(received));
     if (in.chunk > 0) {
       const MicroKey previous{in.step, in.pipeline, in.chunk - 1, in.microbatch};
       if (schedule.placement.worker_of(in.pipeline, in.chunk - 1) == self) {

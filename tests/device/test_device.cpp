@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "runtime/device/buffer_pool.h"
 #include "runtime/device/device_runtime.h"
 #include "runtime/device/device_spec.h"
 #include "runtime/device/message_exchange.h"
@@ -197,6 +198,33 @@ TEST_F(Timeline, MisuseIsALogicError) {
   timeline_.set_epoch(*stream_, [this] { return now_s(); });
   EXPECT_EQ(timeline_.open_spans(), 0U);
   EXPECT_TRUE(timeline_.resolve().empty());
+}
+
+TEST(BufferPool, ReusesAReleasedBufferOfTheSameSizeOnceItsLastUseRan) {
+  tensor::CpuBackend backend;
+  auto stream = backend.create_stream();
+  BufferPool pool(backend);
+  auto first = pool.acquire({4, 6}, tensor::DType::kF32);
+  void* memory = first.raw_data();
+  pool.release(std::move(first), *stream);  // the CPU's work has run when the call returns
+  EXPECT_EQ(pool.free_buffers(), 1U);
+  EXPECT_EQ(pool.free_bytes(), 4U * 6U * sizeof(float));
+  const auto other_size = pool.acquire({5, 6}, tensor::DType::kF32);
+  EXPECT_NE(other_size.raw_data(), memory);
+  const auto other_type = pool.acquire({4, 6}, tensor::DType::kF64);
+  EXPECT_NE(other_type.raw_data(), memory);
+  const auto again = pool.acquire({3, 8}, tensor::DType::kF32);  // same count, new shape
+  EXPECT_EQ(again.raw_data(), memory);
+  EXPECT_EQ(again.shape(), (tensor::Shape{3, 8}));
+  EXPECT_EQ(pool.reused(), 1U);
+  EXPECT_EQ(pool.free_buffers(), 0U);
+  pool.release(again, *stream);
+  pool.clear();
+  EXPECT_EQ(pool.free_buffers(), 0U);
+  // Views of memory the pool does not own are not taken.
+  float outside[4] = {};
+  pool.release(tensor::Tensor::view(outside, {4}, tensor::DType::kF32), *stream);
+  EXPECT_EQ(pool.free_buffers(), 0U);
 }
 
 TEST(HostTimingMark, ReadBeforeRecordedIsALogicError) {

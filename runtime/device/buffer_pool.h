@@ -1,0 +1,41 @@
+#pragma once
+// Device buffers reused by size instead of allocated per message: on a GPU a cudaMalloc per
+// message is slow and a cudaFree waits for the whole device, which would serialise the streams
+// of workers sharing it. A buffer comes back with an event recorded after its last use on a
+// stream; it is handed out again only once that event has completed. The caller must hold the
+// buffer's only reference when it releases it (message buffers, not shared capture copies).
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "runtime/tensor/backend.h"
+#include "runtime/tensor/tensor.h"
+
+namespace pf::device {
+
+class BufferPool {
+ public:
+  explicit BufferPool(tensor::Backend& backend) : backend_(&backend) {}
+
+  // A buffer of `shape` and `dtype`: a free one of the same element count whose last use has
+  // completed, else a new allocation. Contents undefined.
+  tensor::Tensor acquire(tensor::Shape shape, tensor::DType dtype);
+  // Takes `buffer` back after the work issued so far on `last_use` (an event is recorded there).
+  void release(tensor::Tensor buffer, tensor::Stream& last_use);
+  // Frees every pooled buffer (call when the streams are idle or the memory is wanted).
+  void clear() { free_.clear(); }
+  std::size_t free_buffers() const { return free_.size(); }
+  std::size_t free_bytes() const;
+  std::size_t reused() const { return reused_; }
+
+ private:
+  struct Entry {
+    tensor::Tensor buffer;
+    std::unique_ptr<tensor::Event> last_use;
+  };
+  tensor::Backend* backend_;
+  std::vector<Entry> free_;
+  std::size_t reused_ = 0;
+};
+
+}  // namespace pf::device
