@@ -130,6 +130,18 @@ double ParallelCostModel::worker_params(const sched::Schedule& schedule, int wor
   return params;
 }
 
+int ParallelCostModel::shard_group(int requested, const sched::Schedule& schedule,
+                                   const char* flag) const {
+  const int d = std::max(1, schedule.params.data_parallel);
+  const int group = requested == 0 ? d : requested;
+  if (group < 1 || group > d || d % group != 0) {
+    throw std::invalid_argument(std::string(flag) + " " + std::to_string(requested) +
+                                " must divide the data-parallel replicas " + std::to_string(d) +
+                                " (0: all of them)");
+  }
+  return group;
+}
+
 double ParallelCostModel::tensor_allreduce_seconds() const {
   return tensor_allreduce_s_;
 }
@@ -178,6 +190,13 @@ double ParallelCostModel::compute_seconds(const sched::Schedule& schedule,
     if (!forward && placed.has_head) reductions += 1.0;
     seconds += reductions * tensor_allreduce_s_;
     if (forward && placed.has_head) seconds += head_allreduce_s_;
+  }
+  // Sharded parameters: gathered before the chunk's forward and again before its backward.
+  const int s_p = shard_group(workload_.sharding.parameters, schedule, "--shard-parameters");
+  if (s_p > 1 && in.kind != OpKind::kBackwardWeight) {
+    const double bytes =
+        chunk_params(schedule, in.pipeline, in.chunk) * element_bytes(workload_.precision);
+    seconds += allgather_seconds(bytes, s_p, cluster_.link_for(s_p, workload_.tensor_parallel));
   }
   return seconds;
 }
@@ -239,17 +258,26 @@ double ParallelCostModel::duration(const sched::Schedule& schedule, int worker,
       const int d = std::max(1, schedule.params.data_parallel);
       double seconds = 0.0;
       if (in.chunk >= 0) {
-        seconds = allreduce_seconds(chunk_params(schedule, in.pipeline, in.chunk) * e, d,
-                                    cluster_.link_for(d, t));
+        const double bytes = chunk_params(schedule, in.pipeline, in.chunk) * e;
+        const int s_g =
+            std::max(shard_group(workload_.sharding.gradients, schedule, "--shard-gradients"),
+                     shard_group(workload_.sharding.parameters, schedule, "--shard-parameters"));
+        if (s_g > 1) {
+          // Reduce-scatter inside the shard group, then all-reduce each shard across groups.
+          seconds = allgather_seconds(bytes, s_g, cluster_.link_for(s_g, t)) +
+                    allreduce_seconds(bytes / s_g, d / s_g, cluster_.link_for(d / s_g, t * s_g));
+        } else {
+          seconds = allreduce_seconds(bytes, d, cluster_.link_for(d, t));
+        }
         const auto& placed = chunk_at(schedule, in.pipeline, in.chunk);
         const bool split_tied = workload_.model.tied_head &&
                                 schedule.placement.chunks_per_pipeline > 1 &&
                                 (placed.has_embeddings || placed.has_head);
         if (split_tied) {
           // The embedding group: first and last stage sum their copies' gradients.
-          const double bytes =
+          const double embedding =
               double{1.0} * workload_.model.vocab_size / t * workload_.model.hidden_size * e;
-          seconds += allreduce_seconds(bytes, 2, pipeline_link(schedule));
+          seconds += allreduce_seconds(embedding, 2, pipeline_link(schedule));
         }
       } else {
         seconds =
@@ -257,9 +285,36 @@ double ParallelCostModel::duration(const sched::Schedule& schedule, int worker,
       }
       return seconds;
     }
-    case OpKind::kOptimizerStep:
-      return cluster_.device.launch_overhead_s +
-             kernel_seconds(cluster_.device, memory_kernel(28.0 * worker_params(schedule, worker)));
+    case OpKind::kOptimizerStep: {
+      const double params = worker_params(schedule, worker);
+      const int s_o = shard_group(workload_.sharding.optimizer, schedule, "--shard-optimizer");
+      const int s_p = shard_group(workload_.sharding.parameters, schedule, "--shard-parameters");
+      const double shard = params / s_o;
+      double seconds = 0.0;
+      if (workload_.optimizer_offload == Offload::kNone) {
+        seconds = cluster_.device.launch_overhead_s +
+                  kernel_seconds(cluster_.device, memory_kernel(28.0 * shard));
+      } else {
+        if (!(cluster_.host_bandwidth > 0.0)) {
+          throw std::invalid_argument(
+              "--offload-optimizer needs the cluster's host_bandwidth_gbps");
+        }
+        seconds = 2.0 * e * shard / cluster_.host_bandwidth;  // gradients down, weights up
+        if (workload_.optimizer_offload == Offload::kNvme) {
+          if (!(cluster_.nvme_bandwidth > 0.0)) {
+            throw std::invalid_argument(
+                "--offload-optimizer nvme needs the cluster's nvme_bandwidth_gbps");
+          }
+          // The node's NVMe shared by its GPUs: the state read and written once per step.
+          seconds += 2.0 * 12.0 * shard / (cluster_.nvme_bandwidth / cluster_.gpus_per_node);
+        }
+      }
+      // Replicated weights: every replica gathers the shards the others updated.
+      if (s_o > 1 && s_p == 1) {
+        seconds += allgather_seconds(params * e, s_o, cluster_.link_for(s_o, t));
+      }
+      return seconds;
+    }
     case OpKind::kCurvatureSync:
       return kfac_seconds(schedule, in);
     case OpKind::kCurvatureA:
@@ -288,7 +343,15 @@ double ParallelCostModel::static_bytes(const sched::Schedule& schedule, int pipe
   const auto& placement = schedule.placement;
   const double chunks_per_worker = std::max(
       1.0, static_cast<double>(placement.chunks.size()) / std::max(1, schedule.num_workers()));
-  return kStaticBytesPerParam * chunk_params(schedule, pipeline, chunk) +
+  const int s_p = shard_group(workload_.sharding.parameters, schedule, "--shard-parameters");
+  const int s_g =
+      std::max(s_p, shard_group(workload_.sharding.gradients, schedule, "--shard-gradients"));
+  const int s_o = shard_group(workload_.sharding.optimizer, schedule, "--shard-optimizer");
+  // 16-bit weights and gradients, 12 bytes of fp32 master weights and Adam moments
+  // (kStaticBytesPerParam = 16 unsharded), each over its shard group; offloaded state stays off.
+  const double optimizer =
+      workload_.optimizer_offload == Offload::kNone ? (kStaticBytesPerParam - 4.0) / s_o : 0.0;
+  return chunk_params(schedule, pipeline, chunk) * (2.0 / s_p + 2.0 / s_g + optimizer) +
          transformer_recompute_transient_bytes(workload_) / chunks_per_worker;
 }
 

@@ -14,6 +14,14 @@
 // - data-parallel gradient reduction: the chunk's per-rank parameters x e over d ranks spaced t
 //   apart (plus the tied embedding's all-reduce between first and last stage);
 // - optimizer: 28 bytes per per-rank parameter over the memory bandwidth;
+// - state sharding (AMSP / ZeRO, StateSharding): parameters split s_p ways are all-gathered
+//   before each forward and backward of a chunk; gradients split s_g ways are reduce-scattered
+//   over s_g ranks and all-reduced over the d / s_g groups; an optimizer split s_o ways updates
+//   its 1 / s_o and all-gathers the weights (unless they are sharded too); memory per parameter
+//   2 / s_p + 2 / s_g + 12 / s_o bytes;
+// - offload (ZeRO-Infinity): the optimizer state in host memory (or NVMe): its 12 bytes leave
+//   the GPU, and the step moves the gradient shard down and the weights up over PCIe (and the
+//   state through NVMe: read and write), the host's Adam assumed hidden behind the transfers;
 // - K-FAC: kfac_kernels.h on the rank's shard of each Linear.
 #include <array>
 
@@ -64,6 +72,9 @@ class ParallelCostModel final : public CostModel {
   double compute_seconds(const sched::Schedule& schedule, const sched::Instruction& in) const;
   double kfac_seconds(const sched::Schedule& schedule, const sched::Instruction& in) const;
   Dims linear_dims(sched::LinearKind linear) const;
+  // The ranks a state component is split over (StateSharding: 0 = all d replicas); throws when
+  // it does not divide the schedule's data-parallel replicas.
+  int shard_group(int requested, const sched::Schedule& schedule, const char* flag) const;
 
   ParallelWorkload workload_;
   ClusterSpec cluster_;

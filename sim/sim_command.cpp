@@ -268,6 +268,23 @@ void add_sim_options(CLI::App& app, SimCommandOptions& options) {
                  "full (every layer)")
       ->check(CLI::IsMember({"none", "selective", "full"}))
       ->capture_default_str();
+  app.add_option("--shard-parameters", options.shard_parameters,
+                 "Split the weights over this many data-parallel ranks (AMSP / ZeRO-3; 0: all "
+                 "replicas): all-gathered before each forward and backward")
+      ->capture_default_str();
+  app.add_option("--shard-gradients", options.shard_gradients,
+                 "Split the gradients over this many data-parallel ranks (ZeRO-2; 0: all): "
+                 "reduce-scatter then all-reduce across groups")
+      ->capture_default_str();
+  app.add_option("--shard-optimizer", options.shard_optimizer,
+                 "Split the optimizer state over this many data-parallel ranks (ZeRO-1; 0: all): "
+                 "each updates its part, the weights are all-gathered")
+      ->capture_default_str();
+  app.add_option("--offload-optimizer", options.offload_optimizer,
+                 "Optimizer state in GPU memory (none), host memory (cpu) or NVMe (nvme), "
+                 "ZeRO-Infinity style: moved over PCIe every step")
+      ->check(CLI::IsMember({"none", "cpu", "nvme"}))
+      ->capture_default_str();
   app.add_option("--global-batch", options.global_batch,
                  "Sequences per step over all data-parallel replicas: sets -m to B / (b x d)");
   app.add_option("--uniform", options.uniform,
@@ -285,7 +302,8 @@ void add_sim_options(CLI::App& app, SimCommandOptions& options) {
 
 bool parallel_requested(const SimCommandOptions& options) {
   if (options.tensor_parallel != 1 || !options.cluster.empty() || options.recompute != "none" ||
-      options.global_batch != 0) {
+      options.global_batch != 0 || options.shard_parameters != 1 || options.shard_gradients != 1 ||
+      options.shard_optimizer != 1 || options.offload_optimizer != "none") {
     return true;
   }
   if (options.model.empty()) return false;
@@ -324,6 +342,8 @@ CostSetup make_parallel_setup(const SimCommandOptions& options) {
   workload.precision = sim::precision_from_string(options.precision);
   workload.tensor_parallel = options.tensor_parallel;
   workload.recompute = sim::recompute_from_string(options.recompute);
+  workload.sharding = {options.shard_parameters, options.shard_gradients, options.shard_optimizer};
+  workload.optimizer_offload = sim::offload_from_string(options.offload_optimizer);
   workload.validate();
   sim::ClusterSpec cluster = options.cluster.empty()
                                  ? sim::cluster_of_device(sim::resolve_device(options.device))
@@ -350,6 +370,15 @@ CostSetup make_parallel_setup(const SimCommandOptions& options) {
                       std::string(sim::to_string(workload.precision)) +
                       ", t=" + std::to_string(workload.tensor_parallel) + ", recompute " +
                       options.recompute + " on " + cluster.name + " (" + cluster.device.name + ")";
+  const auto& shard = workload.sharding;
+  if (shard.parameters != 1 || shard.gradients != 1 || shard.optimizer != 1) {
+    setup.run.details += ", sharded p/g/o " + std::to_string(shard.parameters) + "/" +
+                         std::to_string(shard.gradients) + "/" + std::to_string(shard.optimizer);
+  }
+  if (workload.optimizer_offload != sim::Offload::kNone) {
+    setup.run.details +=
+        ", optimizer offloaded to " + std::string(sim::to_string(workload.optimizer_offload));
+  }
   return setup;
 }
 

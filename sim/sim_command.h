@@ -30,8 +30,14 @@ struct SimCommandOptions {
   std::string cluster;             // dgx-a100, dgx-h100 or a cluster JSON
   std::string recompute = "none";  // none, selective, full
   int global_batch = 0;            // sequences per step over all replicas; 0: -m decides
-  std::string uniform;             // "F,B[,COMM]" seconds
-  std::string profile;             // measured profile JSON
+  // AMSP / ZeRO state sharding (ranks of the data-parallel group; 0: all) and ZeRO-Infinity
+  // offload of the optimizer state (none, cpu, nvme).
+  int shard_parameters = 1;
+  int shard_gradients = 1;
+  int shard_optimizer = 1;
+  std::string offload_optimizer = "none";
+  std::string uniform;  // "F,B[,COMM]" seconds
+  std::string profile;  // measured profile JSON
   bool no_overlap = false;
   std::string report;  // --report FILE.json
 };

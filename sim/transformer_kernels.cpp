@@ -99,6 +99,26 @@ Recompute recompute_from_string(std::string_view name) {
                               "' is not one of none, selective, full");
 }
 
+std::string_view to_string(Offload offload) {
+  switch (offload) {
+    case Offload::kNone:
+      return "none";
+    case Offload::kHost:
+      return "cpu";
+    case Offload::kNvme:
+      return "nvme";
+  }
+  return "none";
+}
+
+Offload offload_from_string(std::string_view name) {
+  if (name == "none") return Offload::kNone;
+  if (name == "cpu") return Offload::kHost;
+  if (name == "nvme") return Offload::kNvme;
+  throw std::invalid_argument("--offload-optimizer '" + std::string(name) +
+                              "' is not one of none, cpu, nvme");
+}
+
 int ParallelWorkload::scored_positions() const {
   if (model.family != ModelFamily::kBert) return seq_len;
   return std::max(1, static_cast<int>(std::lround(seq_len * 20.0 / 128.0)));
@@ -114,6 +134,14 @@ void ParallelWorkload::validate() const {
   if (micro_batch_size <= 0) {
     throw std::invalid_argument("--micro-batch-size must be positive, got " +
                                 std::to_string(micro_batch_size));
+  }
+  for (const auto& [value, flag] : {std::pair{sharding.parameters, "--shard-parameters"},
+                                    std::pair{sharding.gradients, "--shard-gradients"},
+                                    std::pair{sharding.optimizer, "--shard-optimizer"}}) {
+    if (value < 0) {
+      throw std::invalid_argument(std::string(flag) + " must be >= 0 (0: all replicas), got " +
+                                  std::to_string(value));
+    }
   }
   if (tensor_parallel <= 0 || model.num_heads % tensor_parallel != 0 ||
       model.intermediate_size % tensor_parallel != 0) {

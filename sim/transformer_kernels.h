@@ -17,6 +17,21 @@ enum class Recompute { kNone, kSelective, kFull };
 std::string_view to_string(Recompute recompute);
 Recompute recompute_from_string(std::string_view name);  // throws naming the allowed values
 
+// AMSP-style state sharding: over how many ranks of the data-parallel group each component of
+// the model state is split (1: replicated on every replica, ZeRO-0; 0: all d replicas, fully
+// sharded). Optimizer alone sharded over d is ZeRO-1, with gradients ZeRO-2, all three ZeRO-3.
+struct StateSharding {
+  int parameters = 1;
+  int gradients = 1;
+  int optimizer = 1;
+};
+
+// ZeRO-Infinity: where the optimizer state (fp32 master weights and Adam moments, 12 bytes per
+// parameter) lives; the update runs where it lives, the gradients and weights cross PCIe.
+enum class Offload { kNone, kHost, kNvme };
+std::string_view to_string(Offload offload);
+Offload offload_from_string(std::string_view name);  // throws naming the allowed values
+
 struct ParallelWorkload {
   TransformerSpec model;
   int seq_len = 2048;
@@ -24,6 +39,8 @@ struct ParallelWorkload {
   Precision precision = Precision::kBf16;
   int tensor_parallel = 1;
   Recompute recompute = Recompute::kNone;
+  StateSharding sharding;
+  Offload optimizer_offload = Offload::kNone;
 
   double tokens() const { return double{1.0} * micro_batch_size * seq_len; }
   // BERT's scored positions per sequence (round(20 S / 128)); every position for decoders.

@@ -296,6 +296,67 @@ TEST(ParallelCostModel, MemoryPerRankAndWhatDoesNotFit) {
   EXPECT_NEAR(r.workers[1].peak_activation_bytes, 15 * per_microbatch, 1.0);
 }
 
+TEST(ParallelCostModel, ShardedAndOffloadedState) {
+  const ClusterSpec c = cluster_preset("dgx-a100");
+  const sched::Schedule s = pipeline(4, 8, 8, 48);  // d = 8 replicas, t = 8: 64 ranks apart
+  const ParallelWorkload base = gpt_workload("megatron-39.1b", 8, Recompute::kFull);
+  const ParallelCostModel replicated(base, c);
+  ParallelWorkload zero3 = base;
+  zero3.sharding = {0, 0, 0};  // everything over all 8 replicas
+  const ParallelCostModel sharded(zero3, c);
+  const double params = replicated.chunk_params(s, 0, 1);
+  const double transient = transformer_recompute_transient_bytes(base);
+  EXPECT_NEAR(replicated.static_bytes(s, 0, 1) - transient, 16.0 * params, 1.0);
+  EXPECT_NEAR(sharded.static_bytes(s, 0, 1) - transient, 16.0 * params / 8.0, 1.0);
+  // Weights gathered before the forward: one all-gather of the chunk over the 8 replicas.
+  sched::Instruction forward;
+  forward.kind = sched::OpKind::kForward;
+  forward.chunk = 1;
+  EXPECT_NEAR(sharded.duration(s, 1, forward) - replicated.duration(s, 1, forward),
+              allgather_seconds(params * 2.0, 8, c.network), 1e-9);
+  // Gradients: reduce-scatter over the 8 (no replica groups left to all-reduce across).
+  sched::Instruction reduce;
+  reduce.kind = sched::OpKind::kReduceGradDataParallel;
+  reduce.chunk = 1;
+  EXPECT_NEAR(sharded.duration(s, 1, reduce), allgather_seconds(params * 2.0, 8, c.network), 1e-9);
+  // ZeRO-1: the optimizer updates an eighth and gathers the weights.
+  ParallelWorkload zero1 = base;
+  zero1.sharding = {1, 1, 8};
+  const ParallelCostModel optimizer_sharded(zero1, c);
+  sched::Instruction step;
+  step.kind = sched::OpKind::kOptimizerStep;
+  const double worker = replicated.worker_params(s, 1);
+  EXPECT_NEAR(optimizer_sharded.duration(s, 1, step),
+              kernel_seconds(c.device, memory_kernel(28.0 * worker / 8.0)) +
+                  allgather_seconds(worker * 2.0, 8, c.network),
+              1e-9);
+  // Offload: 12 bytes per parameter leave the GPU; the step crosses PCIe (and NVMe).
+  ParallelWorkload host = base;
+  host.optimizer_offload = Offload::kHost;
+  const ParallelCostModel offloaded(host, c);
+  EXPECT_NEAR(offloaded.static_bytes(s, 0, 1) - transient, 4.0 * params, 1.0);
+  EXPECT_NEAR(offloaded.duration(s, 1, step), 2.0 * 2.0 * worker / c.host_bandwidth, 1e-9);
+  host.optimizer_offload = Offload::kNvme;
+  const ParallelCostModel on_nvme(host, c);
+  EXPECT_NEAR(on_nvme.duration(s, 1, step) - offloaded.duration(s, 1, step),
+              24.0 * worker / (c.nvme_bandwidth / 8.0), 1e-9);
+  // A shard group must divide the replicas.
+  ParallelWorkload three = base;
+  three.sharding.optimizer = 3;
+  const ParallelCostModel bad(three, c);
+  std::string error;
+  try {
+    (void)bad.duration(s, 1, step);
+  } catch (const std::invalid_argument& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("--shard-optimizer 3 must divide the data-parallel replicas 8"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error_of([] { (void)offload_from_string("tape"); }).find("none, cpu, nvme"),
+            std::string::npos);
+}
+
 TEST(ParallelCostModel, BadWorkloadsAreNamed) {
   const ClusterSpec c = cluster_preset("dgx-a100");
   EXPECT_NE(error_of([&] {

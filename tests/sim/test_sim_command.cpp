@@ -156,6 +156,48 @@ TEST(SimCommand, TensorPipelineDataParallelRun) {
   EXPECT_LT(r["mfu"].get<double>(), r["achieved_tflops_per_gpu"].get<double>() / 312.0);
 }
 
+TEST(SimCommand, ShardingAndOffloadFlags) {
+  auto peak = [](std::vector<std::string> extra) {
+    CompileCommandOptions compile;
+    SimCommandOptions options;
+    std::vector<std::string> args = {"--schedule",
+                                     "1f1b",
+                                     "-p",
+                                     "2",
+                                     "--data-parallel",
+                                     "4",
+                                     "--global-batch",
+                                     "16",
+                                     "--micro-batch-size",
+                                     "1",
+                                     "--model",
+                                     "gpt3-1.3b",
+                                     "--cluster",
+                                     "dgx-h100",
+                                     "--grid",
+                                     "none",
+                                     "--report",
+                                     scratch("shard.json").string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    parse(args, compile, options);
+    std::ostringstream out;
+    EXPECT_EQ(run_sim_command(compile, options, out), 0) << out.str();
+    return read_json(scratch("shard.json"))["max_peak_memory_bytes"].get<double>();
+  };
+  const double replicated = peak({});
+  EXPECT_LT(peak({"--shard-optimizer", "0"}), replicated);
+  EXPECT_LT(peak({"--shard-parameters", "0", "--shard-gradients", "0", "--shard-optimizer", "0"}),
+            peak({"--shard-optimizer", "0"}));
+  EXPECT_LT(peak({"--offload-optimizer", "cpu"}), replicated);
+  CompileCommandOptions compile;
+  SimCommandOptions options;
+  parse({"--schedule", "1f1b", "-p", "2", "--data-parallel", "4", "-m", "4", "--model", "gpt3-1.3b",
+         "--shard-optimizer", "3", "--grid", "none"},
+        compile, options);
+  std::ostringstream out;
+  EXPECT_THROW(run_sim_command(compile, options, out), std::invalid_argument);
+}
+
 TEST(SimCommand, AConfigurationThatDoesNotFitIsReportedAsSuch) {
   CompileCommandOptions compile;
   SimCommandOptions options;
