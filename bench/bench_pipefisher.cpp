@@ -15,6 +15,7 @@
 
 #include "runtime/model/bert_config.h"
 #include "scheduler/compile.h"
+#include "scheduler/pipefisher/defer_weights.h"
 #include "scheduler/pipefisher/pass.h"
 #include "scheduler/pipefisher/pieces_sweep.h"
 #include "sim/analytic_cost_model.h"
@@ -134,13 +135,31 @@ std::string zero_bubble_row(const char* model, int stages, int microbatches, Sch
   } catch (const std::exception&) {
     std::snprintf(automatic, sizeof automatic, "none | | |");  // no bubble holds the refresh
   }
+  // The same with the Ws movable (--kfac-move-w on): k, step time and how far they moved.
+  char moved[160];
+  try {
+    pf::pipefisher::KfacOptions move;
+    move.move_weights = true;
+    const auto r = pf::pipefisher::run_pipefisher(base, costs, move).report;
+    const std::string distance = r.weights_deferred == 0
+                                     ? "unmoved"
+                                     : (r.weights_deferred >= pf::pipefisher::kDeferAllTheWay
+                                            ? "all the way"
+                                            : std::to_string(r.weights_deferred));
+    std::snprintf(moved, sizeof moved, "%d | %.2f | %s | %.3f", r.refresh_steps,
+                  1e3 * r.step_time_after_s, distance.c_str(),
+                  one_f_one_b_step_s > 0.0 ? r.step_time_after_s / one_f_one_b_step_s : 1.0);
+  } catch (const std::exception&) {
+    std::snprintf(moved, sizeof moved, "none | | |");
+  }
   pf::pipefisher::KfacOptions fixed;
   fixed.refresh_steps = one_f_one_b_k;
   const auto f = pf::pipefisher::run_pipefisher(base, costs, fixed).report;
-  char row[400];
-  std::snprintf(row, sizeof row, "| %s | %d | %d | %s | %.1f%% | %.2f | %s | %.2f | %d | %.3f |\n",
-                model, stages, microbatches, std::string(pf::sched::to_string(kind)).c_str(),
-                100 * f.utilization_before, 1e3 * f.step_time_before_s, automatic,
+  char row[600];
+  std::snprintf(row, sizeof row,
+                "| %s | %d | %d | %s | %.1f%% | %.2f | %s | %s | %.2f | %d | %.3f |\n", model,
+                stages, microbatches, std::string(pf::sched::to_string(kind)).c_str(),
+                100 * f.utilization_before, 1e3 * f.step_time_before_s, automatic, moved,
                 1e3 * f.step_time_after_s, f.spilled_tasks,
                 one_f_one_b_step_s > 0.0 ? f.step_time_after_s / one_f_one_b_step_s : 1.0);
   return row;
@@ -149,8 +168,9 @@ std::string zero_bubble_row(const char* model, int stages, int microbatches, Sch
 int print_zero_bubble_figures(int microbatches_per_stage) {
   std::printf(
       "| model | p | m | schedule | util before | step before (ms) | k (auto) | util after | "
-      "step after (ms) | overhead | step at 1F1B's k (ms) | spilled tasks | vs 1F1B at that k "
-      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "step after (ms) | overhead | k, W movable | step after (ms), W movable | Ws deferred | "
+      "vs 1F1B + K-FAC, W movable | step at 1F1B's k (ms) | spilled tasks | vs 1F1B at that k "
+      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const char* model : {"base", "large"}) {
     for (int stages : {4, 8}) {
       const int microbatches = microbatches_per_stage * stages;
@@ -165,7 +185,7 @@ int print_zero_bubble_figures(int microbatches_per_stage) {
                          .c_str(),
                      stdout);
         } catch (const std::exception& error) {
-          std::printf("| %s | %d | %d | %s | n/a: %s |||||||||\n", model, stages, microbatches,
+          std::printf("| %s | %d | %d | %s | n/a: %s |||||||||||||\n", model, stages, microbatches,
                       std::string(pf::sched::to_string(kind)).c_str(), error.what());
         }
       }

@@ -1,5 +1,7 @@
 #include "scheduler/pipefisher/kfac_command.h"
 
+#include "scheduler/pipefisher/defer_weights.h"
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <ostream>
@@ -62,6 +64,11 @@ void add_kfac_options(CLI::App& app, KfacCommandOptions& options) {
                  "Cut curvature, inversion and preconditioning into pieces that fit the gaps "
                  "(on), or keep every task whole (off, the indivisible pass)")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--kfac-move-w", options.move_weights,
+                 "Zero-bubble schedules: also try every backward-weight (W) deferred 1, 2, 4 "
+                 "forwards/backwards or as late as it may go, and keep the best plan (on), or "
+                 "leave the Ws where the generator put them (off)")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--kfac-min-piece", options.min_piece_overheads,
                  "Smallest piece, in multiples of the cost model's per-task overhead")
       ->check(CLI::NonNegativeNumber);
@@ -87,6 +94,10 @@ KfacOptions to_kfac_options(const KfacCommandOptions& command) {
     throw std::invalid_argument("--kfac-split: '" + command.split + "' (allowed: on, off)");
   }
   options.split = command.split == "on";
+  if (command.move_weights != "on" && command.move_weights != "off") {
+    throw std::invalid_argument("--kfac-move-w: '" + command.move_weights + "' (allowed: on, off)");
+  }
+  options.move_weights = command.move_weights == "on";
   options.max_refresh_steps = command.max_refresh_steps;
   options.min_piece_overheads = command.min_piece_overheads;
   if (command.linears != "all") {
@@ -141,6 +152,11 @@ std::string format_kfac_report(const KfacReport& report) {
     text += ")";
   } else {
     text += " (no k holds all the work)";
+  }
+  if (report.weights_deferred > 0) {
+    text += report.weights_deferred >= kDeferAllTheWay
+                ? std::string(" (Ws deferred as late as they go)")
+                : format(" (Ws deferred by %.0f)", report.weights_deferred);
   }
   if (report.first_fit_refresh_steps >= 0 && report.best_fit_refresh_steps >= 0) {
     text += format(" (first-fit %.0f, best-fit %.0f)", report.first_fit_refresh_steps,

@@ -22,6 +22,7 @@ struct KfacCommandOptions {
   std::string linears = "all";           // --kfac-linears: all, or e.g. query,key,ffn_in
   std::string layers = "all";            // --kfac-layers: all, or e.g. 0-3,8
   std::string split = "on";              // --kfac-split on|off
+  std::string move_weights = "off";      // --kfac-move-w on|off
   int max_refresh_steps = 64;            // --kfac-max-refresh
   double min_piece_overheads = 2.0;      // --kfac-min-piece
 };

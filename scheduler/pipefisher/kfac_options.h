@@ -44,6 +44,9 @@ struct KfacOptions {
   // overhead costs. (10 left the ~90 us gaps of a Chimera end worker unused: k 18 against a
   // bound of 12 for BERT-Base on an H100 at micro-batch 8, D = 8.)
   double min_piece_overheads = 2.0;
+  // Split-backward (zero-bubble) schedules: also try the schedule with every W deferred 1, 2, 4
+  // forwards/backwards or as late as it may go (defer_weights.h), and keep the best plan.
+  bool move_weights = false;
   CurvatureSource curvature = CurvatureSource::kFirstStep;
   // All six (built out of line: GCC 12 reports a false maybe-uninitialized on the inlined
   // initializer list in some callers).

@@ -12,9 +12,11 @@
 #include <string>
 #include <tuple>
 
+#include "scheduler/pipefisher/defer_weights.h"
 #include "scheduler/pipefisher/kfac_work.h"
 #include "scheduler/pipefisher/packer.h"
 #include "scheduler/pipefisher/timeline.h"
+#include "scheduler/validate.h"
 
 namespace pf::pipefisher {
 namespace {
@@ -618,10 +620,12 @@ KfacReport make_report(const sched::Schedule& base, const sim::CostModel& costs,
 
 }  // namespace
 
-PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& costs,
-                          const KfacOptions& options, const sim::SimOptions& sim_options) {
-  const auto started = std::chrono::steady_clock::now();
-  options.validate();
+namespace {
+
+// The pass on `base`; `reference` (the schedule before any W was moved) gives the "before".
+PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
+                  const sim::CostModel& costs, const KfacOptions& options,
+                  const sim::SimOptions& sim_options) {
   const DurationFn duration = [&](int worker, const sched::Instruction& in) {
     const double seconds = costs.duration(base, worker, in);
     if (!std::isfinite(seconds) || seconds < 0.0) {
@@ -658,7 +662,7 @@ PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& cos
 
   PassResult result;
   result.schedule = emit(base, *chosen);
-  result.before = sim::simulate(repeat_steps(base, chosen->refresh_steps), costs, sim_options);
+  result.before = sim::simulate(repeat_steps(reference, chosen->refresh_steps), costs, sim_options);
   result.after = sim::simulate(result.schedule, costs, sim_options);
   result.report = make_report(base, costs, options, *chosen, result.before, result.after);
   result.report.refresh_bound = bound.impossible.empty() ? bound.steps : -1;
@@ -667,6 +671,33 @@ PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& cos
     (plan.policy == PackingPolicy::kFirstFit ? result.report.first_fit_refresh_steps
                                              : result.report.best_fit_refresh_steps) =
         plan.refresh_steps;
+  }
+  return result;
+}
+
+}  // namespace
+
+PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& costs,
+                          const KfacOptions& options, const sim::SimOptions& sim_options) {
+  const auto started = std::chrono::steady_clock::now();
+  options.validate();
+  PassResult result = run_on(base, base, costs, options, sim_options);
+  if (options.move_weights && has_backward_weights(base)) {
+    // Each W up to 1, 2, 4 forwards/backwards later, or as late as it may go; the best plan
+    // (fewest steps, then the shortest step with K-FAC) wins, the unmoved one on a tie.
+    sched::Schedule previous = base;
+    for (int distance : {1, 2, 4, kDeferAllTheWay}) {
+      sched::Schedule deferred = defer_backward_weights(base, distance);
+      if (deferred.streams == previous.streams) continue;
+      previous = deferred;
+      sched::validate(deferred);  // a move the validator refuses is a bug: say so
+      PassResult candidate = run_on(deferred, base, costs, options, sim_options);
+      if (std::make_pair(candidate.report.refresh_steps, candidate.report.step_time_after_s) <
+          std::make_pair(result.report.refresh_steps, result.report.step_time_after_s)) {
+        result = std::move(candidate);
+        result.report.weights_deferred = distance;
+      }
+    }
   }
   result.report.pass_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

@@ -37,6 +37,9 @@ struct KfacReport {
   // (worker 0 of GPipe/1F1B gets its curvature B only after its last backward) it is
   // refresh_bound + 1. -1 with every_step curvature or where no k can hold the work.
   int release_bound = -1;
+  // With --kfac-move-w on (split-backward schedules): how far the Ws were moved (forwards /
+  // backwards passed, kDeferAllTheWay: as late as they may go), 0 where unmoved won.
+  int weights_deferred = 0;
   bool split = true;                 // tasks may be cut into pieces (--kfac-split)
   bool capped = false;               // the automatic k hit max_refresh_steps or the work cannot fit
   std::string warning;               // one line when work runs after the flush (capped), or empty

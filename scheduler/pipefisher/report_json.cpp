@@ -19,6 +19,7 @@ nlohmann::json to_json(const KfacReport& report) {
   return {{"refresh_steps", report.refresh_steps},
           {"refresh_bound", report.refresh_bound},
           {"release_bound", report.release_bound},
+          {"weights_deferred", report.weights_deferred},
           {"split", report.split},
           {"capped", report.capped},
           {"warning", report.warning},

@@ -23,9 +23,10 @@ KfacCommandOptions parse(std::vector<std::string> args) {
 }
 
 TEST(KfacCommand, FlagsBecomeOptions) {
-  const auto command = parse({"--kfac", "--kfac-policy", "first_fit", "--kfac-margin", "0.1",
-                              "--kfac-refresh", "3", "--kfac-curvature", "every_step",
-                              "--kfac-linears", "query,ffn_out", "--kfac-layers", "0-2,5"});
+  const auto command =
+      parse({"--kfac", "--kfac-policy", "first_fit", "--kfac-margin", "0.1", "--kfac-refresh", "3",
+             "--kfac-curvature", "every_step", "--kfac-linears", "query,ffn_out", "--kfac-layers",
+             "0-2,5", "--kfac-move-w", "on"});
   EXPECT_TRUE(command.enabled);
   const auto options = to_kfac_options(command);
   EXPECT_EQ(options.policy, PackingPolicy::kFirstFit);
@@ -35,7 +36,10 @@ TEST(KfacCommand, FlagsBecomeOptions) {
   EXPECT_EQ(options.linears, (std::vector<sched::LinearKind>{sched::LinearKind::kQuery,
                                                              sched::LinearKind::kFfnOut}));
   EXPECT_EQ(options.layers, (std::vector<int>{0, 1, 2, 5}));
+  EXPECT_TRUE(options.move_weights);
   const auto defaults = to_kfac_options(parse({}));
+  EXPECT_FALSE(defaults.move_weights);
+  EXPECT_DOUBLE_EQ(defaults.min_piece_overheads, 2.0);
   EXPECT_EQ(defaults.policy, PackingPolicy::kBestOfBoth);
   EXPECT_EQ(defaults.linears.size(), 6u);
   EXPECT_TRUE(defaults.layers.empty());
@@ -44,6 +48,7 @@ TEST(KfacCommand, FlagsBecomeOptions) {
 TEST(KfacCommand, BadValuesAreNamed) {
   EXPECT_THROW(parse({"--kfac-policy", "worst_fit"}), CLI::ValidationError);
   EXPECT_THROW(parse({"--kfac-refresh", "-1"}), CLI::ValidationError);
+  EXPECT_THROW(parse({"--kfac-move-w", "maybe"}), CLI::ValidationError);
   KfacCommandOptions command;
   command.linears = "query,mlp";
   try {
