@@ -20,3 +20,18 @@ if(TARGET pf_executor_mpi)
     set_tests_properties(bench_mpi.smoke PROPERTIES LABELS "bench;no_sanitizer;mpi" TIMEOUT 600)
   endif()
 endif()
+
+# K-FAC state across data-parallel replicas: memory and bytes per placement, measured under mpirun
+# against the cost model, and simulated for a larger model (--simulate).
+if(TARGET pf_executor_mpi)
+  add_executable(bench_kfac_sharding ${CMAKE_CURRENT_SOURCE_DIR}/bench_kfac_sharding.cpp)
+  target_link_libraries(bench_kfac_sharding PRIVATE pf_executor_mpi pf_pipefisher pf_project)
+  if(PF_BUILD_TESTS AND MPIEXEC_EXECUTABLE)
+    add_test(NAME bench_kfac_sharding.smoke
+             COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe --allow-run-as-root --bind-to none -np 4
+                     $<TARGET_FILE:bench_kfac_sharding> --smoke
+             WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+    set_tests_properties(bench_kfac_sharding.smoke
+                         PROPERTIES LABELS "bench;no_sanitizer;mpi" TIMEOUT 600)
+  endif()
+endif()

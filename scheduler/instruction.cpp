@@ -22,7 +22,9 @@ constexpr std::array<std::string_view, kNumOpKinds> kOpKindNames = {"forward",
                                                                     "curvature_sync",
                                                                     "invert_a",
                                                                     "invert_b",
-                                                                    "precondition"};
+                                                                    "precondition",
+                                                                    "broadcast_inverses",
+                                                                    "broadcast_gradient"};
 
 constexpr std::array<std::string_view, kNumLinearKinds> kLinearNames = {
     "query", "key", "value", "attention_out", "ffn_in", "ffn_out"};
@@ -79,13 +81,19 @@ bool is_receive(OpKind kind) {
 
 bool is_reduction(OpKind kind) {
   return kind == OpKind::kReduceGradPipelines || kind == OpKind::kReduceGradDataParallel ||
-         kind == OpKind::kCurvatureSync;
+         is_kfac_collective(kind);
+}
+
+bool is_kfac_collective(OpKind kind) {
+  return kind == OpKind::kCurvatureSync || kind == OpKind::kBroadcastInverses ||
+         kind == OpKind::kBroadcastGradient;
 }
 
 bool is_kfac(OpKind kind) {
   return kind == OpKind::kCurvatureA || kind == OpKind::kCurvatureB ||
          kind == OpKind::kCurvatureSync || kind == OpKind::kInvertA || kind == OpKind::kInvertB ||
-         kind == OpKind::kPrecondition;
+         kind == OpKind::kPrecondition || kind == OpKind::kBroadcastInverses ||
+         kind == OpKind::kBroadcastGradient;
 }
 
 bool is_divisible(OpKind kind) {
@@ -154,6 +162,12 @@ std::string short_label(const Instruction& in) {
       break;
     case OpKind::kPrecondition:
       label += "P";
+      break;
+    case OpKind::kBroadcastInverses:
+      label += "BI";
+      break;
+    case OpKind::kBroadcastGradient:
+      label += "BG";
       break;
   }
   if (in.microbatch >= 0) label += std::to_string(in.microbatch);

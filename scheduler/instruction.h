@@ -31,8 +31,13 @@ enum class OpKind : std::uint8_t {
   kInvertA,
   kInvertB,
   kPrecondition,  // dW = B^-1 G A^-1
+  // K-FAC state sharded across data-parallel replicas (kfac/state_placement.h): the layer's
+  // owner replica sends to the others of its data-parallel group; `bytes` is what the owner
+  // sends in all (payload x receivers).
+  kBroadcastInverses,  // A^-1 and B^-1 to the inverse holders without factors
+  kBroadcastGradient,  // the preconditioned gradient (weight and bias) to replicas without inverses
 };
-inline constexpr int kNumOpKinds = static_cast<int>(OpKind::kPrecondition) + 1;
+inline constexpr int kNumOpKinds = static_cast<int>(OpKind::kBroadcastGradient) + 1;
 
 // The Linear layers of a BERT encoder layer that K-FAC preconditions.
 enum class LinearKind : std::uint8_t { kQuery, kKey, kValue, kAttentionOut, kFfnIn, kFfnOut };
@@ -94,7 +99,9 @@ bool is_backward(OpKind kind);        // backward / backward-input / backward-we
 bool is_point_to_point(OpKind kind);  // the four send/receive kinds
 bool is_send(OpKind kind);
 bool is_receive(OpKind kind);
-bool is_reduction(OpKind kind);  // gradient reductions and curvature sync
+bool is_reduction(OpKind kind);  // gradient reductions, curvature sync, K-FAC broadcasts
+// Curvature sync and the K-FAC broadcasts: K-FAC's collectives.
+bool is_kfac_collective(OpKind kind);
 bool is_kfac(OpKind kind);
 
 // Short human-readable form used by the grid and error messages, e.g. "F3", "B0.c1", "SA2->w1".

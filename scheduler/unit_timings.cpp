@@ -22,6 +22,8 @@ double UnitDurations::duration(const Instruction& in) const {
     case OpKind::kReduceGradPipelines:
     case OpKind::kReduceGradDataParallel:
     case OpKind::kCurvatureSync:
+    case OpKind::kBroadcastInverses:
+    case OpKind::kBroadcastGradient:
       return reduction_us;
     case OpKind::kOptimizerStep:
       return optimizer_us;

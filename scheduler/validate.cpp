@@ -790,6 +790,10 @@ class Validator {
     std::vector<std::int32_t> last_a(layer_keys, kNone);
     std::vector<std::int32_t> last_b(layer_keys, kNone);
     std::vector<std::int32_t> last_sync(layer_keys, kNone);
+    std::vector<std::int32_t> last_inversion(layer_keys, kNone);
+    std::vector<std::int32_t> last_precondition(layer_keys, kNone);
+    // Per (worker, pipeline, layer, linear), any step: the refresh's inverse broadcast.
+    std::map<std::tuple<int, int, int, int>, std::int32_t> inverse_broadcast;
     // Pass 1: last positions of curvature and sync per (step, pipeline, layer, linear), and the
     // chains of pieces.
     for (int w = 0; w < workers_; ++w) {
@@ -805,6 +809,17 @@ class Validator {
         if (in.kind == OpKind::kCurvatureA) last_a[lk] = std::max(last_a[lk], pos);
         if (in.kind == OpKind::kCurvatureB) last_b[lk] = std::max(last_b[lk], pos);
         if (in.kind == OpKind::kCurvatureSync) last_sync[lk] = std::max(last_sync[lk], pos);
+        if (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) {
+          last_inversion[lk] = std::max(last_inversion[lk], pos);
+        }
+        if (in.kind == OpKind::kPrecondition) {
+          last_precondition[lk] = std::max(last_precondition[lk], pos);
+        }
+        if (in.kind == OpKind::kBroadcastInverses) {
+          auto& at_pos =
+              inverse_broadcast[{w, ref.pipeline, in.layer, static_cast<int>(in.linear)}];
+          at_pos = std::max(at_pos, pos);
+        }
       }
       for (const auto& [task, chain] : chains) {
         if (chain.next_unit != 0 && chain.next_unit != kPieceUnits) {
@@ -868,7 +883,47 @@ class Validator {
             }
             break;
           }
+          case OpKind::kBroadcastInverses: {
+            if (last_inversion[lk] == kNone || last_inversion[lk] > pos) {
+              fail(w, pos,
+                   "inverse broadcast of " + layer_name +
+                       (last_inversion[lk] == kNone
+                            ? std::string(" without its inversions in the stream")
+                            : " before its inversion at position " + str(last_inversion[lk])));
+            }
+            break;
+          }
+          case OpKind::kBroadcastGradient: {
+            if (last_precondition[lk] == kNone || last_precondition[lk] > pos) {
+              fail(
+                  w, pos,
+                  "preconditioned-gradient broadcast of " + layer_name +
+                      (last_precondition[lk] == kNone
+                           ? std::string(" without its step's precondition in the stream")
+                           : " before its precondition at position " + str(last_precondition[lk])));
+            }
+            const std::int32_t opt =
+                optimizer_pos_[static_cast<std::size_t>(w) * static_cast<std::size_t>(keys_.steps) +
+                               static_cast<std::size_t>(in.step)];
+            if (opt != kNone && opt < pos) {
+              fail(w, pos,
+                   "preconditioned-gradient broadcast of " + layer_name +
+                       " after its step's optimizer step at position " + str(opt));
+            }
+            break;
+          }
           default: {  // precondition
+            // The refresh's last step preconditions with the new inverses: after their broadcast.
+            if (in.step == keys_.steps - 1) {
+              const auto it =
+                  inverse_broadcast.find({w, ref.pipeline, in.layer, static_cast<int>(in.linear)});
+              if (it != inverse_broadcast.end() && it->second > pos) {
+                fail(w, pos,
+                     "precondition of " + layer_name +
+                         " in the refresh's last step before the inverse broadcast at position " +
+                         str(it->second));
+              }
+            }
             const std::size_t ck = keys_.chunk_index(in.step, ref.pipeline, ref.chunk);
             const std::int32_t last = last_backward_[ck];
             if (last > pos) {

@@ -174,6 +174,11 @@ double AnalyticCostModel::duration(const sched::Schedule& schedule, int worker,
     }
     case OpKind::kCurvatureSync:
       return kfac_seconds(schedule, in);
+    case OpKind::kBroadcastInverses:
+    case OpKind::kBroadcastGradient:
+      // The owner sends `bytes` in all over its link.
+      return transfer_seconds(static_cast<double>(std::max<std::int64_t>(in.bytes, 0)),
+                              device_.link_bandwidth, device_.link_latency_s);
     case OpKind::kCurvatureA:
     case OpKind::kCurvatureB:
     case OpKind::kInvertA:

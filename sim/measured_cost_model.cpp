@@ -298,6 +298,11 @@ double MeasuredCostModel::duration(const sched::Schedule& schedule, int /*worker
       return ring_allreduce_seconds(bytes, replicas, profile_.reduction.bandwidth,
                                     profile_.reduction.latency_s);
     }
+    case OpKind::kBroadcastInverses:
+    case OpKind::kBroadcastGradient:
+      // The owner sends `bytes` in all over its link.
+      return transfer_seconds(static_cast<double>(std::max<std::int64_t>(in.bytes, 0)),
+                              profile_.reduction.bandwidth, profile_.reduction.latency_s);
   }
   return 0.0;
 }

@@ -22,7 +22,7 @@ bool is_compute_kind(sched::OpKind kind) {
 }
 
 bool is_kfac_kind(sched::OpKind kind) {
-  return kind >= sched::OpKind::kCurvatureA && kind <= sched::OpKind::kPrecondition;
+  return sched::is_kfac(kind);
 }
 
 std::string describe(const sched::Instruction& in, int worker, int position) {

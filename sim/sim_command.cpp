@@ -135,8 +135,10 @@ int run_comparison(const CompileCommandOptions& compile, const SimCommandOptions
                    const CostSetup& setup, const pipefisher::KfacCommandOptions& kfac,
                    std::ostream& out) {
   // Parse the K-FAC flags before any work, so a bad value fails fast.
+  pipefisher::KfacCommandOptions with_dims = kfac;
+  with_dims.linear_dims = setup.linear_dims;
   const auto kfac_options =
-      kfac.enabled ? std::optional(pipefisher::to_kfac_options(kfac)) : std::nullopt;
+      kfac.enabled ? std::optional(pipefisher::to_kfac_options(with_dims)) : std::nullopt;
   std::vector<KfacComparisonRow> kfac_rows;
   if (!compile.schedule_file.empty()) {
     throw std::invalid_argument(
@@ -393,6 +395,10 @@ CostSetup make_cost_setup(const SimCommandOptions& options) {
     analytic =
         std::make_shared<sim::AnalyticCostModel>(workload, sim::resolve_device(options.device));
     setup.model_layers = workload.config.num_layers;
+    for (int kind = 0; kind < sched::kNumLinearKinds; ++kind) {
+      const auto dims = sim::linear_dims(workload.config, static_cast<sched::LinearKind>(kind));
+      setup.linear_dims.push_back({dims.in, dims.out});
+    }
     setup.run.model_flops_per_sequence = sim::model_flops_per_sequence(workload);
     setup.run.peak_flops_per_worker = analytic->device().peak_flops(workload.precision);
     setup.run.details = workload_details(workload, analytic->device());
@@ -485,8 +491,10 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
   }
   std::optional<pipefisher::PassResult> pass;
   if (kfac.enabled) {
+    pipefisher::KfacCommandOptions with_dims = kfac;
+    with_dims.linear_dims = setup.linear_dims;
     pass.emplace(
-        pipefisher::run_kfac_command(schedule, *setup.costs, kfac, out, sim_options(options)));
+        pipefisher::run_kfac_command(schedule, *setup.costs, with_dims, out, sim_options(options)));
     report["kfac"] = pipefisher::to_json(pass->report);
     report["with_kfac"] = sim::report_json(pass->schedule, pass->after, setup.run);
   }

@@ -56,6 +56,8 @@ struct CostSetup {
   int model_layers = 0;           // encoder layers of --model (0 without one)
   double gpu_memory_bytes = 0.0;  // parallel model: the capacity peaks are checked against
   std::string cluster_name;
+  // (d_in, d_out) per Linear kind of --model (empty without one): K-FAC state placement.
+  std::vector<kfac::LinearDims> linear_dims;
 };
 
 // Whether the flags select the parallel (PTD-P) cost model: --tensor-parallel, --cluster,

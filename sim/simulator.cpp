@@ -40,6 +40,8 @@ Role role_of(OpKind kind) {
     case OpKind::kReduceGradPipelines:
     case OpKind::kReduceGradDataParallel:
     case OpKind::kCurvatureSync:
+    case OpKind::kBroadcastInverses:
+    case OpKind::kBroadcastGradient:
       return Role::kCollective;
     default:
       return Role::kCompute;
@@ -398,6 +400,8 @@ class Engine {
     std::vector<std::int32_t> last_curvature_a(keys_.linear_space(), -1);
     std::vector<std::int32_t> last_curvature_b(keys_.linear_space(), -1);
     std::vector<std::int32_t> last_sync(keys_.linear_space(), -1);
+    std::vector<std::int32_t> last_inversion(keys_.linear_space(), -1);
+    std::vector<std::int32_t> last_precondition(keys_.linear_space(), -1);
     std::vector<std::int32_t> last_reduction_of_step(keys_.steps, -1);
     std::vector<std::int32_t> last_weight_grad_of_step(keys_.steps, -1);
 
@@ -504,11 +508,21 @@ class Engine {
             }
             add_dep(g, local(last_reduction_of_step, in.step, begin), 0.0);
             break;
+          case OpKind::kBroadcastInverses:  // the owner's inverses, once both are computed
+            add_dep(g, local(last_inversion, lin, begin), 0.0);
+            break;
+          case OpKind::kBroadcastGradient:  // the owner's preconditioned gradient
+            add_dep(g, local(last_precondition, lin, begin), 0.0);
+            break;
         }
         // Record this instruction for the later ones of the same stream.
         if (in.kind == OpKind::kCurvatureA && lin >= 0) last_curvature_a[lin] = g;
         if (in.kind == OpKind::kCurvatureB && lin >= 0) last_curvature_b[lin] = g;
         if (in.kind == OpKind::kCurvatureSync && lin >= 0) last_sync[lin] = g;
+        if ((in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) && lin >= 0) {
+          last_inversion[lin] = g;
+        }
+        if (in.kind == OpKind::kPrecondition && lin >= 0) last_precondition[lin] = g;
         if (is_gradient_reduction(in.kind)) last_reduction_of_step[in.step] = g;
         if (is_weight_gradient(in.kind)) last_weight_grad_of_step[in.step] = g;
       }
@@ -789,7 +803,9 @@ class Engine {
             std::int64_t{in.layer} * sched::kNumLinearKinds + static_cast<int>(in.linear);
         if (!kfac_seen_[slot]) {
           kfac_seen_[slot] = 1;
-          const double bytes = costs_.kfac_bytes(schedule_, in.layer, in.linear);
+          const double bytes = options_.kfac_state_bytes
+                                   ? options_.kfac_state_bytes(w, in.layer, in.linear)
+                                   : costs_.kfac_bytes(schedule_, in.layer, in.linear);
           check_duration(bytes, in, w, position_of(g), "K-FAC bytes");
           events.push_back(Event{start_[g], bytes, 0});
         }

@@ -18,6 +18,7 @@
 //   sender's lane for the transfer time and the data is there when it ends.
 // - A collective with a peer is a rendezvous: all participants start together, when the last
 //   one is ready, and end after the cost model's (ring all-reduce) duration.
+#include <functional>
 #include <vector>
 
 #include "scheduler/schedule.h"
@@ -28,6 +29,10 @@ namespace pf::sim {
 struct SimOptions {
   bool overlap_communication = true;  // false: sends and receives occupy the compute lane
   bool track_memory = true;           // false: skip the memory counters (faster in loops)
+  // When set, the K-FAC state one Linear adds to `worker` instead of CostModel::kfac_bytes: with
+  // the state sharded across data-parallel replicas (kfac/state_placement.h) what the worker's
+  // replica holding the most K-FAC state keeps of that Linear (0 where it holds none).
+  std::function<double(int worker, int layer, sched::LinearKind linear)> kfac_state_bytes = {};
 };
 
 // When one instruction ran. Parallel to Schedule::streams: times[worker][position].

@@ -25,6 +25,8 @@ Lane lane_of(OpKind kind) {
     case OpKind::kReduceGradPipelines:
     case OpKind::kReduceGradDataParallel:
     case OpKind::kCurvatureSync:
+    case OpKind::kBroadcastInverses:
+    case OpKind::kBroadcastGradient:
       return Lane::kCollective;
     case OpKind::kCurvatureA:
     case OpKind::kCurvatureB:
@@ -89,6 +91,10 @@ std::string_view colour_of(OpKind kind) {
       return "terrible";
     case OpKind::kPrecondition:
       return "bad";
+    case OpKind::kBroadcastInverses:
+      return "cq_build_passed";
+    case OpKind::kBroadcastGradient:
+      return "cq_build_attempt_passed";
   }
   return "generic_work";
 }

@@ -75,6 +75,10 @@ class Communicator {
 
   // Makes every current and future blocking call of every rank throw AbortedError(reason).
   virtual void abort(const std::string& reason) = 0;
+
+  // Payload bytes this rank has handed to the transport (sends and the collectives' parts,
+  // without their headers), or -1 where nothing crosses a wire (threads of one process).
+  virtual std::int64_t payload_bytes_sent() const { return -1; }
 };
 
 // "{0, 2, 3}"

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <climits>
 #include <condition_variable>
 #include <cstdio>
@@ -398,6 +399,13 @@ struct MpiCommunicator::Impl {
 
   // Posts a send of a copy of `bytes` on the collectives' communicator (the copy lives in the
   // operation, so a caller's timeout never leaves MPI reading freed memory).
+  // Payload bytes handed to MPI (headers left out); read by the rank's own thread.
+  std::atomic<std::int64_t> payload_sent{0};
+  std::shared_ptr<Operation> send_payload(const void* bytes, std::size_t length, int peer, int tag,
+                                          const std::string& what) {
+    payload_sent += static_cast<std::int64_t>(length);
+    return send_copy(bytes, length, peer, tag, what);
+  }
   std::shared_ptr<Operation> send_copy(const void* bytes, std::size_t length, int peer, int tag,
                                        const std::string& what) {
     auto op = std::make_shared<Operation>();
@@ -485,7 +493,8 @@ struct MpiCommunicator::Impl {
       if (s == position) continue;
       const auto i = static_cast<std::size_t>(s);
       send_copy(&header, sizeof(Header), group[i], tag, what);
-      send_copy(data.data() + begin(s), (begin(s + 1) - begin(s)) * sizeof(V), group[i], tag, what);
+      send_payload(data.data() + begin(s), (begin(s + 1) - begin(s)) * sizeof(V), group[i], tag,
+                   what);
     }
     for (int m = 0; m < n; ++m) {
       if (m == position) continue;
@@ -517,7 +526,7 @@ struct MpiCommunicator::Impl {
     }
     for (int m = 0; m < n; ++m) {
       if (m == position) continue;
-      send_copy(owned.data(), mine * sizeof(V), group[static_cast<std::size_t>(m)], tag, what);
+      send_payload(owned.data(), mine * sizeof(V), group[static_cast<std::size_t>(m)], tag, what);
     }
     std::copy(owned.begin(), owned.end(), data.begin() + static_cast<std::ptrdiff_t>(mine_begin));
     for (int s = 0; s < n; ++s) {
@@ -550,7 +559,7 @@ struct MpiCommunicator::Impl {
       for (int member : group) {
         if (member == root) continue;
         send_copy(&header, sizeof(Header), member, tag, what);
-        send_copy(data.data(), data.size(), member, tag, what);
+        send_payload(data.data(), data.size(), member, tag, what);
       }
       return;
     }
@@ -599,6 +608,7 @@ std::unique_ptr<Request> MpiCommunicator::isend(int peer, std::int64_t tag,
   auto op = std::make_shared<Operation>();
   PF_MPI_CHECK(rank, MPI_Isend(data.data(), count, MPI_BYTE, peer, static_cast<int>(tag),
                                impl_->world, &op->request));
+  impl_->payload_sent += static_cast<std::int64_t>(data.size());
   impl_->engine->add(op);
   return std::make_unique<MpiRequest>(*impl_->engine, std::move(op), false, rank, peer, tag,
                                       data.size());
@@ -630,6 +640,10 @@ void MpiCommunicator::all_reduce_sum(std::span<double> data, std::span<const int
 void MpiCommunicator::broadcast(std::span<std::byte> data, int root, std::span<const int> group,
                                 Deadline deadline) {
   impl_->broadcast(data, root, group, deadline);
+}
+
+std::int64_t MpiCommunicator::payload_bytes_sent() const {
+  return impl_->payload_sent.load();
 }
 
 void MpiCommunicator::abort(const std::string& reason) {

@@ -78,6 +78,7 @@ class MpiCommunicator final : public Communicator {
   // Prints "rank R: aborting the MPI job: <reason>" on stderr and calls MPI_Abort; does not
   // return.
   void abort(const std::string& reason) override;
+  std::int64_t payload_bytes_sent() const override;
 
   // Every rank waits for every other (tests and the process runner's start line).
   void barrier(Deadline deadline);

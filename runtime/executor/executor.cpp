@@ -48,7 +48,7 @@ std::string bias_name_of(const std::string& weight_name) {
 }
 
 Lane lane_of(OpKind kind) {
-  if (sched::is_kfac(kind) && kind != OpKind::kCurvatureSync) return Lane::kKfac;
+  if (sched::is_kfac(kind) && !sched::is_kfac_collective(kind)) return Lane::kKfac;
   if (sched::is_point_to_point(kind) || sched::is_reduction(kind)) return Lane::kCommunication;
   return Lane::kCompute;
 }
@@ -89,6 +89,10 @@ struct KfacSlot {
   // A preconditioning divided into pieces reads the whole gradient in every piece: the
   // gradient as it was before the first piece, kept until the last (weight, then bias).
   std::vector<float> gradient_before, bias_before;
+  // Across the data-parallel replicas (kfac/state_placement.h).
+  kfac::LayerPlacement placement;
+  bool broadcasts_inverses = false;  // the stream holds this Linear's inverse broadcast
+  bool broadcasts_gradient = false;  // ... and its preconditioned-gradient broadcasts
 };
 
 struct Flight {
@@ -208,6 +212,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   std::shared_ptr<std::vector<float>> last_input_copy;
   int curvature_steps_seen = 0;
   bool has_kfac = false;
+  std::int64_t kfac_sent = 0;  // payload bytes of K-FAC collectives (counting communicators)
 
   // Step accounting.
   double mlm_sum = 0.0, nsp_sum = 0.0;
@@ -374,6 +379,10 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       } else if (in.kind == OpKind::kCurvatureB) {
         if (completes) ++slot.expected_b;
         wanted_b.insert(capture);
+      } else if (in.kind == OpKind::kBroadcastInverses) {
+        slot.broadcasts_inverses = true;
+      } else if (in.kind == OpKind::kBroadcastGradient) {
+        slot.broadcasts_gradient = true;
       }
     }
     if (!has_kfac) return;
@@ -400,6 +409,42 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
                                       " " + std::string(sched::to_string(key.linear)) +
                                       " but does not hold that layer");
         }
+      }
+      place_kfac_state();
+    }
+  }
+
+  // Each Linear's owner replica and holders: the plan every replica of this worker computes
+  // alike from the same Linears in the same (map) order, as the PipeFisher pass's report does.
+  void place_kfac_state() {
+    const auto& placement = setup.options.kfac.placement;
+    kfac::validate_placement(placement, replicas);
+    std::vector<kfac::LinearDims> dims;
+    for (const auto& [key, slot] : kfac_slots) {
+      const auto& layer = kfac_states.at(key.pipeline).at({key.layer, key.linear});
+      dims.push_back({layer.d_in, layer.d_out});
+    }
+    const auto plan = kfac::plan_state(dims, replicas, placement);
+    std::size_t i = 0;
+    for (auto& [key, slot] : kfac_slots) {
+      slot.placement = plan.layers[i++];
+      const bool sharded = slot.placement.factor_count < replicas;
+      if (sharded && schedule.placement.num_pipelines > 1) {
+        throw std::invalid_argument("executor: --kfac-sharding " + kfac::to_string(placement) +
+                                    " needs a schedule with one pipeline (use replicate)");
+      }
+      const bool wants_inverses = slot.placement.broadcasts_inverses();
+      const bool wants_gradient = slot.placement.broadcasts_gradient(replicas);
+      if (wants_inverses != slot.broadcasts_inverses ||
+          wants_gradient != slot.broadcasts_gradient) {
+        throw std::invalid_argument(
+            "executor: K-FAC placement " + kfac::to_string(placement) + " over " +
+            std::to_string(replicas) + " replica(s) " +
+            (wants_inverses || wants_gradient ? "needs" : "has no") + " broadcasts of layer " +
+            std::to_string(key.layer) + " " + std::string(sched::to_string(key.linear)) +
+            ", but worker " + std::to_string(self) + "'s stream " +
+            (slot.broadcasts_inverses || slot.broadcasts_gradient ? "has" : "lacks") +
+            " them: run the PipeFisher pass with the same --kfac-sharding");
       }
     }
   }
@@ -1024,6 +1069,57 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       comm.all_reduce_sum(std::span<double>(count), group, deadline());
       factor->microbatches = static_cast<std::int64_t>(count[0]);
     }
+    // Sharded factors: only their holders keep (and invert) the synced sums.
+    if (!kfac_slot(in).placement.holds_factors(replica)) {
+      for (auto* factor : {&layer.a, &layer.b}) {
+        factor->sum = Eigen::MatrixXf();
+        factor->microbatches = 0;
+      }
+    }
+  }
+
+  std::vector<int> replica_ranks(const std::vector<int>& replica_group) const {
+    std::vector<int> ranks;
+    for (int r : replica_group) ranks.push_back(rank_of(r, self));
+    return ranks;
+  }
+
+  // The owner's new inverses to the inverse holders without factors.
+  void broadcast_inverses(const Instruction& in) {
+    auto& slot = kfac_slot(in);
+    const auto group = slot.placement.inverse_broadcast_group();
+    if (std::find(group.begin(), group.end(), replica) == group.end()) return;
+    auto& layer = kfac_layer(in);
+    const bool owner = replica == slot.placement.owner;
+    for (const bool is_a : {true, false}) {
+      auto& factor = is_a ? layer.a : layer.b;
+      const std::int64_t d = is_a ? layer.d_in : layer.d_out;
+      if (!owner) {
+        (is_a ? slot.previous_a_inverse : slot.previous_b_inverse) = factor.inverse;
+        factor.inverse.resize(d, d);
+      } else if (factor.inverse.rows() != d) {
+        throw std::runtime_error("inverse broadcast before the owner's inversion");
+      }
+      const WaitTimer timer(*this);
+      comm.broadcast(std::as_writable_bytes(std::span<float>(
+                         factor.inverse.data(), static_cast<std::size_t>(factor.inverse.size()))),
+                     rank_of(slot.placement.owner, self), replica_ranks(group), deadline());
+      if (!owner) (is_a ? slot.inverted_a : slot.inverted_b) = true;
+    }
+  }
+
+  // The owner's preconditioned gradient (weight, bias) to the replicas without inverses.
+  void broadcast_gradient(const Instruction& in) {
+    auto& slot = kfac_slot(in);
+    const auto group = slot.placement.gradient_broadcast_group(replicas);
+    if (std::find(group.begin(), group.end(), replica) == group.end()) return;
+    const std::string weight = linear_weight_name(in.layer, in.linear);
+    for (auto* view : {find_param(weight), find_param(bias_name_of(weight))}) {
+      if (view == nullptr) continue;
+      const WaitTimer timer(*this);
+      comm.broadcast(std::as_writable_bytes(std::span<T>(view->grad, view->size)),
+                     rank_of(slot.placement.owner, self), replica_ranks(group), deadline());
+    }
   }
 
   // On a device every inversion runs whole at its last piece (no InverseChain there yet).
@@ -1057,6 +1153,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
     auto& layer = kfac_layer(in);
     auto& slot = kfac_slot(in);
+    if (!slot.placement.holds_factors(replica)) return;  // the owner's group inverts
     const bool is_a = in.kind == OpKind::kInvertA;
     auto finalize_if_complete = [&](bool a_factor) {
       auto& factor = a_factor ? layer.a : layer.b;
@@ -1152,6 +1249,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
           newest || !slot.inverted_a ? layer.a.inverse : slot.previous_a_inverse;
       const Eigen::MatrixXf& b_inv =
           newest || !slot.inverted_b ? layer.b.inverse : slot.previous_b_inverse;
+      // Sharded inverses: the owner's preconditioned gradient arrives by broadcast.
+      if (!slot.placement.holds_inverses(replica)) return;
       if (a_inv.size() == 0 || b_inv.size() == 0) return;  // before the first refresh: identity
       if (newest) refreshed_this_step = true;
       const std::string weight = linear_weight_name(in.layer, in.linear);
@@ -1296,6 +1395,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         setup.options.record_events && global_step < setup.options.record_events_before_step;
     const double start = recording ? now_s() : 0.0;
     const double waited_before = waited_s;
+    const std::int64_t sent_before =
+        sched::is_kfac_collective(in.kind) ? comm.payload_bytes_sent() : -1;
     std::int64_t bytes = 0;
     // On a device the instruction is timed by marks in its stream (the communication stream for
     // sends, whose copies run there; the compute stream for everything else).
@@ -1351,6 +1452,16 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       case OpKind::kPrecondition:
         precondition(in);
         break;
+      case OpKind::kBroadcastInverses:
+        broadcast_inverses(in);
+        break;
+      case OpKind::kBroadcastGradient:
+        broadcast_gradient(in);
+        break;
+    }
+    if (sent_before >= 0) {
+      bytes = comm.payload_bytes_sent() - sent_before;
+      kfac_sent += bytes;
     }
     if (timed_stream != nullptr) {
       timeline->end(*current_span, *timed_stream);
@@ -1500,6 +1611,23 @@ void Worker<T>::load_kfac_progress(const ckpt::SafetensorsFile& file, std::strin
   impl_->load_kfac_progress(file, prefix);
 }
 template <typename T>
+std::int64_t Worker<T>::kfac_state_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto& [pipeline, state] : impl_->kfac_states) {
+    for (const auto& [key, layer] : state.layers()) {
+      for (const auto* factor : {&layer.a, &layer.b}) {
+        bytes += static_cast<std::int64_t>(sizeof(float)) *
+                 (factor->sum.size() + factor->value.size() + factor->inverse.size());
+      }
+    }
+  }
+  return bytes;
+}
+template <typename T>
+std::int64_t Worker<T>::kfac_bytes_sent() const {
+  return impl_->comm.payload_bytes_sent() < 0 ? -1 : impl_->kfac_sent;
+}
+template <typename T>
 TransientMemory Worker<T>::transient_memory() const {
   TransientMemory memory;
   for (const auto& slot : impl_->slots) memory.activation_stash += slot.model->stash_bytes();
@@ -1629,6 +1757,15 @@ void ThreadedExecutor<T>::run(std::int64_t first_step, std::int64_t last_step,
            << sched::render_grid_around(impl_->setup.schedule, worker, failed_position);
   }
   throw std::runtime_error(report.str());
+}
+
+template <typename T>
+std::vector<RankKfacState> ThreadedExecutor<T>::kfac_state_per_rank() {
+  std::vector<RankKfacState> out;
+  for (auto& worker : impl_->workers) {
+    out.push_back({worker->kfac_state_bytes(), worker->kfac_bytes_sent()});
+  }
+  return out;
 }
 
 template <typename T>

@@ -23,6 +23,7 @@
 
 #include "kfac/inverse.h"
 #include "kfac/layer_state.h"
+#include "kfac/state_placement.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/device/device_runtime.h"
@@ -39,6 +40,10 @@ struct KfacSettings {
   bool pi_adjusted = true;
   kfac::InverseMethod method = kfac::InverseMethod::kCholesky;
   float running_average = 0.0F;  // 0: each refresh replaces the factors (PipeFisher)
+  // Where the K-FAC state lives across the data-parallel replicas (kfac/state_placement.h);
+  // the schedule must come from the PipeFisher pass run with the same placement (its
+  // broadcasts). Every placement gives the parameters replication gives, bit for bit.
+  kfac::StatePlacement placement;
 };
 
 template <typename T>
@@ -165,6 +170,13 @@ class Worker {
   void load_kfac_progress(const ckpt::SafetensorsFile& file, std::string_view prefix);
 
   TransientMemory transient_memory() const;
+  // Bytes of K-FAC state this rank holds: factor accumulators, values and inverses of every
+  // preconditioned Linear (kfac::state_cost's memory_bytes between refreshes).
+  std::int64_t kfac_state_bytes() const;
+  // Payload bytes this rank sent in K-FAC collectives (curvature sync, broadcasts) so far, as
+  // counted by the communicator (comm::Communicator::payload_bytes_sent); -1 where it counts
+  // none (threads).
+  std::int64_t kfac_bytes_sent() const;
   std::vector<InstructionEvent> take_events();
   // The worker's last instructions, newest last, one per line (the flight recorder).
   std::string history() const;
@@ -172,6 +184,12 @@ class Worker {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+};
+
+// One rank's K-FAC state (Worker::kfac_state_bytes, Worker::kfac_bytes_sent).
+struct RankKfacState {
+  std::int64_t state_bytes = 0;
+  std::int64_t sent_bytes = -1;
 };
 
 // What the trainer drives: all ranks' workers, wherever they run (threads of this process, or
@@ -193,6 +211,8 @@ class Executor {
                    const std::function<void(const StepResult&)>& on_step) = 0;
   // Every rank's events in the root process (elsewhere empty).
   virtual std::vector<InstructionEvent> take_events() = 0;
+  // Every rank's K-FAC state in the root process, by rank (elsewhere empty). Collective.
+  virtual std::vector<RankKfacState> kfac_state_per_rank() = 0;
 };
 
 // Workers on threads of this process, talking through an in-process communicator.
@@ -218,6 +238,7 @@ class ThreadedExecutor final : public Executor<T> {
   void run(std::int64_t first_step, std::int64_t last_step) { run(first_step, last_step, {}); }
 
   std::vector<InstructionEvent> take_events() override;
+  std::vector<RankKfacState> kfac_state_per_rank() override;
   std::size_t pending_messages() const;
 
  private:

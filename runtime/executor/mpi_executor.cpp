@@ -154,6 +154,24 @@ std::vector<InstructionEvent> MpiExecutor<T>::take_events() {
   return all;
 }
 
+template <typename T>
+std::vector<RankKfacState> MpiExecutor<T>::kfac_state_per_rank() {
+  const RankKfacState mine{impl_->worker->kfac_state_bytes(), impl_->worker->kfac_bytes_sent()};
+  const auto gathered = impl_->comm->gather_to_root(
+      std::as_bytes(std::span<const RankKfacState>(&mine, 1)), impl_->deadline());
+  std::vector<RankKfacState> all;
+  for (const auto& bytes : gathered) {
+    RankKfacState state;
+    if (bytes.size() != sizeof state) {
+      throw std::runtime_error("K-FAC state gather: a rank sent " + std::to_string(bytes.size()) +
+                               " bytes, expected " + std::to_string(sizeof state));
+    }
+    std::memcpy(&state, bytes.data(), sizeof state);
+    all.push_back(state);
+  }
+  return all;
+}
+
 template class MpiExecutor<float>;
 template class MpiExecutor<double>;
 

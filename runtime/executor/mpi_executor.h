@@ -36,6 +36,8 @@ class MpiExecutor final : public Executor<T> {
            const std::function<void(const StepResult&)>& on_step) override;
   // Collective: every rank's events in the root process, empty elsewhere.
   std::vector<InstructionEvent> take_events() override;
+  // Collective: every rank's K-FAC state in the root process, empty elsewhere.
+  std::vector<RankKfacState> kfac_state_per_rank() override;
 
  private:
   struct Impl;

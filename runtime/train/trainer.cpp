@@ -81,6 +81,9 @@ struct RunContext {
   exec::ShardBatches* shards = nullptr;
   std::int64_t micro_batch_size = 0, seq_len = 0, max_predictions = 0;
   std::string kfac_summary;
+  kfac::StatePlacement kfac_placement;  // across the data-parallel replicas (the pass's choice)
+  // The pass's model of the busiest replica's K-FAC state and bytes sent per refresh (-1: none).
+  double kfac_model_bytes = -1.0, kfac_model_sent_per_refresh = -1.0;
   nlohmann::json identity;                         // what a checkpoint must share to resume
   std::optional<ckpt::TrainingCheckpoint> resume;  // --resume: the checkpoint to continue
   std::shared_ptr<device::DeviceRuntime> device;   // --device cuda; null on the CPU
@@ -174,6 +177,7 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   setup.options.init_seed = o.seed;
   setup.options.dropout_seed = o.seed + 1;
   setup.options.kfac.damping = static_cast<float>(o.kfac_damping);
+  setup.options.kfac.placement = context.kfac_placement;
   // Events feed the summary (a bounded window of a long run), the trace and the profile.
   setup.options.record_events = true;
   if (o.trace.empty() && o.profile_out.empty()) {
@@ -270,6 +274,8 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   auto events = executor.take_events();
+  const auto kfac_states = context.kfac_model_bytes >= 0.0 ? executor.kfac_state_per_rank()
+                                                           : std::vector<exec::RankKfacState>{};
   if (!executor.is_root()) return 0;  // the root process reports for every rank
   close_pauses(events, pauses);
   if (!o.trace.empty()) {
@@ -289,6 +295,23 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
       << (pauses.empty() ? "" : ", evaluations included") << "), final loss "
       << std::setprecision(4) << last_loss << "\n";
   print_measured_summary(schedule, events, executor.num_ranks(), first_step, out);
+  if (!kfac_states.empty() && schedule.params.data_parallel > 1) {
+    std::int64_t held = 0, sent = -1;
+    for (const auto& state : kfac_states) {
+      held = std::max(held, state.state_bytes);
+      sent = std::max(sent, state.sent_bytes);
+    }
+    const double refreshes = static_cast<double>(done) / schedule.num_steps;
+    out << std::setprecision(3) << "K-FAC state per rank, measured: at most "
+        << static_cast<double>(held) / (1024.0 * 1024.0) << " MiB held (model "
+        << context.kfac_model_bytes / (1024.0 * 1024.0) << " MiB)";
+    if (sent >= 0 && refreshes > 0) {
+      out << ", " << static_cast<double>(sent) / refreshes / (1024.0 * 1024.0)
+          << " MiB sent per refresh (model "
+          << context.kfac_model_sent_per_refresh / (1024.0 * 1024.0) << " MiB)";
+    }
+    out << "\n";
+  }
   if (!o.metrics.empty()) out << "metrics: " << o.metrics << "\n";
   if (!o.trace.empty()) out << "trace: " << o.trace << " (open in https://ui.perfetto.dev)\n";
   if (!o.profile_out.empty()) out << "profile: " << o.profile_out << "\n";
@@ -436,15 +459,39 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
       }
       source = "self-profile";
     }
+    pipefisher::KfacCommandOptions kfac_command = o.kfac;
+    for (int kind = 0; kind < sched::kNumLinearKinds; ++kind) {
+      const auto linear = static_cast<sched::LinearKind>(kind);
+      const std::int64_t h = context.config.hidden_size, i = context.config.intermediate_size;
+      kfac_command.linear_dims.push_back({linear == sched::LinearKind::kFfnOut ? i : h,
+                                          linear == sched::LinearKind::kFfnIn ? i : h});
+    }
     const auto pass =
         pipefisher::run_pipefisher(context.schedule, sim::MeasuredCostModel(profile, source),
-                                   pipefisher::to_kfac_options(o.kfac));
+                                   pipefisher::to_kfac_options(kfac_command));
+    context.kfac_placement = pass.report.placement;
+    context.kfac_model_bytes = pass.report.kfac_memory_bytes;
+    context.kfac_model_sent_per_refresh = pass.report.kfac_sent_bytes_per_refresh;
+    if (!o.checkpoint_dir.empty() && !(pass.report.placement == kfac::StatePlacement{})) {
+      throw std::invalid_argument(
+          "--kfac-sharding " + pass.report.state_placement +
+          ": checkpoints of K-FAC state sharded across replicas are not written yet; use "
+          "--kfac-sharding replicate with --checkpoint-dir");
+    }
     std::ostringstream summary;
     summary << "PipeFisher: K-FAC refresh every " << pass.report.refresh_steps
             << " step(s); predicted utilization " << std::fixed << std::setprecision(1)
             << 100.0 * pass.report.utilization_before << "% -> "
             << 100.0 * pass.report.utilization_after << "%, step time " << std::showpos
             << 100.0 * pass.report.step_time_overhead << std::noshowpos << "% (" << source << ")\n";
+    if (pass.report.data_parallel > 1) {
+      summary << "K-FAC state over " << pass.report.data_parallel
+              << " data-parallel replicas: " << pass.report.state_placement
+              << (pass.report.automatic_placement ? " (auto)" : "") << "; model per rank at most "
+              << std::setprecision(3) << pass.report.kfac_memory_bytes / (1024.0 * 1024.0)
+              << " MiB held, " << pass.report.kfac_sent_bytes_per_refresh / (1024.0 * 1024.0)
+              << " MiB sent per refresh\n";
+    }
     context.kfac_summary = summary.str();
     context.schedule = pass.schedule;
   }

@@ -79,6 +79,15 @@ void add_kfac_options(CLI::App& app, KfacCommandOptions& options) {
   app.add_option("--kfac-linears", options.linears,
                  "Linear layers to precondition: all, or a comma list of query, key, value, "
                  "attention_out, ffn_in, ffn_out");
+  app.add_option("--kfac-sharding", options.sharding,
+                 "K-FAC state across data-parallel replicas: replicate (every replica holds and "
+                 "inverts everything), shard (each Linear's factors, inversion and inverses on "
+                 "one owner replica, preconditioned gradients broadcast), partial:G (the same "
+                 "within groups of G replicas), or auto (the cost model chooses per component)");
+  app.add_option("--kfac-memory-budget", options.memory_budget_mib,
+                 "With --kfac-sharding auto: K-FAC state per replica at most this many MiB "
+                 "(0: no limit)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--kfac-layers", options.layers,
                  "Encoder layers to precondition: all, or a comma list of indices and ranges "
                  "(e.g. 0-3,8)");
@@ -127,6 +136,11 @@ KfacOptions to_kfac_options(const KfacCommandOptions& command) {
       for (int layer = first; layer <= last; ++layer) options.layers.push_back(layer);
     }
   }
+  const auto sharding = kfac::parse_kfac_sharding(command.sharding);
+  options.automatic_placement = sharding.automatic;
+  options.state_placement = sharding.placement;
+  options.memory_budget_bytes = command.memory_budget_mib * 1024.0 * 1024.0;
+  options.linear_dims = command.linear_dims;
   options.validate();
   return options;
 }
@@ -183,6 +197,14 @@ std::string format_kfac_report(const KfacReport& report) {
   }
   text += format("after the flush %.0f tasks, %.3f ms per refresh\n", report.after_flush_tasks,
                  1e3 * report.after_flush_s);
+  if (report.kfac_sent_bytes_per_refresh > 0.0 || report.state_placement != "replicate") {
+    text += format("K-FAC state over %.0f data-parallel replica(s): ",
+                   static_cast<double>(report.data_parallel)) +
+            report.state_placement + (report.automatic_placement ? " (auto)" : "") +
+            format("; per replica at most %.2f MiB held, %.3f MiB sent per refresh\n",
+                   report.kfac_memory_bytes / (1024.0 * 1024.0),
+                   report.kfac_sent_bytes_per_refresh / (1024.0 * 1024.0));
+  }
   if (!report.warning.empty()) text += report.warning + "\n";
   return text;
 }

@@ -4,6 +4,7 @@
 // report's to_json, report_json.h, is the `kfac` object of --report).
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include "scheduler/pipefisher/pass.h"
 
@@ -25,6 +26,10 @@ struct KfacCommandOptions {
   std::string move_weights = "off";      // --kfac-move-w on|off
   int max_refresh_steps = 64;            // --kfac-max-refresh
   double min_piece_overheads = 2.0;      // --kfac-min-piece
+  std::string sharding = "replicate";    // --kfac-sharding auto|replicate|shard|partial:G
+  double memory_budget_mib = 0.0;        // --kfac-memory-budget (0: no limit)
+  // (d_in, d_out) per Linear kind, from the model (set by the caller; empty without one).
+  std::vector<kfac::LinearDims> linear_dims;
 };
 
 // Registers --kfac and its options on app.

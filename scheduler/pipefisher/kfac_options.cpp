@@ -64,6 +64,16 @@ void KfacOptions::validate() const {
   if (linears.empty()) {
     throw std::invalid_argument("--kfac-linears (linears) is empty: nothing to precondition");
   }
+  if (!std::isfinite(memory_budget_bytes) || memory_budget_bytes < 0.0) {
+    throw std::invalid_argument("--kfac-memory-budget must be >= 0, got " +
+                                std::to_string(memory_budget_bytes));
+  }
+  if (!linear_dims.empty() &&
+      linear_dims.size() != static_cast<std::size_t>(sched::kNumLinearKinds)) {
+    throw std::invalid_argument("KfacOptions::linear_dims holds " +
+                                std::to_string(linear_dims.size()) + " entries, expected " +
+                                std::to_string(sched::kNumLinearKinds) + " (one per Linear kind)");
+  }
   for (int layer : layers) {
     if (layer < 0) {
       throw std::invalid_argument("--kfac-layers (layers) holds a negative layer index " +

@@ -3,6 +3,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kfac/state_placement.h"
 #include "scheduler/instruction.h"
 
 namespace pf::pipefisher {
@@ -52,6 +53,16 @@ struct KfacOptions {
   // initializer list in some callers).
   std::vector<sched::LinearKind> linears = all_linear_kinds();
   std::vector<int> layers;  // encoder layers to precondition; empty: all of them
+  // Where the K-FAC state lives across the data-parallel replicas (kfac/state_placement.h):
+  // sharded placements add the owner's broadcasts of inverses and preconditioned gradients.
+  kfac::StatePlacement state_placement;
+  // --kfac-sharding auto: the pass chooses state_placement with kfac::choose_state_placement,
+  // pricing the link and the inversions with its cost model.
+  bool automatic_placement = false;
+  double memory_budget_bytes = 0.0;  // per replica, for the automatic choice (0: no limit)
+  // (d_in, d_out) of each LinearKind, indexed by it: the broadcasts' bytes and the report's
+  // memory and traffic per replica. Empty: replicated state only, memory from the cost model.
+  std::vector<kfac::LinearDims> linear_dims;
 
   // Throws std::invalid_argument naming the bad field by its command-line flag.
   void validate() const;

@@ -110,6 +110,30 @@ FactorKey key(int worker, const HeldLinear& held) {
 
 }  // namespace
 
+StateBroadcasts state_broadcasts(const sched::Schedule& base, const KfacOptions& options) {
+  const int replicas = std::max(1, base.params.data_parallel);
+  kfac::validate_placement(options.state_placement, replicas);
+  StateBroadcasts out;
+  const int factor_holders = options.state_placement.factors.holders(replicas);
+  const int inverse_holders = options.state_placement.inverses.holders(replicas);
+  out.inverse_receivers = inverse_holders - factor_holders;
+  out.gradient_receivers = replicas - inverse_holders;
+  if ((out.inverse_receivers > 0 || out.gradient_receivers > 0) &&
+      base.placement.num_pipelines > 1) {
+    throw std::invalid_argument("--kfac-sharding " + kfac::to_string(options.state_placement) +
+                                ": sharded K-FAC state needs a schedule with one pipeline (" +
+                                "Chimera's two replicas of a stage sync their factors too); use "
+                                "--kfac-sharding replicate");
+  }
+  if ((out.inverse_receivers > 0 || out.gradient_receivers > 0) && options.linear_dims.empty()) {
+    throw std::invalid_argument(
+        "--kfac-sharding " + kfac::to_string(options.state_placement) +
+        ": the pass needs the Linears' dimensions (KfacOptions::linear_dims) to size the "
+        "broadcasts");
+  }
+  return out;
+}
+
 std::vector<std::vector<HeldLinear>> preconditioned_linears(const sched::Schedule& base,
                                                             const KfacOptions& options) {
   const auto selected = selected_layers(base, options);
@@ -143,6 +167,10 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
                                 std::to_string(sched::kMaxKfacLayer + 1));
   }
   const auto selected = selected_layers(base, options);
+  const StateBroadcasts broadcasts = state_broadcasts(base, options);
+  const auto dims_of = [&](sched::LinearKind linear) {
+    return options.linear_dims[static_cast<std::size_t>(linear)];
+  };
   const int curvature_steps = options.curvature == CurvatureSource::kFirstStep ? 1 : refresh_steps;
   const int last_curvature_step = curvature_steps - 1;
 
@@ -282,6 +310,25 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
     }
   }
 
+  // Sharded inverses: the owner sends both inverses to the holders without factors; the
+  // refresh's last preconditions wait for them instead of the inversions.
+  if (broadcasts.inverse_receivers > 0) {
+    for (const auto& [layer_linear, where] : replicas) {
+      const HeldLinear held{layer_linear.first,
+                            static_cast<sched::LinearKind>(layer_linear.second)};
+      for (const auto& replica : where) {
+        const FactorKey k = key(replica.worker, held);
+        Instruction in = kfac_instruction(OpKind::kBroadcastInverses, replica.pipeline,
+                                          replica.chunk, last_curvature_step, -1, held);
+        const auto dims = dims_of(held.linear);
+        in.bytes =
+            broadcasts.inverse_receivers * 4 * (dims.d_in * dims.d_in + dims.d_out * dims.d_out);
+        const int id = add(replica.worker, in, {}, inversions[k], -1);
+        inversions[k] = {id};
+      }
+    }
+  }
+
   // Preconditioning: after the step's last weight-gradient backward of the chunk and after its
   // gradient reductions (Chimera's replicas, data parallelism), so that every replica
   // preconditions the same reduced gradient. The refresh's last step uses the new inverses;
@@ -305,10 +352,19 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
         for (const auto& held : linears_of(chunk)) {
           std::vector<int> deps;
           if (step == refresh_steps - 1) deps = inversions[key(w, held)];
-          add(w,
-              kfac_instruction(OpKind::kPrecondition, pipeline_chunk.first, pipeline_chunk.second,
-                               step, -1, held),
-              {BaseRef{w, position, step}}, std::move(deps), step);
+          const int precondition = add(w,
+                                       kfac_instruction(OpKind::kPrecondition, pipeline_chunk.first,
+                                                        pipeline_chunk.second, step, -1, held),
+                                       {BaseRef{w, position, step}}, std::move(deps), step);
+          if (broadcasts.gradient_receivers > 0) {
+            // Sharded inverses: the owner sends the preconditioned gradient to the replicas
+            // without them, before the step's optimizer step.
+            Instruction in = kfac_instruction(OpKind::kBroadcastGradient, pipeline_chunk.first,
+                                              pipeline_chunk.second, step, -1, held);
+            const auto dims = dims_of(held.linear);
+            in.bytes = broadcasts.gradient_receivers * 4 * (dims.d_in * dims.d_out + dims.d_out);
+            add(w, in, {}, {precondition}, step);
+          }
         }
       }
     }

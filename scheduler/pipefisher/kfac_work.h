@@ -34,11 +34,27 @@ struct KfacWork {
   std::vector<KfacTask> tasks;  // topological order: every dependency precedes its task
 };
 
+// Tasks bound to one step (they run every step): preconditioning and its broadcast.
+inline bool is_per_step(sched::OpKind kind) {
+  return kind == sched::OpKind::kPrecondition || kind == sched::OpKind::kBroadcastGradient;
+}
+
+// What options.state_placement adds over `replicas` data-parallel replicas: the inverses'
+// broadcast to holders without factors, and the preconditioned gradient's to replicas without
+// inverses. Throws std::invalid_argument (naming --kfac-sharding) for a placement the replicas
+// cannot hold, or a sharded one on a schedule with two pipelines (Chimera).
+struct StateBroadcasts {
+  int inverse_receivers = 0;   // per layer
+  int gradient_receivers = 0;  // per layer and step
+};
+StateBroadcasts state_broadcasts(const sched::Schedule& base, const KfacOptions& options);
+
 // Seconds `instruction` takes on `worker` (normally sim::CostModel::duration).
 using DurationFn = std::function<double(int worker, const sched::Instruction& instruction)>;
 
 // The tasks of one refresh spanning `refresh_steps` steps of `base` (a one-step schedule).
-// Order: curvature A, curvature B, sync, inversion, then preconditions step by step. Throws
+// Order: curvature A, curvature B, sync, inversion, inverse broadcast, then preconditions (each
+// followed by its gradient broadcast) step by step. Throws
 // std::invalid_argument when `base` is not a one-step schedule or a layer option is out of range.
 KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options, int refresh_steps,
                          const DurationFn& duration);

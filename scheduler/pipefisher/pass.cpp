@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -67,13 +68,13 @@ std::vector<int> packing_order(const KfacWork& work, PackingPolicy policy) {
   std::vector<int> early;
   for (std::size_t t = 0; t < work.tasks.size(); ++t) {
     const auto& task = work.tasks[t];
-    if (task.kind() == OpKind::kPrecondition && task.step_bound < last) {
+    if (is_per_step(task.kind()) && task.step_bound < last) {
       early.push_back(static_cast<int>(t));
     }
   }
   std::vector<int> middle;
   for (std::size_t t = 0; t < work.tasks.size(); ++t) {
-    if (work.tasks[t].kind() != OpKind::kPrecondition) middle.push_back(static_cast<int>(t));
+    if (!is_per_step(work.tasks[t].kind())) middle.push_back(static_cast<int>(t));
   }
   if (policy == PackingPolicy::kBestFit) {
     // Stable: within a Linear the work model's order (curvature, sync, inversion) stays.
@@ -88,7 +89,7 @@ std::vector<int> packing_order(const KfacWork& work, PackingPolicy policy) {
   order.insert(order.end(), early.begin(), early.end());
   for (std::size_t t = 0; t < work.tasks.size(); ++t) {
     const auto& task = work.tasks[t];
-    if (task.kind() == OpKind::kPrecondition && task.step_bound == last) {
+    if (is_per_step(task.kind()) && task.step_bound == last) {
       order.push_back(static_cast<int>(t));
     }
   }
@@ -212,8 +213,8 @@ std::string last_step_curvature_misfit(const Plan& plan, const KfacOptions& opti
     if (!plan.packed.placements[i].spilled) continue;
     // Every sync and inversion waits for the last step's curvature too.
     const KfacTask& task = plan.work().tasks[static_cast<std::size_t>(plan.order[i])];
-    if (task.kind() == OpKind::kPrecondition) continue;
-    const bool collective = task.kind() == OpKind::kCurvatureSync;
+    if (is_per_step(task.kind())) continue;
+    const bool collective = sched::is_kfac_collective(task.kind());
     const double release = plan.packed.placements[i].start;
     double room_after = std::numeric_limits<double>::infinity();
     for (int w : task.workers) {
@@ -330,7 +331,7 @@ Bound refresh_lower_bound(const sched::Schedule& base, const BubbleMap& map,
   std::vector<bool> spills_anyway(work.tasks.size(), false);
   for (std::size_t t = 0; t < work.tasks.size(); ++t) {
     const auto& task = work.tasks[t];
-    if (task.kind() == OpKind::kPrecondition) continue;
+    if (is_per_step(task.kind())) continue;
     spills_anyway[t] = !divisible(task, options, task_overhead_s) &&
                        longest.never_fits(task.workers, task.duration_s, options.safety_margin);
     if (spills_anyway[t]) continue;
@@ -395,7 +396,7 @@ int release_lower_bound(const sched::Schedule& base, const Timeline& timeline, c
     for (int dep : task.task_deps) {
       release[t] = std::max(release[t], release[static_cast<std::size_t>(dep)]);
     }
-    if (task.kind() == OpKind::kPrecondition) continue;
+    if (is_per_step(task.kind())) continue;
     const bool cut = divisible(task, options, task_overhead_s);
     // What no k can hold runs after a flush whatever k is: it does not bound k (as for the
     // work/bubble bound).
@@ -543,6 +544,55 @@ sched::Schedule emit(const sched::Schedule& base, const Plan& plan) {
   return out;
 }
 
+// The Linears of one worker in the executor's order (layer, then Linear kind), with their dims.
+std::vector<kfac::LinearDims> state_dims(std::vector<HeldLinear> linears,
+                                         const KfacOptions& options) {
+  std::sort(linears.begin(), linears.end(), [](const HeldLinear& a, const HeldLinear& b) {
+    return std::make_pair(a.layer, static_cast<int>(a.linear)) <
+           std::make_pair(b.layer, static_cast<int>(b.linear));
+  });
+  std::vector<kfac::LinearDims> dims;
+  for (const auto& linear : linears) {
+    dims.push_back(options.linear_dims[static_cast<std::size_t>(linear.linear)]);
+  }
+  return dims;
+}
+
+// Per worker, the K-FAC state its busiest replica (most bytes) holds of each Linear: what the
+// simulator charges for the worker's memory.
+std::function<double(int, int, sched::LinearKind)> state_bytes_of_busiest_replica(
+    const sched::Schedule& base, const KfacOptions& options) {
+  const int replicas = std::max(1, base.params.data_parallel);
+  auto held = preconditioned_linears(base, options);
+  auto table = std::make_shared<std::map<std::tuple<int, int, int>, double>>();
+  for (std::size_t w = 0; w < held.size(); ++w) {
+    auto& linears = held[w];
+    std::sort(linears.begin(), linears.end(), [](const HeldLinear& a, const HeldLinear& b) {
+      return std::make_pair(a.layer, static_cast<int>(a.linear)) <
+             std::make_pair(b.layer, static_cast<int>(b.linear));
+    });
+    const auto dims = state_dims(linears, options);
+    const auto plan = kfac::plan_state(dims, replicas, options.state_placement);
+    const auto cost = kfac::state_cost(plan, dims, 1);
+    const auto busiest =
+        static_cast<int>(std::max_element(cost.memory_bytes.begin(), cost.memory_bytes.end()) -
+                         cost.memory_bytes.begin());
+    for (std::size_t i = 0; i < linears.size(); ++i) {
+      const auto& d = dims[i];
+      const double factor_bytes = 4.0 * static_cast<double>(d.d_in * d.d_in + d.d_out * d.d_out);
+      double bytes = 0.0;
+      if (plan.layers[i].holds_factors(busiest)) bytes += factor_bytes;
+      if (plan.layers[i].holds_inverses(busiest)) bytes += factor_bytes;
+      (*table)[{static_cast<int>(w), linears[i].layer, static_cast<int>(linears[i].linear)}] =
+          bytes;
+    }
+  }
+  return [table](int worker, int layer, sched::LinearKind linear) {
+    const auto it = table->find({worker, layer, static_cast<int>(linear)});
+    return it == table->end() ? 0.0 : it->second;
+  };
+}
+
 KfacReport make_report(const sched::Schedule& base, const sim::CostModel& costs,
                        const KfacOptions& options, const Plan& plan, const sim::SimResult& before,
                        const sim::SimResult& after) {
@@ -563,23 +613,38 @@ KfacReport make_report(const sched::Schedule& base, const sim::CostModel& costs,
       before.step_time_s > 0.0 ? after.step_time_s / before.step_time_s - 1.0 : 0.0;
   const auto held = preconditioned_linears(base, options);
   const double k = plan.refresh_steps;
+  report.state_placement = kfac::to_string(options.state_placement);
+  report.placement = options.state_placement;
+  report.data_parallel = std::max(1, base.params.data_parallel);
   report.workers.resize(static_cast<std::size_t>(base.num_workers()));
   for (std::size_t w = 0; w < report.workers.size(); ++w) {
     auto& worker = report.workers[w];
     worker.utilization_before = before.workers[w].utilization;
     worker.utilization_after = after.workers[w].utilization;
     worker.bubble_s = before.workers[w].idle_s;
-    for (const auto& linear : held[w]) {
-      worker.kfac_memory_bytes += costs.kfac_bytes(base, linear.layer, linear.linear);
+    if (!options.linear_dims.empty()) {
+      // Per replica, as the executor places it; the busiest replica of this worker counts.
+      const auto dims = state_dims(held[w], options);
+      const auto state =
+          kfac::state_cost(kfac::plan_state(dims, report.data_parallel, options.state_placement),
+                           dims, plan.refresh_steps);
+      worker.kfac_memory_bytes = static_cast<double>(state.max_memory_bytes());
+      worker.kfac_sent_bytes_per_refresh = static_cast<double>(state.max_sent_bytes());
+    } else {
+      for (const auto& linear : held[w]) {
+        worker.kfac_memory_bytes += costs.kfac_bytes(base, linear.layer, linear.linear);
+      }
     }
     report.kfac_memory_bytes = std::max(report.kfac_memory_bytes, worker.kfac_memory_bytes);
+    report.kfac_sent_bytes_per_refresh =
+        std::max(report.kfac_sent_bytes_per_refresh, worker.kfac_sent_bytes_per_refresh);
   }
   report.capped = !plan.cap_reason.empty();
   const double overhead = costs.kfac_task_overhead_s();
   for (std::size_t i = 0; i < plan.order.size(); ++i) {
     const KfacTask& task = plan.work().tasks[static_cast<std::size_t>(plan.order[i])];
     const ItemPlacement& placed = plan.packed.placements[i];
-    const bool sync = task.kind() == OpKind::kCurvatureSync;
+    const bool sync = sched::is_kfac_collective(task.kind());
     // A divided task pays the overhead once more per extra piece.
     const int instructions = placed.pieces.empty() ? 1 : static_cast<int>(placed.pieces.size());
     const double seconds = task.duration_s + (instructions - 1) * overhead;
@@ -663,7 +728,11 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
   PassResult result;
   result.schedule = emit(base, *chosen);
   result.before = sim::simulate(repeat_steps(reference, chosen->refresh_steps), costs, sim_options);
-  result.after = sim::simulate(result.schedule, costs, sim_options);
+  sim::SimOptions after_options = sim_options;
+  if (!options.linear_dims.empty()) {
+    after_options.kfac_state_bytes = state_bytes_of_busiest_replica(base, options);
+  }
+  result.after = sim::simulate(result.schedule, costs, after_options);
   result.report = make_report(base, costs, options, *chosen, result.before, result.after);
   result.report.refresh_bound = bound.impossible.empty() ? bound.steps : -1;
   result.report.release_bound = release_bound;
@@ -675,10 +744,8 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
   return result;
 }
 
-}  // namespace
-
-PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& costs,
-                          const KfacOptions& options, const sim::SimOptions& sim_options) {
+PassResult run_with_placement(const sched::Schedule& base, const sim::CostModel& costs,
+                              const KfacOptions& options, const sim::SimOptions& sim_options) {
   const auto started = std::chrono::steady_clock::now();
   options.validate();
   PassResult result = run_on(base, base, costs, options, sim_options);
@@ -701,6 +768,74 @@ PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& cos
   }
   result.report.pass_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return result;
+}
+
+// The machine of the automatic placement, priced by the pass's own cost model: the link from a
+// broadcast of 0 and of 64 MiB, the inversion rate from the first preconditioned Linear's
+// inversions.
+kfac::PlacementMachine placement_machine(const sched::Schedule& base, const sim::CostModel& costs,
+                                         const KfacOptions& options,
+                                         const std::vector<std::vector<HeldLinear>>& held) {
+  kfac::PlacementMachine machine;
+  machine.memory_budget_bytes = options.memory_budget_bytes;
+  sched::Instruction probe;
+  probe.kind = OpKind::kBroadcastGradient;
+  probe.bytes = 0;
+  const double empty = costs.duration(base, 0, probe);
+  probe.bytes = std::int64_t{64} << 20;
+  const double full = costs.duration(base, 0, probe);
+  machine.link_latency_s = std::max(0.0, empty);
+  machine.link_bandwidth = full > empty ? static_cast<double>(probe.bytes) / (full - empty) : 1e18;
+  for (std::size_t w = 0; w < held.size(); ++w) {
+    if (held[w].empty()) continue;
+    sched::Instruction inversion;
+    inversion.layer = static_cast<std::int16_t>(held[w].front().layer);
+    inversion.linear = held[w].front().linear;
+    inversion.kind = OpKind::kInvertA;
+    double seconds = costs.duration(base, static_cast<int>(w), inversion);
+    inversion.kind = OpKind::kInvertB;
+    seconds += costs.duration(base, static_cast<int>(w), inversion);
+    const double flops =
+        kfac::inversion_flops(options.linear_dims[static_cast<std::size_t>(inversion.linear)]);
+    machine.inversion_flops = seconds > 0.0 ? flops / seconds : 1e18;
+    break;
+  }
+  return machine;
+}
+
+}  // namespace
+
+PassResult run_pipefisher(const sched::Schedule& base, const sim::CostModel& costs,
+                          const KfacOptions& options, const sim::SimOptions& sim_options) {
+  if (!options.automatic_placement) return run_with_placement(base, costs, options, sim_options);
+  if (options.linear_dims.empty()) {
+    throw std::invalid_argument(
+        "--kfac-sharding auto: the pass needs the Linears' dimensions (KfacOptions::linear_dims)");
+  }
+  options.validate();
+  const int replicas = std::max(1, base.params.data_parallel);
+  const auto held = preconditioned_linears(base, options);
+  std::vector<std::vector<kfac::LinearDims>> workers;
+  for (const auto& linears : held) workers.push_back(state_dims(linears, options));
+  const auto machine = placement_machine(base, costs, options, held);
+  KfacOptions fixed = options;
+  fixed.automatic_placement = false;
+  // Chimera shares each stage's factors between its pipelines: only replication is supported.
+  const auto choose = [&](int refresh_steps) {
+    if (base.placement.num_pipelines > 1) return kfac::StatePlacement{};
+    return kfac::choose_state_placement(workers, replicas, refresh_steps, machine).chosen;
+  };
+  // The choice depends on k (gradient broadcasts every step, the rest once per refresh) and k
+  // on the choice: choose for the fixed or the cap's k, run, and choose again for the k found.
+  fixed.state_placement = choose(options.refresh_steps > 0 ? options.refresh_steps : 1);
+  PassResult result = run_with_placement(base, costs, fixed, sim_options);
+  const auto again = choose(result.report.refresh_steps);
+  if (!(again == fixed.state_placement)) {
+    fixed.state_placement = again;
+    result = run_with_placement(base, costs, fixed, sim_options);
+  }
+  result.report.automatic_placement = true;
   return result;
 }
 

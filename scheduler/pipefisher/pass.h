@@ -20,8 +20,11 @@ struct WorkerKfacReport {
   double kfac_sync_s = 0.0;        // curvature sync per step (communication lanes)
   double spilled_s = 0.0;          // of that, per step, run after the flush instead of in bubbles
   double bubble_s = 0.0;           // idle compute time per step before filling (simulated)
-  double kfac_memory_bytes = 0.0;  // factors and inverses held
-  int tasks = 0;                   // K-FAC instructions per refresh
+  double kfac_memory_bytes = 0.0;  // factors and inverses held (the busiest replica's)
+  // Bytes the busiest replica of this worker sends per refresh for the K-FAC state (factor
+  // sync, broadcasts; kfac::state_cost); 0 without KfacOptions::linear_dims.
+  double kfac_sent_bytes_per_refresh = 0.0;
+  int tasks = 0;  // K-FAC instructions per refresh
 };
 
 struct KfacReport {
@@ -58,10 +61,15 @@ struct KfacReport {
   double utilization_after = 0.0;
   double step_time_before_s = 0.0;
   double step_time_after_s = 0.0;
-  double step_time_overhead = 0.0;  // after / before - 1
-  double kfac_memory_bytes = 0.0;   // the largest per-worker addition
-  int tasks = 0;                    // K-FAC instructions per refresh (all workers)
-  int spilled_tasks = 0;            // curvature / sync / inversion run after a flush
+  double step_time_overhead = 0.0;            // after / before - 1
+  double kfac_memory_bytes = 0.0;             // the largest per-worker addition
+  double kfac_sent_bytes_per_refresh = 0.0;   // the largest per-worker (busiest replica)
+  std::string state_placement = "replicate";  // kfac::to_string of the placement used
+  kfac::StatePlacement placement;             // the placement used
+  bool automatic_placement = false;           // chosen by --kfac-sharding auto
+  int data_parallel = 1;
+  int tasks = 0;          // K-FAC instructions per refresh (all workers)
+  int spilled_tasks = 0;  // curvature / sync / inversion run after a flush
   int preconditions_in_bubbles = 0;
   int preconditions_after_flush = 0;
   double pass_seconds = 0.0;  // wall time of the pass itself

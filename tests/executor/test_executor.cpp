@@ -1,5 +1,7 @@
 // The runtime's proof: pipelined execution of every schedule equals single-worker training.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <set>
 #include <string>
@@ -338,6 +340,163 @@ TEST(ExecutorKfac, ChimeraRefreshEveryStep) {
 }
 TEST(ExecutorKfac, ChimeraWithDataParallel) {
   check_kfac(sched::ScheduleKind::kChimera, 2, 2, 2);
+}
+
+// K-FAC state placed across data-parallel replicas (kfac/state_placement.h): every placement
+// trains to the parameters replication gives, bit for bit (the owner's inversion and
+// preconditioning are the same arithmetic on the same all-reduced data, and the broadcasts copy
+// bits), and each rank holds exactly the K-FAC state the cost model says.
+std::vector<kfac::LinearDims> linear_dims_of(const model::BertConfig& config) {
+  std::vector<kfac::LinearDims> dims;
+  for (int kind = 0; kind < sched::kNumLinearKinds; ++kind) {
+    const auto linear = static_cast<sched::LinearKind>(kind);
+    const std::int64_t h = config.hidden_size, i = config.intermediate_size;
+    dims.push_back({linear == sched::LinearKind::kFfnOut ? i : h,
+                    linear == sched::LinearKind::kFfnIn ? i : h});
+  }
+  return dims;
+}
+
+struct PlacedRun {
+  std::vector<std::vector<float>> parameters;  // every rank's, in order
+  std::vector<std::int64_t> kfac_bytes;        // per rank, after whole refreshes
+  sched::Schedule schedule;
+};
+
+PlacedRun run_placed(const kfac::StatePlacement& placement, int data_parallel) {
+  const auto config = test_config(4);
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.workers = 2;
+  params.microbatches = 4;
+  params.num_layers = 4;
+  params.data_parallel = data_parallel;
+  sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
+  costs.curvature_a_s = costs.curvature_b_s = 0.05;
+  costs.invert_a_s = costs.invert_b_s = 0.2;
+  costs.precondition_s = 0.02;
+  costs.curvature_sync_s = 0.05;
+  pipefisher::KfacOptions kfac;
+  kfac.refresh_steps = 2;
+  // Whole tasks: the broadcasts take bubble time, so the pass may cut pieces elsewhere than for
+  // replication, and a curvature piece's partial sums round differently from the whole task's.
+  kfac.split = false;
+  kfac.state_placement = placement;
+  kfac.linear_dims = linear_dims_of(config);
+  PlacedRun out;
+  out.schedule =
+      pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), kfac)
+          .schedule;
+  SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
+  auto setup = make_setup<float>(config, out.schedule, batches);
+  setup.options.kfac.damping = 1e-2F;
+  setup.options.kfac.placement = placement;
+  ThreadedExecutor<float> executor(setup);
+  executor.run(0, 3 * out.schedule.num_steps);  // three whole refreshes
+  for (int r = 0; r < executor.num_ranks(); ++r) {
+    std::vector<float> values;
+    for (auto* chunk : executor.worker(r).chunks()) {
+      for (const auto& p : chunk->parameters())
+        values.insert(values.end(), p.value, p.value + p.size);
+    }
+    out.parameters.push_back(std::move(values));
+    out.kfac_bytes.push_back(executor.worker(r).kfac_state_bytes());
+  }
+  return out;
+}
+
+std::size_t count_kind(const sched::Schedule& schedule, sched::OpKind kind) {
+  std::size_t n = 0;
+  for (const auto& stream : schedule.streams) {
+    n += static_cast<std::size_t>(std::count_if(stream.begin(), stream.end(),
+                                                [&](const auto& in) { return in.kind == kind; }));
+  }
+  return n;
+}
+
+void check_placements(int data_parallel, const std::vector<kfac::StatePlacement>& placements) {
+  const auto replicated = run_placed({}, data_parallel);
+  EXPECT_EQ(count_kind(replicated.schedule, sched::OpKind::kBroadcastGradient), 0U);
+  const auto config = test_config(4);
+  const auto dims = linear_dims_of(config);
+  for (const auto& placement : placements) {
+    SCOPED_TRACE(kfac::to_string(placement));
+    const auto placed = run_placed(placement, data_parallel);
+    EXPECT_GT(count_kind(placed.schedule, sched::OpKind::kBroadcastInverses) +
+                  count_kind(placed.schedule, sched::OpKind::kBroadcastGradient),
+              0U);
+    ASSERT_EQ(placed.parameters.size(), replicated.parameters.size());
+    for (std::size_t r = 0; r < placed.parameters.size(); ++r) {
+      ASSERT_EQ(placed.parameters[r].size(), replicated.parameters[r].size());
+      EXPECT_EQ(std::memcmp(placed.parameters[r].data(), replicated.parameters[r].data(),
+                            placed.parameters[r].size() * sizeof(float)),
+                0)
+          << "rank " << r;
+    }
+    // Measured K-FAC state per rank against the model; worker w holds layers 2w, 2w + 1.
+    std::int64_t measured_max = 0, replicated_max = 0;
+    for (int w = 0; w < 2; ++w) {
+      std::vector<kfac::LinearDims> held;
+      for (int layer = 0; layer < 2; ++layer) held.insert(held.end(), dims.begin(), dims.end());
+      const auto cost = kfac::state_cost(kfac::plan_state(held, data_parallel, placement), held, 2);
+      for (int replica = 0; replica < data_parallel; ++replica) {
+        const auto r = static_cast<std::size_t>(replica * 2 + w);
+        EXPECT_EQ(placed.kfac_bytes[r], cost.memory_bytes[static_cast<std::size_t>(replica)])
+            << "worker " << w << " replica " << replica;
+        measured_max = std::max(measured_max, placed.kfac_bytes[r]);
+        replicated_max = std::max(replicated_max, replicated.kfac_bytes[r]);
+      }
+    }
+    EXPECT_LT(measured_max, replicated_max);
+  }
+}
+
+TEST(ExecutorKfacPlacement, ShardEqualsReplicateAtTwoReplicas) {
+  check_placements(2, {kfac::uniform_placement({kfac::Placement::kShard, 0}),
+                       {{kfac::Placement::kShard, 0}, {kfac::Placement::kReplicate, 0}}});
+}
+
+TEST(ExecutorKfacPlacement, PartialAndShardEqualReplicateAtFourReplicas) {
+  check_placements(4, {kfac::uniform_placement({kfac::Placement::kShard, 0}),
+                       kfac::uniform_placement({kfac::Placement::kPartial, 2}),
+                       {{kfac::Placement::kShard, 0}, {kfac::Placement::kPartial, 2}}});
+}
+
+TEST(ExecutorKfacPlacement, ScheduleAndPlacementMustAgree) {
+  const auto config = test_config(4);
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.workers = 2;
+  params.microbatches = 4;
+  params.num_layers = 4;
+  params.data_parallel = 2;
+  sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
+  costs.curvature_a_s = costs.curvature_b_s = costs.invert_a_s = costs.invert_b_s = 0.05;
+  pipefisher::KfacOptions kfac;
+  kfac.refresh_steps = 1;
+  const auto replicated =
+      pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), kfac);
+  SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
+  auto setup = make_setup<float>(config, replicated.schedule, batches);
+  setup.options.kfac.placement = kfac::uniform_placement({kfac::Placement::kShard, 0});
+  try {
+    ThreadedExecutor<float> executor(setup);
+    executor.run(0, 1);
+    ADD_FAILURE() << "a schedule without broadcasts ran with sharded state";
+  } catch (const std::exception& error) {
+    EXPECT_NE(std::string(error.what()).find("same --kfac-sharding"), std::string::npos)
+        << error.what();
+  }
+  // The pass refuses sharding without the Linears' sizes, and on Chimera.
+  kfac.state_placement = kfac::uniform_placement({kfac::Placement::kShard, 0});
+  EXPECT_THROW(
+      pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), kfac),
+      std::invalid_argument);
+  kfac.linear_dims = linear_dims_of(config);
+  params.kind = sched::ScheduleKind::kChimera;
+  EXPECT_THROW(
+      pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), kfac),
+      std::invalid_argument);
 }
 
 // Zero-bubble schedules: K-FAC in what bubbles they leave, curvature B after backward-input,

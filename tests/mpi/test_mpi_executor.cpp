@@ -185,6 +185,94 @@ INSTANTIATE_TEST_SUITE_P(Schedules, MpiEqualsThreads,
                            return name_of(case_info.param);
                          });
 
+// K-FAC state sharded across the data-parallel replicas (kfac/state_placement.h), on MPI
+// processes: parameters bit-identical to replication on threads, and every rank's measured
+// K-FAC state and payload bytes sent exactly the cost model's (kfac::state_cost).
+sched::Schedule placed_schedule(int workers, const model::BertConfig& config,
+                                const kfac::StatePlacement& placement) {
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.workers = workers;
+  params.microbatches = 4;
+  params.num_layers = config.num_layers;
+  params.data_parallel = 2;
+  sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
+  costs.curvature_a_s = costs.curvature_b_s = 0.05;
+  costs.invert_a_s = costs.invert_b_s = 0.2;
+  costs.precondition_s = costs.curvature_sync_s = 0.02;
+  pipefisher::KfacOptions kfac;
+  kfac.refresh_steps = 2;
+  kfac.split = false;  // whole tasks: pieces would round as their cut, which placements move
+  kfac.state_placement = placement;
+  for (int kind = 0; kind < sched::kNumLinearKinds; ++kind) {
+    const auto linear = static_cast<sched::LinearKind>(kind);
+    const std::int64_t h = config.hidden_size, i = config.intermediate_size;
+    kfac.linear_dims.push_back({linear == sched::LinearKind::kFfnOut ? i : h,
+                                linear == sched::LinearKind::kFfnIn ? i : h});
+  }
+  return pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), kfac)
+      .schedule;
+}
+
+TEST(MpiKfacPlacement, ShardedStateEqualsReplicationAndTheModel) {
+  comm::MpiCommunicator comm(pf::testing::mpi_session());
+  if (comm.size() % 2 != 0) GTEST_SKIP() << "needs an even process count (2 replicas)";
+  const int workers = comm.size() / 2;
+  const auto config = test_config(4);
+  const auto replicated = placed_schedule(workers, config, {});
+  SyntheticBatches thread_batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
+  ThreadedExecutor<float> threads(make_setup<float>(config, replicated, thread_batches));
+  const std::int64_t rounds = 2;
+  threads.run(0, rounds * replicated.num_steps);
+  const int rank = comm.rank(), replica = rank / workers;
+  for (const auto& placement :
+       {kfac::uniform_placement({kfac::Placement::kShard, 0}),
+        kfac::StatePlacement{{kfac::Placement::kShard, 0}, {kfac::Placement::kReplicate, 0}}}) {
+    SCOPED_TRACE(kfac::to_string(placement));
+    const auto schedule = placed_schedule(workers, config, placement);
+    SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
+    auto setup = make_setup<float>(config, schedule, batches);
+    setup.options.kfac.placement = placement;
+    MpiExecutor<float> mpi(setup, comm);
+    mpi.run(0, rounds * schedule.num_steps, {});
+    auto mine = mpi.worker().chunks();
+    auto theirs = threads.worker(rank).chunks();
+    ASSERT_EQ(mine.size(), theirs.size());
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const auto a = mine[i]->parameters();
+      const auto b = theirs[i]->parameters();
+      for (std::size_t p = 0; p < a.size(); ++p) {
+        EXPECT_EQ(std::memcmp(a[p].value, b[p].value, sizeof(float) * std::size_t(a[p].size)), 0)
+            << "rank " << rank << ": " << a[p].name << " differs from replication on threads";
+      }
+    }
+    // This worker's Linears: layers [worker * per, (worker + 1) * per), each kind in order.
+    std::vector<kfac::LinearDims> held;
+    const int per_worker = config.num_layers / workers;
+    for (int layer = 0; layer < per_worker; ++layer) {
+      for (int kind = 0; kind < sched::kNumLinearKinds; ++kind) {
+        const auto linear = static_cast<sched::LinearKind>(kind);
+        const std::int64_t h = config.hidden_size, i = config.intermediate_size;
+        held.push_back({linear == sched::LinearKind::kFfnOut ? i : h,
+                        linear == sched::LinearKind::kFfnIn ? i : h});
+      }
+    }
+    const auto cost =
+        kfac::state_cost(kfac::plan_state(held, 2, placement), held, schedule.num_steps);
+    const auto r = static_cast<std::size_t>(replica);
+    EXPECT_EQ(mpi.worker().kfac_state_bytes(), cost.memory_bytes[r]) << "rank " << rank;
+    EXPECT_EQ(mpi.worker().kfac_bytes_sent(), rounds * cost.sent_bytes_per_refresh[r])
+        << "rank " << rank;
+    const auto states = mpi.kfac_state_per_rank();
+    if (rank == 0) {
+      ASSERT_EQ(states.size(), static_cast<std::size_t>(comm.size()));
+      EXPECT_EQ(states[0].state_bytes, mpi.worker().kfac_state_bytes());
+    } else {
+      EXPECT_TRUE(states.empty());
+    }
+  }
+}
+
 TEST(MpiExecutor, WrongProcessCountIsRefusedOnEveryRank) {
   comm::MpiCommunicator comm(pf::testing::mpi_session());
   const auto config = test_config(4);
