@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <tuple>
 #include <vector>
 
 namespace pf::train {
@@ -14,22 +16,30 @@ nlohmann::json kfac_statistics(exec::ThreadedExecutor<float>& executor) {
   std::int64_t layers = 0, refreshes_min = -1, refreshes_max = 0, fallbacks = 0;
   std::vector<double> pis;
   double damping_a = 0.0, damping_b = 0.0;
-  for (int rank = 0; rank < schedule.num_workers(); ++rank) {
+  // Each Linear once, from a replica that holds its factors: with the state sharded across the
+  // data-parallel replicas (--kfac-sharding) only the owner's group refreshes them.
+  std::map<std::tuple<int, int, int>, const kfac::KfacLayerState*> held;
+  for (int rank = 0; rank < executor.num_ranks(); ++rank) {
     for (int pipeline = 0; pipeline < pipelines; ++pipeline) {
       for (const auto& [key, layer] : executor.worker(rank).kfac_state(pipeline).layers()) {
-        ++layers;
-        const std::int64_t refreshes = std::min(layer.a.refreshes, layer.b.refreshes);
-        refreshes_min = refreshes_min < 0 ? refreshes : std::min(refreshes_min, refreshes);
-        refreshes_max = std::max(refreshes_max, refreshes);
-        fallbacks += layer.a.cholesky_fallbacks + layer.b.cholesky_fallbacks;
-        if (layer.a.inverse.size() == 0 || layer.b.inverse.size() == 0) continue;
-        if (layer.a.damping > 0 && layer.b.damping > 0) {
-          pis.push_back(std::sqrt(static_cast<double>(layer.a.damping) / layer.b.damping));
-        }
-        damping_a += layer.a.damping;
-        damping_b += layer.b.damping;
+        auto& slot = held[{pipeline, key.layer, static_cast<int>(key.linear)}];
+        if (slot == nullptr || (slot->a.refreshes == 0 && layer.a.refreshes > 0)) slot = &layer;
       }
     }
+  }
+  for (const auto& [key, held_layer] : held) {
+    const auto& layer = *held_layer;
+    ++layers;
+    const std::int64_t refreshes = std::min(layer.a.refreshes, layer.b.refreshes);
+    refreshes_min = refreshes_min < 0 ? refreshes : std::min(refreshes_min, refreshes);
+    refreshes_max = std::max(refreshes_max, refreshes);
+    fallbacks += layer.a.cholesky_fallbacks + layer.b.cholesky_fallbacks;
+    if (layer.a.inverse.size() == 0 || layer.b.inverse.size() == 0) continue;
+    if (layer.a.damping > 0 && layer.b.damping > 0) {
+      pis.push_back(std::sqrt(static_cast<double>(layer.a.damping) / layer.b.damping));
+    }
+    damping_a += layer.a.damping;
+    damping_b += layer.b.damping;
   }
   nlohmann::json stats = {{"layers", layers},
                           {"layers_inverted", pis.size()},
