@@ -317,6 +317,13 @@ double ParallelCostModel::duration(const sched::Schedule& schedule, int worker,
     }
     case OpKind::kCurvatureSync:
       return kfac_seconds(schedule, in);
+    case OpKind::kBroadcastInverses:
+    case OpKind::kBroadcastGradient: {
+      // The owner sends `bytes` in all over its data-parallel link.
+      const Link link = cluster_.link_for(std::max(1, schedule.params.data_parallel), t);
+      return transfer_seconds(static_cast<double>(std::max<std::int64_t>(in.bytes, 0)),
+                              link.bandwidth, link.latency_s);
+    }
     case OpKind::kCurvatureA:
     case OpKind::kCurvatureB:
     case OpKind::kInvertA:

@@ -428,7 +428,13 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     std::size_t i = 0;
     for (auto& [key, slot] : kfac_slots) {
       slot.placement = plan.layers[i++];
-      const bool sharded = slot.placement.factor_count < replicas;
+      const bool sharded = slot.placement.factor_count < replicas ||
+                           slot.placement.inverse_count < replicas;
+      if (sharded && runtime) {
+        throw std::invalid_argument("executor: --kfac-sharding " + kfac::to_string(placement) +
+                                    " runs on the CPU path only so far (use replicate with a "
+                                    "device)");
+      }
       if (sharded && schedule.placement.num_pipelines > 1) {
         throw std::invalid_argument("executor: --kfac-sharding " + kfac::to_string(placement) +
                                     " needs a schedule with one pipeline (use replicate)");
