@@ -245,7 +245,7 @@ TEST(Executor, TorchCsvScheduleRuns) {
 // long_tasks: K-FAC tasks longer than the gaps, so that the pass cuts them into pieces (the
 // schedule must then hold pieces of curvature, inversion and preconditioning).
 void check_kfac(sched::ScheduleKind kind, int workers, int refresh_steps, int data_parallel,
-                int chunks_per_worker = 1, bool long_tasks = false) {
+                int chunks_per_worker = 1, bool long_tasks = false, bool move_weights = false) {
   const auto config = test_config(4);
   sched::ScheduleParams params;
   params.kind = kind;
@@ -266,9 +266,13 @@ void check_kfac(sched::ScheduleKind kind, int workers, int refresh_steps, int da
   }
   pipefisher::KfacOptions kfac;
   kfac.refresh_steps = refresh_steps;
+  kfac.move_weights = move_weights;
   const auto pass =
       pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), kfac);
   const int k = pass.schedule.num_steps;
+  if (move_weights) {
+    EXPECT_NE(pass.report.weights_deferred, 0);
+  }
   if (long_tasks) {
     std::set<sched::OpKind> divided;
     for (const auto& stream : pass.schedule.streams) {
@@ -503,6 +507,11 @@ TEST(ExecutorKfacPlacement, ScheduleAndPlacementMustAgree) {
 // preconditioning after the last backward-weight.
 TEST(ExecutorKfac, ZeroBubbleH1AutomaticRefresh) {
   check_kfac(sched::ScheduleKind::kZeroBubbleH1, 2, 0, 1);
+}
+// The pass may defer backward-weight work to open bubbles (--kfac-move-w): the moved stream
+// trains as the sequential K-FAC does.
+TEST(ExecutorKfac, ZeroBubbleH1WithMovedWeights) {
+  check_kfac(sched::ScheduleKind::kZeroBubbleH1, 4, 0, 1, 1, false, true);
 }
 TEST(ExecutorKfac, ZeroBubbleVFixedRefresh) {
   check_kfac(sched::ScheduleKind::kZeroBubbleV, 2, 2, 1, 2);
