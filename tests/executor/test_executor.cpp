@@ -240,6 +240,16 @@ TEST(Executor, TorchCsvScheduleRuns) {
   EXPECT_LT(difference_from_reference(executor, config, batches, 2, 4), 1e-12);
 }
 
+// Unit costs for the pass in the K-FAC tests: K-FAC tasks short against the pipeline's work.
+sim::UniformCosts kfac_test_costs() {
+  sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
+  costs.curvature_a_s = costs.curvature_b_s = 0.05;
+  costs.invert_a_s = costs.invert_b_s = 0.2;
+  costs.precondition_s = 0.02;
+  costs.curvature_sync_s = 0.05;
+  return costs;
+}
+
 // K-FAC in the bubbles (the PipeFisher pass's k-step schedule) equals the same K-FAC updates
 // run in sequence after each step.
 // long_tasks: K-FAC tasks longer than the gaps, so that the pass cuts them into pieces (the
@@ -254,11 +264,7 @@ void check_kfac(sched::ScheduleKind kind, int workers, int refresh_steps, int da
   params.chunks_per_worker = chunks_per_worker;
   params.num_layers = 4;
   params.data_parallel = data_parallel;
-  sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
-  costs.curvature_a_s = costs.curvature_b_s = 0.05;
-  costs.invert_a_s = costs.invert_b_s = 0.2;
-  costs.precondition_s = 0.02;
-  costs.curvature_sync_s = 0.05;
+  sim::UniformCosts costs = kfac_test_costs();
   if (long_tasks) {
     costs.curvature_a_s = costs.curvature_b_s = 0.7;
     costs.invert_a_s = costs.invert_b_s = 3.0;
@@ -375,11 +381,7 @@ PlacedRun run_placed(const kfac::StatePlacement& placement, int data_parallel) {
   params.microbatches = 4;
   params.num_layers = 4;
   params.data_parallel = data_parallel;
-  sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
-  costs.curvature_a_s = costs.curvature_b_s = 0.05;
-  costs.invert_a_s = costs.invert_b_s = 0.2;
-  costs.precondition_s = 0.02;
-  costs.curvature_sync_s = 0.05;
+  sim::UniformCosts costs = kfac_test_costs();
   pipefisher::KfacOptions kfac;
   kfac.refresh_steps = 2;
   // Whole tasks: the broadcasts take bubble time, so the pass may cut pieces elsewhere than for
