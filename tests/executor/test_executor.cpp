@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <ostream>
 #include <set>
 #include <string>
 
@@ -145,6 +146,11 @@ std::string name_of(const Case& c) {
   return std::string(sched::to_string(c.kind)) + "_p" + std::to_string(c.workers) + "_v" +
          std::to_string(c.chunks_per_worker) + (c.split_backward ? "_split" : "") + "_dp" +
          std::to_string(c.data_parallel);
+}
+
+// Names the case in test listings (the default prints its bytes, padding included).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << name_of(c);
 }
 
 class PipelinedEqualsSingleWorker : public ::testing::TestWithParam<Case> {};
