@@ -219,7 +219,8 @@ void KfacState::load_state(const ckpt::SafetensorsFile& file, std::string_view p
       const auto* c = counters.data() + 4 * index;
       for (int k = 0; k < 4; ++k) {
         if (c[k] < 0) {
-          throw InputError("kfac state '" + base + ".counters' has a negative entry");
+          throw InputError("safetensors '" + file.source + "': kfac state '" + base +
+                           ".counters' has a negative entry");
         }
       }
       const std::int64_t shape[] = {dim, dim};
@@ -227,7 +228,7 @@ void KfacState::load_state(const ckpt::SafetensorsFile& file, std::string_view p
         const auto name = base + "." + letter + suffix;
         if (!expected) {
           if (file.tensors.count(name) > 0) {
-            throw InputError("kfac state '" + name +
+            throw InputError("safetensors '" + file.source + "': kfac state '" + name +
                              "' is present but the counters say it should not be");
           }
           return Eigen::MatrixXf();

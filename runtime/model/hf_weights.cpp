@@ -56,8 +56,9 @@ void load_hf_weights(const ckpt::SafetensorsFile& file, BertChunk<T>& chunk) {
       const auto decoder = ckpt::read_as_f32(file, decoder_name, word->shape);
       for (std::int64_t i = 0; i < word->size; ++i) {
         if (static_cast<float>(word->value[i]) != decoder[static_cast<std::size_t>(i)]) {
-          throw InputError("tensor '" + std::string(decoder_name) + "' differs from '" +
-                           std::string(word_name) + "' at element " + std::to_string(i) +
+          throw InputError("safetensors '" + file.source + "': tensor '" +
+                           std::string(decoder_name) + "' differs from '" + std::string(word_name) +
+                           "' at element " + std::to_string(i) +
                            ": the decoder is tied to the word embeddings");
         }
       }

@@ -21,8 +21,8 @@ std::int64_t read_step(const ckpt::SafetensorsFile& file, std::string_view prefi
   const std::int64_t shape[] = {1};
   const auto steps = ckpt::read_i64(file, std::string(prefix) + ".step", shape).at(0);
   if (steps < 0) {
-    throw InputError("optimizer state '" + std::string(prefix) + ".step' is negative (" +
-                     std::to_string(steps) + ")");
+    throw InputError("safetensors '" + file.source + "': optimizer state '" + std::string(prefix) +
+                     ".step' is negative (" + std::to_string(steps) + ")");
   }
   return steps;
 }
