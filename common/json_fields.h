@@ -102,8 +102,9 @@ inline std::string string_field(const nlohmann::json& object, std::string_view k
 inline constexpr int kMaxNesting = 256;
 
 // nlohmann::json::parse(input) that throws std::invalid_argument naming `source` as soon as the
-// document nests deeper than kMaxNesting; syntax errors stay nlohmann::json::parse_error for the
-// caller to word.
+// document nests deeper than kMaxNesting, or when a number does not fit a double (1E4901161:
+// nlohmann's out_of_range, which callers expecting parse errors would let escape); syntax errors
+// stay nlohmann::json::parse_error for the caller to word.
 template <typename Input>
 nlohmann::json parse_bounded(Input&& input, std::string_view source) {
   const auto limit_depth = [source](int depth, nlohmann::json::parse_event_t event,
@@ -116,7 +117,12 @@ nlohmann::json parse_bounded(Input&& input, std::string_view source) {
     }
     return true;
   };
-  return nlohmann::json::parse(std::forward<Input>(input), limit_depth);
+  try {
+    return nlohmann::json::parse(std::forward<Input>(input), limit_depth);
+  } catch (const nlohmann::json::out_of_range& error) {
+    throw std::invalid_argument(std::string(source) + ": not valid JSON here: " + error.what() +
+                                " (allowed: numbers within the range of a double)");
+  }
 }
 
 }  // namespace pf::json_fields

@@ -100,6 +100,15 @@ TEST(JsonFields, DeepNestingIsRefusedWhileParsing) {
   EXPECT_THROW((void)json_fields::parse_bounded(objects, "f.json"), std::invalid_argument);
   // Syntax errors stay nlohmann's, for the caller to word.
   EXPECT_THROW((void)json_fields::parse_bounded(std::string("{"), "f.json"), json::parse_error);
+  // A number beyond a double is nlohmann's out_of_range, which callers catching parse errors let
+  // escape (the fuzzer's finding): it is an error naming the file.
+  try {
+    (void)json_fields::parse_bounded(std::string(R"({"p": 0.1E4901161})"), "f.json");
+    ADD_FAILURE() << "an overflowing number accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("f.json: not valid JSON here"), std::string::npos)
+        << error.what();
+  }
 }
 
 TEST(CheckedArithmetic, OverflowIsReportedNotWrapped) {
