@@ -19,6 +19,7 @@
 #include "scheduler/pipefisher/pass.h"
 #include "scheduler/pipefisher/pieces_sweep.h"
 #include "sim/analytic_cost_model.h"
+#include "sim/uniform_cost_model.h"
 
 namespace {
 
@@ -79,6 +80,37 @@ void BM_PipeFisherPass(benchmark::State& state) {
                  " " + std::string(pf::pipefisher::to_string(options.policy)));
 }
 BENCHMARK(BM_PipeFisherPass)->ArgsProduct({{0, 1, 2}, {0, 1, 2}})->Unit(benchmark::kMillisecond);
+
+// The scale target (docs/benchmarks.md, "The pass at p = 64, m = 1024"): 1F1B, 64
+// workers, 1024 micro-batches, uniform costs as `pipefisher_sim --uniform
+// 0.001,0.002,0.00005` (F 1 ms, B 2 ms, 50 us per hop, K-FAC tasks of zero cost: ~790k tasks
+// per refresh, all whole). The pass alone, without compiling or printing; argument: the policy.
+void BM_PipeFisherPassP64M1024(benchmark::State& state) {
+  pf::sched::ScheduleParams params;
+  params.kind = ScheduleKind::kOneFOneB;
+  params.workers = 64;
+  params.microbatches = 1024;
+  const auto base = pf::sched::compile(params);
+  pf::sim::UniformCosts uniform;
+  uniform.forward_s = 0.001;
+  uniform.backward_s = 0.002;
+  uniform.communication_s = 0.00005;
+  const pf::sim::UniformCostModel costs(uniform);
+  pf::pipefisher::KfacOptions options;
+  options.policy = static_cast<pf::pipefisher::PackingPolicy>(state.range(0));
+  int k = 0;
+  for (auto _ : state) {
+    const auto result = pf::pipefisher::run_pipefisher(base, costs, options);
+    k = result.report.refresh_steps;
+    benchmark::DoNotOptimize(k);
+  }
+  state.counters["k"] = k;
+  state.SetLabel(std::string(pf::pipefisher::to_string(options.policy)));
+}
+BENCHMARK(BM_PipeFisherPassP64M1024)
+    ->DenseRange(0, 2)
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
 
 // The table of docs/pipefisher.md: BERT-Base/Large, 4/8 stages, four schedules, two devices.
 int print_figures(int microbatches_per_stage) {

@@ -6,8 +6,10 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace pf::pipefisher {
 namespace {
@@ -63,7 +65,8 @@ struct Fit {
 
 class WorkerBubbles {
  public:
-  WorkerBubbles(const std::vector<Bubble>& bubbles, int num_steps)
+  // `index_rooms`: keep each step's bubbles ordered by free room, for best-fit.
+  WorkerBubbles(const std::vector<Bubble>& bubbles, int num_steps, bool index_rooms)
       : bubbles_(bubbles), cursor_(bubbles.size()), tree_(rooms(bubbles)) {
     for (std::size_t i = 0; i < bubbles.size(); ++i) cursor_[i] = bubbles[i].start;
     step_begin_.resize(static_cast<std::size_t>(num_steps) + 1);
@@ -71,6 +74,12 @@ class WorkerBubbles {
       auto it = std::lower_bound(bubbles.begin(), bubbles.end(), s,
                                  [](const Bubble& b, int step) { return b.step < step; });
       step_begin_[static_cast<std::size_t>(s)] = static_cast<std::size_t>(it - bubbles.begin());
+    }
+    if (index_rooms) {
+      by_room_.resize(static_cast<std::size_t>(num_steps));
+      for (std::size_t i = 0; i < bubbles.size(); ++i) {
+        by_room_[static_cast<std::size_t>(bubbles[i].step)].emplace(room(i), i);
+      }
     }
   }
 
@@ -100,20 +109,36 @@ class WorkerBubbles {
     return Fit{next, std::max(cursor_[next], release)};
   }
 
-  // Among the bubbles of `fit`'s step from fit.bubble on, the one that fits with least room left.
+  // Among the bubbles of `fit`'s step from fit.bubble on, the one that fits with least room left
+  // (the earliest of equals). `fit` is earliest()'s: every later bubble starts after the release,
+  // so its room is end - cursor, and the step's room index gives the tightest in O(log n) per
+  // distinct room value tried (values held only by bubbles up to fit.bubble are jumped over).
   Fit tightest_in_step(const Fit& fit, double release, double need) const {
-    Fit best = fit;
-    double best_left = bubbles_[fit.bubble].end - fit.start - need;
-    const int step = bubbles_[fit.bubble].step;
-    for (std::size_t i = fit.bubble + 1; i < bubbles_.size() && bubbles_[i].step == step; ++i) {
-      const double start = std::max(cursor_[i], release);
-      const double left = bubbles_[i].end - start - need;
-      if (left + slack(need) >= 0.0 && left < best_left) {
-        best = Fit{i, start};
-        best_left = left;
+    const double best_left = bubbles_[fit.bubble].end - fit.start - need;
+    const auto& rooms = by_room_[static_cast<std::size_t>(bubbles_[fit.bubble].step)];
+    constexpr auto kLastIndex = std::numeric_limits<std::size_t>::max();
+    // Below need - 2 slack no room passes the fit test: start there.
+    auto it = rooms.lower_bound({need - 2.0 * slack(need), std::size_t{0}});
+    std::optional<std::size_t> tightest;
+    double tightest_left = kInfinity;
+    while (it != rooms.end()) {
+      const double room = it->first;
+      const double left = room - need;
+      if (tightest && left != tightest_left) break;  // rooms ascend: no equal left beyond
+      if (left + slack(need) >= 0.0) {
+        // The earliest bubble after fit.bubble with exactly this room, if any.
+        const auto after = rooms.lower_bound({room, fit.bubble + 1});
+        if (after != rooms.end() && after->first == room) {
+          if (!tightest || after->second < *tightest) tightest = after->second;
+          tightest_left = left;
+        }
       }
+      it = rooms.upper_bound({room, kLastIndex});  // the next distinct room
     }
-    return best;
+    if (tightest && tightest_left < best_left) {
+      return Fit{*tightest, std::max(cursor_[*tightest], release)};
+    }
+    return fit;
   }
 
   // For an item bound to `step`: the first (or, best-fit, the tightest) bubble of that step that
@@ -136,8 +161,14 @@ class WorkerBubbles {
   }
 
   void reserve(std::size_t bubble, double start, double need) {
+    if (!by_room_.empty()) {
+      auto& rooms = by_room_[static_cast<std::size_t>(bubbles_[bubble].step)];
+      rooms.erase({room(bubble), bubble});
+      cursor_[bubble] = start + need;
+      rooms.emplace(room(bubble), bubble);
+    }
     cursor_[bubble] = start + need;
-    tree_.set(bubble, bubbles_[bubble].end - cursor_[bubble]);
+    tree_.set(bubble, room(bubble));
   }
 
   int step_of(std::size_t bubble) const { return bubbles_[bubble].step; }
@@ -150,10 +181,14 @@ class WorkerBubbles {
     for (const auto& b : bubbles) room.push_back(b.end - b.start);
     return room;
   }
+  double room(std::size_t bubble) const { return bubbles_[bubble].end - cursor_[bubble]; }
+
   const std::vector<Bubble>& bubbles_;
   std::vector<double> cursor_;
   RoomTree tree_;
   std::vector<std::size_t> step_begin_;  // first bubble index of each step (and num_steps)
+  // Per step: (free room, bubble index) of its bubbles, in that order (best-fit only).
+  std::vector<std::set<std::pair<double, std::size_t>>> by_room_;
 };
 
 void check_problem(const PackProblem& problem, const std::vector<PackItem>& items) {
@@ -280,7 +315,9 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
   check_problem(problem, items);
   std::vector<WorkerBubbles> workers;
   workers.reserve(problem.bubbles.size());
-  for (const auto& bubbles : problem.bubbles) workers.emplace_back(bubbles, problem.num_steps);
+  for (const auto& bubbles : problem.bubbles) {
+    workers.emplace_back(bubbles, problem.num_steps, policy == PackingPolicy::kBestFit);
+  }
   std::vector<std::vector<double>> flush = problem.flush_start;
 
   PackResult result;

@@ -27,7 +27,7 @@ using sched::OpKind;
 // The work and the bubbles of one candidate k, shared by the policies that pack them.
 struct Prepared {
   int refresh_steps = 1;
-  KfacWork work;
+  std::shared_ptr<const KfacWork> work;  // k = 1: the bounds' work, shared
   BubbleMap bubbles;
 };
 
@@ -46,7 +46,7 @@ struct Plan {
   int avoidable_spills() const { return packed.spilled_items - unavoidable_spills; }
   double total_after_flush_s = 0.0;  // K-FAC seconds per refresh after a flush, all workers
 
-  const KfacWork& work() const { return prepared->work; }
+  const KfacWork& work() const { return *prepared->work; }
   const BubbleMap& bubbles() const { return prepared->bubbles; }
 };
 
@@ -77,13 +77,29 @@ std::vector<int> packing_order(const KfacWork& work, PackingPolicy policy) {
     if (!is_per_step(work.tasks[t].kind())) middle.push_back(static_cast<int>(t));
   }
   if (policy == PackingPolicy::kBestFit) {
-    // Stable: within a Linear the work model's order (curvature, sync, inversion) stays.
-    std::stable_sort(middle.begin(), middle.end(), [&](int a, int b) {
-      const auto& ia = work.tasks[static_cast<std::size_t>(a)].instructions[0];
-      const auto& ib = work.tasks[static_cast<std::size_t>(b)].instructions[0];
-      return std::make_pair(ia.layer, static_cast<int>(ia.linear)) <
-             std::make_pair(ib.layer, static_cast<int>(ib.linear));
-    });
+    // Stable: within a Linear the work model's order (curvature, sync, inversion) stays. A
+    // counting sort over the few (layer, Linear) keys: linear in the tasks (a comparison sort
+    // of ~800k tasks was a tenth of the pass at p = 64, m = 1024).
+    std::vector<std::pair<int, int>> keys;
+    keys.reserve(middle.size());
+    for (int t : middle) {
+      const auto& in = work.tasks[static_cast<std::size_t>(t)].instructions[0];
+      keys.emplace_back(in.layer, static_cast<int>(in.linear));
+    }
+    std::vector<std::pair<int, int>> distinct = keys;
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    std::vector<std::size_t> bucket(keys.size());
+    std::vector<std::size_t> next(distinct.size() + 1, 0);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      bucket[i] = static_cast<std::size_t>(
+          std::lower_bound(distinct.begin(), distinct.end(), keys[i]) - distinct.begin());
+      ++next[bucket[i] + 1];
+    }
+    for (std::size_t b = 1; b < next.size(); ++b) next[b] += next[b - 1];
+    std::vector<int> sorted(middle.size());
+    for (std::size_t i = 0; i < middle.size(); ++i) sorted[next[bucket[i]]++] = middle[i];
+    middle = std::move(sorted);
   }
   order.insert(order.end(), middle.begin(), middle.end());
   order.insert(order.end(), early.begin(), early.end());
@@ -127,12 +143,16 @@ LongestBubbles longest_steady_bubbles(const BubbleMap& map) {
   return out;
 }
 
+// `one_step_work`: build_kfac_work(base, options, 1, duration), built once for the bounds.
 std::shared_ptr<const Prepared> prepare(const sched::Schedule& base, const Timeline& timeline,
                                         const KfacOptions& options, const DurationFn& duration,
-                                        int k) {
+                                        int k,
+                                        const std::shared_ptr<const KfacWork>& one_step_work) {
   auto prepared = std::make_shared<Prepared>();
   prepared->refresh_steps = k;
-  prepared->work = build_kfac_work(base, options, k, duration);
+  prepared->work =
+      k == 1 ? one_step_work
+             : std::make_shared<const KfacWork>(build_kfac_work(base, options, k, duration));
   prepared->bubbles = find_bubbles(base, timeline, k);
   return prepared;
 }
@@ -246,14 +266,47 @@ struct Bound {
 std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
                          const KfacOptions& options, const DurationFn& duration,
                          const std::vector<PackingPolicy>& policies, const Bound& bound,
-                         const LongestBubbles& longest, double task_overhead_s) {
+                         const LongestBubbles& longest, double task_overhead_s,
+                         const std::shared_ptr<const KfacWork>& one_step_work) {
   std::map<int, std::shared_ptr<const Prepared>> prepared;  // by k, shared by the policies
   auto plan_for = [&](int k, PackingPolicy policy) {
     auto& entry = prepared[k];
-    if (!entry) entry = prepare(base, timeline, options, duration, k);
+    if (!entry) entry = prepare(base, timeline, options, duration, k, one_step_work);
     return make_plan(entry, timeline, options, policy, longest, task_overhead_s);
   };
+  // Whether packing k steps must leave curvature / sync / inversion after a flush, known without
+  // packing: a task (not one that fits no bubble under any k) released after the last bubble of
+  // one of its workers ends finds no bubble (worker 0 of GPipe/1F1B gets its last curvature B
+  // after the step's last backward: k = 1 never holds it). The pack of such a k is skipped, not
+  // changed: where its plan is needed (at the cap, or to say why every_step curvature misfits)
+  // it is packed as before.
   const int cap = options.max_refresh_steps;
+  std::map<int, bool> spills_for_sure;
+  auto surely_spills = [&](int k) {
+    if (k >= cap || options.curvature == CurvatureSource::kEveryStep) return false;
+    const auto known = spills_for_sure.find(k);
+    if (known != spills_for_sure.end()) return known->second;
+    auto& entry = prepared[k];
+    if (!entry) entry = prepare(base, timeline, options, duration, k, one_step_work);
+    const auto& bubbles = entry->bubbles.problem.bubbles;
+    bool spills = false;
+    for (const KfacTask& task : entry->work->tasks) {
+      if (task.step_bound >= 0) continue;
+      if (!divisible(task, options, task_overhead_s) &&
+          longest.never_fits(task.workers, task.duration_s, options.safety_margin)) {
+        continue;  // spills under every k (spill_early), not counted against k
+      }
+      double release = 0.0;
+      for (const auto& ref : task.base_deps) release = std::max(release, timeline.at(ref).end_s);
+      spills = std::any_of(task.workers.begin(), task.workers.end(), [&](int w) {
+        const auto& mine = bubbles[static_cast<std::size_t>(w)];
+        return mine.empty() || mine.back().end <= release;
+      });
+      if (spills) break;
+    }
+    spills_for_sure[k] = spills;
+    return spills;
+  };
   std::vector<Plan> plans;
   for (PackingPolicy policy : policies) {
     if (options.refresh_steps > 0) {
@@ -280,17 +333,19 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
     std::optional<Plan> at_cap;
     std::string misfit;
     while (k <= cap) {
-      Plan plan = plan_for(k, policy);
-      if (plan.avoidable_spills() == 0) {
-        fits = std::move(plan);
-        break;
-      }
-      if (options.curvature == CurvatureSource::kEveryStep) {
-        misfit = last_step_curvature_misfit(plan, options);
-        if (!misfit.empty()) break;
+      if (!surely_spills(k)) {
+        Plan plan = plan_for(k, policy);
+        if (plan.avoidable_spills() == 0) {
+          fits = std::move(plan);
+          break;
+        }
+        if (options.curvature == CurvatureSource::kEveryStep) {
+          misfit = last_step_curvature_misfit(plan, options);
+          if (!misfit.empty()) break;
+        }
+        if (k == cap) at_cap = std::move(plan);
       }
       failed = k;
-      if (k == cap) at_cap = std::move(plan);
       k = std::min(k + step, std::max(k + 1, cap));
       // One step at a time near the bound (the usual case), doubling beyond.
       if (k - std::max(1, bound.steps) >= 4) step *= 2;
@@ -305,6 +360,10 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
     }
     while (fits->refresh_steps - failed > 1) {
       const int middle = failed + (fits->refresh_steps - failed) / 2;
+      if (surely_spills(middle)) {
+        failed = middle;
+        continue;
+      }
       Plan plan = plan_for(middle, policy);
       if (plan.avoidable_spills() == 0) {
         fits = std::move(plan);
@@ -320,10 +379,9 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
 // A lower bound on k: no worker can do more K-FAC work in k steps than k steps' bubbles hold.
 // Tasks no bubble can hold, and the work after them, run after a flush whatever k is: they do
 // not bound k.
-Bound refresh_lower_bound(const sched::Schedule& base, const BubbleMap& map,
+Bound refresh_lower_bound(const sched::Schedule& base, const KfacWork& work, const BubbleMap& map,
                           const LongestBubbles& longest, const KfacOptions& options,
-                          const DurationFn& duration, double task_overhead_s) {
-  const KfacWork work = build_kfac_work(base, options, 1, duration);
+                          double task_overhead_s) {
   // Per worker: curvature (repeated every step with every_step curvature) and the rest.
   std::vector<double> curvature(static_cast<std::size_t>(base.num_workers()), 0.0);
   std::vector<double> rest(curvature.size(), 0.0);
@@ -378,11 +436,10 @@ Bound refresh_lower_bound(const sched::Schedule& base, const BubbleMap& map,
 // where a worker's first-step gaps come before most of its work is released (worker 0 of
 // GPipe/1F1B only gets its curvature B after its last backward, at the end of the step). -1
 // with every_step curvature (not computed) or where no k can hold the work.
-int release_lower_bound(const sched::Schedule& base, const Timeline& timeline, const BubbleMap& map,
-                        const LongestBubbles& longest, const KfacOptions& options,
-                        const DurationFn& duration, double task_overhead_s) {
+int release_lower_bound(const sched::Schedule& base, const KfacWork& work, const Timeline& timeline,
+                        const BubbleMap& map, const LongestBubbles& longest,
+                        const KfacOptions& options, double task_overhead_s) {
   if (options.curvature != CurvatureSource::kFirstStep) return -1;
-  const KfacWork work = build_kfac_work(base, options, 1, duration);
   const double margin = 1.0 + options.safety_margin;
   std::vector<double> release(work.tasks.size(), 0.0);
   // Per worker: (release, seconds) of the work, and the smallest piece a gap must hold.
@@ -708,18 +765,21 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
     throw std::invalid_argument("PipeFisher pass: the cost model's K-FAC task overhead is " +
                                 std::to_string(task_overhead_s) + " s");
   }
+  // The work of a one-step refresh: both bounds, and the candidate k = 1, use it.
+  const auto one_step_work =
+      std::make_shared<const KfacWork>(build_kfac_work(base, options, 1, duration));
   const Bound bound =
-      refresh_lower_bound(base, steady, longest, options, duration, task_overhead_s);
-  const int release_bound =
-      bound.impossible.empty()
-          ? release_lower_bound(base, timeline, steady, longest, options, duration, task_overhead_s)
-          : -1;
+      refresh_lower_bound(base, *one_step_work, steady, longest, options, task_overhead_s);
+  const int release_bound = bound.impossible.empty()
+                                ? release_lower_bound(base, *one_step_work, timeline, steady,
+                                                      longest, options, task_overhead_s)
+                                : -1;
 
   std::vector<PackingPolicy> policies;
   if (options.policy != PackingPolicy::kBestFit) policies.push_back(PackingPolicy::kFirstFit);
   if (options.policy != PackingPolicy::kFirstFit) policies.push_back(PackingPolicy::kBestFit);
-  const std::vector<Plan> plans =
-      search(base, timeline, options, duration, policies, bound, longest, task_overhead_s);
+  const std::vector<Plan> plans = search(base, timeline, options, duration, policies, bound,
+                                         longest, task_overhead_s, one_step_work);
   const Plan* chosen = &plans.front();
   for (const Plan& plan : plans) {
     if (better(plan, *chosen)) chosen = &plan;

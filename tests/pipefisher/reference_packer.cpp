@@ -1,0 +1,453 @@
+// The packer as it was before best-fit got an index over the bubbles' free room (2026-11-23):
+// a linear scan of the step for the tightest fit. Kept, in the tests only, as the reference the
+// indexed packer must match placement for placement.
+#include "tests/pipefisher/reference_packer.h"
+
+#include "scheduler/instruction.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace pf::pipefisher::reference {
+namespace {
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+// Room counted as enough when it falls short by less than this (floating-point slack).
+double slack(double need) {
+  return 1e-12 + 1e-9 * need;
+}
+
+// Max-tree over the free room (end - cursor) of one worker's bubbles: finds the first bubble
+// in a range with at least a given room in O(log n).
+class RoomTree {
+ public:
+  explicit RoomTree(const std::vector<double>& room) {
+    size_ = 1;
+    while (size_ < room.size()) size_ *= 2;
+    tree_.assign(2 * size_, -kInfinity);
+    for (std::size_t i = 0; i < room.size(); ++i) tree_[size_ + i] = room[i];
+    for (std::size_t i = size_ - 1; i >= 1; --i)
+      tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
+  }
+  void set(std::size_t index, double room) {
+    std::size_t i = size_ + index;
+    tree_[i] = room;
+    for (i /= 2; i >= 1; i /= 2) tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
+  }
+  // First index in [lo, hi) whose room >= need, or hi.
+  std::size_t first_at_least(std::size_t lo, std::size_t hi, double need) const {
+    if (lo >= hi) return hi;
+    return descend(1, 0, size_, lo, hi, need);
+  }
+
+ private:
+  std::size_t descend(std::size_t node, std::size_t node_lo, std::size_t node_hi, std::size_t lo,
+                      std::size_t hi, double need) const {
+    if (node_hi <= lo || node_lo >= hi || tree_[node] < need) return hi;
+    if (node_hi - node_lo == 1) return node_lo;
+    const std::size_t mid = (node_lo + node_hi) / 2;
+    const std::size_t left = descend(2 * node, node_lo, mid, lo, hi, need);
+    if (left != hi) return left;
+    return descend(2 * node + 1, mid, node_hi, lo, hi, need);
+  }
+  std::size_t size_ = 1;
+  std::vector<double> tree_;
+};
+
+struct Fit {
+  std::size_t bubble = 0;
+  double start = 0.0;
+};
+
+class WorkerBubbles {
+ public:
+  WorkerBubbles(const std::vector<Bubble>& bubbles, int num_steps)
+      : bubbles_(bubbles), cursor_(bubbles.size()), tree_(rooms(bubbles)) {
+    for (std::size_t i = 0; i < bubbles.size(); ++i) cursor_[i] = bubbles[i].start;
+    step_begin_.resize(static_cast<std::size_t>(num_steps) + 1);
+    for (int s = 0; s <= num_steps; ++s) {
+      auto it = std::lower_bound(bubbles.begin(), bubbles.end(), s,
+                                 [](const Bubble& b, int step) { return b.step < step; });
+      step_begin_[static_cast<std::size_t>(s)] = static_cast<std::size_t>(it - bubbles.begin());
+    }
+  }
+
+  // Earliest bubble accepting a collective, with `need` room at or after `release`.
+  std::optional<Fit> earliest_for_collective(double release, double need, int step_lo,
+                                             int step_hi) const {
+    for (;;) {
+      auto fit = earliest(release, need, step_lo, step_hi);
+      if (!fit || bubbles_[fit->bubble].accepts_collective) return fit;
+      release = bubbles_[fit->bubble].end;  // skip past it
+    }
+  }
+
+  // Earliest bubble of steps [step_lo, step_hi] with `need` room at or after `release`.
+  std::optional<Fit> earliest(double release, double need, int step_lo, int step_hi) const {
+    const std::size_t lo_step = step_begin_[static_cast<std::size_t>(step_lo)];
+    const std::size_t hi = step_begin_[static_cast<std::size_t>(step_hi) + 1];
+    // First bubble ending after the release.
+    auto it = std::upper_bound(bubbles_.begin(), bubbles_.end(), release,
+                               [](double t, const Bubble& b) { return t < b.end; });
+    std::size_t lo = std::max(lo_step, static_cast<std::size_t>(it - bubbles_.begin()));
+    if (lo >= hi) return std::nullopt;
+    const double first_start = std::max(cursor_[lo], release);
+    if (bubbles_[lo].end - first_start + slack(need) >= need) return Fit{lo, first_start};
+    const std::size_t next = tree_.first_at_least(lo + 1, hi, need - slack(need));
+    if (next >= hi) return std::nullopt;
+    return Fit{next, std::max(cursor_[next], release)};
+  }
+
+  // Among the bubbles of `fit`'s step from fit.bubble on, the one that fits with least room left.
+  Fit tightest_in_step(const Fit& fit, double release, double need) const {
+    Fit best = fit;
+    double best_left = bubbles_[fit.bubble].end - fit.start - need;
+    const int step = bubbles_[fit.bubble].step;
+    for (std::size_t i = fit.bubble + 1; i < bubbles_.size() && bubbles_[i].step == step; ++i) {
+      const double start = std::max(cursor_[i], release);
+      const double left = bubbles_[i].end - start - need;
+      if (left + slack(need) >= 0.0 && left < best_left) {
+        best = Fit{i, start};
+        best_left = left;
+      }
+    }
+    return best;
+  }
+
+  // For an item bound to `step`: the first (or, best-fit, the tightest) bubble of that step that
+  // accepts bound items and has `need` room after `release`.
+  std::optional<Fit> in_step(int step, double release, double need, bool tightest) const {
+    std::optional<Fit> best;
+    double best_left = kInfinity;
+    for (std::size_t i = step_begin_[static_cast<std::size_t>(step)];
+         i < step_begin_[static_cast<std::size_t>(step) + 1]; ++i) {
+      const double not_before = std::max(release, bubbles_[i].bound_not_before);
+      if (!bubbles_[i].accepts_bound || bubbles_[i].end <= not_before) continue;
+      const double start = std::max(cursor_[i], not_before);
+      const double left = bubbles_[i].end - start - need;
+      if (left + slack(need) < 0.0 || left >= best_left) continue;
+      best = Fit{i, start};
+      best_left = left;
+      if (!tightest) break;
+    }
+    return best;
+  }
+
+  void reserve(std::size_t bubble, double start, double need) {
+    cursor_[bubble] = start + need;
+    tree_.set(bubble, bubbles_[bubble].end - cursor_[bubble]);
+  }
+
+  int step_of(std::size_t bubble) const { return bubbles_[bubble].step; }
+  double end_of(std::size_t bubble) const { return bubbles_[bubble].end; }
+
+ private:
+  static std::vector<double> rooms(const std::vector<Bubble>& bubbles) {
+    std::vector<double> room;
+    room.reserve(bubbles.size());
+    for (const auto& b : bubbles) room.push_back(b.end - b.start);
+    return room;
+  }
+  const std::vector<Bubble>& bubbles_;
+  std::vector<double> cursor_;
+  RoomTree tree_;
+  std::vector<std::size_t> step_begin_;  // first bubble index of each step (and num_steps)
+};
+
+void check_problem(const PackProblem& problem, const std::vector<PackItem>& items) {
+  if (problem.num_steps < 1) {
+    throw std::invalid_argument("pack: num_steps must be >= 1, got " +
+                                std::to_string(problem.num_steps));
+  }
+  const std::size_t workers = problem.bubbles.size();
+  if (problem.flush_start.size() != workers) {
+    throw std::invalid_argument("pack: flush_start has " +
+                                std::to_string(problem.flush_start.size()) +
+                                " workers, bubbles has " + std::to_string(workers));
+  }
+  for (std::size_t w = 0; w < workers; ++w) {
+    if (problem.flush_start[w].size() != static_cast<std::size_t>(problem.num_steps)) {
+      throw std::invalid_argument("pack: flush_start[" + std::to_string(w) + "] has " +
+                                  std::to_string(problem.flush_start[w].size()) +
+                                  " steps, expected " + std::to_string(problem.num_steps));
+    }
+    const auto& bubbles = problem.bubbles[w];
+    for (std::size_t i = 0; i < bubbles.size(); ++i) {
+      const auto& b = bubbles[i];
+      const std::string where =
+          "pack: worker " + std::to_string(w) + ", bubble " + std::to_string(i);
+      if (!(b.end >= b.start) || !std::isfinite(b.start) || !std::isfinite(b.end)) {
+        throw std::invalid_argument(where + " has end " + std::to_string(b.end) + " before start " +
+                                    std::to_string(b.start));
+      }
+      if (b.step < 0 || b.step >= problem.num_steps) {
+        throw std::invalid_argument(where + " has step " + std::to_string(b.step) +
+                                    " outside [0, " + std::to_string(problem.num_steps) + ")");
+      }
+      if (i > 0 && (b.start < bubbles[i - 1].end || b.step < bubbles[i - 1].step)) {
+        throw std::invalid_argument(where + " overlaps or precedes the bubble before it");
+      }
+    }
+  }
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const auto& item = items[i];
+    const std::string where = "pack: item " + std::to_string(i);
+    if (item.workers.empty()) throw std::invalid_argument(where + " has no worker");
+    for (int w : item.workers) {
+      if (w < 0 || static_cast<std::size_t>(w) >= workers) {
+        throw std::invalid_argument(where + " names worker " + std::to_string(w));
+      }
+    }
+    if (!(item.duration >= 0.0) || !std::isfinite(item.duration) || !std::isfinite(item.release)) {
+      throw std::invalid_argument(where + " has duration " + std::to_string(item.duration) +
+                                  " and release " + std::to_string(item.release));
+    }
+    for (int p : item.preds) {
+      if (p < 0 || static_cast<std::size_t>(p) >= i) {
+        throw std::invalid_argument(where + " depends on item " + std::to_string(p) +
+                                    ", which does not precede it");
+      }
+    }
+    if (item.divisible &&
+        (!(item.overhead >= 0.0) || !(item.min_piece >= 0.0) || item.overhead > item.duration)) {
+      throw std::invalid_argument(where + " is divisible with overhead " +
+                                  std::to_string(item.overhead) + " and min_piece " +
+                                  std::to_string(item.min_piece) + " for a duration of " +
+                                  std::to_string(item.duration));
+    }
+    if (item.step_bound >= problem.num_steps) {
+      throw std::invalid_argument(where + " is bound to step " + std::to_string(item.step_bound) +
+                                  " of " + std::to_string(problem.num_steps));
+    }
+  }
+}
+
+// Cuts a divisible item into the bubbles of one worker from `release` on (bound: only the bubbles
+// of `step_lo` that accept bound items), each piece as large as the room in hand. Returns the
+// pieces; `next_unit` is where the rest (if any) begins.
+std::vector<PiecePlacement> cut_into_bubbles(WorkerBubbles& bubbles, const PackItem& item,
+                                             double release, double margin, int step_lo,
+                                             int step_hi, bool bound, int& next_unit,
+                                             double& reserved) {
+  std::vector<PiecePlacement> pieces;
+  const double work = std::max(0.0, item.duration - item.overhead);
+  const auto cost = [&](int units) {
+    return static_cast<double>(units) / sched::kPieceUnits * work + item.overhead;
+  };
+  const double min_need = std::max(item.min_piece, cost(1)) * (1.0 + margin);
+  next_unit = 0;
+  while (next_unit < sched::kPieceUnits) {
+    const double rest_need = cost(sched::kPieceUnits - next_unit) * (1.0 + margin);
+    const double need = std::min(rest_need, min_need);
+    const auto fit = bound ? bubbles.in_step(step_lo, release, need, false)
+                           : bubbles.earliest(release, need, step_lo, step_hi);
+    if (!fit) break;
+    const double room = bubbles.end_of(fit->bubble) - fit->start;
+    int units = sched::kPieceUnits - next_unit;
+    if (room + slack(rest_need) < rest_need) {
+      const double fraction = work > 0.0 ? (room / (1.0 + margin) - item.overhead) / work : 0.0;
+      units = std::min(units - 1, static_cast<int>(std::floor(fraction * sched::kPieceUnits)));
+      if (units < 1 || cost(units) * (1.0 + margin) + slack(min_need) < min_need) {
+        release = bubbles.end_of(fit->bubble);  // too small after rounding: the next bubble
+        continue;
+      }
+    }
+    const double duration = cost(units);
+    bubbles.reserve(fit->bubble, fit->start, duration * (1.0 + margin));
+    reserved += duration * (1.0 + margin);
+    pieces.push_back(PiecePlacement{static_cast<int>(fit->bubble), bubbles.step_of(fit->bubble),
+                                    fit->start, fit->start + duration, next_unit,
+                                    next_unit + units});
+    release = fit->start + duration;
+    next_unit += units;
+  }
+  return pieces;
+}
+
+}  // namespace
+
+PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
+                PackingPolicy policy, double safety_margin) {
+  if (policy == PackingPolicy::kBestOfBoth) {
+    throw std::invalid_argument("pack: choose first_fit or best_fit (best_of_both runs both)");
+  }
+  if (!(safety_margin >= 0.0)) {
+    throw std::invalid_argument("pack: safety margin must be >= 0, got " +
+                                std::to_string(safety_margin));
+  }
+  check_problem(problem, items);
+  std::vector<WorkerBubbles> workers;
+  workers.reserve(problem.bubbles.size());
+  for (const auto& bubbles : problem.bubbles) workers.emplace_back(bubbles, problem.num_steps);
+  std::vector<std::vector<double>> flush = problem.flush_start;
+
+  PackResult result;
+  result.placements.resize(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const PackItem& item = items[i];
+    ItemPlacement& placed = result.placements[i];
+    const double need = item.duration * (1.0 + safety_margin);
+    double release = item.release;
+    int spill_step = item.step_bound >= 0 ? item.step_bound : problem.num_steps - 1;
+    bool spill = false;
+    int step_lo = item.step_bound >= 0 ? item.step_bound : 0;
+    const int step_hi = item.step_bound >= 0 ? item.step_bound : problem.num_steps - 1;
+    for (int p : item.preds) {
+      const auto& pred = result.placements[static_cast<std::size_t>(p)];
+      release = std::max(release, pred.end);
+      if (pred.spilled) {
+        // Work after a flush comes in the stream after that step's bubbles: only later steps'.
+        step_lo = std::max(step_lo, pred.step + 1);
+        spill_step = std::max(spill_step, pred.step);
+      }
+    }
+    if (step_lo > step_hi) spill = true;
+    if (item.spill_early && !spill) {
+      spill = true;
+      // The first flush at or after the release on every participant (the last step's if none).
+      // After every predecessor's step: a bubble of step s may sit in the stream after the
+      // flush of step s (before the receives of step s + 1).
+      spill_step = step_lo;
+      for (int p : item.preds) {
+        spill_step = std::max(spill_step, result.placements[static_cast<std::size_t>(p)].step + 1);
+      }
+      spill_step = std::min(spill_step, problem.num_steps - 1);
+      while (spill_step < problem.num_steps - 1 &&
+             std::any_of(item.workers.begin(), item.workers.end(), [&](int w) {
+               return problem.flush_start[static_cast<std::size_t>(w)]
+                                         [static_cast<std::size_t>(spill_step)] < release;
+             })) {
+        ++spill_step;
+      }
+    }
+
+    std::vector<Fit> fits;
+    const bool divisible = item.divisible && item.workers.size() == 1 && !spill;
+    if (divisible && policy == PackingPolicy::kFirstFit) {
+      // First-fit cuts straight away: a piece in the first gap beats the whole in a later one.
+    } else if (!spill && item.workers.size() == 1 && item.step_bound >= 0) {
+      auto fit = workers[static_cast<std::size_t>(item.workers[0])].in_step(
+          item.step_bound, release, need, policy == PackingPolicy::kBestFit);
+      if (fit) fits.push_back(*fit);
+    } else if (!spill && item.workers.size() == 1) {
+      auto& bubbles = workers[static_cast<std::size_t>(item.workers[0])];
+      auto fit = bubbles.earliest(release, need, step_lo, step_hi);
+      if (fit && policy == PackingPolicy::kBestFit) {
+        fit = bubbles.tightest_in_step(*fit, release, need);
+      }
+      if (fit) fits.push_back(*fit);
+    } else if (!spill) {
+      // A collective: the earliest time at which every participant has the room.
+      double t = release;
+      for (int round = 0; round < 1000000; ++round) {
+        fits.clear();
+        double latest = t;
+        for (int w : item.workers) {
+          auto fit = workers[static_cast<std::size_t>(w)].earliest_for_collective(t, need, step_lo,
+                                                                                  step_hi);
+          if (!fit) {
+            fits.clear();
+            break;
+          }
+          fits.push_back(*fit);
+          latest = std::max(latest, fit->start);
+        }
+        if (fits.empty()) break;
+        if (std::all_of(fits.begin(), fits.end(),
+                        [&](const Fit& f) { return f.start >= latest - slack(need); })) {
+          break;
+        }
+        t = latest;
+      }
+    }
+
+    if (!fits.empty()) {
+      double start = 0.0;
+      for (const auto& f : fits) start = std::max(start, f.start);
+      placed.start = start;
+      placed.end = start + item.duration;
+      placed.step = workers[static_cast<std::size_t>(item.workers[0])].step_of(fits[0].bubble);
+      for (std::size_t k = 0; k < fits.size(); ++k) {
+        workers[static_cast<std::size_t>(item.workers[k])].reserve(fits[k].bubble, start, need);
+        placed.bubbles.push_back(static_cast<int>(fits[k].bubble));
+      }
+      result.reserved_s += need * static_cast<double>(fits.size());
+      continue;
+    }
+    if (divisible) {
+      const int w = item.workers[0];
+      auto& bubbles = workers[static_cast<std::size_t>(w)];
+      int next_unit = 0;
+      placed.pieces = cut_into_bubbles(bubbles, item, release, safety_margin, step_lo, step_hi,
+                                       item.step_bound >= 0, next_unit, result.reserved_s);
+      const bool whole = next_unit == sched::kPieceUnits && placed.pieces.size() == 1;
+      if (whole) {
+        const PiecePlacement piece = placed.pieces.front();
+        placed.pieces.clear();
+        placed.start = piece.start;
+        placed.end = piece.end;
+        placed.step = piece.step;
+        placed.bubbles.push_back(piece.bubble);
+        continue;
+      }
+      if (!placed.pieces.empty()) {
+        if (next_unit < sched::kPieceUnits) {
+          // The rest runs after the flush, once the last piece has ended.
+          const auto units = sched::kPieceUnits - next_unit;
+          const double duration = static_cast<double>(units) / sched::kPieceUnits *
+                                      std::max(0.0, item.duration - item.overhead) +
+                                  item.overhead;
+          double& flush_at =
+              flush[static_cast<std::size_t>(w)][static_cast<std::size_t>(spill_step)];
+          const double start = std::max(placed.pieces.back().end, flush_at);
+          placed.pieces.push_back(PiecePlacement{-1, spill_step, start, start + duration, next_unit,
+                                                 sched::kPieceUnits});
+          flush_at = start + duration;
+          placed.spilled = true;
+          placed.spilled_s = duration;
+          if (item.step_bound >= 0) {
+            ++result.spilled_bound_items;
+          } else {
+            ++result.spilled_items;
+          }
+        }
+        placed.start = placed.pieces.front().start;
+        placed.end = placed.pieces.back().end;
+        placed.step = placed.pieces.back().step;
+        placed.bubbles.push_back(placed.pieces.front().bubble);
+        ++result.divided_items;
+        result.pieces += static_cast<int>(placed.pieces.size());
+        continue;
+      }
+      // No room for any piece: the whole item spills below.
+    }
+    // Spill after the flush of spill_step.
+    placed.spilled = true;
+    placed.step = spill_step;
+    double start = release;
+    for (int w : item.workers) {
+      start =
+          std::max(start, flush[static_cast<std::size_t>(w)][static_cast<std::size_t>(spill_step)]);
+    }
+    placed.start = start;
+    placed.end = start + item.duration;
+    placed.spilled_s = item.duration;
+    for (int w : item.workers) {
+      flush[static_cast<std::size_t>(w)][static_cast<std::size_t>(spill_step)] = placed.end;
+      placed.bubbles.push_back(-1);
+    }
+    if (item.step_bound >= 0) {
+      ++result.spilled_bound_items;
+    } else {
+      ++result.spilled_items;
+    }
+  }
+  return result;
+}
+
+}  // namespace pf::pipefisher::reference
