@@ -653,6 +653,14 @@ Schedule schedule_from_torch_csv(std::string_view text, std::string_view source,
     }
     params.v_shape = layout == Layout::kVShape;
   }
+  // Every rank holds the same number of stages; 3 stages on 2 ranks would index a chunk that the
+  // placement does not have (a fuzzer's finding: a looped layout passed the rank checks above).
+  if (stages % ranks != 0) {
+    throw std::invalid_argument(std::string(source) + ": " + str(stages) + " stages on " +
+                                str(ranks) +
+                                " ranks (allowed: the stage count a multiple of the rank count, "
+                                "every rank holding as many stages)");
+  }
   params.chunks_per_worker = chimera ? 1 : stages / ranks;
   params.microbatches = (max_mb + 1) * pipelines;
   for (const auto& row : rows) {

@@ -215,6 +215,10 @@ TEST(TorchCsv, FullMatchParsingWithRowAndColumn) {
             "bad.csv: stage 1 runs on rank 0; the stages of 2 ranks must be looped (stage s on "
             "rank s mod 2) or V-shaped (stage s and 3-s on rank s, then zig-zag), with the stage "
             "count a multiple of the rank count");
+  // Looped, but 3 stages on 2 ranks (the fuzzer's heap overflow: a chunk the placement lacks).
+  EXPECT_EQ(csv_error("0F0,0B0,2F0,2B0\n1F0,1B0\n"),
+            "bad.csv: 3 stages on 2 ranks (allowed: the stage count a multiple of the rank count, "
+            "every rank holding as many stages)");
   // Valid cells, invalid schedule: the validator speaks, prefixed with the file.
   EXPECT_EQ(csv_error("0B0,0F0\n1F0,1B0\n"),
             "bad.csv: the compute order can never finish; every rank waits for work that comes "
