@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses (tests/fuzz, clang, ASan + UBSan) in build/fuzz and runs each for
 # a fixed time on one core, starting from the committed corpus tests/fuzz/corpus/<target>.
-#   scripts/fuzz.sh [--seconds N] [--parallel J] [target ...]
-# (default: 20 s each, one at a time, every target; --parallel runs J harnesses at once, each on
-# one core). It ends with a table of executions and findings per harness.
+#   scripts/fuzz.sh [--seconds N] [--parallel J] [--seed S] [target ...]
+# (default: 20 s each, one at a time, every target, a random seed; --parallel runs J harnesses at
+# once, each on one core; --seed S > 0 makes libFuzzer draw the same mutations in the same order,
+# so that, for these single-threaded parsers, a short run of that seed on a fresh build/fuzz (as
+# CI's) tries a prefix of what a longer one tries). It ends with a table of executions and
+# findings per harness.
 # New coverage goes to build/fuzz/corpus/<target> (not committed); a crash, leak, sanitizer
 # report, timeout (10 s) or out-of-memory (2 GiB) ends that harness and leaves the input in
 # build/fuzz/artifacts/, and the script exits 1 after the table. Commit such an input under
@@ -16,12 +19,14 @@ source scripts/env.sh
 
 seconds=20
 parallel=1
+seed=0
 targets=()
 while (($#)); do
   case "$1" in
     --seconds) seconds="${2:-}"; shift 2 ;;
     --parallel) parallel="${2:-}"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --seed) seed="${2:-}"; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: error: unknown option '$1' (see --help)" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -32,6 +37,10 @@ if ! [[ "$seconds" =~ ^[1-9][0-9]*$ ]]; then
 fi
 if ! [[ "$parallel" =~ ^[1-9][0-9]*$ ]]; then
   echo "fuzz.sh: error: --parallel '$parallel' (allowed: a positive integer)" >&2
+  exit 2
+fi
+if ! [[ "$seed" =~ ^[0-9]+$ ]]; then
+  echo "fuzz.sh: error: --seed '$seed' (allowed: a non-negative integer; 0 = random)" >&2
   exit 2
 fi
 if ! command -v clang++ >/dev/null 2>&1; then
@@ -58,7 +67,7 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 fuzz_one() {
   local target="$1"
   mkdir -p "build/fuzz/corpus/$target"
-  "build/fuzz/tests/fuzz/fuzz_$target" -max_total_time="$seconds" -timeout=10 \
+  "build/fuzz/tests/fuzz/fuzz_$target" -max_total_time="$seconds" -seed="$seed" -timeout=10 \
     -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
     -artifact_prefix="build/fuzz/artifacts/$target-" \
     "build/fuzz/corpus/$target" "tests/fuzz/corpus/$target" >"build/fuzz/fuzz_$target.log" 2>&1
