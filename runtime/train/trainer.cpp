@@ -159,6 +159,17 @@ void print_measured_summary(const sched::Schedule& schedule,
   if (summary.utilization_with_kfac() > summary.compute_utilization()) {
     out << " (" << 100.0 * summary.utilization_with_kfac() << "% with K-FAC)";
   }
+  if (summary.compute_busy_s.size() > 1) {
+    // Per rank: a pipeline's bubbles differ by position, and K-FAC fills them unevenly.
+    out << "\n  per rank (compute + K-FAC of the window):";
+    for (std::size_t r = 0; r < summary.compute_busy_s.size(); ++r) {
+      out << " " << r << ": " << 100.0 * summary.compute_busy_s[r] / summary.window_s << "%";
+      if (summary.kfac_busy_s[r] > 0) {
+        out << " + " << 100.0 * summary.kfac_busy_s[r] / summary.window_s << "%";
+      }
+      out << (r + 1 < summary.compute_busy_s.size() ? "," : "");
+    }
+  }
   out << "\nsimulator replay of these durations: " << std::setprecision(3) << replay.step_time_s
       << " s/step (" << std::showpos << std::setprecision(1)
       << 100.0 * (replay.step_time_s - summary.step_time_s) / summary.step_time_s << std::noshowpos

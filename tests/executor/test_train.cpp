@@ -74,6 +74,7 @@ TEST_F(TrainTest, WritesMetricsTraceProfileAndSummary) {
   const std::string text = out.str();
   EXPECT_NE(text.find("step     3/3  loss"), std::string::npos) << text;
   EXPECT_NE(text.find("measured over steps 2-3"), std::string::npos) << text;
+  EXPECT_NE(text.find("per rank (compute + K-FAC of the window): 0: "), std::string::npos) << text;
   EXPECT_NE(text.find("simulator replay of these durations"), std::string::npos) << text;
 
   std::istringstream lines(read(o.metrics));
