@@ -30,6 +30,10 @@ constexpr std::string_view kKfacFile = "kfac.safetensors";
 constexpr std::string_view kStateFile = "state.json";
 constexpr std::string_view kScheduleFile = "schedule.json";
 constexpr std::string_view kManifestFile = "manifest.json";
+// A checkpoint written in parts (several processes): Hugging Face's index of sharded weights.
+constexpr std::string_view kModelIndexFile = "model.safetensors.index.json";
+// The kinds of part files, as their names begin and as manifest.json's "parts" keys them.
+constexpr std::string_view kPartKinds[] = {"model", "optimizer", "kfac"};
 constexpr std::string_view kLatestFile = "latest";
 constexpr std::string_view kDirPrefix = "step-";
 // Leftovers of an interrupted save or prune; the next save removes them.
@@ -43,6 +47,16 @@ constexpr std::uintmax_t kMaxLatestBytes = 4096;
 // Files every checkpoint has; kfac.safetensors is optional.
 constexpr std::string_view kRequiredFiles[] = {kModelFile, kConfigFile, kOptimizerFile, kStateFile,
                                                kScheduleFile};
+// Files every checkpoint written in parts has, besides its parts.
+constexpr std::string_view kRequiredPartedFiles[] = {kConfigFile, kStateFile, kScheduleFile,
+                                                     kModelIndexFile};
+
+// "optimizer-00002-of-00004.safetensors"
+std::string part_file_name(std::string_view kind, int index, int count) {
+  char digits[32];
+  std::snprintf(digits, sizeof(digits), "-%05d-of-%05d", index + 1, count);
+  return std::string(kind) + digits + ".safetensors";
+}
 
 bool starts_with(std::string_view text, std::string_view prefix) {
   return text.substr(0, prefix.size()) == prefix;
@@ -139,6 +153,45 @@ std::vector<std::byte> text_bytes(const std::string& text) {
   return {begin, begin + text.size()};
 }
 
+// Writes manifest.json last (a directory with a manifest has every file the manifest
+// describes), syncs, renames temp_dir to root/step-N, commits `latest`, prunes.
+void publish_checkpoint(const fs::path& root, const fs::path& temp_dir, TempDirGuard& guard,
+                        std::int64_t step, const nlohmann::json& files, const nlohmann::json& parts,
+                        const SaveOptions& options) {
+  const auto phase_done = [&](SavePhase phase, const fs::path& path) {
+    if (options.after_phase) options.after_phase(phase, path);
+  };
+  const auto name = checkpoint_dir_name(step);
+  const auto final_dir = root / name;
+  nlohmann::json manifest{{"format", kTrainingCheckpointFormat},
+                          {"format_version", kTrainingCheckpointFormatVersion},
+                          {"step", step},
+                          {"files", files}};
+  if (!parts.is_null()) manifest["parts"] = parts;
+  const auto manifest_path = temp_dir / kManifestFile;
+  write_file_synced(manifest_path, manifest.dump(2) + "\n");
+  phase_done(SavePhase::kFileWritten, manifest_path);
+  sync_directory(temp_dir);
+  phase_done(SavePhase::kTempDirSynced, temp_dir);
+
+  if (rename_or_exchange(temp_dir, final_dir)) {
+    // Re-saving a step: the old content came back to temp_dir; the guard removes it.
+  } else {
+    guard.release();
+  }
+  sync_directory(root);
+  phase_done(SavePhase::kRenamed, final_dir);
+
+  const auto latest_temp = root / kLatestTemp;
+  write_file_synced(latest_temp, name + "\n");
+  phase_done(SavePhase::kLatestTempWritten, latest_temp);
+  fs::rename(latest_temp, root / kLatestFile);
+  sync_directory(root);
+  phase_done(SavePhase::kLatestUpdated, root / kLatestFile);
+
+  prune(root, step, options);
+}
+
 // --- Loading ------------------------------------------------------------------------------
 
 class CheckpointReader {
@@ -200,8 +253,37 @@ class CheckpointReader {
     }
     const auto files = manifest.value("files", nlohmann::json());
     if (!files.is_object()) fail(std::string(kManifestFile) + ": field 'files' is not an object");
-    std::set<std::string_view> known(std::begin(kRequiredFiles), std::end(kRequiredFiles));
-    known.insert(kKfacFile);
+    const bool parted = manifest.contains("parts");
+    std::set<std::string> known;
+    std::vector<std::string> required;
+    if (parted) {
+      const auto& parts = manifest["parts"];
+      if (!parts.is_object()) fail(std::string(kManifestFile) + ": field 'parts' is not an object");
+      for (const auto kind : kPartKinds) {
+        const auto list = parts.value(std::string(kind), nlohmann::json::array());
+        if (!list.is_array()) {
+          fail(std::string(kManifestFile) + ": parts." + std::string(kind) + " is not an array");
+        }
+        for (const auto& file : list) {
+          const std::string text = file.is_string() ? file.get<std::string>() : std::string();
+          if (!starts_with(text, std::string(kind) + "-") || text.find('/') != std::string::npos) {
+            fail(std::string(kManifestFile) + ": parts." + std::string(kind) + " lists " +
+                 file.dump() + ", not a file name " + std::string(kind) +
+                 "-<i>-of-<n>.safetensors");
+          }
+          known.insert(text);
+          required.push_back(text);
+        }
+      }
+      if (parts.value("model", nlohmann::json::array()).empty()) {
+        fail(std::string(kManifestFile) + ": parts.model lists no file (the weights)");
+      }
+      for (const auto name : kRequiredPartedFiles) required.emplace_back(name);
+    } else {
+      for (const auto name : kRequiredFiles) required.emplace_back(name);
+      known.emplace(kKfacFile);
+    }
+    known.insert(required.begin(), required.end());
     for (const auto& [name, entry] : files.items()) {
       if (!known.contains(name)) {
         fail(std::string(kManifestFile) + " lists an unknown file '" + name + "'");
@@ -213,10 +295,9 @@ class CheckpointReader {
              "' is not {\"bytes\": <size>, \"xxh64\": \"<16 hex digits>\"}: " + entry.dump());
       }
     }
-    for (const auto name : kRequiredFiles) {
+    for (const auto& name : required) {
       if (!files.contains(name)) {
-        fail(std::string(kManifestFile) + " does not list the required file '" + std::string(name) +
-             "'");
+        fail(std::string(kManifestFile) + " does not list the required file '" + name + "'");
       }
     }
     return manifest;
@@ -372,34 +453,121 @@ fs::path save_training_checkpoint(const fs::path& root, const TrainingCheckpoint
   write(kStateFile, text_bytes(state.dump(2) + "\n"));
   write(kScheduleFile, text_bytes(checkpoint.schedule.dump(2) + "\n"));
 
-  // The manifest last: a directory with a manifest has every file the manifest describes.
-  const nlohmann::json manifest{{"format", kTrainingCheckpointFormat},
-                                {"format_version", kTrainingCheckpointFormatVersion},
-                                {"step", checkpoint.step},
-                                {"files", files}};
-  const auto manifest_path = temp_dir / kManifestFile;
-  write_file_synced(manifest_path, manifest.dump(2) + "\n");
-  phase_done(SavePhase::kFileWritten, manifest_path);
-  sync_directory(temp_dir);
-  phase_done(SavePhase::kTempDirSynced, temp_dir);
-
-  if (rename_or_exchange(temp_dir, final_dir)) {
-    // Re-saving a step: the old content came back to temp_dir; the guard removes it.
-  } else {
-    guard.release();
-  }
-  sync_directory(root);
-  phase_done(SavePhase::kRenamed, final_dir);
-
-  const auto latest_temp = root / kLatestTemp;
-  write_file_synced(latest_temp, name + "\n");
-  phase_done(SavePhase::kLatestTempWritten, latest_temp);
-  fs::rename(latest_temp, root / kLatestFile);
-  sync_directory(root);
-  phase_done(SavePhase::kLatestUpdated, root / kLatestFile);
-
-  prune(root, checkpoint.step, options);
+  publish_checkpoint(root, temp_dir, guard, checkpoint.step, files, nullptr, options);
   return final_dir;
+}
+
+fs::path begin_partial_save(const fs::path& root, std::int64_t step) {
+  if (step < 0) {
+    throw std::invalid_argument("begin_partial_save: step " + std::to_string(step) +
+                                " is negative");
+  }
+  fs::create_directories(root);
+  remove_leftovers(root);
+  const auto temp_dir = root / (std::string(kTempPrefix) + checkpoint_dir_name(step) + "-" +
+                                std::to_string(::getpid()));
+  fs::create_directory(temp_dir);
+  return temp_dir;
+}
+
+nlohmann::json write_checkpoint_part(const fs::path& temp_dir, int index, int count,
+                                     const CheckpointPart& part) {
+  if (count < 1 || index < 0 || index >= count) {
+    throw std::invalid_argument("write_checkpoint_part: part " + std::to_string(index) + " of " +
+                                std::to_string(count));
+  }
+  nlohmann::json answer{
+      {"index", index}, {"files", nlohmann::json::object()}, {"weights", nlohmann::json::array()}};
+  const std::map<std::string, std::string> pt_metadata{{"format", "pt"}};
+  const std::pair<std::string_view, const std::vector<TensorRecord>*> kinds[] = {
+      {kPartKinds[0], &part.weights},
+      {kPartKinds[1], &part.optimizer},
+      {kPartKinds[2], &part.kfac}};
+  for (const auto& [kind, records] : kinds) {
+    answer[std::string(kind)] = nlohmann::json::array();
+    if (records->empty()) continue;
+    const auto name = part_file_name(kind, index, count);
+    const auto bytes = serialize_safetensors(*records, pt_metadata);
+    write_file_synced(temp_dir / name, bytes);
+    answer["files"][name] = {{"bytes", bytes.size()}, {"xxh64", to_hex64(xxhash64(bytes))}};
+    answer[std::string(kind)].push_back(name);
+  }
+  for (const auto& record : part.weights) answer["weights"].push_back(record.name);
+  return answer;
+}
+
+fs::path commit_partial_save(const fs::path& root, const fs::path& temp_dir,
+                             const TrainingCheckpoint& shared,
+                             const std::vector<nlohmann::json>& parts, const SaveOptions& options) {
+  TempDirGuard guard(temp_dir);
+  // The shared fields as save_training_checkpoint checks them (the weights are in the parts).
+  auto check = shared;
+  check.weights = {TensorRecord{}};
+  validate_for_save(check, options);
+
+  // Parts in index order, so that the manifest (and a load) merges them by rank.
+  std::vector<const nlohmann::json*> ordered(parts.size(), nullptr);
+  for (const auto& part : parts) {
+    const auto index = part.value("index", -1);
+    if (index < 0 || static_cast<std::size_t>(index) >= parts.size() ||
+        ordered[static_cast<std::size_t>(index)] != nullptr) {
+      throw std::invalid_argument("commit_partial_save: part index " + std::to_string(index) +
+                                  " out of range or given twice (" + std::to_string(parts.size()) +
+                                  " parts)");
+    }
+    ordered[static_cast<std::size_t>(index)] = &part;
+  }
+  nlohmann::json files = nlohmann::json::object();
+  nlohmann::json manifest_parts = nlohmann::json::object();
+  nlohmann::json weight_map = nlohmann::json::object();
+  std::uint64_t total_bytes = 0;
+  for (const auto kind : kPartKinds) manifest_parts[std::string(kind)] = nlohmann::json::array();
+  for (const auto* part : ordered) {
+    for (const auto& [name, entry] : part->at("files").items()) {
+      if (files.contains(name)) {
+        throw std::invalid_argument("commit_partial_save: two parts wrote " + name);
+      }
+      files[name] = entry;
+    }
+    for (const auto kind : kPartKinds) {
+      for (const auto& name : part->at(std::string(kind))) {
+        manifest_parts[std::string(kind)].push_back(name);
+      }
+    }
+    const auto& model = part->at("model");
+    if (model.empty()) continue;
+    total_bytes += files[model[0].get<std::string>()]["bytes"].get<std::uint64_t>();
+    for (const auto& tensor : part->at("weights")) {
+      // The first part with a tensor holds it (as a load merges them).
+      if (!weight_map.contains(tensor.get<std::string>()))
+        weight_map[tensor.get<std::string>()] = model[0];
+    }
+  }
+  if (manifest_parts["model"].empty()) {
+    throw std::invalid_argument("commit_partial_save: no part holds weights");
+  }
+  const auto write = [&](std::string_view file_name, const std::string& text) {
+    const auto path = temp_dir / file_name;
+    const auto bytes = text_bytes(text);
+    write_file_synced(path, bytes);
+    files[std::string(file_name)] = {{"bytes", bytes.size()}, {"xxh64", to_hex64(xxhash64(bytes))}};
+    if (options.after_phase) options.after_phase(SavePhase::kFileWritten, path);
+  };
+  write(kConfigFile, shared.hf_config.dump(2) + "\n");
+  const nlohmann::json state{
+      {"step", shared.step}, {"identity", shared.identity}, {"state", shared.state}};
+  write(kStateFile, state.dump(2) + "\n");
+  write(kScheduleFile, shared.schedule.dump(2) + "\n");
+  const nlohmann::json index{{"metadata", {{"total_size", total_bytes}}},
+                             {"weight_map", weight_map}};
+  write(kModelIndexFile, index.dump(2) + "\n");
+  publish_checkpoint(root, temp_dir, guard, shared.step, files, manifest_parts, options);
+  return root / checkpoint_dir_name(shared.step);
+}
+
+void discard_partial_save(const fs::path& temp_dir) {
+  std::error_code ignored;
+  fs::remove_all(temp_dir, ignored);
 }
 
 TrainingCheckpoint load_training_checkpoint(const fs::path& step_dir) {
@@ -413,19 +581,39 @@ TrainingCheckpoint load_training_checkpoint(const fs::path& step_dir) {
   TrainingCheckpoint checkpoint;
   checkpoint.directory = step_dir;
   checkpoint.step = manifest["step"].get<std::int64_t>();
-  checkpoint.weights =
-      reader.parse_records(kModelFile, reader.read_verified(kModelFile, files[kModelFile]));
-  if (checkpoint.weights.empty()) reader.fail(std::string(kModelFile) + " holds no tensors");
+  const auto records_of = [&](std::string_view name) {
+    return reader.parse_records(name, reader.read_verified(name, files[std::string(name)]));
+  };
+  if (manifest.contains("parts")) {
+    // Parts merged in order; the first record of a name wins (replicated state, such as every
+    // rank's optimizer step counter, is in several parts).
+    const auto merged = [&](std::string_view kind) {
+      std::vector<TensorRecord> records;
+      std::set<std::string> names;
+      for (const auto& file : manifest["parts"].value(std::string(kind), nlohmann::json::array())) {
+        for (auto& record : records_of(file.get<std::string>())) {
+          if (names.insert(record.name).second) records.push_back(std::move(record));
+        }
+      }
+      return records;
+    };
+    checkpoint.weights = merged("model");
+    checkpoint.optimizer = merged("optimizer");
+    checkpoint.kfac = merged("kfac");
+    // The index is for transformers; verified (size, checksum, JSON) like every listed file.
+    (void)reader.parse_json(kModelIndexFile,
+                            reader.read_verified(kModelIndexFile, files[kModelIndexFile]));
+    if (checkpoint.weights.empty()) reader.fail("the model parts hold no tensors");
+  } else {
+    checkpoint.weights = records_of(kModelFile);
+    if (checkpoint.weights.empty()) reader.fail(std::string(kModelFile) + " holds no tensors");
+    checkpoint.optimizer = records_of(kOptimizerFile);
+    if (files.contains(kKfacFile)) checkpoint.kfac = records_of(kKfacFile);
+  }
   checkpoint.hf_config =
       reader.parse_json(kConfigFile, reader.read_verified(kConfigFile, files[kConfigFile]));
   if (!checkpoint.hf_config.is_object()) {
     reader.fail(std::string(kConfigFile) + " is not a JSON object");
-  }
-  checkpoint.optimizer = reader.parse_records(
-      kOptimizerFile, reader.read_verified(kOptimizerFile, files[kOptimizerFile]));
-  if (files.contains(kKfacFile)) {
-    checkpoint.kfac =
-        reader.parse_records(kKfacFile, reader.read_verified(kKfacFile, files[kKfacFile]));
   }
   auto state = reader.parse_json(kStateFile, reader.read_verified(kStateFile, files[kStateFile]));
   if (!state.is_object() || !state.contains("step") || !state.contains("identity") ||

@@ -76,6 +76,52 @@ std::filesystem::path save_training_checkpoint(const std::filesystem::path& root
                                                const TrainingCheckpoint& checkpoint,
                                                const SaveOptions& options);
 
+// --- One checkpoint written by several processes (MPI) -----------------------------------------
+// Each process writes its own part into one temporary directory; one process (the committer)
+// then writes the shared files and the manifest, which lists every part with its size and
+// checksum, and publishes the directory exactly as save_training_checkpoint does (rename, then
+// `latest`: the commit point). The caller orders the phases with collectives: begin on the
+// committer, then write_checkpoint_part everywhere, then commit (or discard) on the committer.
+// A crash before the commit leaves the previous checkpoint as the latest; the next save removes
+// the temporary directory. load_training_checkpoint reads such a checkpoint into the same
+// TrainingCheckpoint value as a single-process one (parts merged in order, the first record of a
+// name kept), so either kind resumes under threads or MPI.
+
+// One process's records. Written as "<kind>-<index+1>-of-<count>.safetensors" (5 digits each;
+// kind model, optimizer, kfac), a file only for a kind with records.
+struct CheckpointPart {
+  std::vector<TensorRecord> weights;
+  std::vector<TensorRecord> optimizer;
+  std::vector<TensorRecord> kfac;
+};
+
+// The committer: removes leftovers of interrupted saves in `root` (created if needed) and creates
+// the empty temporary directory root/.tmp-step-<N>-<pid>, which it returns.
+std::filesystem::path begin_partial_save(const std::filesystem::path& root, std::int64_t step);
+
+// Any process: writes and syncs its part's files into `temp_dir`. Returns what the commit needs:
+// {"index": i, "files": {name: {"bytes": n, "xxh64": "..."}}, "model": [file], "optimizer":
+// [file], "kfac": [file], "weights": [tensor names]} (a kind's array empty when it has no file).
+// Throws std::invalid_argument for index outside [0, count), std::system_error on I/O failure.
+nlohmann::json write_checkpoint_part(const std::filesystem::path& temp_dir, int index, int count,
+                                     const CheckpointPart& part);
+
+// The committer, once every part is written: config.json, state.json, schedule.json,
+// model.safetensors.index.json (Hugging Face's index of sharded weights) and manifest.json last,
+// then publishes root/step-<N> and commits `latest`, then prunes (SaveOptions). `shared`'s
+// weights, optimizer and kfac are not used (they are in the parts). parts: write_checkpoint_part's
+// answers, any order. Throws std::invalid_argument for parts that do not fit (no weights, a file
+// named twice, an index twice); on any failure the temporary directory is removed and `latest`
+// is untouched.
+std::filesystem::path commit_partial_save(const std::filesystem::path& root,
+                                          const std::filesystem::path& temp_dir,
+                                          const TrainingCheckpoint& shared,
+                                          const std::vector<nlohmann::json>& parts,
+                                          const SaveOptions& options = {});
+
+// The committer, when a part failed: removes the temporary directory (never throws).
+void discard_partial_save(const std::filesystem::path& temp_dir);
+
 // Reads and verifies one checkpoint directory: manifest.json (format, version, step), then every
 // file it lists (present, size, XXH64 checksum, parses). Throws pf::InputError (a
 // std::runtime_error: bad input, exit status 2) "checkpoint <dir>: <file> <what differs>";

@@ -1775,6 +1775,13 @@ std::vector<RankKfacState> ThreadedExecutor<T>::kfac_state_per_rank() {
 }
 
 template <typename T>
+std::vector<Worker<T>*> ThreadedExecutor<T>::local_workers() {
+  std::vector<Worker<T>*> workers;
+  for (auto& worker : impl_->workers) workers.push_back(worker.get());
+  return workers;
+}
+
+template <typename T>
 std::vector<InstructionEvent> ThreadedExecutor<T>::take_events() {
   std::vector<InstructionEvent> all;
   for (auto& worker : impl_->workers) {

@@ -213,6 +213,13 @@ class Executor {
   virtual std::vector<InstructionEvent> take_events() = 0;
   // Every rank's K-FAC state in the root process, by rank (elsewhere empty). Collective.
   virtual std::vector<RankKfacState> kfac_state_per_rank() = 0;
+  // The workers of this process (threads: every rank's; MPI: its own), between two run() calls.
+  virtual std::vector<Worker<T>*> local_workers() = 0;
+  // Collectives between the processes (checkpoints), with the run's wait deadline: every
+  // process's text in the root process, by process (elsewhere empty); the root's text in every
+  // process. One process (threads): the text itself.
+  virtual std::vector<std::string> gather_to_root(const std::string& text) { return {text}; }
+  virtual std::string broadcast_from_root(const std::string& text) { return text; }
 };
 
 // Workers on threads of this process, talking through an in-process communicator.
@@ -239,6 +246,7 @@ class ThreadedExecutor final : public Executor<T> {
 
   std::vector<InstructionEvent> take_events() override;
   std::vector<RankKfacState> kfac_state_per_rank() override;
+  std::vector<Worker<T>*> local_workers() override;
   std::size_t pending_messages() const;
 
  private:

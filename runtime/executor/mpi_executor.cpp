@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <sstream>
 
 #include "scheduler/grid.h"
@@ -170,6 +171,32 @@ std::vector<RankKfacState> MpiExecutor<T>::kfac_state_per_rank() {
     all.push_back(state);
   }
   return all;
+}
+
+template <typename T>
+std::vector<std::string> MpiExecutor<T>::gather_to_root(const std::string& text) {
+  const auto gathered = impl_->comm->gather_to_root(
+      std::as_bytes(std::span(text.data(), text.size())), impl_->deadline());
+  std::vector<std::string> all;
+  all.reserve(gathered.size());
+  for (const auto& bytes : gathered) {
+    all.emplace_back(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+  return all;
+}
+
+template <typename T>
+std::string MpiExecutor<T>::broadcast_from_root(const std::string& text) {
+  std::vector<int> world(static_cast<std::size_t>(impl_->comm->size()));
+  std::iota(world.begin(), world.end(), 0);
+  const auto deadline = impl_->deadline();
+  const bool root = impl_->comm->rank() == 0;
+  std::uint64_t length = root ? text.size() : 0;
+  impl_->comm->broadcast(std::as_writable_bytes(std::span(&length, 1)), 0, world, deadline);
+  std::string shared = root ? text : std::string(length, '\0');
+  impl_->comm->broadcast(std::as_writable_bytes(std::span(shared.data(), shared.size())), 0, world,
+                         deadline);
+  return shared;
 }
 
 template class MpiExecutor<float>;

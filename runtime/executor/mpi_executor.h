@@ -38,6 +38,11 @@ class MpiExecutor final : public Executor<T> {
   std::vector<InstructionEvent> take_events() override;
   // Collective: every rank's K-FAC state in the root process, empty elsewhere.
   std::vector<RankKfacState> kfac_state_per_rank() override;
+  std::vector<Worker<T>*> local_workers() override { return {&worker()}; }
+  // Collective: every rank's text in the root process (empty elsewhere).
+  std::vector<std::string> gather_to_root(const std::string& text) override;
+  // Collective: rank 0's text in every process.
+  std::string broadcast_from_root(const std::string& text) override;
 
  private:
   struct Impl;

@@ -97,18 +97,23 @@ void ShardBatches::release_before(std::int64_t step) {
 }
 
 std::vector<data::LoaderPosition> ShardBatches::positions_after(std::int64_t step) {
-  std::lock_guard lock(mutex_);
   std::vector<data::LoaderPosition> positions;
-  for (auto& replica : replicas_) {
-    read_through(replica, step);
-    auto it = replica.positions.find(step);
-    if (it == replica.positions.end()) {
-      throw std::logic_error("shard batches: no position recorded after step " +
-                             std::to_string(step));
-    }
-    positions.push_back(it->second);
+  for (std::size_t r = 0; r < replicas_.size(); ++r) {
+    positions.push_back(position_after(step, static_cast<int>(r)));
   }
   return positions;
+}
+
+data::LoaderPosition ShardBatches::position_after(std::int64_t step, int replica_index) {
+  std::lock_guard lock(mutex_);
+  auto& replica = replicas_.at(static_cast<std::size_t>(replica_index));
+  read_through(replica, step);
+  auto it = replica.positions.find(step);
+  if (it == replica.positions.end()) {
+    throw std::logic_error("shard batches: no position recorded after step " +
+                           std::to_string(step));
+  }
+  return it->second;
 }
 
 const data::ShardLoader& ShardBatches::loader(int replica) const {

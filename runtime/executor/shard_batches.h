@@ -31,6 +31,8 @@ class ShardBatches final : public BatchSource {
   // Where each replica's stream stands after step `step` (which must have been read): the
   // positions a checkpoint taken after that step resumes from.
   std::vector<data::LoaderPosition> positions_after(std::int64_t step);
+  // The same for one replica (a process under MPI reads its own replica's stream only).
+  data::LoaderPosition position_after(std::int64_t step, int replica);
   const data::ShardLoader& loader(int replica) const;
 
  private:

@@ -5,6 +5,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "kfac/state_placement.h"
 #include "runtime/model/bert_chunk.h"
 #include "runtime/model/hf_weights.h"
 #include "runtime/optim/param_view.h"
@@ -159,10 +160,33 @@ bool same_layout(const ckpt::TrainingCheckpoint& checkpoint, const sched::Schedu
   return true;
 }
 
+kfac::StatePlacement checkpoint_kfac_placement(const ckpt::TrainingCheckpoint& checkpoint) {
+  const auto text =
+      checkpoint.state.value("/kfac/placement"_json_pointer, std::string("replicate"));
+  try {
+    return kfac::parse_kfac_sharding(text).placement;
+  } catch (const std::exception& error) {
+    throw std::invalid_argument("--resume: " + (checkpoint.directory / "state.json").string() +
+                                ": kfac.placement: " + error.what());
+  }
+}
+
 void check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
-                          const sched::Schedule& schedule) {
+                          const sched::Schedule& schedule, const kfac::StatePlacement& placement) {
   if (!schedule_has_kfac(schedule)) return;
   if (checkpoint.schedule == sched::to_json(schedule)) return;  // the refresh resumes as it was
+  const auto saved = checkpoint_kfac_placement(checkpoint);
+  if (!(saved == kfac::StatePlacement{}) || !(placement == kfac::StatePlacement{})) {
+    throw std::invalid_argument(
+        "--resume: checkpoint " + checkpoint.directory.string() + " holds K-FAC state placed " +
+        kfac::to_string(saved) + " across the data-parallel replicas on " +
+        layout_string(checkpoint.schedule) + "; this run places it " + kfac::to_string(placement) +
+        " on " + layout_string(sched::to_json(schedule)) +
+        ". K-FAC state sharded across replicas resumes only on the layout that saved it (the "
+        "same schedule, stages, chunks, data-parallel degree, refresh interval and "
+        "--kfac-sharding): resume with those, or save with --kfac-sharding replicate to change "
+        "layouts");
+  }
   const std::int64_t old_k = checkpoint.state.value("/kfac/refresh_steps"_json_pointer, 1);
   const std::int64_t new_k = schedule.num_steps;
   const std::int64_t step = checkpoint.step;
@@ -200,64 +224,179 @@ std::vector<data::LoaderPosition> checkpoint_loader_positions(
   return positions;
 }
 
+namespace {
+
+// The records of one rank: weights and optimizer state from replica 0's workers (the other
+// replicas hold copies), its K-FAC state (exact per rank and pipeline, with the refresh in
+// progress; layer-keyed from replica 0's pipeline 0). Merged over the ranks in rank order, the
+// first record of a name kept, they are the whole checkpoint.
 template <typename T>
-ckpt::TrainingCheckpoint collect_checkpoint(exec::ThreadedExecutor<T>& executor, std::int64_t step,
-                                            const nlohmann::json& identity,
-                                            exec::ShardBatches* shards) {
-  const auto& setup = executor.setup();
-  const auto& schedule = setup.schedule;
-  if (executor.pending_messages() != 0) {
-    throw std::logic_error("checkpoint at step " + std::to_string(step) + ": " +
-                           std::to_string(executor.pending_messages()) +
-                           " message(s) in flight between workers");
-  }
+ckpt::CheckpointPart collect_part(exec::Worker<T>& worker, const sched::Schedule& schedule) {
+  const int rank = worker.rank();
   const int workers = schedule.num_workers();
+  ckpt::CheckpointPart part;
+  if (rank < workers) {
+    std::vector<model::BertChunk<T>*> model_chunks;  // this rank's chunks of pipeline 0
+    for (int c = 0; c < schedule.placement.chunks_per_pipeline; ++c) {
+      if (schedule.placement.worker_of(0, c) != rank) continue;
+      auto* chunk = worker.chunk(0, c);
+      if (chunk == nullptr) throw std::logic_error("checkpoint: chunk " + std::to_string(c));
+      model_chunks.push_back(chunk);
+    }
+    if (!model_chunks.empty()) part.weights = model::hf_weight_records<T>(model_chunks);
+    std::map<std::string, ckpt::TensorRecord> optimizer;
+    merge_records(optimizer, worker.optimizer().state_records(kOptimizerPrefix));
+    if constexpr (!std::is_same_v<T, float>) {
+      for (auto* chunk : model_chunks) {
+        for (const auto& p : chunk->parameters()) {
+          merge_records(optimizer,
+                        {ckpt::make_f64_record(
+                            std::string(kMasterPrefix) + "." + p.name, p.shape,
+                            std::span<const double>(p.value, static_cast<std::size_t>(p.size)))});
+        }
+      }
+    }
+    part.optimizer = values_of(std::move(optimizer));
+  }
+  if (schedule_has_kfac(schedule)) {
+    std::map<std::string, ckpt::TensorRecord> kfac;
+    for (int p = 0; p < schedule.placement.num_pipelines; ++p) {
+      const auto& state = worker.kfac_state(p);
+      if (state.layers().empty()) continue;
+      if (rank < workers && p == 0) merge_records(kfac, state.state_records(kKfacPrefix));
+      merge_records(kfac, state.state_records(exact_kfac_prefix(rank, p)));
+    }
+    merge_records(kfac, worker.kfac_progress_records(progress_prefix(rank)));
+    part.kfac = values_of(std::move(kfac));
+  }
+  return part;
+}
+
+// Everything but the records: step, config, identity, schedule and state.json's state.
+template <typename T>
+ckpt::TrainingCheckpoint shared_checkpoint_fields(const exec::RunSetup<T>& setup, std::int64_t step,
+                                                  const nlohmann::json& identity,
+                                                  const nlohmann::json& loader_positions) {
+  const auto& schedule = setup.schedule;
   ckpt::TrainingCheckpoint checkpoint;
   checkpoint.step = step;
   checkpoint.hf_config = model::bert_config_to_hf_json(setup.config);
   checkpoint.identity = identity;
   checkpoint.schedule = sched::to_json(schedule);
+  checkpoint.state = {{"step", step},
+                      {"loader_positions", loader_positions},
+                      {"seeds",
+                       {{"init", setup.options.init_seed},
+                        {"dropout", setup.options.dropout_seed},
+                        {"data", identity.value("seed", std::uint64_t{0})}}},
+                      {"kfac",
+                       {{"refresh_steps", schedule.num_steps},
+                        {"round_phase", step % schedule.num_steps},
+                        {"placement", kfac::to_string(setup.options.kfac.placement)}}},
+                      {"layout", layout_string(checkpoint.schedule)}};
+  return checkpoint;
+}
 
-  // Weights: pipeline 0 of replica 0 holds the whole model once.
-  std::vector<model::BertChunk<T>*> model_chunks;
-  for (int c = 0; c < schedule.placement.chunks_per_pipeline; ++c) {
-    auto* chunk = executor.worker(schedule.placement.worker_of(0, c)).chunk(0, c);
-    if (chunk == nullptr) throw std::logic_error("checkpoint: chunk " + std::to_string(c));
-    model_chunks.push_back(chunk);
-  }
-  checkpoint.weights = model::hf_weight_records<T>(model_chunks);
-
-  std::map<std::string, ckpt::TensorRecord> optimizer;
-  for (int rank = 0; rank < workers; ++rank) {
-    merge_records(optimizer, executor.worker(rank).optimizer().state_records(kOptimizerPrefix));
-  }
-  if constexpr (!std::is_same_v<T, float>) {
-    for (auto* chunk : model_chunks) {
-      for (const auto& p : chunk->parameters()) {
-        merge_records(optimizer,
-                      {ckpt::make_f64_record(
-                          std::string(kMasterPrefix) + "." + p.name, p.shape,
-                          std::span<const double>(p.value, static_cast<std::size_t>(p.size)))});
-      }
+// The collective save of a run on several processes (MPI), each holding its own ranks: rank 0
+// opens the temporary directory, every process writes its part, rank 0 commits the manifest
+// once all have succeeded. Every step ends in a collective with the run's deadline, and every
+// process learns the outcome: a failure anywhere throws the same error on all.
+template <typename T>
+fs::path save_collectively(exec::Executor<T>& executor, std::int64_t step,
+                           const nlohmann::json& identity, exec::ShardBatches* shards,
+                           const fs::path& root, const ckpt::SaveOptions& save_options) {
+  const auto& setup = executor.setup();
+  const auto& schedule = setup.schedule;
+  const bool is_root = executor.is_root();
+  const auto fail_everywhere = [](const std::string& outcome) {
+    if (outcome.rfind("error: ", 0) == 0) {
+      throw std::runtime_error("checkpoint at " + outcome.substr(7));
+    }
+  };
+  // 1. The temporary directory, named by rank 0.
+  std::string opened;
+  if (is_root) {
+    try {
+      opened = "ok: " + ckpt::begin_partial_save(root, step).string();
+    } catch (const std::exception& error) {
+      opened = "error: step " + std::to_string(step) + ": rank 0: " + error.what();
     }
   }
-  checkpoint.optimizer = values_of(std::move(optimizer));
+  opened = executor.broadcast_from_root(opened);
+  fail_everywhere(opened);
+  const fs::path temp_dir = opened.substr(4);
 
-  if (schedule_has_kfac(schedule)) {
-    std::map<std::string, ckpt::TensorRecord> kfac;
-    for (int rank = 0; rank < executor.num_ranks(); ++rank) {
-      auto& worker = executor.worker(rank);
-      for (int p = 0; p < schedule.placement.num_pipelines; ++p) {
-        const auto& state = worker.kfac_state(p);
-        if (state.layers().empty()) continue;
-        if (rank < workers && p == 0) merge_records(kfac, state.state_records(kKfacPrefix));
-        merge_records(kfac, state.state_records(exact_kfac_prefix(rank, p)));
+  // 2. Every process its part (and its replica's loader position).
+  nlohmann::json mine = nlohmann::json::array();
+  for (auto* worker : executor.local_workers()) {
+    const int rank = worker->rank();
+    try {
+      auto answer = ckpt::write_checkpoint_part(temp_dir, rank, executor.num_ranks(),
+                                                collect_part(*worker, schedule));
+      if (shards != nullptr && worker->worker() == 0) {
+        answer["loader_position"] = shards->position_after(step - 1, worker->replica()).to_json();
       }
-      merge_records(kfac, worker.kfac_progress_records(progress_prefix(rank)));
+      mine.push_back(std::move(answer));
+    } catch (const std::exception& error) {
+      mine.push_back({{"error", "rank " + std::to_string(rank) + ": " + error.what()}});
     }
-    checkpoint.kfac = values_of(std::move(kfac));
   }
+  const auto gathered = executor.gather_to_root(mine.dump());
 
+  // 3. Rank 0 commits when every part is there.
+  std::string outcome;
+  if (is_root) {
+    try {
+      std::vector<nlohmann::json> parts;
+      std::map<int, nlohmann::json> positions;  // by replica
+      std::string errors;
+      for (const auto& text : gathered) {
+        nlohmann::json answers = nlohmann::json::parse(text);
+        for (nlohmann::json& answer : answers) {
+          if (answer.contains("error")) {
+            errors += (errors.empty() ? "" : "; ") + answer["error"].get<std::string>();
+            continue;
+          }
+          if (answer.contains("loader_position")) {
+            const int rank = answer["index"].get<int>();
+            positions[rank / schedule.num_workers()] = answer["loader_position"];
+          }
+          parts.push_back(std::move(answer));
+        }
+      }
+      if (!errors.empty()) throw std::runtime_error(errors);
+      nlohmann::json loader_positions = nullptr;
+      if (shards != nullptr) {
+        loader_positions = nlohmann::json::array();
+        for (auto& [replica, position] : positions) loader_positions.push_back(position);
+      }
+      outcome = "ok: " + ckpt::commit_partial_save(
+                             root, temp_dir,
+                             shared_checkpoint_fields(setup, step, identity, loader_positions),
+                             parts, save_options)
+                             .string();
+    } catch (const std::exception& error) {
+      ckpt::discard_partial_save(temp_dir);
+      outcome = "error: step " + std::to_string(step) + " (" + root.string() + "): " + error.what();
+    }
+  }
+  outcome = executor.broadcast_from_root(outcome);
+  fail_everywhere(outcome);
+  return outcome.substr(4);
+}
+
+}  // namespace
+
+template <typename T>
+ckpt::TrainingCheckpoint collect_checkpoint(exec::ThreadedExecutor<T>& executor, std::int64_t step,
+                                            const nlohmann::json& identity,
+                                            exec::ShardBatches* shards) {
+  const auto& setup = executor.setup();
+  if (executor.pending_messages() != 0) {
+    throw std::logic_error("checkpoint at step " + std::to_string(step) + ": " +
+                           std::to_string(executor.pending_messages()) +
+                           " message(s) in flight between workers");
+  }
   nlohmann::json positions = nullptr;
   if (shards != nullptr) {
     positions = nlohmann::json::array();
@@ -265,23 +404,31 @@ ckpt::TrainingCheckpoint collect_checkpoint(exec::ThreadedExecutor<T>& executor,
       positions.push_back(position.to_json());
     }
   }
-  checkpoint.state = {
-      {"step", step},
-      {"loader_positions", positions},
-      {"seeds",
-       {{"init", setup.options.init_seed},
-        {"dropout", setup.options.dropout_seed},
-        {"data", identity.value("seed", std::uint64_t{0})}}},
-      {"kfac", {{"refresh_steps", schedule.num_steps}, {"round_phase", step % schedule.num_steps}}},
-      {"layout", layout_string(checkpoint.schedule)}};
+  auto checkpoint = shared_checkpoint_fields(setup, step, identity, positions);
+  std::map<std::string, ckpt::TensorRecord> weights, optimizer, kfac;
+  for (auto* worker : executor.local_workers()) {
+    auto part = collect_part(*worker, setup.schedule);
+    merge_records(weights, std::move(part.weights));
+    merge_records(optimizer, std::move(part.optimizer));
+    merge_records(kfac, std::move(part.kfac));
+  }
+  checkpoint.weights = values_of(std::move(weights));
+  checkpoint.optimizer = values_of(std::move(optimizer));
+  checkpoint.kfac = values_of(std::move(kfac));
   return checkpoint;
 }
 
 template <typename T>
-void restore_checkpoint(exec::ThreadedExecutor<T>& executor,
-                        const ckpt::TrainingCheckpoint& checkpoint) {
+void restore_checkpoint(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint& checkpoint) {
   const auto& schedule = executor.setup().schedule;
-  const auto where = [&](const char* file) { return (checkpoint.directory / file).string(); };
+  const auto where = [&](const char* file) {
+    // A checkpoint in parts names the kind of part files.
+    if (fs::exists(checkpoint.directory / file) || checkpoint.directory.empty()) {
+      return (checkpoint.directory / file).string();
+    }
+    const std::string kind(file, std::string_view(file).find('.'));
+    return (checkpoint.directory / (kind + "-*.safetensors")).string();
+  };
   const auto weights = ckpt::to_safetensors_file(checkpoint.weights);
   auto optimizer = ckpt::to_safetensors_file(checkpoint.optimizer);
   alias_tied_records(optimizer, kOptimizerPrefix);
@@ -291,8 +438,9 @@ void restore_checkpoint(exec::ThreadedExecutor<T>& executor,
   ckpt::SafetensorsFile kfac;
   if (kfac_on) kfac = ckpt::to_safetensors_file(checkpoint.kfac);
 
-  for (int rank = 0; rank < executor.num_ranks(); ++rank) {
-    auto& worker = executor.worker(rank);
+  for (auto* worker_pointer : executor.local_workers()) {
+    auto& worker = *worker_pointer;
+    const int rank = worker.rank();
     try {
       for (auto* chunk : worker.chunks()) model::load_hf_weights(weights, *chunk);
     } catch (const std::exception& error) {
@@ -326,6 +474,18 @@ void restore_checkpoint(exec::ThreadedExecutor<T>& executor,
 }
 
 template <typename T>
+fs::path save_checkpoint(exec::Executor<T>& executor, std::int64_t step,
+                         const nlohmann::json& identity, exec::ShardBatches* shards,
+                         const fs::path& root, const ckpt::SaveOptions& save_options) {
+  auto* threaded = dynamic_cast<exec::ThreadedExecutor<T>*>(&executor);
+  if (threaded == nullptr) {  // one process per rank (MPI), even with one process
+    return save_collectively(executor, step, identity, shards, root, save_options);
+  }
+  return ckpt::save_training_checkpoint(root, collect_checkpoint(*threaded, step, identity, shards),
+                                        save_options);
+}
+
+template <typename T>
 fs::path run_with_checkpoints(exec::Executor<T>& executor, const TrainOptions& o,
                               std::int64_t first_step, const nlohmann::json& identity,
                               exec::ShardBatches* shards,
@@ -344,10 +504,8 @@ fs::path run_with_checkpoints(exec::Executor<T>& executor, const TrainOptions& o
     step = next;
     const bool stop = pauses.after_segment && pauses.after_segment(step);
     if (!o.checkpoint_dir.empty() && (step == checkpoint_step || stop)) {
-      auto* threaded = dynamic_cast<exec::ThreadedExecutor<T>*>(&executor);
-      if (threaded == nullptr) throw std::logic_error("checkpoints need the threaded executor");
-      last_saved = ckpt::save_training_checkpoint(
-          o.checkpoint_dir, collect_checkpoint(*threaded, step, identity, shards), save_options);
+      last_saved =
+          save_checkpoint(executor, step, identity, shards, o.checkpoint_dir, save_options);
     }
     if (stop) break;
   }
@@ -370,9 +528,13 @@ template ckpt::TrainingCheckpoint collect_checkpoint<float>(exec::ThreadedExecut
 template ckpt::TrainingCheckpoint collect_checkpoint<double>(exec::ThreadedExecutor<double>&,
                                                              std::int64_t, const nlohmann::json&,
                                                              exec::ShardBatches*);
-template void restore_checkpoint<float>(exec::ThreadedExecutor<float>&,
-                                        const ckpt::TrainingCheckpoint&);
-template void restore_checkpoint<double>(exec::ThreadedExecutor<double>&,
-                                         const ckpt::TrainingCheckpoint&);
+template void restore_checkpoint<float>(exec::Executor<float>&, const ckpt::TrainingCheckpoint&);
+template void restore_checkpoint<double>(exec::Executor<double>&, const ckpt::TrainingCheckpoint&);
+template fs::path save_checkpoint<float>(exec::Executor<float>&, std::int64_t,
+                                         const nlohmann::json&, exec::ShardBatches*,
+                                         const fs::path&, const ckpt::SaveOptions&);
+template fs::path save_checkpoint<double>(exec::Executor<double>&, std::int64_t,
+                                          const nlohmann::json&, exec::ShardBatches*,
+                                          const fs::path&, const ckpt::SaveOptions&);
 
 }  // namespace pf::train

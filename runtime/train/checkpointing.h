@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kfac/state_placement.h"
 #include "runtime/checkpoint/training_checkpoint.h"
 #include "runtime/data/loader.h"
 #include "runtime/executor/executor.h"
@@ -45,8 +46,15 @@ bool same_layout(const ckpt::TrainingCheckpoint& checkpoint, const sched::Schedu
 // refresh in progress is restored); for another schedule only at a refresh boundary of both
 // (the step a multiple of both refresh intervals), since a refresh in progress is defined by the
 // old schedule's curvature tasks. Throws std::invalid_argument saying how to resume otherwise.
+// K-FAC state sharded across data-parallel replicas (the checkpoint's or this run's placement
+// not "replicate") resumes only on the checkpoint's own schedule (each rank restores the state
+// it owned); elsewhere this throws std::invalid_argument naming both placements and layouts.
 void check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
-                          const sched::Schedule& schedule);
+                          const sched::Schedule& schedule, const kfac::StatePlacement& placement);
+
+// The K-FAC state placement the checkpoint was saved with (state.json's kfac.placement;
+// "replicate" for checkpoints without one). Throws std::invalid_argument for an unknown one.
+kfac::StatePlacement checkpoint_kfac_placement(const ckpt::TrainingCheckpoint& checkpoint);
 
 // The loader positions per data-parallel replica (empty for synthetic data).
 std::vector<data::LoaderPosition> checkpoint_loader_positions(
@@ -58,19 +66,22 @@ ckpt::TrainingCheckpoint collect_checkpoint(exec::ThreadedExecutor<T>& executor,
                                             const nlohmann::json& identity,
                                             exec::ShardBatches* shards);
 
-// Restores weights (every replica of every chunk), optimizer state and K-FAC state into a fresh
-// executor. Throws std::runtime_error naming the record that is missing or mis-shaped.
+// Restores weights, optimizer state and K-FAC state into a fresh executor's workers of this
+// process (every rank's under threads, its own under MPI; each process reads the whole
+// checkpoint). Throws std::runtime_error naming the record that is missing or mis-shaped.
 template <typename T>
-void restore_checkpoint(exec::ThreadedExecutor<T>& executor,
-                        const ckpt::TrainingCheckpoint& checkpoint);
-// The same through the trainer's interface: only the threaded runtime holds every rank's state
-// (under MPI, run_training refuses checkpoints before any work); throws std::logic_error else.
+void restore_checkpoint(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint& checkpoint);
+
+// Saves the executor's state after `step` steps into `root` and returns the checkpoint's
+// directory. Threads: one process writes one checkpoint (save_training_checkpoint). Several
+// processes (MPI; collective, every process calls it): each writes its ranks' part, rank 0 the
+// manifest and the commit, once every part is written (ckpt::commit_partial_save); a failure on
+// any process throws the same std::runtime_error on all, and `latest` is untouched.
 template <typename T>
-void restore_checkpoint(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint& checkpoint) {
-  auto* threaded = dynamic_cast<exec::ThreadedExecutor<T>*>(&executor);
-  if (threaded == nullptr) throw std::logic_error("checkpoints need the threaded executor");
-  restore_checkpoint(*threaded, checkpoint);
-}
+std::filesystem::path save_checkpoint(exec::Executor<T>& executor, std::int64_t step,
+                                      const nlohmann::json& identity, exec::ShardBatches* shards,
+                                      const std::filesystem::path& root,
+                                      const ckpt::SaveOptions& save_options = {});
 
 // Runs steps [first_step, options.steps) and, with --checkpoint-dir, saves after every
 // --checkpoint-every-th step and after the last (the executor runs in segments between saves,
@@ -99,10 +110,20 @@ extern template ckpt::TrainingCheckpoint collect_checkpoint<double>(exec::Thread
                                                                     std::int64_t,
                                                                     const nlohmann::json&,
                                                                     exec::ShardBatches*);
-extern template void restore_checkpoint<float>(exec::ThreadedExecutor<float>&,
+extern template void restore_checkpoint<float>(exec::Executor<float>&,
                                                const ckpt::TrainingCheckpoint&);
-extern template void restore_checkpoint<double>(exec::ThreadedExecutor<double>&,
+extern template void restore_checkpoint<double>(exec::Executor<double>&,
                                                 const ckpt::TrainingCheckpoint&);
+extern template std::filesystem::path save_checkpoint<float>(exec::Executor<float>&, std::int64_t,
+                                                             const nlohmann::json&,
+                                                             exec::ShardBatches*,
+                                                             const std::filesystem::path&,
+                                                             const ckpt::SaveOptions&);
+extern template std::filesystem::path save_checkpoint<double>(exec::Executor<double>&, std::int64_t,
+                                                              const nlohmann::json&,
+                                                              exec::ShardBatches*,
+                                                              const std::filesystem::path&,
+                                                              const ckpt::SaveOptions&);
 extern template std::filesystem::path run_with_checkpoints<float>(
     exec::Executor<float>&, const TrainOptions&, std::int64_t, const nlohmann::json&,
     exec::ShardBatches*, const std::function<void(const exec::StepResult&)>&,

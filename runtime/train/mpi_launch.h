@@ -7,8 +7,8 @@
 //
 // Only rank 0 prints progress and the summary and writes metrics, the trace (every rank's
 // events, one process per rank) and the profile. A K-FAC self-profile is measured by rank 0 and
-// broadcast, so that every process places K-FAC identically. Checkpoints are not written under
-// MPI yet.
+// broadcast, so that every process places K-FAC identically. Checkpoints are written
+// collectively (each process its part, rank 0 the manifest: checkpointing.h, save_checkpoint).
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/train/trainer.h"
 

@@ -39,11 +39,6 @@ int run(int argc, char** argv, pf::train::Launch& launch) {
   }
   std::ostream quiet(nullptr);  // other ranks' output goes nowhere
   try {
-    if (launch.multi_process() && !options.checkpoint_dir.empty()) {
-      throw std::invalid_argument(
-          "--checkpoint-dir: checkpoints are not written under MPI yet (run without mpirun to "
-          "checkpoint, or drop --checkpoint-dir)");
-    }
     return pf::train::run_training(options, root ? std::cout : quiet, launch);
   } catch (const std::exception& error) {
     if (pf::is_input_error(error)) {

@@ -397,11 +397,6 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
           ", but the shards were made with a vocabulary of " + std::to_string(vocab));
     }
   }
-  if (launch.multi_process() && (!o.checkpoint_dir.empty() || o.resume)) {
-    throw std::invalid_argument(
-        "--checkpoint-dir/--resume: checkpoints are written by the threaded runtime only so far; "
-        "run without mpirun to save or resume");
-  }
   if (context.seq_len > context.config.max_position_embeddings) {
     throw std::invalid_argument("sequence length " + std::to_string(context.seq_len) +
                                 " exceeds the model's max_position_embeddings " +
@@ -434,6 +429,8 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
   if (resume_schedule) {
     context.schedule = sched::schedule_from_json(
         context.resume->schedule, (context.resume->directory / "schedule.json").string());
+    // The schedule's K-FAC broadcasts follow the placement it was compiled with.
+    context.kfac_placement = checkpoint_kfac_placement(*context.resume);
     context.kfac_summary = "PipeFisher: K-FAC refresh every " +
                            std::to_string(context.schedule.num_steps) +
                            " step(s) (the checkpoint's schedule)\n";
@@ -483,12 +480,6 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     context.kfac_placement = pass.report.placement;
     context.kfac_model_bytes = pass.report.kfac_memory_bytes;
     context.kfac_model_sent_per_refresh = pass.report.kfac_sent_bytes_per_refresh;
-    if (!o.checkpoint_dir.empty() && !(pass.report.placement == kfac::StatePlacement{})) {
-      throw std::invalid_argument(
-          "--kfac-sharding " + pass.report.state_placement +
-          ": checkpoints of K-FAC state sharded across replicas are not written yet; use "
-          "--kfac-sharding replicate with --checkpoint-dir");
-    }
     std::ostringstream summary;
     summary << "PipeFisher: K-FAC refresh every " << pass.report.refresh_steps
             << " step(s); predicted utilization " << std::fixed << std::setprecision(1)
@@ -506,7 +497,9 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     context.kfac_summary = summary.str();
     context.schedule = pass.schedule;
   }
-  if (context.resume) check_kfac_resumable(*context.resume, context.schedule);
+  if (context.resume) {
+    check_kfac_resumable(*context.resume, context.schedule, context.kfac_placement);
+  }
 
   if (o.data == "synthetic") {
     context.batches = std::make_unique<exec::SyntheticBatches>(

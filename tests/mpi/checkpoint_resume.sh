@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Collective checkpoints of pipefisher_train under mpirun: N steps straight through and k steps,
+# save, resume to N give the same bits (every part file, every step's loss and gradient norm),
+# with -np 2 and with -np 4 (data-parallel 2, shards, K-FAC sharded across the replicas, saved in
+# the middle of a refresh); the MPI run matches the threaded one; a checkpoint of replicated
+# state moves to another layout; sharded K-FAC state on another layout and a corrupt part file
+# are refused with one error line, every process exiting.
+#   checkpoint_resume.sh <pipefisher_train> <pipefisher_data> <mpirun and its options...>
+set -uo pipefail
+train=$(realpath "$1")
+data_tool=$(realpath "$2")
+shift 2
+mpirun=("$@")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work" || exit 1
+
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+# Runs a command that must succeed; its output is shown when it does not.
+must() {
+  if ! "$@" > log 2>&1; then
+    cat log
+    fail "this failed: $*"
+  fi
+}
+# Losses and gradient norms of every step (times differ from run to run).
+losses() { grep -o '"loss":[^,]*\|"grad_norm":[^,]*' "$1"; }
+# Every file of two checkpoints' latest step, byte for byte.
+same_checkpoints() {
+  local a b
+  a="$1/$(cat "$1/latest")"
+  b="$2/$(cat "$2/latest")"
+  [[ "$(basename "$a")" == "$(basename "$b")" ]] || fail "$a and $b are not the same step"
+  [[ "$(ls "$a")" == "$(ls "$b")" ]] || fail "$a and $b hold other files: $(ls "$a") / $(ls "$b")"
+  for file in "$a"/*; do
+    cmp -s "$file" "$b/$(basename "$file")" || fail "$(basename "$file") differs: $a vs $b"
+  done
+}
+# A job that must fail with exit status 2 and print `expected` exactly once.
+refused() {
+  local expected=$1
+  shift
+  local start status
+  start=$(date +%s)
+  timeout 120 "$@" > log 2>&1
+  status=$?
+  cat log
+  [[ $status -ne 124 ]] || fail "the job hung"
+  [[ $status -ne 0 ]] || fail "the job succeeded: $*"
+  [[ "$(grep -c -- "$expected" log)" == 1 ]] || fail "expected one line with: $expected"
+  echo "refused after $(($(date +%s) - start)) s, as expected"
+}
+
+cat > config.json << 'JSON'
+{"vocab_size": 120, "hidden_size": 16, "num_hidden_layers": 4, "num_attention_heads": 2,
+ "intermediate_size": 32, "max_position_embeddings": 32, "type_vocab_size": 2,
+ "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "model_type": "bert"}
+JSON
+for i in $(seq 1 60); do
+  echo "The cat number $i sat on the mat. A dog ran to the park with ball $((i % 7))."
+  echo "Birds sing in tree $((i % 5)) every morning."
+  echo
+done > corpus.txt
+must "$data_tool" vocab corpus.txt --out vocab.txt --size 120 --min-frequency 1
+must "$data_tool" shards corpus.txt --vocab vocab.txt --out-dir shards --max-seq-length 16 \
+  --max-predictions-per-seq 2 --dupe-factor 2 --format paragraphs
+
+# -np 2: two pipeline stages, synthetic data, a save at step 3 of 6.
+base=(--model config.json --data synthetic --seq-len 12 --micro-batch-size 2 --microbatches 4
+  --quiet)
+plain=("${base[@]}" --lr-decay-steps 6)
+must "${mpirun[@]}" -np 2 "$train" "${plain[@]}" --stages 2 --steps 3 --checkpoint-dir a --metrics a.jsonl
+must "${mpirun[@]}" -np 2 "$train" "${plain[@]}" --stages 2 --steps 6 --checkpoint-dir a --metrics a.jsonl \
+  --resume
+must "${mpirun[@]}" -np 2 "$train" "${plain[@]}" --stages 2 --steps 6 --checkpoint-dir b --metrics b.jsonl
+same_checkpoints a b
+[[ "$(losses a.jsonl)" == "$(losses b.jsonl)" ]] || fail "-np 2: the losses differ"
+[[ "$(losses a.jsonl | wc -l)" == 12 ]] || fail "-np 2: not 6 steps of metrics"
+echo "-np 2: resumed run bit-identical to the straight one"
+
+# Replicated state moves to another layout: the step-3 checkpoint continues on 4 stages.
+mkdir c && cp -r a/step-00000003 c/ && echo step-00000003 > c/latest
+must "${mpirun[@]}" -np 4 "$train" "${plain[@]}" --stages 4 --steps 6 --checkpoint-dir c --resume
+[[ "$(cat c/latest)" == step-00000006 ]] || fail "the resume on 4 stages saved no step 6"
+echo "-np 2 checkpoint resumed on -np 4 (4 stages)"
+
+# -np 4: two stages x two data-parallel replicas, shards, K-FAC sharded over the replicas with a
+# two-step refresh, saved at step 3 (inside a refresh). One measured profile places K-FAC alike
+# in every run.
+kfac=(--model config.json --data shards --micro-batch-size 2 --microbatches 4 --data-parallel 2 --lr-decay-steps 6 --quiet --kfac --kfac-refresh 2 --kfac-sharding shard)
+must "$train" "${kfac[@]}" --stages 2 --steps 2 --profile-out profile.json
+kfac+=(--kfac-profile profile.json)
+must "${mpirun[@]}" -np 4 "$train" "${kfac[@]}" --stages 2 --steps 3 --checkpoint-dir k --metrics k.jsonl
+must "${mpirun[@]}" -np 4 "$train" "${kfac[@]}" --stages 2 --steps 6 --checkpoint-dir k --metrics k.jsonl \
+  --resume
+must "${mpirun[@]}" -np 4 "$train" "${kfac[@]}" --stages 2 --steps 6 --checkpoint-dir l --metrics l.jsonl
+same_checkpoints k l
+[[ "$(losses k.jsonl)" == "$(losses l.jsonl)" ]] || fail "-np 4: the losses differ"
+ls k/step-00000006/kfac-0000[1-4]-of-00004.safetensors > /dev/null ||
+  fail "-np 4: not every rank wrote its K-FAC state"
+grep -q '"placement": "shard"' k/step-00000003/state.json || fail "no placement in state.json"
+# Threads, same configuration: the same numbers.
+must "$train" "${kfac[@]}" --stages 2 --steps 6 --metrics threads.jsonl
+[[ "$(losses threads.jsonl)" == "$(losses l.jsonl)" ]] || fail "threads and MPI differ"
+echo "-np 4: resumed run bit-identical to the straight one and to threads"
+
+# Sharded K-FAC state does not move to another layout: one line, every process exits.
+mkdir m && cp -r k/step-00000003 m/ && echo step-00000003 > m/latest
+refused "resumes only on the layout that saved it" \
+  "${mpirun[@]}" -np 2 "$train" "${kfac[@]}" --stages 1 --steps 6 --checkpoint-dir m --resume
+
+# A corrupt part: one line naming it, every process exits.
+printf 'X' | dd of=m/step-00000003/kfac-00003-of-00004.safetensors bs=1 seek=100 conv=notrunc \
+  2> /dev/null
+refused "kfac-00003-of-00004.safetensors is corrupt" \
+  "${mpirun[@]}" -np 4 "$train" "${kfac[@]}" --stages 2 --steps 6 --checkpoint-dir m --resume
+# A rank killed while the job saves every step (SIGKILL at some moment of a save or a step):
+# `latest` still names a whole checkpoint, and the run resumes from it.
+"${mpirun[@]}" -np 2 "$train" "${base[@]}" --stages 2 --steps 1000000 --lr-decay-steps 1000000 \
+  --checkpoint-dir killed --checkpoint-every 1 --wait-timeout 30 > killed.log 2>&1 &
+job=$!
+for _ in $(seq 1 600); do
+  [[ -f killed/latest && "$(cat killed/latest)" != step-00000001 ]] && break
+  sleep 0.1
+done
+sleep "0.$((RANDOM % 10))"
+victim=""
+for pid in $(pgrep -P "$job"); do
+  if tr '\0' '\n' < "/proc/$pid/environ" 2> /dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then
+    victim=$pid
+  fi
+done
+[[ -n "$victim" ]] || { kill -9 $(pgrep -P "$job") "$job"; fail "no rank 1 to kill"; }
+kill -9 "$victim"
+wait "$job" && fail "the job survived the loss of a rank"
+saved=$(cat killed/latest)
+step=$((10#${saved#step-}))
+must "${mpirun[@]}" -np 2 "$train" "${base[@]}" --stages 2 --steps $((step + 2)) \
+  --lr-decay-steps 1000000 --checkpoint-dir killed --resume
+[[ "$(cat killed/latest)" == "$(printf 'step-%08d' $((step + 2)))" ]] ||
+  fail "the resume from $saved did not reach step $((step + 2))"
+echo "killed during saves at $saved: resumed from it"
+echo "PASS"
