@@ -232,6 +232,39 @@ TEST_F(CheckpointingTest, ResumeIsBitIdenticalWithKfacOnChimeraAndShards) {
   expect_identical(o, 3);
 }
 
+// K-FAC state sharded across two data-parallel replicas: each rank saves the state it owns and
+// restores it on the same layout, bit for bit (here in the middle of a refresh); on another
+// layout the resume is refused before any work.
+TEST_F(CheckpointingTest, ShardedKfacResumesOnItsOwnLayoutOnly) {
+  auto o = small_run("kfac-sharded");
+  o.data_parallel = 2;
+  o.kfac.enabled = true;
+  o.kfac.refresh_steps = 2;
+  o.kfac.sharding = "shard";
+  o.kfac_profile = kfac_profile(o);
+  run_split_and_straight(o, 3);
+  expect_identical(o, 3);
+  const auto step3 =
+      nlohmann::json::parse(read_file(dir_ / "kfac-sharded" / "step-00000006" / "state.json"));
+  EXPECT_EQ(step3.at("state").at("kfac").at("placement"), "shard");
+
+  auto other = o;
+  other.stages = 1;
+  other.kfac_profile = kfac_profile(other);
+  other.resume = true;
+  std::ofstream(fs::path(o.checkpoint_dir) / "latest") << "step-00000003\n";
+  other.metrics.clear();
+  std::ostringstream out;
+  try {
+    run_training(other, out);
+    ADD_FAILURE() << "sharded K-FAC state resumed on another layout";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("resumes only on the layout that saved it"),
+              std::string::npos)
+        << error.what();
+  }
+}
+
 // Weights and optimizer state of two runs on other layouts: equal up to the summation order of
 // micro-batch gradients, which differs between schedules. The attention key bias is left out:
 // its gradient is zero in exact arithmetic (softmax ignores a shift of each query's scores), so
