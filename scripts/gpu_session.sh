@@ -11,7 +11,14 @@
 #   train  pipefisher_train --device cuda end to end: one worker and p = 4 pipeline workers on
 #          the GPU (measured trace and profile from CUDA events), fp32 against the CPU on the
 #          same seed, K-FAC in the bubbles, and the no-device error path (exit 2)
-#   scripts/gpu_session.sh [build|test|bench|train|all]...   (default: all)
+#   nccl   the NCCL communicator under mpirun (log: nccl.log): one rank on the GPU (world of one,
+#          send/receive to itself, all-reduce of one rank, broadcast, event ordering with a
+#          compute stream, the watchdog's abort of a stuck receive); then the question whether
+#          this NCCL runs 2 ranks on one GPU (PF_NCCL_SHARE_GPU=1 mpirun -np 2: "Duplicate GPU
+#          detected" or success, and if it runs, the 2-rank tests); pipefisher_train --device
+#          cuda under mpirun -np 1 (NCCL path) against the threaded run, and -np 2 on one GPU
+#          (one error line, exit 2)
+#   scripts/gpu_session.sh [build|test|bench|train|nccl|all]...   (default: all)
 # Exit status 1 when a step failed; every step still runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +28,7 @@ parts=("${@:-all}")
 want() { [[ " ${parts[*]} " == *" all "* || " ${parts[*]} " == *" $1 "* ]]; }
 status=0
 note() { echo "== $*" | tee -a "$OUT/session.log"; }
-export PF_GPU_EXTRA_TARGETS="test_executor_cuda test_executor_device test_device pipefisher_train"
+export PF_GPU_EXTRA_TARGETS="test_executor_cuda test_executor_device test_device pipefisher_train test_nccl_comm test_nccl_executor test_watchdog"
 
 if want build; then
   note "build (log: build.log)"
@@ -101,5 +108,71 @@ PY
     [[ $rc -eq 2 ]] || status=1
   fi
 fi
+if want nccl; then
+  nccl_test=build/gpu/tests/mpi/test_nccl_comm
+  mpirun=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
+  if [[ ! -x $nccl_test ]]; then
+    note "nccl: $nccl_test is not built (no NCCL found at configure time? see build.log)"
+    status=1
+  else
+    note "nccl: one rank on the GPU (log: nccl.log)"
+    { echo "\$ mpirun -np 1 $nccl_test"; timeout 300 "${mpirun[@]}" -np 1 "$nccl_test"; } \
+      >>"$OUT/nccl.log" 2>&1
+    rc=$?
+    note "nccl np1: exit $rc: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/nccl.log" | tail -3 | tr '\n' ' ')"
+    [[ $rc -eq 0 ]] || status=1
+    # The executor over NCCL (one rank) against the threaded executor on the GPU.
+    { echo "\$ mpirun -np 1 build/gpu/tests/mpi/test_nccl_executor"
+      timeout 300 "${mpirun[@]}" -np 1 build/gpu/tests/mpi/test_nccl_executor; } \
+      >"$OUT/nccl_executor.log" 2>&1
+    rc=$?
+    note "nccl executor np1: exit $rc (log: nccl_executor.log)"
+    [[ $rc -eq 0 ]] || status=1
+    # Can this NCCL run 2 ranks on one GPU? Older releases refuse ("Duplicate GPU detected").
+    note "nccl: 2 ranks on one GPU? (log: nccl_np2.log)"
+    { echo "\$ PF_NCCL_SHARE_GPU=1 NCCL_DEBUG=WARN mpirun -np 2 $nccl_test"
+      PF_NCCL_SHARE_GPU=1 NCCL_DEBUG=WARN timeout 300 "${mpirun[@]}" -x PF_NCCL_SHARE_GPU \
+        -x NCCL_DEBUG -np 2 "$nccl_test"; } >"$OUT/nccl_np2.log" 2>&1
+    rc=$?
+    if grep -qi "duplicate GPU" "$OUT/nccl_np2.log"; then
+      note "nccl np2 on one GPU: REFUSED by NCCL (Duplicate GPU detected), exit $rc"
+    elif [[ $rc -eq 0 ]]; then
+      note "nccl np2 on one GPU: RUNS (every 2-rank test passed); the executor over NCCL on 2 ranks:"
+      PF_NCCL_SHARE_GPU=1 timeout 300 "${mpirun[@]}" -x PF_NCCL_SHARE_GPU -np 2 \
+        build/gpu/tests/mpi/test_nccl_executor >"$OUT/nccl_executor_np2.log" 2>&1
+      note "nccl executor np2 on one GPU: exit $? (log: nccl_executor_np2.log)"
+    else
+      note "nccl np2 on one GPU: failed otherwise, exit $rc (see nccl_np2.log)"
+    fi
+    if [[ -x $bin ]]; then
+      # The training program's NCCL path: one rank under mpirun against the threaded run.
+      tiny=(--model mini --data synthetic --seq-len 64 --micro-batch-size 4 --stages 1
+        --microbatches 4 --steps 4 --seed 1 --optimizer sgd --log-every 1 --device cuda
+        --precision fp32)
+      rm -f "$OUT/metrics_nccl_np1.jsonl" "$OUT/metrics_threads_np1.jsonl"
+      timeout 300 "${mpirun[@]}" -np 1 "$bin" "${tiny[@]}" \
+        --metrics "$OUT/metrics_nccl_np1.jsonl" >"$OUT/train_nccl_np1.log" 2>&1
+      rc=$?
+      note "train nccl np1: exit $rc (log: train_nccl_np1.log)"
+      [[ $rc -eq 0 ]] || status=1
+      "$bin" "${tiny[@]}" --metrics "$OUT/metrics_threads_np1.jsonl" \
+        >"$OUT/train_threads_np1.log" 2>&1 || status=1
+      python3 - "$OUT/metrics_threads_np1.jsonl" "$OUT/metrics_nccl_np1.jsonl" <<'PY' | tee -a "$OUT/session.log"
+import json, sys
+rows = [[json.loads(l) for l in open(p) if '"loss"' in l] for p in sys.argv[1:]]
+print("step  threads loss  mpirun+nccl loss")
+for a, b in zip(*rows):
+    print(f"{a['step']:4d}  {a['loss']:.6f}      {b['loss']:.6f}")
+PY
+      # Two ranks on the one GPU: each rank needs its own GPU, one error line, exit 2.
+      timeout 120 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --stages 2 \
+        >"$OUT/train_nccl_np2.log" 2>&1
+      rc=$?
+      note "train nccl np2 on one GPU: exit $rc (expected 2): $(grep -m1 error "$OUT/train_nccl_np2.log")"
+      [[ $rc -eq 2 ]] || status=1
+    fi
+  fi
+fi
+
 note "done, status $status"
 exit $status

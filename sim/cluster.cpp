@@ -1,5 +1,6 @@
 #include "sim/cluster.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <stdexcept>
@@ -20,6 +21,24 @@ void require(bool ok, std::string_view source, std::string_view field, double va
 }
 
 }  // namespace
+
+std::string_view to_string(RankOrder order) {
+  return order == RankOrder::kMegatron ? "megatron" : "pipeline-inner";
+}
+
+RankOrder rank_order_from_string(std::string_view name) {
+  if (name == "megatron") return RankOrder::kMegatron;
+  if (name == "pipeline-inner") return RankOrder::kPipelineInner;
+  throw std::invalid_argument("--rank-order '" + std::string(name) +
+                              "': expected megatron or pipeline-inner");
+}
+
+RankStrides rank_strides(RankOrder order, int tensor_parallel, int data_parallel, int stages) {
+  const int t = std::max(1, tensor_parallel), d = std::max(1, data_parallel),
+            p = std::max(1, stages);
+  if (order == RankOrder::kMegatron) return {1, t, t * d};
+  return {1, t * p, t};
+}
 
 Link ClusterSpec::link_for(int ranks, int stride) const {
   if (ranks <= 1) return nvlink;

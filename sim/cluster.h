@@ -23,6 +23,23 @@ struct Link {
   double latency_s = 0.0;  // per message
 };
 
+// How ranks are numbered (consecutive ranks fill a node): which groups are adjacent.
+//   megatron:       tensor-parallel ranks adjacent, then data-parallel replicas, then stages
+//                   (Megatron-LM's order; the parallel cost model's default);
+//   pipeline-inner: tensor-parallel ranks adjacent, then pipeline stages, then replicas: the
+//                   runtime's order (rank = replica x p + worker, t = 1; runtime/executor/
+//                   executor.h), which mpirun's by-slot mapping puts on consecutive GPUs.
+enum class RankOrder { kMegatron, kPipelineInner };
+std::string_view to_string(RankOrder order);
+RankOrder rank_order_from_string(std::string_view name);  // throws naming the allowed values
+// The distance between neighbouring members of each kind of group.
+struct RankStrides {
+  int tensor = 1;
+  int data = 1;
+  int pipeline = 1;
+};
+RankStrides rank_strides(RankOrder order, int tensor_parallel, int data_parallel, int stages);
+
 struct ClusterSpec {
   std::string name = "custom";
   DeviceSpec device;              // the GPU (peaks, class rates)

@@ -146,11 +146,19 @@ double ParallelCostModel::tensor_allreduce_seconds() const {
   return tensor_allreduce_s_;
 }
 
+int ParallelCostModel::data_stride(const sched::Schedule& schedule) const {
+  return rank_strides(workload_.rank_order, workload_.tensor_parallel,
+                      schedule.params.data_parallel, schedule.num_workers())
+      .data;
+}
+
 Link ParallelCostModel::pipeline_link(const sched::Schedule& schedule) const {
-  // Stages are t x d ranks apart: neighbours share a node only when the whole pipeline fits in
-  // one (otherwise some hop crosses the network and the pipeline moves at its pace).
-  const long stride =
-      static_cast<long>(workload_.tensor_parallel) * std::max(1, schedule.params.data_parallel);
+  // Stages are t x d ranks apart (Megatron's order; t in the runtime's): neighbours share a
+  // node only when the whole pipeline fits in one (otherwise some hop crosses the network and
+  // the pipeline moves at its pace).
+  const long stride = rank_strides(workload_.rank_order, workload_.tensor_parallel,
+                                   schedule.params.data_parallel, schedule.num_workers())
+                          .pipeline;
   const long span = stride * std::max(1, schedule.num_workers());
   return span <= cluster_.gpus_per_node ? cluster_.nvlink : cluster_.network;
 }
@@ -196,7 +204,7 @@ double ParallelCostModel::compute_seconds(const sched::Schedule& schedule,
   if (s_p > 1 && in.kind != OpKind::kBackwardWeight) {
     const double bytes =
         chunk_params(schedule, in.pipeline, in.chunk) * element_bytes(workload_.precision);
-    seconds += allgather_seconds(bytes, s_p, cluster_.link_for(s_p, workload_.tensor_parallel));
+    seconds += allgather_seconds(bytes, s_p, cluster_.link_for(s_p, data_stride(schedule)));
   }
   return seconds;
 }
@@ -222,7 +230,7 @@ double ParallelCostModel::kfac_seconds(const sched::Schedule& schedule,
       const Dims dims = linear_dims(in.linear);
       const double bytes = in.bytes > 0 ? static_cast<double>(in.bytes)
                                         : 4.0 * (dims.in * dims.in + dims.out * dims.out);
-      return allreduce_seconds(bytes, replicas, cluster_.link_for(d, workload_.tensor_parallel));
+      return allreduce_seconds(bytes, replicas, cluster_.link_for(d, data_stride(schedule)));
     }
     default:
       return 0.0;
@@ -264,10 +272,11 @@ double ParallelCostModel::duration(const sched::Schedule& schedule, int worker,
                      shard_group(workload_.sharding.parameters, schedule, "--shard-parameters"));
         if (s_g > 1) {
           // Reduce-scatter inside the shard group, then all-reduce each shard across groups.
-          seconds = allgather_seconds(bytes, s_g, cluster_.link_for(s_g, t)) +
-                    allreduce_seconds(bytes / s_g, d / s_g, cluster_.link_for(d / s_g, t * s_g));
+          seconds = allgather_seconds(bytes, s_g, cluster_.link_for(s_g, data_stride(schedule))) +
+                    allreduce_seconds(bytes / s_g, d / s_g,
+                                      cluster_.link_for(d / s_g, data_stride(schedule) * s_g));
         } else {
-          seconds = allreduce_seconds(bytes, d, cluster_.link_for(d, t));
+          seconds = allreduce_seconds(bytes, d, cluster_.link_for(d, data_stride(schedule)));
         }
         const auto& placed = chunk_at(schedule, in.pipeline, in.chunk);
         const bool split_tied = workload_.model.tied_head &&
@@ -280,8 +289,8 @@ double ParallelCostModel::duration(const sched::Schedule& schedule, int worker,
           seconds += allreduce_seconds(embedding, 2, pipeline_link(schedule));
         }
       } else {
-        seconds =
-            allreduce_seconds(worker_params(schedule, worker) * e, d, cluster_.link_for(d, t));
+        seconds = allreduce_seconds(worker_params(schedule, worker) * e, d,
+                                    cluster_.link_for(d, data_stride(schedule)));
       }
       return seconds;
     }
@@ -311,7 +320,8 @@ double ParallelCostModel::duration(const sched::Schedule& schedule, int worker,
       }
       // Replicated weights: every replica gathers the shards the others updated.
       if (s_o > 1 && s_p == 1) {
-        seconds += allgather_seconds(params * e, s_o, cluster_.link_for(s_o, t));
+        seconds +=
+            allgather_seconds(params * e, s_o, cluster_.link_for(s_o, data_stride(schedule)));
       }
       return seconds;
     }
@@ -320,7 +330,8 @@ double ParallelCostModel::duration(const sched::Schedule& schedule, int worker,
     case OpKind::kBroadcastInverses:
     case OpKind::kBroadcastGradient: {
       // The owner sends `bytes` in all over its data-parallel link.
-      const Link link = cluster_.link_for(std::max(1, schedule.params.data_parallel), t);
+      const Link link =
+          cluster_.link_for(std::max(1, schedule.params.data_parallel), data_stride(schedule));
       return transfer_seconds(static_cast<double>(std::max<std::int64_t>(in.bytes, 0)),
                               link.bandwidth, link.latency_s);
     }

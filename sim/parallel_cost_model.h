@@ -12,7 +12,8 @@
 // - send / receive: T x H x e / t bytes (Megatron's scatter / gather of the boundary tensor)
 //   over the pipeline link, plus the all-gather of the pieces on the tensor-parallel link;
 // - data-parallel gradient reduction: the chunk's per-rank parameters x e over d ranks spaced t
-//   apart (plus the tied embedding's all-reduce between first and last stage);
+//   apart (t x p in the runtime's rank order, ParallelWorkload::rank_order) (plus the tied
+//   embedding's all-reduce between first and last stage);
 // - optimizer: 28 bytes per per-rank parameter over the memory bandwidth;
 // - state sharding (AMSP / ZeRO, StateSharding): parameters split s_p ways are all-gathered
 //   before each forward and backward of a chunk; gradients split s_g ways are reduce-scattered
@@ -55,6 +56,8 @@ class ParallelCostModel final : public CostModel {
   double tensor_allreduce_seconds() const;
   // The link between neighbouring pipeline stages of `schedule`.
   Link pipeline_link(const sched::Schedule& schedule) const;
+  // The distance between neighbouring members of a data-parallel group (workload's rank order).
+  int data_stride(const sched::Schedule& schedule) const;
 
  private:
   struct PricedPiece {

@@ -287,6 +287,12 @@ void add_sim_options(CLI::App& app, SimCommandOptions& options) {
                  "ZeRO-Infinity style: moved over PCIe every step")
       ->check(CLI::IsMember({"none", "cpu", "nvme"}))
       ->capture_default_str();
+  app.add_option("--rank-order", options.rank_order,
+                 "Which groups share a node (consecutive ranks fill one): megatron (tensor, "
+                 "then data-parallel, then pipeline) or pipeline-inner (tensor, then pipeline, "
+                 "then data-parallel: pipefisher_train's rank = replica x p + worker)")
+      ->check(CLI::IsMember({"megatron", "pipeline-inner"}))
+      ->capture_default_str();
   app.add_option("--global-batch", options.global_batch,
                  "Sequences per step over all data-parallel replicas: sets -m to B / (b x d)");
   app.add_option("--uniform", options.uniform,
@@ -346,6 +352,7 @@ CostSetup make_parallel_setup(const SimCommandOptions& options) {
   workload.recompute = sim::recompute_from_string(options.recompute);
   workload.sharding = {options.shard_parameters, options.shard_gradients, options.shard_optimizer};
   workload.optimizer_offload = sim::offload_from_string(options.offload_optimizer);
+  workload.rank_order = sim::rank_order_from_string(options.rank_order);
   workload.validate();
   sim::ClusterSpec cluster = options.cluster.empty()
                                  ? sim::cluster_of_device(sim::resolve_device(options.device))

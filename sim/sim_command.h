@@ -36,6 +36,7 @@ struct SimCommandOptions {
   int shard_gradients = 1;
   int shard_optimizer = 1;
   std::string offload_optimizer = "none";
+  std::string rank_order = "megatron";
   std::string uniform;  // "F,B[,COMM]" seconds
   std::string profile;  // measured profile JSON
   bool no_overlap = false;

@@ -9,6 +9,7 @@
 // Notation (per rank): T = b S tokens, H hidden, a_t = a / t heads, kv_t = max(1, kv / t) key /
 // value heads, d head size, I_t = I / t, N = b a_t S^2 attention scores, e bytes per element.
 #include "sim/bert_kernels.h"
+#include "sim/cluster.h"
 #include "sim/transformer_spec.h"
 
 namespace pf::sim {
@@ -41,6 +42,7 @@ struct ParallelWorkload {
   Recompute recompute = Recompute::kNone;
   StateSharding sharding;
   Offload optimizer_offload = Offload::kNone;
+  RankOrder rank_order = RankOrder::kMegatron;  // which groups share a node (sim/cluster.h)
 
   double tokens() const { return double{1.0} * micro_batch_size * seq_len; }
   // BERT's scored positions per sequence (round(20 S / 128)); every position for decoders.

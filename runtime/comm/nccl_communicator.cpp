@@ -5,6 +5,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -560,8 +561,37 @@ NcclCommunicator::NcclCommunicator(MpiCommunicator& mpi, const NcclOptions& opti
   impl.size = mpi.size();
   const int rank = impl.rank;
   impl.local_rank = node_local_rank(rank);
-  impl.device = device_for_local_rank(rank, impl.local_rank, kernels::cuda::device_count(),
-                                      options.share_devices);
+  // Every rank learns whether all could choose a GPU before any waits on another (a rank
+  // without one must not leave the others in the unique id's broadcast); rank 0 reports the
+  // first failure.
+  std::string choice_error;
+  try {
+    impl.device = device_for_local_rank(rank, impl.local_rank, kernels::cuda::device_count(),
+                                        options.share_devices);
+  } catch (const std::invalid_argument& error) {
+    choice_error = error.what();
+  }
+  {
+    std::vector<int> world(static_cast<std::size_t>(impl.size));
+    std::iota(world.begin(), world.end(), 0);
+    const Deadline deadline = impl.operation_deadline();
+    std::array<double, 1> failures = {choice_error.empty() ? 0.0 : 1.0};
+    mpi.all_reduce_sum(std::span(failures), world, deadline);
+    if (failures[0] > 0) {
+      const auto texts = mpi.gather_to_root(std::as_bytes(std::span(choice_error)), deadline);
+      for (const auto& text : texts) {
+        if (!text.empty()) {
+          throw std::invalid_argument(
+              std::string(reinterpret_cast<const char*>(text.data()), text.size()));
+        }
+      }
+      throw std::invalid_argument(choice_error.empty()
+                                      ? "rank " + std::to_string(rank) +
+                                            ": another rank could not choose its GPU (rank 0 "
+                                            "reports it)"
+                                      : choice_error);
+    }
+  }
   PF_NCCL_CUDA_CHECK(rank, cudaSetDevice(impl.device));
   PF_NCCL_CUDA_CHECK(rank, cudaStreamCreateWithFlags(&impl.stream, cudaStreamNonBlocking));
   impl.watchdog = std::make_unique<Watchdog>(

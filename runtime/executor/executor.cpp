@@ -16,6 +16,7 @@
 #include "kfac/factors.h"
 #include "kfac/inverse_chain.h"
 #include "kfac/precondition.h"
+#include "runtime/comm/device_communicator.h"
 #include "runtime/comm/in_process.h"
 #include "runtime/device/buffer_pool.h"
 #include "runtime/device/stream_timeline.h"
@@ -152,6 +153,10 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   // chunks' ops, K-FAC, the optimizer) and communication (outgoing copies). Null on the CPU.
   std::shared_ptr<device::DeviceRuntime> runtime;
   std::unique_ptr<tensor::Stream> compute_stream, comm_stream;
+  // A device run whose communicator moves device memory itself (NCCL, one GPU per process):
+  // messages and gradient reductions go through it, ordered with the streams by events, instead
+  // of the in-process exchange and host staging. Null otherwise.
+  comm::DeviceCommunicator* device_comm = nullptr;
   std::unique_ptr<device::StreamTimeline> timeline;
   struct PendingEvent {
     InstructionEvent event;
@@ -179,7 +184,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
 
   // Messages and local hand-offs.
   struct Incoming {
-    tensor::Tensor buffer;                  // host path: the received data
+    tensor::Tensor buffer;                  // host path and device communicator: the received data
     std::unique_ptr<std::uint64_t> ticket;  // device path: the MessageExchange ticket
     std::unique_ptr<comm::Request> request;
     std::int64_t pair_id = -1;
@@ -192,7 +197,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   std::map<MicroKey, tensor::Tensor> gradients_out;    // input gradients awaiting their send
   std::map<MicroKey, tensor::Tensor> local_gradients;  // previous chunk, same worker
   struct PendingSend {
-    tensor::Tensor buffer;                  // alive until the send completes (host path)
+    tensor::Tensor buffer;  // alive until the send completes (host path, device communicator)
     std::unique_ptr<std::uint64_t> ticket;  // device path: what the message carries
     std::unique_ptr<comm::Request> request;
   };
@@ -233,7 +238,10 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         runtime(setup_.device),
         epoch(comm::Clock::now()) {
     workers = schedule.num_workers();
-    if (runtime) open_device();
+    if (runtime) {
+      open_device();
+      device_comm = dynamic_cast<comm::DeviceCommunicator*>(&comm);
+    }
     replicas = schedule.params.data_parallel;
     if (comm.size() != workers * replicas) {
       throw std::invalid_argument("executor: the communicator has " + std::to_string(comm.size()) +
@@ -706,6 +714,12 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
 
   void await(Incoming& incoming, const char* what, int position, std::int64_t global_step,
              const Instruction& in) {
+    if (device_comm) {
+      // The compute stream waits for the receive on the device; the host goes on (the
+      // communicator's watchdog guards the receive's deadline).
+      device_comm->order_before(*incoming.request, *compute_stream);
+      return;
+    }
     if (incoming.request->test()) return;
     record(position, global_step, in, "waiting");
     const WaitTimer timer(*this);
@@ -723,8 +737,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   // compute stream made to wait until its copy has landed. A wrong size is an error.
   tensor::Tensor take_incoming(Incoming& incoming, std::int64_t rows) {
     tensor::Tensor data;
-    if (!runtime) {
-      data = std::move(incoming.buffer);
+    if (!runtime || device_comm) {
+      data = std::move(incoming.buffer);  // a device communicator's receive: ordered by await
     } else {
       auto message = runtime->exchange().take(*incoming.ticket);
       compute_stream->wait(*message.ready);
@@ -805,7 +819,14 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   // an event recorded after the communication stream's copy, and sends the ticket.
   void post_send(int peer, std::int64_t tag, tensor::Tensor buffer) {
     PendingSend pending;
-    if (!runtime) {
+    if (!runtime || device_comm) {
+      if (device_comm) {
+        // The communicator's stream starts the send once the communication stream's copy (or
+        // the compute stream's output, which that stream already waits for) is there.
+        const auto ready = backend().create_event();
+        ready->record(*comm_stream);
+        device_comm->wait_on_device(*ready);
+      }
       pending.buffer = std::move(buffer);
       pending.request = comm.isend(
           peer, tag,
@@ -819,12 +840,27 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       pending.request = comm.isend(
           peer, tag, std::as_bytes(std::span<const std::uint64_t>(pending.ticket.get(), 1)));
     }
-    if (!pending.request->test()) pending_sends.push_back(std::move(pending));
-    std::erase_if(pending_sends, [](PendingSend& p) { return p.request->test(); });
+    if (!pending.request->test()) {
+      pending_sends.push_back(std::move(pending));
+    } else {
+      recycle_sent(pending);
+    }
+    std::erase_if(pending_sends, [this](PendingSend& p) {
+      if (!p.request->test()) return false;
+      recycle_sent(p);
+      return true;
+    });
   }
   void finish_sends() {
-    for (auto& pending : pending_sends) pending.request->wait(deadline());
+    for (auto& pending : pending_sends) {
+      pending.request->wait(deadline());
+      recycle_sent(pending);
+    }
     pending_sends.clear();
+  }
+  // A device communicator's sent buffer goes back to the pool (its send has completed).
+  void recycle_sent(PendingSend& pending) {
+    if (device_comm && pending.buffer.numel() > 0) recycle(std::move(pending.buffer));
   }
 
   void receive(const Instruction& in, std::int64_t global_step) {
@@ -834,7 +870,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     incoming.pair_id = in.pair_id;
     incoming.peer = rank_of(replica, in.peer);
     incoming.posted_s = now_s();
-    if (!runtime) {
+    if (!runtime || device_comm) {
       incoming.buffer = new_buffer(batch->tokens(), setup.config.hidden_size, false);
       incoming.request = comm.irecv(
           incoming.peer, in.pair_id,
@@ -864,6 +900,18 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     if (!runtime) {
       reduce(data, group);
       return;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      if (device_comm) {
+        // In place on the device: after the compute stream's gradients, before its next use
+        // of them; no host wait.
+        const auto produced = backend().create_event();
+        produced->record(*compute_stream);
+        device_comm->wait_on_device(*produced);
+        device_comm->all_reduce_sum_async(data, group, deadline());
+        device_comm->order_before(*compute_stream);
+        return;
+      }
     }
     std::vector<T> host(data.size());
     backend().copy(host.data(), data.data(), data.size_bytes(), tensor::CopyKind::kDeviceToHost,
@@ -1123,6 +1171,13 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     for (auto* view : {find_param(weight), find_param(bias_name_of(weight))}) {
       if (view == nullptr) continue;
       const WaitTimer timer(*this);
+      if (device_comm) {
+        // Device gradients: the broadcast reads (root) or overwrites them after the compute
+        // stream's work on them; it returns once complete, so later work sees the result.
+        const auto produced = backend().create_event();
+        produced->record(*compute_stream);
+        device_comm->wait_on_device(*produced);
+      }
       comm.broadcast(std::as_writable_bytes(std::span<T>(view->grad, view->size)),
                      rank_of(slot.placement.owner, self), replica_ranks(group), deadline());
     }
@@ -1534,6 +1589,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         const std::int64_t global_step = round_start + in.step;
         const int position = static_cast<int>(x);
         record(position, global_step, in, "started");
+        if (device_comm) device_comm->set_activity(position, sched::short_label(in));
         try {
           execute(in, position, global_step, on_step);
         } catch (const comm::AbortedError&) {

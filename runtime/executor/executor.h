@@ -124,9 +124,13 @@ struct RunSetup {
   BatchSource* batches = nullptr;
   // The device (device::open_device_runtime). Null: the CPU, where every worker owns a
   // CpuBackend and runs exactly as before. Set: float models only; all workers of this process
-  // share its backend, each with a compute and a communication stream; sends and receives are
-  // device-to-device messages ordered by events (device::MessageExchange; threads only, not
-  // MPI); reductions stage through host memory; K-FAC runs on device::DeviceKfacLayer (divided
+  // share its backend, each with a compute and a communication stream. With an in-process or
+  // MPI communicator, sends and receives are device-to-device messages ordered by events
+  // (device::MessageExchange; threads only) and reductions stage through host memory; with a
+  // comm::DeviceCommunicator (NCCL, one GPU per MPI process) the communicator moves the device
+  // buffers itself on its own stream, ordered with the worker's streams by events, and
+  // gradient reductions are device all-reduces with no host wait (runtime/comm/
+  // device_communicator.h). K-FAC runs on device::DeviceKfacLayer (divided
   // inversion and preconditioning tasks run whole at their last piece); instruction times come
   // from timing marks on the streams; make_optimizer is not used, device_optimizer is.
   std::shared_ptr<device::DeviceRuntime> device;

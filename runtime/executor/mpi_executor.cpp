@@ -35,13 +35,15 @@ template <typename T>
 struct MpiExecutor<T>::Impl {
   RunSetup<T> setup;
   comm::MpiCommunicator* comm = nullptr;
+  comm::Communicator* worker_comm = nullptr;  // the worker's (NCCL on a device), or comm
   std::unique_ptr<Worker<T>> worker;
 
   comm::Deadline deadline() const { return comm::Clock::now() + setup.options.wait_timeout; }
 };
 
 template <typename T>
-MpiExecutor<T>::MpiExecutor(RunSetup<T> setup, comm::MpiCommunicator& comm)
+MpiExecutor<T>::MpiExecutor(RunSetup<T> setup, comm::MpiCommunicator& comm,
+                            comm::Communicator* worker_comm)
     : impl_(std::make_unique<Impl>()) {
   check_run_setup(setup.config, setup.schedule);
   sched::validate(setup.schedule);
@@ -52,11 +54,19 @@ MpiExecutor<T>::MpiExecutor(RunSetup<T> setup, comm::MpiCommunicator& comm)
   if (comm.size() != workers * replicas) {
     throw std::invalid_argument(mpi_layout_error(comm.size(), workers, replicas));
   }
+  if (worker_comm != nullptr &&
+      (worker_comm->size() != comm.size() || worker_comm->rank() != comm.rank())) {
+    throw std::invalid_argument(
+        "executor: the worker's communicator (rank " + std::to_string(worker_comm->rank()) +
+        " of " + std::to_string(worker_comm->size()) + ") is not the MPI world's (rank " +
+        std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + ")");
+  }
   impl_->setup = std::move(setup);
   impl_->comm = &comm;
+  impl_->worker_comm = worker_comm != nullptr ? worker_comm : &comm;
   // Every worker's clock starts at its construction: a barrier first aligns the ranks' traces.
   comm.barrier(impl_->deadline());
-  impl_->worker = std::make_unique<Worker<T>>(impl_->setup, comm);
+  impl_->worker = std::make_unique<Worker<T>>(impl_->setup, *impl_->worker_comm);
 }
 
 template <typename T>
@@ -111,7 +121,8 @@ void MpiExecutor<T>::run(std::int64_t first_step, std::int64_t last_step,
   }
   std::fprintf(stderr, "%s", report.str().c_str());
   std::fflush(stderr);
-  impl_->comm->abort("rank " + std::to_string(rank) + " failed (its report is above)");
+  // NCCL's abort frees this rank's communicators (ncclCommAbort) before ending the job.
+  impl_->worker_comm->abort("rank " + std::to_string(rank) + " failed (its report is above)");
 }
 
 template <typename T>

@@ -23,7 +23,11 @@ class MpiExecutor final : public Executor<T> {
  public:
   // Collective over the world. Validates as ThreadedExecutor does; throws std::invalid_argument
   // (on every rank alike, nothing started) when the process count is not workers x replicas.
-  MpiExecutor(RunSetup<T> setup, comm::MpiCommunicator& comm);
+  // `worker_comm` (optional, same world): what the worker's instructions communicate through,
+  // e.g. the NCCL communicator of a device run; `comm` keeps the launch's own traffic (the
+  // start barrier, gathered events) and the job's abort.
+  MpiExecutor(RunSetup<T> setup, comm::MpiCommunicator& comm,
+              comm::Communicator* worker_comm = nullptr);
   ~MpiExecutor() override;
 
   int num_ranks() const override;

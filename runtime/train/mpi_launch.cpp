@@ -4,12 +4,53 @@
 #include <numeric>
 #include <vector>
 
+#include "runtime/device/device_runtime.h"
 #include "runtime/executor/mpi_executor.h"
+#if PF_HAVE_NCCL
+#include "runtime/comm/nccl_communicator.h"
+#endif
 
 namespace pf::train {
 
+MpiLaunch::MpiLaunch(comm::MpiCommunicator& comm) : comm_(&comm) {}
+MpiLaunch::~MpiLaunch() = default;
+
+tensor::Device MpiLaunch::place_device(tensor::Device requested,
+                                       std::chrono::milliseconds wait_timeout) {
+  if (requested.kind == tensor::DeviceKind::kCpu) return requested;
+  const std::string name = tensor::to_string(requested);
+  if (requested.index != 0) {
+    throw device::DeviceUnavailableError(
+        "--device " + name +
+        " under mpirun: each rank drives the GPU of its local rank; pass "
+        "--device cuda");
+  }
+#if PF_HAVE_NCCL
+  if (!nccl_) {
+    comm::NcclOptions options;
+    options.operation_timeout = wait_timeout;
+    try {
+      nccl_ = std::make_unique<comm::NcclCommunicator>(*comm_, options);
+    } catch (const std::invalid_argument& error) {  // no GPU for some rank: bad input, exit 2
+      throw device::DeviceUnavailableError("--device " + name + " under mpirun: " + error.what());
+    }
+  }
+  return {requested.kind, nccl_->device()};
+#else
+  (void)wait_timeout;
+  throw device::DeviceUnavailableError(
+      "--device " + name +
+      " under mpirun: this build has no NCCL (one GPU per rank needs it; "
+      "run without mpirun for workers on one GPU)");
+#endif
+}
+
 std::unique_ptr<exec::Executor<float>> MpiLaunch::make_executor(exec::RunSetup<float> setup) {
-  return std::make_unique<exec::MpiExecutor<float>>(std::move(setup), *comm_);
+  comm::Communicator* worker_comm = nullptr;
+#if PF_HAVE_NCCL
+  if (setup.device) worker_comm = nccl_.get();
+#endif
+  return std::make_unique<exec::MpiExecutor<float>>(std::move(setup), *comm_, worker_comm);
 }
 std::unique_ptr<exec::Executor<double>> MpiLaunch::make_executor(exec::RunSetup<double> setup) {
   return std::make_unique<exec::MpiExecutor<double>>(std::move(setup), *comm_);

@@ -9,14 +9,30 @@
 // events, one process per rank) and the profile. A K-FAC self-profile is measured by rank 0 and
 // broadcast, so that every process places K-FAC identically. Checkpoints are written
 // collectively (each process its part, rank 0 the manifest: checkpointing.h, save_checkpoint).
+//
+// --device cuda under mpirun: one GPU per rank, the GPU of the rank's local rank (mpirun -np 8
+// on a node of 8 GPUs gives GPU i to local rank i), and the worker communicates through the
+// NCCL communicator (runtime/comm/nccl_communicator.h): activations and gradients move between
+// GPUs on its stream, ordered with the worker's streams by events, and gradient reductions are
+// NCCL all-reduces on device memory. The MPI communicator keeps the launch's own traffic (the
+// shared self-profile, gathered events, the start barrier). Builds without NCCL refuse
+// --device cuda under mpirun with one error line (exit 2). The NCCL communicator is created at
+// place_device, collectively, before the device runtime opens.
+#include <memory>
+
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/train/trainer.h"
+
+namespace pf::comm {
+class NcclCommunicator;
+}
 
 namespace pf::train {
 
 class MpiLaunch final : public Launch {
  public:
-  explicit MpiLaunch(comm::MpiCommunicator& comm) : comm_(&comm) {}
+  explicit MpiLaunch(comm::MpiCommunicator& comm);
+  ~MpiLaunch() override;
 
   bool is_root() const override { return comm_->rank() == 0; }
   bool multi_process() const override { return true; }
@@ -24,9 +40,12 @@ class MpiLaunch final : public Launch {
   std::unique_ptr<exec::Executor<double>> make_executor(exec::RunSetup<double> setup) override;
   std::string share_from_root(const std::string& text, std::chrono::milliseconds wait) override;
   std::string workers_noun() const override { return "MPI process(es)"; }
+  tensor::Device place_device(tensor::Device requested,
+                              std::chrono::milliseconds wait_timeout) override;
 
  private:
   comm::MpiCommunicator* comm_;
+  std::unique_ptr<comm::NcclCommunicator> nccl_;  // a device run's worker communicator
 };
 
 }  // namespace pf::train

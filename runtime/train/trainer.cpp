@@ -348,12 +348,9 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
   validate_options(o);
   RunContext context;
   // The device first: a missing one is the first thing to report (exit 2, one line).
-  const tensor::Device device = device::parse_device(o.device);
-  if (device.kind != tensor::DeviceKind::kCpu && launch.multi_process()) {
-    throw std::invalid_argument("--device " + o.device +
-                                " under mpirun: device runs are threads on one GPU so far "
-                                "(run without mpirun)");
-  }
+  const tensor::Device device = launch.place_device(
+      device::parse_device(o.device),
+      std::chrono::milliseconds(static_cast<std::int64_t>(o.wait_timeout_s * 1000.0)));
   context.device = device::open_device_runtime(
       device, device.kind == tensor::DeviceKind::kCpu ? kernels::GemmPrecision::kFp32
                                                       : kernels::parse_gemm_precision(o.precision));

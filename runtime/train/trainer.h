@@ -29,6 +29,13 @@ class Launch {
     return text;
   }
   virtual std::string workers_noun() const { return "worker thread(s)"; }
+  // The device this process drives for `--device requested`: threads share the requested one;
+  // under MPI each rank drives the GPU of its local rank over NCCL (mpi_launch.h). Throws
+  // device::DeviceUnavailableError (exit 2) when the launch cannot.
+  virtual tensor::Device place_device(tensor::Device requested,
+                                      std::chrono::milliseconds /*wait_timeout*/) {
+    return requested;
+  }
 };
 
 // Returns the process exit code (0). Throws std::invalid_argument for bad input found before

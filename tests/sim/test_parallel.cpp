@@ -278,6 +278,41 @@ TEST(ParallelCostModel, OneRepresentativePerEquivalenceClass) {
   EXPECT_LT(r.step_time_s - a.step_time_s, 1.5 * model.duration(replicated, 0, reduce) + 1e-3);
 }
 
+TEST(ParallelCostModel, RankOrderDecidesWhichGroupsShareANode) {
+  // 8 GPUs per node, t = 1, p = 8 stages, d = 2 replicas (16 GPUs, two nodes).
+  const ClusterSpec c = cluster_preset("dgx-a100");
+  const sched::Schedule schedule = pipeline(8, 16, 2, 24);
+  ParallelWorkload megatron = gpt_workload("megatron-1.7b", 1, Recompute::kNone);
+  ParallelWorkload runtime = megatron;
+  runtime.rank_order = RankOrder::kPipelineInner;
+  EXPECT_EQ(rank_strides(RankOrder::kMegatron, 1, 2, 8).pipeline, 2);
+  EXPECT_EQ(rank_strides(RankOrder::kMegatron, 1, 2, 8).data, 1);
+  EXPECT_EQ(rank_strides(RankOrder::kPipelineInner, 1, 2, 8).pipeline, 1);
+  EXPECT_EQ(rank_strides(RankOrder::kPipelineInner, 1, 2, 8).data, 8);
+  EXPECT_EQ(rank_strides(RankOrder::kPipelineInner, 4, 2, 8).data, 32);
+  const ParallelCostModel by_megatron(megatron, c), by_runtime(runtime, c);
+  // Megatron: the replicas of a stage are neighbours (NVLink), the pipeline spans both nodes.
+  EXPECT_EQ(by_megatron.pipeline_link(schedule).bandwidth, c.network.bandwidth);
+  // The runtime: a pipeline per node (NVLink hops), the replicas a node apart (the network).
+  EXPECT_EQ(by_runtime.pipeline_link(schedule).bandwidth, c.nvlink.bandwidth);
+  sched::Instruction reduce;
+  reduce.kind = sched::OpKind::kReduceGradDataParallel;
+  reduce.chunk = 3;
+  const double bytes = by_runtime.chunk_params(schedule, 0, 3) * 2.0;
+  EXPECT_NEAR(by_megatron.duration(schedule, 3, reduce), allreduce_seconds(bytes, 2, c.nvlink),
+              1e-12);
+  EXPECT_NEAR(by_runtime.duration(schedule, 3, reduce), allreduce_seconds(bytes, 2, c.network),
+              1e-12);
+  sched::Instruction send;
+  send.kind = sched::OpKind::kSendActivation;
+  EXPECT_LT(by_runtime.duration(schedule, 3, send), by_megatron.duration(schedule, 3, send));
+  EXPECT_EQ(rank_order_from_string("pipeline-inner"), RankOrder::kPipelineInner);
+  EXPECT_EQ(to_string(RankOrder::kMegatron), "megatron");
+  EXPECT_NE(
+      error_of([] { (void)rank_order_from_string("ring"); }).find("megatron or pipeline-inner"),
+      std::string::npos);
+}
+
 TEST(ParallelCostModel, MemoryPerRankAndWhatDoesNotFit) {
   const ClusterSpec c = cluster_preset("dgx-a100");
   // 175B parameters on one GPU: 16 bytes each, far beyond 80 GiB.
