@@ -111,7 +111,10 @@ fi
 if want nccl; then
   nccl_test=build/gpu/tests/mpi/test_nccl_comm
   mpirun=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
-  if [[ ! -x $nccl_test ]]; then
+  if ! command -v mpirun >/dev/null 2>&1; then
+    note "nccl: no mpirun on this machine (install OpenMPI: scripts/setup.sh), nothing run"
+    status=1
+  elif [[ ! -x $nccl_test ]]; then
     note "nccl: $nccl_test is not built (no NCCL found at configure time? see build.log)"
     status=1
   else

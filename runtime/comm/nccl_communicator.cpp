@@ -219,13 +219,16 @@ struct NcclCommunicator::Impl {
         lock.unlock();
         watchdog->abort(text);
         watchdog->check();
+        throw AbortedError(text);  // not reached: the watchdog has failed
       }
       lock.unlock();
       if (Clock::now() > deadline) {
-        watchdog->time_out(what +
-                           ": still in progress on the host at its deadline; the "
-                           "watchdog aborted the communicator");
+        const std::string text = what +
+                                 ": still in progress on the host at its deadline; the "
+                                 "watchdog aborted the communicator";
+        watchdog->time_out(text);
         watchdog->check();
+        throw TimeoutError(text);  // not reached
       }
       std::this_thread::yield();
       lock.lock();
@@ -360,7 +363,7 @@ struct NcclCommunicator::Impl {
         }
       }
       PF_NCCL_CHECK(rank, comm, ncclGroupEnd());
-      settle(lock, comm, where() + ": " + what, deadline);
+      settle(lock, comm, to_string(describe(what)), deadline);
     }
     auto [done, id] = watch(what, deadline);
     // One event for the whole group: each request is watched on it (the watchdog retires each
@@ -418,7 +421,7 @@ struct NcclCommunicator::Impl {
           rank, comm,
           ncclAllReduce(buffer, buffer, data.size(),
                         std::is_same_v<V, float> ? ncclFloat : ncclDouble, ncclSum, comm, stream));
-      settle(lock, comm, where() + ": " + what, deadline);
+      settle(lock, comm, to_string(describe(what)), deadline);
     }
     payload_sent += static_cast<std::int64_t>(data.size_bytes());
     auto [done, id] = watch(what, deadline);
@@ -464,7 +467,7 @@ struct NcclCommunicator::Impl {
       PF_NCCL_CHECK(
           rank, comm,
           ncclBroadcast(buffer, buffer, data.size(), ncclUint8, root_position, comm, stream));
-      settle(lock, comm, where() + ": " + what, deadline);
+      settle(lock, comm, to_string(describe(what)), deadline);
     }
     if (root == rank) {
       payload_sent +=
@@ -516,7 +519,13 @@ class NcclRequest final : public Request {
 
  private:
   void issue_if_batched() {
-    if (!state_->issued) impl_->flush_batch();
+    if (state_->issued) return;
+    impl_->flush_batch();
+    if (!state_->issued) {  // its batch failed to issue: report why, or at least what
+      impl_->check_usable();
+      throw std::runtime_error(impl_->where() + ": " + to_string(state_->operation) +
+                               " was never issued (its batch failed)");
+    }
   }
   void finish() {
     const cudaError_t status = state_->done->status();
