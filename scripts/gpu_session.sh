@@ -119,14 +119,14 @@ if want nccl; then
     status=1
   else
     note "nccl: one rank on the GPU (log: nccl.log)"
-    { echo "\$ mpirun -np 1 $nccl_test"; timeout 300 "${mpirun[@]}" -np 1 "$nccl_test"; } \
+    { echo "\$ mpirun -np 1 $nccl_test"; timeout 300 "${mpirun[@]}" -np 1 "$nccl_test" --gtest_color=no; } \
       >>"$OUT/nccl.log" 2>&1
     rc=$?
-    note "nccl np1: exit $rc: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/nccl.log" | tail -3 | tr '\n' ' ')"
+    note "nccl np1: exit $rc: $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/nccl.log" | tail -2 | tr '\n' ' ')$(grep -oE '^\[  SKIPPED \] [A-Za-z][A-Za-z0-9_./]+' "$OUT/nccl.log" | sort -u | wc -l) skipped"
     [[ $rc -eq 0 ]] || status=1
     # The executor over NCCL (one rank) against the threaded executor on the GPU.
     { echo "\$ mpirun -np 1 build/gpu/tests/mpi/test_nccl_executor"
-      timeout 300 "${mpirun[@]}" -np 1 build/gpu/tests/mpi/test_nccl_executor; } \
+      timeout 300 "${mpirun[@]}" -np 1 build/gpu/tests/mpi/test_nccl_executor --gtest_color=no; } \
       >"$OUT/nccl_executor.log" 2>&1
     rc=$?
     note "nccl executor np1: exit $rc (log: nccl_executor.log)"
@@ -135,33 +135,36 @@ if want nccl; then
     note "nccl: 2 ranks on one GPU? (log: nccl_np2.log)"
     { echo "\$ PF_NCCL_SHARE_GPU=1 NCCL_DEBUG=WARN mpirun -np 2 $nccl_test"
       PF_NCCL_SHARE_GPU=1 NCCL_DEBUG=WARN timeout 300 "${mpirun[@]}" -x PF_NCCL_SHARE_GPU \
-        -x NCCL_DEBUG -np 2 "$nccl_test"; } >"$OUT/nccl_np2.log" 2>&1
+        -x NCCL_DEBUG -np 2 "$nccl_test" --gtest_color=no; } >"$OUT/nccl_np2.log" 2>&1
     rc=$?
     if grep -qi "duplicate GPU" "$OUT/nccl_np2.log"; then
       note "nccl np2 on one GPU: REFUSED by NCCL (Duplicate GPU detected), exit $rc"
+    elif [[ $rc -eq 0 ]] && grep -q "SKIPPED" "$OUT/nccl_np2.log"; then
+      note "nccl np2 on one GPU: skipped (no CUDA device visible?)"
     elif [[ $rc -eq 0 ]]; then
       note "nccl np2 on one GPU: RUNS (every 2-rank test passed); the executor over NCCL on 2 ranks:"
       PF_NCCL_SHARE_GPU=1 timeout 300 "${mpirun[@]}" -x PF_NCCL_SHARE_GPU -np 2 \
-        build/gpu/tests/mpi/test_nccl_executor >"$OUT/nccl_executor_np2.log" 2>&1
+        build/gpu/tests/mpi/test_nccl_executor --gtest_color=no >"$OUT/nccl_executor_np2.log" 2>&1
       note "nccl executor np2 on one GPU: exit $? (log: nccl_executor_np2.log)"
     else
       note "nccl np2 on one GPU: failed otherwise, exit $rc (see nccl_np2.log)"
     fi
     if [[ -x $bin ]]; then
       # The training program's NCCL path: one rank under mpirun against the threaded run.
-      tiny=(--model mini --data synthetic --seq-len 64 --micro-batch-size 4 --stages 1
-        --microbatches 4 --steps 4 --seed 1 --optimizer sgd --log-every 1 --device cuda
-        --precision fp32)
+      tiny=(--model mini --data synthetic --seq-len 64 --micro-batch-size 4 --microbatches 4
+        --steps 4 --seed 1 --optimizer sgd --log-every 1 --device cuda --precision fp32)
       rm -f "$OUT/metrics_nccl_np1.jsonl" "$OUT/metrics_threads_np1.jsonl"
-      timeout 300 "${mpirun[@]}" -np 1 "$bin" "${tiny[@]}" \
+      timeout 300 "${mpirun[@]}" -np 1 "$bin" "${tiny[@]}" --stages 1 \
         --metrics "$OUT/metrics_nccl_np1.jsonl" >"$OUT/train_nccl_np1.log" 2>&1
       rc=$?
       note "train nccl np1: exit $rc (log: train_nccl_np1.log)"
       [[ $rc -eq 0 ]] || status=1
-      "$bin" "${tiny[@]}" --metrics "$OUT/metrics_threads_np1.jsonl" \
+      "$bin" "${tiny[@]}" --stages 1 --metrics "$OUT/metrics_threads_np1.jsonl" \
         >"$OUT/train_threads_np1.log" 2>&1 || status=1
       python3 - "$OUT/metrics_threads_np1.jsonl" "$OUT/metrics_nccl_np1.jsonl" <<'PY' | tee -a "$OUT/session.log"
-import json, sys
+import json, os, sys
+if not all(os.path.exists(p) for p in sys.argv[1:]):
+    sys.exit("no metrics to compare (a run failed, see its log)")
 rows = [[json.loads(l) for l in open(p) if '"loss"' in l] for p in sys.argv[1:]]
 print("step  threads loss  mpirun+nccl loss")
 for a, b in zip(*rows):
