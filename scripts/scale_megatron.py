@@ -63,7 +63,8 @@ def predict(sim, device, row):
                    str(batch), "--cluster", "dgx-a100", "--device", device, "--precision", "fp16",
                    "--seq-len", "2048", "--tensor-parallel", str(t), "--stages", str(p),
                    "--recompute", "full", "--schedules", "1f1b,interleaved", "--top", "1",
-                   "--simulate-top", "8", "--out", out]
+                   "--simulate-top", "8", "--zero-stages", "0", "--optimizer-offload", "none",
+                   "--out", out]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
             result = json.load(f)

@@ -14,18 +14,21 @@ run() {  # name, then the search flags
   echo "pipefisher_sim search $*" > "$OUT/$name.txt"
   "$SIM" search "$@" --out "$OUT/$name.json" >> "$OUT/$name.txt"
 }
+# Findings 1 and 2 reproduce the paper's setting: replicated state, no offload (as in its Table 1).
+MEGATRON_STATE=(--zero-stages 0 --optimizer-offload none)
 # Finding 1: tensor parallelism inside a node (the 145.6B row, t up to 16, two nodes).
 run tp_145b --model megatron-145.6b --gpus 1536 --global-batch 2304 --cluster dgx-a100 \
-  --device "$DEVICE" --precision fp16 --top 400 --simulate-top 64
+  --device "$DEVICE" --precision fp16 --top 400 --simulate-top 64 "${MEGATRON_STATE[@]}"
 # Finding 2: interleaving helps at small batch (GPT-3 175B, t = 8, p = 16 on 1024 GPUs).
 for batch in 128 512 2048; do
   for schedules in 1f1b interleaved; do
     run "batch_${batch}_${schedules}" --model gpt3-175b --gpus 1024 --global-batch "$batch" \
       --cluster dgx-a100 --device "$DEVICE" --precision fp16 --tensor-parallel 8 --stages 16 \
-      --schedules "$schedules" --top 3
+      --schedules "$schedules" --top 3 "${MEGATRON_STATE[@]}"
   done
 done
-# Finding 3 and the K-FAC comparison: BERT-Large (phase 1) and GPT-3 175B on 512-3072 GPUs.
+# Finding 3 and the K-FAC comparison: BERT-Large (phase 1) and GPT-3 175B on 512-3072 GPUs, with
+# the search's whole space (ZeRO stages 0-3, optimizer state on the GPU or in host memory).
 for gpus in 512 1024 3072; do
   run "bert_large_${gpus}" --model bert-large --seq-len 128 --gpus "$gpus" --global-batch 65536 \
     --cluster dgx-a100 --device "$DEVICE" --precision fp16 --top 5 --kfac --kfac-top 5

@@ -179,6 +179,12 @@ std::vector<int> tensor_degrees(const SearchOptions& o) {
   return out;
 }
 
+bool fits_offload(const ClusterSpec& cluster, Offload offload) {
+  if (offload == Offload::kNone) return true;
+  if (!(cluster.host_bandwidth > 0.0)) return false;
+  return offload != Offload::kNvme || cluster.nvme_bandwidth > 0.0;
+}
+
 bool better(const Candidate& a, const Candidate& b) {
   if (a.simulated != b.simulated) return a.simulated;
   const double ta = a.kfac_run ? a.kfac_step_time_s : a.step_time_s;
@@ -189,6 +195,23 @@ bool better(const Candidate& a, const Candidate& b) {
 }
 
 }  // namespace
+
+std::string Candidate::state_name() const {
+  std::string name = "zero" + std::to_string(zero_stage);
+  if (optimizer_offload != Offload::kNone) name += "+" + std::string(to_string(optimizer_offload));
+  return name;
+}
+
+StateSharding zero_sharding(int stage) {
+  if (stage < 0 || stage > 3) {
+    throw std::invalid_argument("ZeRO stage " + std::to_string(stage) + " (allowed: 0, 1, 2, 3)");
+  }
+  StateSharding sharding;  // 1: replicated; 0: over the whole data-parallel group
+  if (stage >= 1) sharding.optimizer = 0;
+  if (stage >= 2) sharding.gradients = 0;
+  if (stage >= 3) sharding.parameters = 0;
+  return sharding;
+}
 
 std::string Candidate::schedule_name() const {
   std::string name(sched::to_string(kind));
@@ -221,6 +244,19 @@ void SearchOptions::validate() const {
   if (simulate_top < 0 || kfac_top < 0) {
     throw std::invalid_argument("--simulate-top and --kfac-top must be >= 0");
   }
+  if (zero_stages.empty() || optimizer_offload.empty()) {
+    throw std::invalid_argument("--zero-stages and --optimizer-offload must list a value each");
+  }
+  for (int stage : zero_stages) (void)zero_sharding(stage);
+  for (Offload offload : optimizer_offload) {
+    if (!fits_offload(cluster, offload)) {
+      throw std::invalid_argument("--optimizer-offload " + std::string(to_string(offload)) +
+                                  ": cluster '" + cluster.name + "' has no " +
+                                  (offload == Offload::kNvme && cluster.host_bandwidth > 0.0
+                                       ? "nvme_bandwidth_gbps"
+                                       : "host_bandwidth_gbps"));
+    }
+  }
   (void)cluster.device.peak_flops(precision);
 }
 
@@ -230,10 +266,11 @@ SearchResult search_configurations(const SearchOptions& options) {
   SearchResult result;
   const int L = options.model.num_layers;
   std::vector<Candidate> feasible;
-  // One cost model per (t, b, recompute): the kernels are priced once.
-  std::map<std::tuple<int, int, int>, std::shared_ptr<ParallelCostModel>> models;
-  auto model_for = [&](int t, int b, Recompute r) -> std::shared_ptr<ParallelCostModel> {
-    const auto key = std::make_tuple(t, b, static_cast<int>(r));
+  // One cost model per (t, b, recompute, state): the kernels are priced once.
+  std::map<std::tuple<int, int, int, int, int>, std::shared_ptr<ParallelCostModel>> models;
+  auto model_for = [&](int t, int b, Recompute r, int zero,
+                       Offload offload) -> std::shared_ptr<ParallelCostModel> {
+    const auto key = std::make_tuple(t, b, static_cast<int>(r), zero, static_cast<int>(offload));
     auto it = models.find(key);
     if (it != models.end()) return it->second;
     ParallelWorkload w;
@@ -243,6 +280,8 @@ SearchResult search_configurations(const SearchOptions& options) {
     w.precision = options.precision;
     w.tensor_parallel = t;
     w.recompute = r;
+    w.sharding = zero_sharding(zero);
+    w.optimizer_offload = offload;
     std::shared_ptr<ParallelCostModel> model;
     try {
       model = std::make_shared<ParallelCostModel>(w, options.cluster);
@@ -266,37 +305,44 @@ SearchResult search_configurations(const SearchOptions& options) {
         if (options.global_batch % (static_cast<long>(b) * d) != 0) continue;
         const int m = static_cast<int>(options.global_batch / (static_cast<long>(b) * d));
         for (Recompute r : options.recompute) {
-          const auto model = model_for(t, b, r);
-          for (ScheduleKind kind : options.kinds) {
-            std::vector<int> chunks = {1};
-            if (kind == ScheduleKind::kInterleaved) chunks = options.interleave_chunks;
-            for (int v : chunks) {
-              ++result.enumerated;
-              Candidate c;
-              c.tensor_parallel = t;
-              c.stages = p;
-              c.data_parallel = d;
-              c.micro_batch_size = b;
-              c.microbatches = m;
-              c.kind = kind;
-              c.chunks = v;
-              c.recompute = r;
-              if (!model || (kind == ScheduleKind::kInterleaved && p == 1)) {
-                ++result.invalid;
-                continue;
+          for (int zero : options.zero_stages) {
+            if (zero > 0 && d == 1) continue;  // nothing to shard over: the same as stage 0
+            for (Offload offload : options.optimizer_offload) {
+              const auto model = model_for(t, b, r, zero, offload);
+              for (ScheduleKind kind : options.kinds) {
+                std::vector<int> chunks = {1};
+                if (kind == ScheduleKind::kInterleaved) chunks = options.interleave_chunks;
+                for (int v : chunks) {
+                  ++result.enumerated;
+                  Candidate c;
+                  c.tensor_parallel = t;
+                  c.stages = p;
+                  c.data_parallel = d;
+                  c.micro_batch_size = b;
+                  c.microbatches = m;
+                  c.kind = kind;
+                  c.chunks = v;
+                  c.recompute = r;
+                  c.zero_stage = zero;
+                  c.optimizer_offload = offload;
+                  if (!model || (kind == ScheduleKind::kInterleaved && p == 1)) {
+                    ++result.invalid;
+                    continue;
+                  }
+                  try {
+                    sched::check_params(params_of(c, L));
+                  } catch (const std::invalid_argument&) {
+                    ++result.invalid;
+                    continue;
+                  }
+                  estimate(*model, options, c);
+                  if (c.memory_estimate_bytes > options.cluster.gpu_memory_bytes) {
+                    ++result.out_of_memory;
+                    continue;
+                  }
+                  feasible.push_back(c);
+                }
               }
-              try {
-                sched::check_params(params_of(c, L));
-              } catch (const std::invalid_argument&) {
-                ++result.invalid;
-                continue;
-              }
-              estimate(*model, options, c);
-              if (c.memory_estimate_bytes > options.cluster.gpu_memory_bytes) {
-                ++result.out_of_memory;
-                continue;
-              }
-              feasible.push_back(c);
             }
           }
         }
@@ -310,7 +356,8 @@ SearchResult search_configurations(const SearchOptions& options) {
   std::size_t next = 0;
   while (next < feasible.size() && result.simulated < options.simulate_top) {
     Candidate c = feasible[next++];
-    const auto model = model_for(c.tensor_parallel, c.micro_batch_size, c.recompute);
+    const auto model = model_for(c.tensor_parallel, c.micro_batch_size, c.recompute, c.zero_stage,
+                                 c.optimizer_offload);
     const sched::Schedule schedule = sched::compile(params_of(c, L));
     const SimResult sim = simulate(schedule, *model);
     ++result.simulated;
@@ -349,7 +396,8 @@ SearchResult search_configurations(const SearchOptions& options) {
     int runs = 0;
     for (Candidate& c : ranked) {
       if (runs >= options.kfac_top || !c.simulated) break;
-      const auto model = model_for(c.tensor_parallel, c.micro_batch_size, c.recompute);
+      const auto model = model_for(c.tensor_parallel, c.micro_batch_size, c.recompute, c.zero_stage,
+                                   c.optimizer_offload);
       const pipefisher::PassResult pass =
           pipefisher::run_pipefisher(sched::compile(params_of(c, L)), *model, *options.kfac);
       ++runs;
@@ -381,8 +429,8 @@ std::string search_table(const SearchOptions& options, const SearchResult& resul
          std::to_string(result.simulated) + " simulated; " + text("%.2f", result.seconds) + " s\n";
   const bool kfac = options.kfac.has_value();
   out +=
-      "rank    t    p    d  schedule         b      m  recompute   step time  TFLOP/s/GPU    "
-      "MFU  bubble   memory";
+      "rank    t    p    d  schedule         b      m  recompute  state         step time  "
+      "TFLOP/s/GPU    MFU  bubble   memory";
   if (kfac) out += "  util before -> after   k  formula k  step w/ K-FAC";
   out += "\n";
   const int n = std::min<int>(top, static_cast<int>(result.ranked.size()));
@@ -393,8 +441,9 @@ std::string search_table(const SearchOptions& options, const SearchResult& resul
            c.schedule_name() +
            std::string(15 - std::min<std::size_t>(15, c.schedule_name().size()), ' ') +
            pad(std::to_string(c.micro_batch_size), 3) + pad(std::to_string(c.microbatches), 7) +
-           pad(std::string(to_string(c.recompute)), 11) +
-           pad(text("%.3f s", c.step_time_s) + (c.simulated ? "" : "*"), 12) +
+           pad(std::string(to_string(c.recompute)), 11) + "  " + c.state_name() +
+           std::string(11 - std::min<std::size_t>(11, c.state_name().size()), ' ') +
+           pad(text("%.3f s", c.step_time_s) + (c.simulated ? "" : "*"), 11) +
            pad(text("%.1f", c.achieved_tflops_per_gpu), 13) + pad(text("%.1f%%", 100 * c.mfu), 7) +
            pad(c.simulated ? text("%.1f%%", 100 * c.bubble_fraction) : "-", 8) +
            pad(text("%.1f GiB", c.peak_memory_bytes / (1024.0 * 1024 * 1024)), 9);
@@ -425,6 +474,8 @@ nlohmann::json search_json(const SearchOptions& options, const SearchResult& res
                            {"micro_batch_size", c.micro_batch_size},
                            {"microbatches", c.microbatches},
                            {"recompute", to_string(c.recompute)},
+                           {"zero_stage", c.zero_stage},
+                           {"optimizer_offload", to_string(c.optimizer_offload)},
                            {"simulated", c.simulated},
                            {"step_time_s", c.step_time_s},
                            {"estimate_s", c.estimate_s},

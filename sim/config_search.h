@@ -2,8 +2,10 @@
 // The configuration search behind `pipefisher_sim search`: every way of running a model on N GPUs
 // of a cluster with a global batch B (tensor-parallel t, pipeline stages p, data-parallel
 // d = N / (t p), schedule GPipe / 1F1B / interleaved with v chunks / Chimera, micro-batch size b,
-// m = B / (b d) micro-batches, recomputation none / selective / full), priced by the parallel cost
-// model (sim/parallel_cost_model.h), pruned by memory and ranked by time per step.
+// m = B / (b d) micro-batches, recomputation none / selective / full, model state replicated or
+// sharded over the data-parallel group as ZeRO stage 1, 2 or 3, optimizer state on the GPU or
+// offloaded to host memory), priced by the parallel cost model (sim/parallel_cost_model.h),
+// pruned by memory and ranked by time per step (ties: the one with less memory).
 //
 // Two tiers keep thousands of candidates to seconds: every candidate gets a closed-form step time
 // and peak memory from the cost model's per-worker durations (below); the best `simulate_top`
@@ -48,6 +50,9 @@ struct SearchOptions {
       sched::ScheduleKind::kInterleaved, sched::ScheduleKind::kChimera};
   std::vector<int> interleave_chunks = {2, 4};
   std::vector<Recompute> recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  // ZeRO stages (zero_sharding); stages above 0 are tried only with data parallelism (d > 1).
+  std::vector<int> zero_stages = {0, 1, 2, 3};
+  std::vector<Offload> optimizer_offload = {Offload::kNone, Offload::kHost};
   int simulate_top = 24;
   std::optional<pipefisher::KfacOptions> kfac;  // also run the PipeFisher pass
   int kfac_top = 6;
@@ -60,6 +65,8 @@ struct Candidate {
   sched::ScheduleKind kind = sched::ScheduleKind::kOneFOneB;
   int chunks = 1;  // v
   Recompute recompute = Recompute::kNone;
+  int zero_stage = 0;
+  Offload optimizer_offload = Offload::kNone;
   double estimate_s = 0.0;             // closed-form step time
   double memory_estimate_bytes = 0.0;  // closed-form peak per GPU
   bool simulated = false;
@@ -79,13 +86,19 @@ struct Candidate {
   int formula_refresh_steps = -1;
 
   std::string schedule_name() const;  // "1f1b", "interleaved v=2", ...
+  std::string state_name() const;     // "zero0", "zero3+cpu", ...
 };
+
+// Model state sharded over the whole data-parallel group as ZeRO stage `stage`: 0 replicates
+// everything, 1 shards the optimizer state, 2 also the gradients, 3 also the parameters.
+// Throws std::invalid_argument outside [0, 3].
+StateSharding zero_sharding(int stage);
 
 struct SearchResult {
   std::vector<Candidate> ranked;  // fitting candidates, best first (simulated ones first)
-  long enumerated = 0;            // (t, p, b, kind, v, recompute) combinations tried
-  long invalid = 0;               // broke a schedule's rules (m < p for 1F1B, ...)
-  long out_of_memory = 0;         // pruned by the closed-form or the simulated memory
+  long enumerated = 0;     // (t, p, b, kind, v, recompute, ZeRO stage, offload) combinations tried
+  long invalid = 0;        // broke a schedule's rules (m < p for 1F1B, ...)
+  long out_of_memory = 0;  // pruned by the closed-form or the simulated memory
   long simulated = 0;
   double seconds = 0.0;  // wall time of the search
 };

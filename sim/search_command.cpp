@@ -50,9 +50,10 @@ std::vector<int> split_ints(const std::string& list, const std::string& flag) {
 CLI::App* add_search_command(CLI::App& app, SearchCommandOptions& options) {
   CLI::App* command = app.add_subcommand(
       "search",
-      "Enumerate tensor, pipeline and data parallelism, schedule, micro-batch size and "
-      "recomputation for a model on N GPUs of a cluster; prune what does not fit in memory; "
-      "rank by predicted time per step (docs/scale.md)");
+      "Enumerate tensor, pipeline and data parallelism, schedule, micro-batch size, "
+      "recomputation, ZeRO-style state sharding and optimizer offload for a model on N GPUs of a "
+      "cluster; prune what does not fit in memory; rank by predicted time per step "
+      "(docs/scale.md)");
   command->add_option("--model", options.model, "Model preset or Hugging Face config.json")
       ->required();
   command->add_option("--gpus", options.gpus, "GPUs N = t x p x d")->required();
@@ -95,6 +96,15 @@ CLI::App* add_search_command(CLI::App& app, SearchCommandOptions& options) {
   command
       ->add_option("--recompute", options.recompute, "Recomputation to try: none, selective, full")
       ->capture_default_str();
+  command
+      ->add_option("--zero-stages", options.zero_stages,
+                   "Model state over the data-parallel group to try: 0 (replicated), 1 (optimizer "
+                   "state sharded), 2 (and gradients), 3 (and parameters); stages above 0 only "
+                   "where d > 1")
+      ->capture_default_str();
+  command->add_option("--optimizer-offload", options.optimizer_offload,
+                      "Where the optimizer state may live: none (GPU memory), cpu (host memory), "
+                      "nvme (default: none,cpu; none where the cluster has no host link)");
   return command;
 }
 
@@ -125,6 +135,27 @@ int run_search_command(const SearchCommandOptions& options, std::ostream& out) {
   search.recompute.clear();
   for (const std::string& name : split(options.recompute, "--recompute")) {
     search.recompute.push_back(sim::recompute_from_string(name));
+  }
+  search.zero_stages.clear();
+  for (const std::string& name : split(options.zero_stages, "--zero-stages")) {
+    if (name.size() != 1 || name[0] < '0' || name[0] > '3') {
+      throw std::invalid_argument("--zero-stages: '" + name + "' is not one of 0, 1, 2, 3");
+    }
+    search.zero_stages.push_back(name[0] - '0');
+  }
+  search.optimizer_offload.clear();
+  if (options.optimizer_offload.empty()) {
+    search.optimizer_offload.push_back(sim::Offload::kNone);
+    if (search.cluster.host_bandwidth > 0.0)
+      search.optimizer_offload.push_back(sim::Offload::kHost);
+  } else {
+    for (const std::string& name : split(options.optimizer_offload, "--optimizer-offload")) {
+      if (name != "none" && name != "cpu" && name != "nvme") {
+        throw std::invalid_argument("--optimizer-offload: '" + name +
+                                    "' is not one of none, cpu, nvme");
+      }
+      search.optimizer_offload.push_back(sim::offload_from_string(name));
+    }
   }
   if (options.top <= 0) throw std::invalid_argument("--top must be positive");
   search.simulate_top = options.simulate_top;

@@ -28,6 +28,8 @@ struct SearchCommandOptions {
   std::string micro_batch_sizes = "1,2,4,8";
   std::string schedules = "gpipe,1f1b,interleaved,chimera";
   std::string recompute = "none,selective,full";
+  std::string zero_stages = "0,1,2,3";
+  std::string optimizer_offload;  // comma-separated; empty: none,cpu (none without a host link)
 };
 
 // Adds the `search` subcommand to `app` and returns it.

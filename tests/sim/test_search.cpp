@@ -134,6 +134,54 @@ TEST(ConfigSearch, KfacRunsThePassOnTheBest) {
   EXPECT_TRUE(json["candidates"][0].contains("kfac"));
 }
 
+TEST(ConfigSearch, ShardingAndOffloadFitWhatReplicationCannot) {
+  // An 18.4B model on 32 GPUs without tensor or pipeline parallelism: 16 bytes of replicated
+  // state per parameter (294 GB) cannot fit in 80 GB; sharded over the 32 replicas, or with the
+  // optimizer state in host memory, it can.
+  SearchOptions o = small_search();
+  o.model = transformer_preset("megatron-18.4b");
+  o.tensor_parallel = {1};
+  o.pipeline_stages = {1};
+  o.kinds = {sched::ScheduleKind::kOneFOneB};
+  o.recompute = {Recompute::kFull};
+  o.micro_batch_sizes = {1};
+  o.simulate_top = 4;
+  o.zero_stages = {0};
+  o.optimizer_offload = {Offload::kNone};
+  const SearchResult replicated = search_configurations(o);
+  EXPECT_EQ(replicated.enumerated, 1);
+  EXPECT_TRUE(replicated.ranked.empty());
+  EXPECT_EQ(replicated.out_of_memory, 1);
+
+  o.zero_stages = {0, 1, 2, 3};
+  o.optimizer_offload = {Offload::kNone, Offload::kHost};
+  const SearchResult sharded = search_configurations(o);
+  EXPECT_EQ(sharded.enumerated, 8);  // 4 stages x 2 places for the optimizer state
+  ASSERT_FALSE(sharded.ranked.empty());
+  for (const Candidate& c : sharded.ranked) {
+    // What fits shards some state or keeps the optimizer's 12 bytes per parameter on the host.
+    EXPECT_TRUE(c.zero_stage >= 1 || c.optimizer_offload != Offload::kNone) << c.state_name();
+    EXPECT_LE(c.peak_memory_bytes, o.cluster.gpu_memory_bytes) << c.state_name();
+  }
+  // ZeRO-3 holds the least: every component split 32 ways.
+  double zero3 = 0.0, least = 1e30;
+  for (const Candidate& c : sharded.ranked) {
+    least = std::min(least, c.peak_memory_bytes);
+    if (c.zero_stage == 3 && c.optimizer_offload == Offload::kNone) zero3 = c.peak_memory_bytes;
+  }
+  EXPECT_GT(zero3, 0.0);
+  EXPECT_LE(least, zero3);
+
+  // Without data parallelism there is nothing to shard over: only stage 0 is tried.
+  o.gpus = 1;
+  o.global_batch = 8;
+  o.model = transformer_preset("gpt3-2.7b");
+  EXPECT_EQ(search_configurations(o).enumerated, 2);  // stage 0, optimizer on GPU or host
+  EXPECT_EQ(zero_sharding(2).gradients, 0);
+  EXPECT_EQ(zero_sharding(2).parameters, 1);
+  EXPECT_THROW((void)zero_sharding(4), std::invalid_argument);
+}
+
 TEST(ConfigSearch, CommandWritesTableAndJsonAndRejectsBadInput) {
   cli::SearchCommandOptions o;
   o.model = "gpt2";
@@ -164,6 +212,13 @@ TEST(ConfigSearch, CommandWritesTableAndJsonAndRejectsBadInput) {
   bad = o;
   bad.micro_batch_sizes = "1,x";
   EXPECT_NE(error_of(bad).find("'x' is not a positive integer"), std::string::npos);
+  bad = o;
+  bad.zero_stages = "0,4";
+  EXPECT_NE(error_of(bad).find("--zero-stages: '4' is not one of 0, 1, 2, 3"), std::string::npos);
+  bad = o;
+  bad.optimizer_offload = "host";
+  EXPECT_NE(error_of(bad).find("--optimizer-offload: 'host' is not one of none, cpu, nvme"),
+            std::string::npos);
   bad = o;
   bad.model = "gpt9";
   EXPECT_NE(error_of(bad).find("unknown model 'gpt9'"), std::string::npos);
