@@ -24,7 +24,10 @@ constexpr std::array<std::string_view, kNumOpKinds> kOpKindNames = {"forward",
                                                                     "invert_b",
                                                                     "precondition",
                                                                     "broadcast_inverses",
-                                                                    "broadcast_gradient"};
+                                                                    "broadcast_gradient",
+                                                                    "prefetch_factors",
+                                                                    "write_back_state",
+                                                                    "prefetch_inverses"};
 
 constexpr std::array<std::string_view, kNumLinearKinds> kLinearNames = {
     "query", "key", "value", "attention_out", "ffn_in", "ffn_out"};
@@ -93,7 +96,12 @@ bool is_kfac(OpKind kind) {
   return kind == OpKind::kCurvatureA || kind == OpKind::kCurvatureB ||
          kind == OpKind::kCurvatureSync || kind == OpKind::kInvertA || kind == OpKind::kInvertB ||
          kind == OpKind::kPrecondition || kind == OpKind::kBroadcastInverses ||
-         kind == OpKind::kBroadcastGradient;
+         kind == OpKind::kBroadcastGradient || is_kfac_transfer(kind);
+}
+
+bool is_kfac_transfer(OpKind kind) {
+  return kind == OpKind::kPrefetchFactors || kind == OpKind::kWriteBackState ||
+         kind == OpKind::kPrefetchInverses;
 }
 
 bool is_divisible(OpKind kind) {
@@ -168,6 +176,15 @@ std::string short_label(const Instruction& in) {
       break;
     case OpKind::kBroadcastGradient:
       label += "BG";
+      break;
+    case OpKind::kPrefetchFactors:
+      label += "HF";  // host -> device: factors
+      break;
+    case OpKind::kWriteBackState:
+      label += "WB";  // device -> host: factors and inverses
+      break;
+    case OpKind::kPrefetchInverses:
+      label += "HI";  // host -> device: inverses
       break;
   }
   if (in.microbatch >= 0) label += std::to_string(in.microbatch);

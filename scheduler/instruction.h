@@ -36,8 +36,16 @@ enum class OpKind : std::uint8_t {
   // sends in all (payload x receivers).
   kBroadcastInverses,  // A^-1 and B^-1 to the inverse holders without factors
   kBroadcastGradient,  // the preconditioned gradient (weight and bias) to replicas without inverses
+  // K-FAC state offloaded to host memory (ZeRO-Infinity; docs/offload.md), emitted by the offload
+  // pass (scheduler/pipefisher/offload_pass.h) on the worker's host link (PCIe). `bytes` is the
+  // payload. An offloaded Linear keeps its factors and inverses in host memory between uses:
+  kPrefetchFactors,   // host -> device: factors A and B, before the refresh's first inversion
+                      // (finalize blends the running average into them; damping reads both)
+  kWriteBackState,    // device -> host: factors and new inverses after the refresh's last
+                      // inversion; the device copies are freed
+  kPrefetchInverses,  // host -> device: the inverses one preconditioning uses (freed after it)
 };
-inline constexpr int kNumOpKinds = static_cast<int>(OpKind::kBroadcastGradient) + 1;
+inline constexpr int kNumOpKinds = static_cast<int>(OpKind::kPrefetchInverses) + 1;
 
 // The Linear layers of a BERT encoder layer that K-FAC preconditions.
 enum class LinearKind : std::uint8_t { kQuery, kKey, kValue, kAttentionOut, kFfnIn, kFfnOut };
@@ -103,6 +111,8 @@ bool is_reduction(OpKind kind);  // gradient reductions, curvature sync, K-FAC b
 // Curvature sync and the K-FAC broadcasts: K-FAC's collectives.
 bool is_kfac_collective(OpKind kind);
 bool is_kfac(OpKind kind);
+// The three K-FAC offload kinds: copies between device and host memory on the host link.
+bool is_kfac_transfer(OpKind kind);
 
 // Short human-readable form used by the grid and error messages, e.g. "F3", "B0.c1", "SA2->w1".
 std::string short_label(const Instruction& instruction);

@@ -853,6 +853,19 @@ std::string to_torch_csv(const Schedule& schedule, bool with_communication) {
     throw std::invalid_argument("the torch CSV format holds one step; this schedule has " +
                                 str(schedule.num_steps));
   }
+  // The format has no action for a copy between device and host memory: refuse rather than
+  // write a schedule whose preconditioning would find no inverses on the device.
+  for (std::size_t w = 0; w < schedule.streams.size(); ++w) {
+    for (std::size_t i = 0; i < schedule.streams[w].size(); ++i) {
+      const Instruction& in = schedule.streams[w][i];
+      if (is_kfac_transfer(in.kind)) {
+        throw std::invalid_argument(
+            "the torch CSV format cannot express K-FAC offload transfers (worker " + str(w) +
+            ", position " + str(i) + ": " + std::string(to_string(in.kind)) +
+            "); write the schedule as JSON instead");
+      }
+    }
+  }
   RowWriter writer(schedule, with_communication);
   std::string out;
   for (const auto& stream : schedule.streams) {

@@ -24,6 +24,9 @@ double UnitDurations::duration(const Instruction& in) const {
     case OpKind::kCurvatureSync:
     case OpKind::kBroadcastInverses:
     case OpKind::kBroadcastGradient:
+    case OpKind::kPrefetchFactors:  // the host link: one transfer, as a reduction
+    case OpKind::kWriteBackState:
+    case OpKind::kPrefetchInverses:
       return reduction_us;
     case OpKind::kOptimizerStep:
       return optimizer_us;

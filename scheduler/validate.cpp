@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -39,6 +40,7 @@ class Validator {
     check_per_key();
     check_reductions_and_steps();
     if (has_kfac_) check_kfac();
+    if (has_kfac_) check_kfac_offload();
   }
 
   // Blocking replay; fills timings when duration is given.
@@ -912,6 +914,10 @@ class Validator {
             }
             break;
           }
+          case OpKind::kPrefetchFactors:
+          case OpKind::kWriteBackState:
+          case OpKind::kPrefetchInverses:
+            break;    // check_kfac_offload
           default: {  // precondition
             // The refresh's last step preconditions with the new inverses: after their broadcast.
             if (in.step == keys_.steps - 1) {
@@ -950,6 +956,130 @@ class Validator {
             }
             break;
           }
+        }
+      }
+    }
+  }
+
+  // K-FAC state offloaded to host memory (docs/offload.md): a Linear with offload transfers in a
+  // worker's stream holds its state on the device only between a prefetch and its release, so
+  // every use must follow its prefetch: each inversion between a factor prefetch and the
+  // write-back after it (which needs an inversion since the prefetch), each step's
+  // preconditioning after that step's inverse prefetch (one per step, released by the
+  // preconditioning's last piece, so that one copy is on the device at a time), and the
+  // refresh's last step's inverse prefetch after every inversion has been written back.
+  void check_kfac_offload() const {
+    using LinearOf = std::tuple<int, int, int>;  // pipeline, layer, linear
+    struct Residency {
+      bool factors = false;         // prefetched, not yet written back
+      bool inverted = false;        // an inversion completed since the factor prefetch
+      bool unwritten = false;       // an inversion completed since the last write-back
+      int inversions = 0;           // inversion tasks in the stream
+      int inversions_done = 0;      // completed so far
+      std::set<int> inverse_steps;  // steps whose inverses were prefetched
+      int fetched_step = -1;        // the step whose prefetched inverses are on the device
+      std::int32_t factors_position = kNone;
+    };
+    for (int w = 0; w < workers_; ++w) {
+      const auto& stream = s_.streams[static_cast<std::size_t>(w)];
+      std::map<LinearOf, Residency> offloaded;
+      for (std::size_t i = 0; i < stream.size(); ++i) {
+        const Instruction& in = stream[i];
+        if (!is_kfac_transfer(in.kind)) continue;
+        const ChunkRef ref = kfac_chunk(w, static_cast<std::int32_t>(i), in);
+        offloaded[{ref.pipeline, in.layer, static_cast<int>(in.linear)}];
+      }
+      if (offloaded.empty()) continue;
+      for (std::size_t i = 0; i < stream.size(); ++i) {
+        const Instruction& in = stream[i];
+        if ((in.kind != OpKind::kInvertA && in.kind != OpKind::kInvertB) ||
+            in.piece_end != kPieceUnits) {
+          continue;
+        }
+        const ChunkRef ref = kfac_chunk(w, static_cast<std::int32_t>(i), in);
+        const auto it = offloaded.find({ref.pipeline, in.layer, static_cast<int>(in.linear)});
+        if (it != offloaded.end()) ++it->second.inversions;
+      }
+      for (std::size_t i = 0; i < stream.size(); ++i) {
+        const Instruction& in = stream[i];
+        if (!is_kfac(in.kind) || is_kfac_collective(in.kind)) continue;
+        const auto pos = static_cast<std::int32_t>(i);
+        const ChunkRef ref = kfac_chunk(w, pos, in);
+        const auto it = offloaded.find({ref.pipeline, in.layer, static_cast<int>(in.linear)});
+        if (it == offloaded.end()) continue;
+        Residency& r = it->second;
+        const std::string name =
+            "offloaded layer " + str(in.layer) + " " + std::string(to_string(in.linear));
+        switch (in.kind) {
+          case OpKind::kPrefetchFactors:
+            if (r.factors) {
+              fail(w, pos,
+                   "second factor prefetch of " + name + " (the one at position " +
+                       str(r.factors_position) + " was not written back)");
+            }
+            r.factors = true;
+            r.inverted = false;
+            r.factors_position = pos;
+            break;
+          case OpKind::kInvertA:
+          case OpKind::kInvertB:
+            if (!r.factors) {
+              fail(w, pos,
+                   "inversion of " + name +
+                       " without its factors on the device: no prefetch_factors before it since "
+                       "the last write-back");
+            }
+            if (in.piece_end == kPieceUnits) {
+              r.inverted = r.unwritten = true;
+              ++r.inversions_done;
+            }
+            break;
+          case OpKind::kWriteBackState:
+            if (!r.factors || !r.inverted) {
+              fail(w, pos,
+                   "write-back of " + name +
+                       (r.factors ? std::string(" before an inversion since its factor prefetch")
+                                  : std::string(" without a factor prefetch before it")));
+            }
+            r.factors = false;
+            r.unwritten = false;
+            break;
+          case OpKind::kPrefetchInverses:
+            if (!r.inverse_steps.insert(in.step).second) {
+              fail(w, pos, "second inverse prefetch of " + name + " in step " + str(in.step));
+            }
+            if (r.fetched_step >= 0) {
+              fail(w, pos,
+                   "inverse prefetch of " + name + " while the inverses of step " +
+                       str(r.fetched_step) +
+                       " are still on the device (its preconditioning has not finished)");
+            }
+            if (in.step == keys_.steps - 1 && (r.inversions_done < r.inversions || r.unwritten)) {
+              fail(w, pos,
+                   "inverse prefetch of " + name +
+                       " in the refresh's last step before the write-back of its new inverses");
+            }
+            r.fetched_step = in.step;
+            break;
+          case OpKind::kPrecondition:
+            if (r.fetched_step != in.step) {
+              fail(w, pos,
+                   "precondition of " + name + " in step " + str(in.step) +
+                       " without its inverses on the device: no prefetch_inverses of that step "
+                       "before it");
+            }
+            if (in.piece_end == kPieceUnits) r.fetched_step = -1;  // released
+            break;
+          default:
+            break;
+        }
+      }
+      for (const auto& [linear, r] : offloaded) {
+        if (r.factors) {
+          fail(w, r.factors_position,
+               "factors of offloaded layer " + str(std::get<1>(linear)) + " " +
+                   std::string(to_string(static_cast<LinearKind>(std::get<2>(linear)))) +
+                   " prefetched here are never written back");
         }
       }
     }

@@ -185,6 +185,12 @@ double AnalyticCostModel::duration(const sched::Schedule& schedule, int worker,
     case OpKind::kInvertB:
     case OpKind::kPrecondition:
       return kfac_piece_seconds(kfac_seconds(schedule, in), kfac_task_overhead_s_, in);
+    case OpKind::kPrefetchFactors:
+    case OpKind::kWriteBackState:
+    case OpKind::kPrefetchInverses:
+      return host_transfer_seconds(static_cast<double>(std::max<std::int64_t>(in.bytes, 0)),
+                                   device_.host_bandwidth, device_.host_latency_s,
+                                   "the device's host_bandwidth (device " + device_.name + ")");
   }
   return 0.0;
 }

@@ -23,8 +23,11 @@ std::string join(const std::vector<std::string>& names) {
 // Link: NVLink per direction (H100/H200 450 GB/s, A100 300 GB/s, V100 150 GB/s), PCIe 3.0 x16 for
 // P100. matmul_efficiency 0.7: with it the model reproduces NVIDIA's BERT-Large phase-1 anchor on
 // an A100 (317 seq/s TF32) within a few percent (docs/simulator.md, tests/sim).
+// Host link: what a pinned-memory copy achieves over the card's PCIe x16 (about 80% of the
+// per-direction peak: Gen5 64 GB/s on H100/H200, Gen4 32 GB/s on A100, Gen3 16 GB/s on V100 and
+// P100), 10 us per transfer.
 DeviceSpec make(std::string name, double fp32, double tf32, double bf16, double fp16, double memory,
-                double link, double latency) {
+                double link, double latency, double host) {
   DeviceSpec d;
   d.name = std::move(name);
   d.peak_fp32_flops = fp32;
@@ -35,6 +38,8 @@ DeviceSpec make(std::string name, double fp32, double tf32, double bf16, double 
   d.memory_bandwidth = memory;
   d.link_bandwidth = link;
   d.link_latency_s = latency;
+  d.host_bandwidth = host;
+  d.host_latency_s = 10e-6;
   return d;
 }
 
@@ -160,6 +165,8 @@ void DeviceSpec::validate(std::string_view source) const {
   check(memory_bandwidth, "memory_bandwidth", false);
   check(link_bandwidth, "link_bandwidth", false);
   check(link_latency_s, "link_latency_s", true);
+  check(host_bandwidth, "host_bandwidth", true);
+  check(host_latency_s, "host_latency_s", true);
   auto fraction = [&](double value, const std::string& field) {
     if (!std::isfinite(value) || value > 1.0) {
       throw std::invalid_argument(std::string(source) + ": field '" + field +
@@ -198,11 +205,14 @@ std::vector<std::string> device_preset_names() {
 }
 
 DeviceSpec device_preset(std::string_view name) {
-  if (name == "h100") return make("h100", 67e12, 494.7e12, 989e12, 989e12, 3.35e12, 450e9, 5e-6);
-  if (name == "h200") return make("h200", 67e12, 494.7e12, 989e12, 989e12, 4.8e12, 450e9, 5e-6);
-  if (name == "a100") return make("a100", 19.5e12, 156e12, 312e12, 312e12, 2.0e12, 300e9, 5e-6);
-  if (name == "v100") return make("v100", 15.7e12, 0.0, 0.0, 125e12, 0.9e12, 150e9, 5e-6);
-  if (name == "p100") return make("p100", 9.3e12, 0.0, 0.0, 18.7e12, 0.732e12, 16e9, 10e-6);
+  if (name == "h100")
+    return make("h100", 67e12, 494.7e12, 989e12, 989e12, 3.35e12, 450e9, 5e-6, 51.2e9);
+  if (name == "h200")
+    return make("h200", 67e12, 494.7e12, 989e12, 989e12, 4.8e12, 450e9, 5e-6, 51.2e9);
+  if (name == "a100")
+    return make("a100", 19.5e12, 156e12, 312e12, 312e12, 2.0e12, 300e9, 5e-6, 25.6e9);
+  if (name == "v100") return make("v100", 15.7e12, 0.0, 0.0, 125e12, 0.9e12, 150e9, 5e-6, 12.8e9);
+  if (name == "p100") return make("p100", 9.3e12, 0.0, 0.0, 18.7e12, 0.732e12, 16e9, 10e-6, 12.8e9);
   throw std::invalid_argument("unknown device '" + std::string(name) + "' (presets: " +
                               join(device_preset_names()) + ", or a path to a device JSON file)");
 }
@@ -330,6 +340,8 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
   d.link_bandwidth = number(json, "link_bandwidth", "link_bandwidth", true, 0.0);
   d.link_latency_s = number(json, "link_latency_s", "link_latency_s", true, 0.0);
   d.launch_overhead_s = number(json, "launch_overhead_s", "launch_overhead_s", false, 0.0);
+  d.host_bandwidth = number(json, "host_bandwidth", "host_bandwidth", false, 0.0);
+  d.host_latency_s = number(json, "host_latency_s", "host_latency_s", false, 0.0);
   d.backward_launch_overhead_s =
       number(json, "backward_launch_overhead_s", "backward_launch_overhead_s", false, -1.0);
   d.validate(where);
@@ -362,6 +374,10 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
                          {"launch_overhead_s", d.launch_overhead_s}};
   if (d.backward_launch_overhead_s >= 0.0) {
     json["backward_launch_overhead_s"] = d.backward_launch_overhead_s;
+  }
+  if (d.host_bandwidth > 0.0) {
+    json["host_bandwidth"] = d.host_bandwidth;
+    json["host_latency_s"] = d.host_latency_s;
   }
   nlohmann::json classes = nlohmann::json::object();
   for (int i = 0; i < kNumOpClasses; ++i) {

@@ -87,6 +87,10 @@ struct DeviceSpec {
   double memory_bandwidth = 0.0;   // bytes/s
   double link_bandwidth = 0.0;     // bytes/s per direction to a neighbour
   double link_latency_s = 0.0;     // per message
+  // The host link (PCIe to host memory), per direction: K-FAC offload transfers
+  // (docs/offload.md). 0: not known (a run that offloads refuses it). Optional in JSON files.
+  double host_bandwidth = 0.0;  // bytes/s
+  double host_latency_s = 0.0;  // per transfer
   // Per-class rates (indexed by OpClass) and, for dense products, a per-precision efficiency
   // (indexed by Precision; <= 0: the gemm class's).
   std::array<ClassRate, kNumOpClasses> classes{};
@@ -124,6 +128,7 @@ std::vector<std::string> device_preset_names();
 // {"name": "...", "peak_flops": {"fp32": F, "tf32": F, "bf16": F, "fp16": F},
 //  "matmul_efficiency": E, "memory_bandwidth": B, "link_bandwidth": B, "link_latency_s": S,
 //  optional: "launch_overhead_s": S, "backward_launch_overhead_s": S,
+//            "host_bandwidth": B, "host_latency_s": S (PCIe to host memory),
 //            "classes": {"gemm": {"efficiency": E, "latency_s": S, "by_precision": {"bf16": E},
 //                                 "half_efficiency_size": D, "size_exponent": P},
 //                        "attention": {...},

@@ -106,6 +106,7 @@ Profile profile_from_json(const json& root, const std::string& source) {
   profile.communication = read.link(root, "communication", true);
   profile.reduction =
       root.contains("reduction") ? read.link(root, "reduction", false) : profile.communication;
+  if (root.contains("host_link")) profile.host_link = read.link(root, "host_link", false);
   profile.optimizer_step_s = read.number(root, "optimizer_step_s", "", 0.0);
   profile.kfac_task_overhead_s =
       read.number(root, "kfac_task_overhead_s", "", kDefaultKfacTaskOverheadS);
@@ -178,6 +179,7 @@ json profile_to_json(const Profile& profile) {
                {"reduction", link(profile.reduction, false)},
                {"optimizer_step_s", profile.optimizer_step_s},
                {"kfac_task_overhead_s", profile.kfac_task_overhead_s}};
+  if (profile.host_link.bandwidth > 0.0) root["host_link"] = link(profile.host_link, false);
   if (!profile.kfac.empty()) {
     json kfac = json::array();
     for (const KfacProfile& k : profile.kfac) {
@@ -303,6 +305,12 @@ double MeasuredCostModel::duration(const sched::Schedule& schedule, int /*worker
       // The owner sends `bytes` in all over its link.
       return transfer_seconds(static_cast<double>(std::max<std::int64_t>(in.bytes, 0)),
                               profile_.reduction.bandwidth, profile_.reduction.latency_s);
+    case OpKind::kPrefetchFactors:
+    case OpKind::kWriteBackState:
+    case OpKind::kPrefetchInverses:
+      return host_transfer_seconds(static_cast<double>(std::max<std::int64_t>(in.bytes, 0)),
+                                   profile_.host_link.bandwidth, profile_.host_link.latency_s,
+                                   "the profile's host_link (" + source_ + ")");
   }
   return 0.0;
 }

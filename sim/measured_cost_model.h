@@ -12,6 +12,8 @@
 //             ],
 //   "communication": {"bandwidth": B/s, "latency_s": ..., "message_bytes": ...},
 //   "reduction": {"bandwidth": B/s, "latency_s": ...}      (optional: = communication),
+//   "host_link": {"bandwidth": B/s, "latency_s": ...}      (optional: device <-> host copies of
+//                                                            K-FAC offload; needed only by them),
 //   "optimizer_step_s": ...                                  (optional: 0),
 //   "kfac_task_overhead_s": ...   (optional: 1e-5; part of every measured K-FAC compute time, paid
 //                                  again by each piece of a divided task),
@@ -71,6 +73,7 @@ struct Profile {
   std::vector<ChunkProfile> chunks;
   LinkProfile communication;
   LinkProfile reduction;
+  LinkProfile host_link;  // bandwidth 0: not measured
   double optimizer_step_s = 0.0;
   double kfac_task_overhead_s = kDefaultKfacTaskOverheadS;
   std::vector<KfacProfile> kfac;

@@ -341,6 +341,16 @@ double ParallelCostModel::duration(const sched::Schedule& schedule, int worker,
     case OpKind::kInvertB:
     case OpKind::kPrecondition:
       return kfac_piece_seconds(kfac_seconds(schedule, in), kfac_task_overhead_s_, in);
+    case OpKind::kPrefetchFactors:
+    case OpKind::kWriteBackState:
+    case OpKind::kPrefetchInverses: {
+      // The cluster's PCIe per GPU where given, else the device's own host link.
+      const bool cluster_link = cluster_.host_bandwidth > 0.0;
+      return host_transfer_seconds(
+          static_cast<double>(std::max<std::int64_t>(in.bytes, 0)),
+          cluster_link ? cluster_.host_bandwidth : cluster_.device.host_bandwidth,
+          cluster_.device.host_latency_s, "the cluster's host_bandwidth_gbps");
+    }
   }
   return 0.0;
 }

@@ -140,6 +140,10 @@ int run_comparison(const CompileCommandOptions& compile, const SimCommandOptions
   const auto kfac_options =
       kfac.enabled ? std::optional(pipefisher::to_kfac_options(with_dims)) : std::nullopt;
   std::vector<KfacComparisonRow> kfac_rows;
+  if (kfac.offload != "none") {
+    throw std::invalid_argument(
+        "--schedule all does not compare K-FAC offload; pick one schedule for --kfac-offload");
+  }
   if (!compile.schedule_file.empty()) {
     throw std::invalid_argument(
         "--schedule all compares generated schedules; it cannot be combined with "
@@ -504,6 +508,16 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
         pipefisher::run_kfac_command(schedule, *setup.costs, with_dims, out, sim_options(options)));
     report["kfac"] = pipefisher::to_json(pass->report);
     report["with_kfac"] = sim::report_json(pass->schedule, pass->after, setup.run);
+    // --kfac-offload: the copies join the schedule; what follows writes and traces that one.
+    if (auto offload = pipefisher::run_offload_command(*pass, *setup.costs, with_dims, out,
+                                                       sim_options(options))) {
+      report["kfac_offload"] = pipefisher::offload_report_json(offload->report);
+      report["with_kfac_offload"] = sim::report_json(offload->schedule, offload->after, setup.run);
+      pass->schedule = std::move(offload->schedule);
+      pass->after = std::move(offload->after);
+    }
+  } else if (kfac.offload != "none") {
+    throw std::invalid_argument("--kfac-offload offloads K-FAC state: it needs --kfac");
   }
   // --out writes what was simulated last: with --kfac the k-step schedule with the K-FAC work.
   // torch's CSV has no K-FAC actions, so --csv keeps the base schedule.

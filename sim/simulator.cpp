@@ -25,9 +25,11 @@ using sched::Schedule;
 constexpr std::uint8_t kComputeLane = 1;
 constexpr std::uint8_t kSendLane = 2;
 constexpr std::uint8_t kRecvLane = 4;  // held by collectives (a ring all-reduce also receives)
-constexpr int kNumLanes = 3;
+constexpr std::uint8_t kHostLane = 8;  // the host link (PCIe): K-FAC offload copies
+constexpr int kNumLanes = 4;
 
-enum class Role : std::uint8_t { kCompute, kSend, kRecv, kCollective };
+// kHostCopy: a K-FAC offload transfer between device and host memory (sched::is_kfac_transfer).
+enum class Role : std::uint8_t { kCompute, kSend, kRecv, kCollective, kHostCopy };
 
 Role role_of(OpKind kind) {
   switch (kind) {
@@ -43,6 +45,10 @@ Role role_of(OpKind kind) {
     case OpKind::kBroadcastInverses:
     case OpKind::kBroadcastGradient:
       return Role::kCollective;
+    case OpKind::kPrefetchFactors:
+    case OpKind::kWriteBackState:
+    case OpKind::kPrefetchInverses:
+      return Role::kHostCopy;
     default:
       return Role::kCompute;
   }
@@ -56,6 +62,8 @@ std::uint8_t lanes_of(Role role) {
       return 0;  // a posted receive (irecv) holds no lane while it waits for its data
     case Role::kCollective:
       return kSendLane | kRecvLane;
+    case Role::kHostCopy:
+      return kHostLane;
     case Role::kCompute:
       break;
   }
@@ -402,6 +410,9 @@ class Engine {
     std::vector<std::int32_t> last_sync(keys_.linear_space(), -1);
     std::vector<std::int32_t> last_inversion(keys_.linear_space(), -1);
     std::vector<std::int32_t> last_precondition(keys_.linear_space(), -1);
+    std::vector<std::int32_t> last_prefetch_factors(keys_.linear_space(), -1);
+    std::vector<std::int32_t> last_prefetch_inverses(keys_.linear_space(), -1);
+    std::vector<std::int32_t> last_write_back(keys_.linear_space(), -1);  // any step: key of step 0
     std::vector<std::int32_t> last_reduction_of_step(keys_.steps, -1);
     std::vector<std::int32_t> last_weight_grad_of_step(keys_.steps, -1);
 
@@ -495,10 +506,12 @@ class Engine {
           case OpKind::kInvertA:
             add_dep(g, local(last_curvature_a, lin, begin), 0.0);
             add_dep(g, local(last_sync, lin, begin), 0.0);
+            add_dep(g, local(last_prefetch_factors, lin, begin), 0.0);
             break;
           case OpKind::kInvertB:
             add_dep(g, local(last_curvature_b, lin, begin), 0.0);
             add_dep(g, local(last_sync, lin, begin), 0.0);
+            add_dep(g, local(last_prefetch_factors, lin, begin), 0.0);
             break;
           case OpKind::kPrecondition:
             if (in.chunk >= 0) {
@@ -507,6 +520,18 @@ class Engine {
                       0.0);
             }
             add_dep(g, local(last_reduction_of_step, in.step, begin), 0.0);
+            add_dep(g, local(last_prefetch_inverses, lin, begin), 0.0);  // offloaded inverses
+            break;
+          case OpKind::kPrefetchFactors:  // the host copy is there since the last write-back
+            break;
+          case OpKind::kWriteBackState:  // the refresh's new factors and inverses
+            add_dep(g, local(last_inversion, lin, begin), 0.0);
+            break;
+          case OpKind::kPrefetchInverses:  // the refresh's last step reads the new inverses
+            if (in.step == keys_.steps - 1) {
+              add_dep(g, local(last_write_back, keys_.linear_key(0, in.layer, in.linear), begin),
+                      0.0);
+            }
             break;
           case OpKind::kBroadcastInverses:  // the owner's inverses, once both are computed
             add_dep(g, local(last_inversion, lin, begin), 0.0);
@@ -523,6 +548,11 @@ class Engine {
           last_inversion[lin] = g;
         }
         if (in.kind == OpKind::kPrecondition && lin >= 0) last_precondition[lin] = g;
+        if (in.kind == OpKind::kPrefetchFactors && lin >= 0) last_prefetch_factors[lin] = g;
+        if (in.kind == OpKind::kPrefetchInverses && lin >= 0) last_prefetch_inverses[lin] = g;
+        if (in.kind == OpKind::kWriteBackState && in.layer >= 0) {
+          last_write_back[keys_.linear_key(0, in.layer, in.linear)] = g;
+        }
         if (is_gradient_reduction(in.kind)) last_reduction_of_step[in.step] = g;
         if (is_weight_gradient(in.kind)) last_weight_grad_of_step[in.step] = g;
       }
@@ -655,6 +685,7 @@ class Engine {
           break;
         case Role::kCollective:
         case Role::kSend:
+        case Role::kHostCopy:
           free = std::max(free, start_[source]);
           break;
         case Role::kCompute:
@@ -786,8 +817,67 @@ class Engine {
     };
     std::vector<Event> events;
     kfac_seen_.assign(keys_.layers * sched::kNumLinearKinds, 0);
+    // Offloaded Linears (those with offload transfers in this stream) hold their K-FAC state on
+    // the device only between a prefetch and its release (docs/offload.md): from a factor
+    // prefetch's start to its write-back's end, what that write-back moves (the factors and the
+    // new inverses, its bytes); from an inverse prefetch's start to the end of its
+    // preconditioning's last piece, its bytes.
+    offloaded_.assign(keys_.layers * sched::kNumLinearKinds, 0);
     for (std::int64_t g = offset_[w]; g < offset_[w + 1]; ++g) {
       const Instruction& in = *instr_[g];
+      if (sched::is_kfac_transfer(in.kind) && in.layer >= 0) {
+        offloaded_[std::int64_t{in.layer} * sched::kNumLinearKinds + static_cast<int>(in.linear)] =
+            1;
+      }
+    }
+    // Per factor prefetch: the bytes of the write-back that ends its residency (the next one of
+    // its Linear in the stream); per offloaded Linear, a prefetched preconditioning's inverses.
+    std::vector<double> window_bytes(static_cast<std::size_t>(offset_[w + 1] - offset_[w]), 0.0);
+    {
+      std::vector<double> next_write_back(offloaded_.size(), 0.0);
+      for (std::int64_t g = offset_[w + 1] - 1; g >= offset_[w]; --g) {
+        const Instruction& in = *instr_[g];
+        if (!sched::is_kfac_transfer(in.kind) || in.layer < 0) continue;
+        const std::int64_t slot =
+            std::int64_t{in.layer} * sched::kNumLinearKinds + static_cast<int>(in.linear);
+        if (in.kind == OpKind::kWriteBackState)
+          next_write_back[slot] = static_cast<double>(in.bytes);
+        if (in.kind == OpKind::kPrefetchFactors) {
+          window_bytes[g - offset_[w]] =
+              std::max(next_write_back[slot], static_cast<double>(in.bytes));
+        }
+      }
+    }
+    std::vector<double> fetched_inverses(offloaded_.size(), 0.0);
+    for (std::int64_t g = offset_[w]; g < offset_[w + 1]; ++g) {
+      const Instruction& in = *instr_[g];
+      const std::int64_t linear_slot =
+          in.layer >= 0
+              ? std::int64_t{in.layer} * sched::kNumLinearKinds + static_cast<int>(in.linear)
+              : -1;
+      if (linear_slot >= 0 && is_kfac_kind(in.kind) && offloaded_[linear_slot]) {
+        switch (in.kind) {
+          case OpKind::kPrefetchFactors:
+            events.push_back(Event{start_[g], window_bytes[g - offset_[w]], 0});
+            break;
+          case OpKind::kWriteBackState:
+            events.push_back(Event{end_[g], -static_cast<double>(in.bytes), 0});
+            break;
+          case OpKind::kPrefetchInverses:
+            events.push_back(Event{start_[g], static_cast<double>(in.bytes), 0});
+            fetched_inverses[linear_slot] += static_cast<double>(in.bytes);
+            break;
+          case OpKind::kPrecondition:
+            if (in.piece_end == sched::kPieceUnits && fetched_inverses[linear_slot] > 0.0) {
+              events.push_back(Event{end_[g], -fetched_inverses[linear_slot], 0});
+              fetched_inverses[linear_slot] = 0.0;
+            }
+            break;
+          default:
+            break;
+        }
+        continue;
+      }
       if (in.kind == OpKind::kForward) {
         const double bytes = costs_.activation_bytes(schedule_, in.pipeline, in.chunk);
         check_duration(bytes, in, w, position_of(g), "activation bytes");
@@ -875,6 +965,7 @@ class Engine {
       queue_;
 
   std::vector<std::uint8_t> kfac_seen_;
+  std::vector<std::uint8_t> offloaded_;
 };
 
 }  // namespace

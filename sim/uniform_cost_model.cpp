@@ -69,6 +69,7 @@ UniformCostModel::UniformCostModel(UniformCosts costs, std::shared_ptr<const Cos
   checked(costs_.static_bytes, "static_bytes");
   checked(costs_.kfac_bytes, "kfac_bytes");
   checked(costs_.kfac_task_overhead_s, "kfac_task_overhead_s");
+  checked(costs_.host_bandwidth, "host_bandwidth");
 }
 
 double UniformCostModel::duration(const sched::Schedule& schedule, int /*worker*/,
@@ -107,6 +108,12 @@ double UniformCostModel::duration(const sched::Schedule& schedule, int /*worker*
       return kfac_piece_seconds(costs_.invert_b_s, costs_.kfac_task_overhead_s, instruction);
     case OpKind::kPrecondition:
       return kfac_piece_seconds(costs_.precondition_s, costs_.kfac_task_overhead_s, instruction);
+    case OpKind::kPrefetchFactors:
+    case OpKind::kWriteBackState:
+    case OpKind::kPrefetchInverses:
+      return costs_.host_bandwidth > 0.0
+                 ? static_cast<double>(instruction.bytes) / costs_.host_bandwidth
+                 : 0.0;
   }
   return 0.0;
 }

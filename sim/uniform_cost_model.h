@@ -29,6 +29,8 @@ struct UniformCosts {
   double precondition_s = 0.0;
   // Included in each K-FAC compute task above; a piece of a divided task pays it again.
   double kfac_task_overhead_s = 0.0;
+  // K-FAC offload transfers: bytes / host_bandwidth (bytes/s); 0: they take no time.
+  double host_bandwidth = 0.0;
   // Memory without a model: each stashed (chunk, micro-batch) holds activation_bytes / v, each
   // worker holds static_bytes split over its chunks, each K-FAC Linear kfac_bytes.
   double activation_bytes = 1.0;

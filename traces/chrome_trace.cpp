@@ -34,6 +34,10 @@ Lane lane_of(OpKind kind) {
     case OpKind::kInvertB:
     case OpKind::kPrecondition:
       return Lane::kKfac;
+    case OpKind::kPrefetchFactors:
+    case OpKind::kWriteBackState:
+    case OpKind::kPrefetchInverses:
+      return Lane::kHostLink;
     default:
       return Lane::kCompute;
   }
@@ -51,6 +55,8 @@ std::string_view lane_name(Lane lane) {
       return "K-FAC";
     case Lane::kCollective:
       return "collective";
+    case Lane::kHostLink:
+      return "host link";
   }
   return "compute";
 }
@@ -95,6 +101,12 @@ std::string_view colour_of(OpKind kind) {
       return "cq_build_passed";
     case OpKind::kBroadcastGradient:
       return "cq_build_attempt_passed";
+    case OpKind::kPrefetchFactors:
+      return "cq_build_running";
+    case OpKind::kWriteBackState:
+      return "cq_build_failed";
+    case OpKind::kPrefetchInverses:
+      return "cq_build_abandoned";
   }
   return "generic_work";
 }
@@ -146,7 +158,7 @@ json make_chrome_trace(const sched::Schedule& schedule,
                       {"name", "process_sort_index"},
                       {"pid", pid},
                       {"args", {{"sort_index", pid}}}});
-    for (int lane = 0; lane <= static_cast<int>(Lane::kCollective); ++lane) {
+    for (int lane = 0; lane <= static_cast<int>(Lane::kHostLink); ++lane) {
       events.push_back({{"ph", "M"},
                         {"name", "thread_name"},
                         {"pid", pid},

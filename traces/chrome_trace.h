@@ -26,7 +26,15 @@ struct CounterTrack {
   std::vector<std::pair<double, double>> samples;  // (time_us, value)
 };
 
-enum class Lane : int { kCompute = 0, kSend = 1, kRecv = 2, kKfac = 3, kCollective = 4 };
+// kHostLink: K-FAC offload copies between device and host memory (PCIe).
+enum class Lane : int {
+  kCompute = 0,
+  kSend = 1,
+  kRecv = 2,
+  kKfac = 3,
+  kCollective = 4,
+  kHostLink = 5
+};
 Lane lane_of(sched::OpKind kind);
 std::string_view lane_name(Lane lane);
 std::string_view colour_of(sched::OpKind kind);  // a reserved trace-viewer colour name

@@ -20,6 +20,7 @@
 #include "runtime/comm/in_process.h"
 #include "runtime/device/buffer_pool.h"
 #include "runtime/device/stream_timeline.h"
+#include "runtime/executor/host_kfac_state.h"
 #include "runtime/tensor/cpu_backend.h"
 #include "runtime/tensor/tensor.h"
 #include "scheduler/grid.h"
@@ -49,6 +50,7 @@ std::string bias_name_of(const std::string& weight_name) {
 }
 
 Lane lane_of(OpKind kind) {
+  if (sched::is_kfac_transfer(kind)) return Lane::kHostLink;
   if (sched::is_kfac(kind) && !sched::is_kfac_collective(kind)) return Lane::kKfac;
   if (sched::is_point_to_point(kind) || sched::is_reduction(kind)) return Lane::kCommunication;
   return Lane::kCompute;
@@ -94,6 +96,8 @@ struct KfacSlot {
   kfac::LayerPlacement placement;
   bool broadcasts_inverses = false;  // the stream holds this Linear's inverse broadcast
   bool broadcasts_gradient = false;  // ... and its preconditioned-gradient broadcasts
+  // Offloaded to host memory (the stream holds its offload copies; docs/offload.md).
+  bool offloaded = false;
 };
 
 struct Flight {
@@ -207,6 +211,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   std::map<int, kfac::KfacState> kfac_states;  // per pipeline
   std::map<FactorKey, KfacSlot> kfac_slots;
   std::map<FactorKey, std::unique_ptr<device::DeviceKfacLayer>> device_kfac;  // device path
+  std::map<FactorKey, HostKfacState> host_kfac;   // offloaded Linears' host copies (CPU path)
   kernels::BackendOps<T>* capture_ops = nullptr;  // the capturing chunk's ops (device copies)
   tensor::Tensor last_input_device;
   std::set<CaptureKey> wanted_a, wanted_b;
@@ -391,6 +396,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         slot.broadcasts_inverses = true;
       } else if (in.kind == OpKind::kBroadcastGradient) {
         slot.broadcasts_gradient = true;
+      } else if (sched::is_kfac_transfer(in.kind)) {
+        slot.offloaded = true;
       }
     }
     if (!has_kfac) return;
@@ -419,6 +426,15 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         }
       }
       place_kfac_state();
+      for (const auto& [key, slot] : kfac_slots) {
+        if (!slot.offloaded) continue;
+        if (slot.broadcasts_inverses || slot.broadcasts_gradient) {
+          throw std::invalid_argument(
+              "executor: K-FAC offload with sharded K-FAC state (--kfac-sharding) is not "
+              "supported: offload keeps each replica's whole state in its host memory");
+        }
+        host_kfac.try_emplace(key);
+      }
     }
   }
 
@@ -436,8 +452,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     std::size_t i = 0;
     for (auto& [key, slot] : kfac_slots) {
       slot.placement = plan.layers[i++];
-      const bool sharded = slot.placement.factor_count < replicas ||
-                           slot.placement.inverse_count < replicas;
+      const bool sharded =
+          slot.placement.factor_count < replicas || slot.placement.inverse_count < replicas;
       if (sharded && runtime) {
         throw std::invalid_argument("executor: --kfac-sharding " + kfac::to_string(placement) +
                                     " runs on the CPU path only so far (use replicate with a "
@@ -1448,6 +1464,75 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       slot.done_a = slot.done_b = 0;
       slot.inverted_a = slot.inverted_b = false;
     }
+    for (auto& [key, host] : host_kfac) host.begin_round();
+  }
+
+  // --- K-FAC offload (docs/offload.md): the copies between the live state and host memory.
+  HostKfacState& host_state(const Instruction& in) {
+    const auto it = host_kfac.find({in.pipeline, in.layer, in.linear});
+    if (it == host_kfac.end()) {
+      throw std::runtime_error("offload copy for a Linear this worker does not offload");
+    }
+    return it->second;
+  }
+
+  void offload_copy(const Instruction& in) {
+    if (runtime) {
+      throw std::runtime_error("K-FAC offload (--kfac-offload) is not implemented on device " +
+                               tensor::to_string(runtime->device()) + " yet");
+    }
+    auto& layer = kfac_layer(in);
+    auto& slot = kfac_slot(in);
+    auto& host = host_state(in);
+    switch (in.kind) {
+      case OpKind::kPrefetchFactors:
+        host.prefetch_factors(layer);
+        break;
+      case OpKind::kWriteBackState: {
+        // The inverses computed since their last write-back (this round's, not yet written).
+        const bool new_a = slot.inverted_a && !host.written_back(true);
+        const bool new_b = slot.inverted_b && !host.written_back(false);
+        if (!new_a && !new_b) throw std::runtime_error("write-back without a new inverse");
+        host.write_back(layer, new_a, new_b);
+        break;
+      }
+      default: {  // prefetch_inverses: what this step's preconditioning reads (see precondition)
+        const bool newest = in.step == schedule.num_steps - 1;
+        for (const bool is_a : {true, false}) {
+          const bool inverted = is_a ? slot.inverted_a : slot.inverted_b;
+          const bool written = host.written_back(is_a);
+          const std::int64_t d = is_a ? layer.d_in : layer.d_out;
+          auto& factor = is_a ? layer.a : layer.b;
+          if (newest) {
+            // The refresh's new inverse: from the host once written back (the validator orders
+            // this prefetch after every write-back of the round's inversions).
+            if (written || !inverted) host.prefetch_inverse(is_a, false, d, factor.inverse);
+          } else if (inverted) {
+            // The inverse the refresh replaced: the host's previous one once the new one is
+            // written back, its current one before.
+            host.prefetch_inverse(is_a, written, d,
+                                  is_a ? slot.previous_a_inverse : slot.previous_b_inverse);
+          } else {
+            host.prefetch_inverse(is_a, false, d, factor.inverse);
+          }
+        }
+        break;
+      }
+    }
+  }
+
+  // After an offloaded Linear's preconditioning: its prefetched inverses leave the device. The
+  // refresh's new inverses stay until their write-back.
+  void release_inverses(const Instruction& in) {
+    auto& slot = kfac_slot(in);
+    if (!slot.offloaded || runtime) return;
+    auto& layer = kfac_layer(in);
+    const auto& host = host_state(in);
+    slot.previous_a_inverse = Eigen::MatrixXf();
+    slot.previous_b_inverse = Eigen::MatrixXf();
+    // A new inverse not yet written back is the only copy: it stays.
+    if (!(slot.inverted_a && !host.written_back(true))) layer.a.inverse = Eigen::MatrixXf();
+    if (!(slot.inverted_b && !host.written_back(false))) layer.b.inverse = Eigen::MatrixXf();
   }
 
   void execute(const Instruction& in, int position, std::int64_t global_step,
@@ -1512,12 +1597,19 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         break;
       case OpKind::kPrecondition:
         precondition(in);
+        if (in.piece_end == sched::kPieceUnits) release_inverses(in);
         break;
       case OpKind::kBroadcastInverses:
         broadcast_inverses(in);
         break;
       case OpKind::kBroadcastGradient:
         broadcast_gradient(in);
+        break;
+      case OpKind::kPrefetchFactors:
+      case OpKind::kWriteBackState:
+      case OpKind::kPrefetchInverses:
+        offload_copy(in);
+        bytes = in.bytes;
         break;
     }
     if (sent_before >= 0) {
@@ -1683,6 +1775,12 @@ std::int64_t Worker<T>::kfac_state_bytes() const {
       }
     }
   }
+  return bytes;
+}
+template <typename T>
+std::int64_t Worker<T>::kfac_host_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto& [key, host] : impl_->host_kfac) bytes += host.bytes();
   return bytes;
 }
 template <typename T>

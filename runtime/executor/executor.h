@@ -75,7 +75,8 @@ struct StepResult {
   double seconds = 0.0;       // rank's time from the previous step's end to this one's
 };
 
-enum class Lane : std::uint8_t { kCompute, kCommunication, kKfac };
+// kHostLink: K-FAC offload copies between device and host memory (docs/offload.md).
+enum class Lane : std::uint8_t { kCompute, kCommunication, kKfac, kHostLink };
 
 // One executed instruction, timed on the executor's steady clock (seconds since its start).
 struct InstructionEvent {
@@ -177,6 +178,9 @@ class Worker {
   // Bytes of K-FAC state this rank holds: factor accumulators, values and inverses of every
   // preconditioned Linear (kfac::state_cost's memory_bytes between refreshes).
   std::int64_t kfac_state_bytes() const;
+  // Bytes of K-FAC state this rank keeps in host memory for its offloaded Linears
+  // (--kfac-offload; the schedule's offload copies); 0 without offload.
+  std::int64_t kfac_host_bytes() const;
   // Payload bytes this rank sent in K-FAC collectives (curvature sync, broadcasts) so far, as
   // counted by the communicator (comm::Communicator::payload_bytes_sent); -1 where it counts
   // none (threads).

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <random>
+#include <vector>
 
 #include "kfac/factors.h"
 #include "kfac/layer_state.h"
@@ -148,6 +150,26 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
     profile.kfac.push_back(entry);
   }
   return profile;
+}
+
+sim::LinkProfile measure_host_copy(std::size_t bytes) {
+  std::vector<char> from(bytes, 1), to(bytes, 0);
+  std::vector<double> rates;
+  for (int trial = 0; trial < 5; ++trial) {
+    const auto start = std::chrono::steady_clock::now();
+    std::memcpy(to.data(), from.data(), bytes);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    if (took.count() > 0.0) rates.push_back(static_cast<double>(bytes) / took.count());
+    from[static_cast<std::size_t>(trial)] = to[bytes - 1];  // keeps the copies observable
+  }
+  sim::LinkProfile link;
+  if (rates.empty()) {
+    link.bandwidth = 1e12;  // below the clock's resolution: as good as free
+  } else {
+    std::sort(rates.begin(), rates.end());
+    link.bandwidth = rates[rates.size() / 2];
+  }
+  return link;
 }
 
 }  // namespace pf::train

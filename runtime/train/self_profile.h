@@ -27,4 +27,9 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
                               int steps = 3,
                               const std::shared_ptr<device::DeviceRuntime>& device = nullptr);
 
+// The host link of the CPU backend's K-FAC offload (--kfac-offload): the rate of a memcpy
+// between two host buffers of `bytes` (the copies runtime/executor/host_kfac_state.h makes),
+// the median of a few, no latency.
+sim::LinkProfile measure_host_copy(std::size_t bytes = std::size_t{16} << 20);
+
 }  // namespace pf::train

@@ -149,6 +149,22 @@ void validate_options(const TrainOptions& o) {
   if (!(o.kfac_damping > 0)) bad("--kfac-damping must be > 0");
   if (o.kfac.enabled && o.precision == "fp64") bad("--kfac runs in fp32: drop --precision fp64");
   if (!o.kfac_profile.empty() && !o.kfac.enabled) bad("--kfac-profile needs --kfac");
+  if (o.kfac.offload != "none") {
+    if (!o.kfac.enabled) bad("--kfac-offload needs --kfac");
+    if (o.kfac.offload == "auto" && !(o.kfac.device_memory_budget_mib > 0)) {
+      bad("--kfac-offload auto needs --device-memory-budget (MiB per device, > 0)");
+    }
+    // The offloaded state lives outside the workers' K-FAC state that checkpoints record.
+    if (!o.checkpoint_dir.empty()) {
+      bad("--kfac-offload: checkpoints of offloaded K-FAC state are not written yet; run without "
+          "--checkpoint-dir");
+    }
+    if (on_cuda) {
+      bad("--kfac-offload on --device " + o.device +
+          " is not implemented yet (pinned host "
+          "memory and copy-stream transfers); it runs on the CPU");
+    }
+  }
   if (o.threads_per_worker < 1) bad("--threads-per-worker must be >= 1");
   if (!(o.wait_timeout_s > 0)) bad("--wait-timeout must be > 0 seconds");
   if (o.checkpoint_every < 0) bad("--checkpoint-every must be >= 0");

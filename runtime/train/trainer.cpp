@@ -23,6 +23,7 @@
 #include "runtime/train/checkpointing.h"
 #include "runtime/train/periodic_evaluation.h"
 #include "runtime/train/self_profile.h"
+#include "scheduler/pipefisher/offload_pass.h"
 #include "scheduler/pipefisher/pass.h"
 #include "scheduler/schedule_json.h"
 #include "sim/cli/compile_command.h"
@@ -471,9 +472,43 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
       kfac_command.linear_dims.push_back({linear == sched::LinearKind::kFfnOut ? i : h,
                                           linear == sched::LinearKind::kFfnIn ? i : h});
     }
-    const auto pass =
-        pipefisher::run_pipefisher(context.schedule, sim::MeasuredCostModel(profile, source),
-                                   pipefisher::to_kfac_options(kfac_command));
+    const auto offload_options = pipefisher::to_offload_options(kfac_command);
+    if (offload_options.mode != pipefisher::OffloadMode::kNone && launch.multi_process()) {
+      // Each process would measure its own host link and could place the copies differently.
+      throw std::invalid_argument(
+          "--kfac-offload runs with the workers on threads of one process so far (not under "
+          "mpirun)");
+    }
+    if (offload_options.mode != pipefisher::OffloadMode::kNone) {
+      // The offload pass sizes each Linear's state (fp32 A, B and their inverses) and prices its
+      // copies on the host link: a memcpy here (the CPU backend's offload copies).
+      for (auto& entry : profile.kfac) {
+        if (entry.bytes > 0.0 || !entry.linear) continue;
+        const auto& dims = kfac_command.linear_dims[static_cast<std::size_t>(*entry.linear)];
+        entry.bytes = 2.0 * 4.0 *
+                      (static_cast<double>(dims.d_in) * static_cast<double>(dims.d_in) +
+                       static_cast<double>(dims.d_out) * static_cast<double>(dims.d_out));
+      }
+      if (!(profile.host_link.bandwidth > 0.0)) profile.host_link = measure_host_copy();
+    }
+    const sim::MeasuredCostModel measured(profile, source);
+    auto pass = pipefisher::run_pipefisher(context.schedule, measured,
+                                           pipefisher::to_kfac_options(kfac_command));
+    std::string offload_summary;
+    if (offload_options.mode != pipefisher::OffloadMode::kNone) {
+      auto offload = pipefisher::run_offload_pass(pass, measured, offload_options);
+      std::ostringstream line;
+      line << "K-FAC offload (" << offload.report.mode << "): " << offload.report.offloaded_linears
+           << " Linears' state in host memory, " << offload.report.transfers
+           << " copies per refresh; predicted step time " << std::fixed << std::setprecision(3)
+           << 1e3 * offload.report.step_time_before_s << " -> "
+           << 1e3 * offload.report.step_time_after_s << " ms, peak memory "
+           << offload.report.max_peak_memory_before / (1024.0 * 1024.0) << " -> "
+           << offload.report.max_peak_memory_after / (1024.0 * 1024.0) << " MiB\n";
+      if (!offload.report.warning.empty()) line << offload.report.warning << "\n";
+      offload_summary = line.str();
+      pass.schedule = std::move(offload.schedule);
+    }
     context.kfac_placement = pass.report.placement;
     context.kfac_model_bytes = pass.report.kfac_memory_bytes;
     context.kfac_model_sent_per_refresh = pass.report.kfac_sent_bytes_per_refresh;
@@ -491,6 +526,7 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
               << " MiB held, " << pass.report.kfac_sent_bytes_per_refresh / (1024.0 * 1024.0)
               << " MiB sent per refresh\n";
     }
+    summary << offload_summary;
     context.kfac_summary = summary.str();
     context.schedule = pass.schedule;
   }

@@ -88,6 +88,16 @@ void add_kfac_options(CLI::App& app, KfacCommandOptions& options) {
                  "With --kfac-sharding auto: K-FAC state per replica at most this many MiB "
                  "(0: no limit)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--kfac-offload", options.offload,
+                 "K-FAC state in host memory (ZeRO-Infinity): none, host (every Linear's factors "
+                 "and inverses, prefetched over the host link before use and written back after "
+                 "the refresh), or auto (only the largest Linears needed to fit under "
+                 "--device-memory-budget)")
+      ->check(CLI::IsMember({"none", "host", "auto"}));
+  app.add_option("--device-memory-budget", options.device_memory_budget_mib,
+                 "Device memory per GPU in MiB that --kfac-offload auto must fit under (weights, "
+                 "optimizer state, activations and the K-FAC state kept on the device)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--kfac-layers", options.layers,
                  "Encoder layers to precondition: all, or a comma list of indices and ranges "
                  "(e.g. 0-3,8)");
@@ -142,6 +152,7 @@ KfacOptions to_kfac_options(const KfacCommandOptions& command) {
   options.memory_budget_bytes = command.memory_budget_mib * 1024.0 * 1024.0;
   options.linear_dims = command.linear_dims;
   options.validate();
+  (void)to_offload_options(command);  // a bad offload flag fails before the pass runs
   return options;
 }
 
@@ -207,6 +218,32 @@ std::string format_kfac_report(const KfacReport& report) {
   }
   if (!report.warning.empty()) text += report.warning + "\n";
   return text;
+}
+
+OffloadOptions to_offload_options(const KfacCommandOptions& command) {
+  OffloadOptions options;
+  options.mode = offload_mode_from_string(command.offload);
+  if (!(command.device_memory_budget_mib >= 0.0)) {
+    throw std::invalid_argument("--device-memory-budget: must be >= 0 MiB");
+  }
+  options.device_memory_budget_bytes = command.device_memory_budget_mib * 1024.0 * 1024.0;
+  if (options.mode == OffloadMode::kAuto && options.device_memory_budget_bytes <= 0.0) {
+    throw std::invalid_argument(
+        "--kfac-offload auto needs --device-memory-budget (MiB per device, > 0)");
+  }
+  return options;
+}
+
+std::optional<OffloadResult> run_offload_command(const PassResult& pass,
+                                                 const sim::CostModel& costs,
+                                                 const KfacCommandOptions& options,
+                                                 std::ostream& out,
+                                                 const sim::SimOptions& sim_options) {
+  const OffloadOptions offload = to_offload_options(options);
+  if (offload.mode == OffloadMode::kNone) return std::nullopt;
+  OffloadResult result = run_offload_pass(pass, costs, offload, sim_options);
+  out << format_offload_report(result.report);
+  return result;
 }
 
 PassResult run_kfac_command(const sched::Schedule& compiled, const sim::CostModel& costs,

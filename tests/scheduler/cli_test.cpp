@@ -145,6 +145,37 @@ TEST(Program, HostileFilesAreOneErrorLineAndExitCodeTwo) {
   fs::remove_all(dir);
 }
 
+// K-FAC offload (docs/offload.md): its flags' refusals, and a run that reports and traces it.
+TEST(Program, KfacOffloadRefusalsAndReport) {
+  for (const char* arguments :
+       {"--schedule 1f1b --stages 2 --microbatches 4 --model base --kfac --kfac-offload disk",
+        "--schedule 1f1b --stages 2 --microbatches 4 --model base --kfac --kfac-offload auto",
+        "--schedule 1f1b --stages 2 --microbatches 4 --model base --kfac-offload host",
+        "--schedule 1f1b --stages 2 --microbatches 4 --model base --kfac --kfac-offload host "
+        "--device-memory-budget -1"}) {
+    const RunResult r = run(arguments);
+    EXPECT_EQ(r.status, 2) << arguments;
+    EXPECT_EQ(r.err.rfind("pipefisher_sim: error: ", 0), 0u) << arguments << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << arguments << ": " << r.err;
+  }
+  const fs::path dir =
+      fs::temp_directory_path() / ("pf_cli_offload_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const RunResult r = run("--schedule 1f1b --stages 4 --microbatches 16 --model large --kfac "
+                          "--grid none --kfac-offload host --trace " +
+                          (dir / "t.json").string() + " --out " + (dir / "s.json").string());
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("K-FAC offload (host)"), std::string::npos) << r.out;
+  const sched::Schedule s = sched::load_schedule_json((dir / "s.json").string());
+  std::size_t copies = 0;
+  for (const auto& stream : s.streams) {
+    for (const auto& in : stream) copies += sched::is_kfac_transfer(in.kind) ? 1 : 0;
+  }
+  EXPECT_GT(copies, 0U);
+  EXPECT_NE(read(dir / "t.json").find("host link"), std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST(Program, CompilesAndPrints) {
   const RunResult r = run("--schedule chimera --stages 4 --microbatches 4");
   EXPECT_EQ(r.status, 0) << r.err;

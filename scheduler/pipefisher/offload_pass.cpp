@@ -1,0 +1,523 @@
+#include "scheduler/pipefisher/offload_pass.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <iterator>
+#include <map>
+#include <stdexcept>
+#include <tuple>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "scheduler/validate.h"
+
+namespace pf::pipefisher {
+namespace {
+
+using sched::Instruction;
+using sched::OpKind;
+
+// A prefetch should end this much before its consumer's predicted start (durations vary).
+constexpr double kTransferMargin = 0.05;
+
+using LinearKey = std::tuple<int, int, int>;  // pipeline, layer, linear
+
+LinearKey key_of(const Instruction& in) {
+  return {in.pipeline, in.layer, static_cast<int>(in.linear)};
+}
+
+// One stretch of a Linear's inversions that holds its factors on the device: the inversion
+// tasks (A, B) whose pieces overlap, first piece to last.
+struct InversionWindow {
+  int first = 0, last = 0;
+  int inverses = 0;  // tasks in it (1 or 2): the inverses its write-back moves
+};
+
+// Where one Linear's K-FAC work sits in a worker's stream.
+struct LinearWork {
+  std::map<int, std::pair<int, int>> inversion;  // per kind (A, B): first and last piece
+  std::vector<InversionWindow> windows;          // in stream order
+  // Per step: the first and last piece of its preconditioning.
+  std::map<int, std::pair<int, int>> precondition;
+
+  // Each inversion task gets its own window (its factors are prefetched just before it and
+  // written back just after, so that at most about one Linear's factors are on the device at a
+  // time) unless its pieces interleave with the other's.
+  void make_windows() {
+    std::vector<std::pair<int, int>> tasks;
+    for (const auto& [kind, span] : inversion) tasks.push_back(span);
+    std::sort(tasks.begin(), tasks.end());
+    for (const auto& [first, last] : tasks) {
+      if (!windows.empty() && first <= windows.back().last) {
+        windows.back().last = std::max(windows.back().last, last);
+        ++windows.back().inverses;
+      } else {
+        windows.push_back({first, last, 1});
+      }
+    }
+  }
+};
+
+// One copy to insert: emitted just before original position `position` (the stream's length:
+// at its end); equal positions in `order` (a write-back before a prefetch that needs it).
+struct Placed {
+  int position = 0;
+  int order = 0;
+  Instruction instruction;
+};
+
+class WorkerPlacer {
+ public:
+  WorkerPlacer(const sched::Schedule& schedule, int worker, const std::vector<sim::Timing>& times,
+               const sim::CostModel& costs)
+      : schedule_(schedule), worker_(worker), times_(times), costs_(costs) {}
+
+  // When an instruction inserted before original position q is issued: with the previous
+  // instruction of the stream (in-order issue), or at 0 at the stream's start.
+  double issue_time(int q) const {
+    if (q <= 0) return 0.0;
+    return times_[static_cast<std::size_t>(q - 1)].start_s;
+  }
+  double start_of(int position) const {
+    return position < static_cast<int>(times_.size())
+               ? times_[static_cast<std::size_t>(position)].start_s
+               : (times_.empty() ? 0.0 : times_.back().end_s);
+  }
+
+  double duration(const Instruction& in) const { return costs_.duration(schedule_, worker_, in); }
+
+  // The earliest time from `t` on at which the link is free for `length` seconds.
+  double link_free_at(double t, double length) const {
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (const auto& [busy_start, busy_end] : busy_) {
+        if (t < busy_end && busy_start < t + length) {
+          t = busy_end;
+          moved = true;
+        }
+      }
+    }
+    return t;
+  }
+
+  // A copy inserted before original position q waits for the link from `ready` on; it must get
+  // it before the instruction after it would start (in-order issue: a copy waiting for the link
+  // holds up the stream behind it). The time it starts, or a negative value when it cannot.
+  double start_without_delay(int q, double ready, double seconds) const {
+    const double t = link_free_at(std::max(issue_time(q), ready), seconds);
+    return t <= std::max(start_of(q), ready) + 1e-12 ? t : -1.0;
+  }
+
+  // A prefetch: the latest position in [earliest, consumer] where the copy gets the link
+  // without holding up the stream and ends before the consumer starts; otherwise the earliest
+  // such position (late: the consumer waits for it), otherwise `earliest`.
+  int place_prefetch(int earliest, int consumer, double seconds, bool& late) {
+    const double deadline = start_of(consumer);
+    for (int q = consumer; q >= earliest; --q) {
+      const double t = start_without_delay(q, 0.0, seconds);
+      if (t >= 0.0 && t + seconds * (1.0 + kTransferMargin) <= deadline) {
+        late = false;
+        return occupy(q, t, seconds);
+      }
+    }
+    late = true;
+    for (int q = earliest; q <= consumer; ++q) {
+      const double t = start_without_delay(q, 0.0, seconds);
+      if (t >= 0.0) return occupy(q, t, seconds);
+    }
+    return occupy(earliest, link_free_at(issue_time(earliest), seconds), seconds);
+  }
+
+  // A write-back: the earliest position in [earliest, latest] where it gets the link without
+  // holding up the stream once its data is ready (`ready`: the end of its inversion).
+  int place_write_back(int earliest, int latest, double seconds, double ready) {
+    for (int q = earliest; q <= latest; ++q) {
+      const double t = start_without_delay(q, ready, seconds);
+      if (t >= 0.0) return occupy(q, t, seconds);
+    }
+    return occupy(earliest, link_free_at(std::max(issue_time(earliest), ready), seconds), seconds);
+  }
+
+ private:
+  int occupy(int q, double start, double seconds) {
+    busy_.emplace_back(start, start + seconds);
+    return q;
+  }
+
+  const sched::Schedule& schedule_;
+  int worker_;
+  const std::vector<sim::Timing>& times_;
+  const sim::CostModel& costs_;
+  std::vector<std::pair<double, double>> busy_;
+};
+
+Instruction transfer(OpKind kind, const Instruction& like, int step, double bytes) {
+  Instruction in;
+  in.kind = kind;
+  in.pipeline = like.pipeline;
+  in.step = static_cast<std::int16_t>(step);
+  in.chunk = like.chunk;
+  in.layer = like.layer;
+  in.linear = like.linear;
+  in.bytes = static_cast<std::int64_t>(bytes);
+  return in;
+}
+
+std::string mib(double bytes) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return buffer;
+}
+
+}  // namespace
+
+namespace {
+
+// The Linears of each worker and where their K-FAC work sits.
+struct ScheduleWork {
+  std::vector<std::map<LinearKey, LinearWork>> work;
+  std::vector<std::map<LinearKey, const Instruction*>> sample;  // one instruction of each
+};
+
+ScheduleWork find_work(const PassResult& pipefisher, const sim::CostModel& costs,
+                       OffloadMode mode) {
+  const sched::Schedule& schedule = pipefisher.schedule;
+  const int workers = schedule.num_workers();
+  ScheduleWork found;
+  found.work.resize(static_cast<std::size_t>(workers));
+  found.sample.resize(static_cast<std::size_t>(workers));
+  for (int w = 0; w < workers; ++w) {
+    const auto& stream = schedule.streams[static_cast<std::size_t>(w)];
+    for (std::size_t i = 0; i < stream.size(); ++i) {
+      const Instruction& in = stream[i];
+      if (in.kind == OpKind::kBroadcastInverses || in.kind == OpKind::kBroadcastGradient) {
+        throw std::invalid_argument(
+            "--kfac-offload " + std::string(to_string(mode)) +
+            " with sharded K-FAC state (--kfac-sharding other than replicate) is not supported: "
+            "offload keeps each replica's whole state in its own host memory");
+      }
+      if (sched::is_kfac_transfer(in.kind)) {
+        throw std::invalid_argument("K-FAC offload: the schedule has offload copies already");
+      }
+      if (!sched::is_kfac(in.kind) || sched::is_kfac_collective(in.kind)) continue;
+      auto& linear = found.work[static_cast<std::size_t>(w)][key_of(in)];
+      found.sample[static_cast<std::size_t>(w)].emplace(key_of(in), &in);
+      const int position = static_cast<int>(i);
+      if (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) {
+        auto [it, added] =
+            linear.inversion.try_emplace(static_cast<int>(in.kind), position, position);
+        if (!added) it->second.second = position;
+      }
+      if (in.kind == OpKind::kPrecondition) {
+        auto [it, added] = linear.precondition.try_emplace(in.step, position, position);
+        if (!added) it->second.second = position;
+      }
+    }
+  }
+  for (int w = 0; w < workers; ++w) {
+    const auto& times = pipefisher.after.times[static_cast<std::size_t>(w)];
+    for (auto& [key, linear] : found.work[static_cast<std::size_t>(w)]) {
+      linear.make_windows();
+      // Windows closer than a write-back and a prefetch take become one: the factors stay.
+      const Instruction& like = *found.sample[static_cast<std::size_t>(w)].at(key);
+      const double bytes = costs.kfac_bytes(schedule, like.layer, like.linear);
+      const double round_trip =
+          costs.duration(schedule, w, transfer(OpKind::kWriteBackState, like, 0, bytes)) +
+          costs.duration(schedule, w, transfer(OpKind::kPrefetchFactors, like, 0, bytes / 2.0));
+      std::vector<InversionWindow> merged;
+      for (const auto& window : linear.windows) {
+        if (!merged.empty() && times[static_cast<std::size_t>(window.first)].start_s -
+                                       times[static_cast<std::size_t>(merged.back().last)].end_s <
+                                   round_trip) {
+          merged.back().last = window.last;
+          merged.back().inverses += window.inverses;
+        } else {
+          merged.push_back(window);
+        }
+      }
+      linear.windows = std::move(merged);
+    }
+  }
+  return found;
+}
+
+// Worker w's stream with the copies of its offloaded Linears, placed in the PipeFisher
+// timeline; fills the report's counts.
+std::vector<Instruction> insert_copies(const PassResult& pipefisher, const ScheduleWork& found,
+                                       const WorkerOffloadPlan& plan, int w,
+                                       const sim::CostModel& costs,
+                                       WorkerOffloadReport& worker_report) {
+  const sched::Schedule& schedule = pipefisher.schedule;
+  const auto& stream = schedule.streams[static_cast<std::size_t>(w)];
+  if (plan.offloaded.empty()) return stream;
+  const int n = static_cast<int>(stream.size());
+  const auto& timeline = pipefisher.after.times[static_cast<std::size_t>(w)];
+  WorkerPlacer placer(schedule, w, timeline, costs);
+  const auto& work = found.work[static_cast<std::size_t>(w)];
+  // Requests in the order their consumers need them (write-backs by their producer's end).
+  struct Request {
+    double deadline;
+    int order;  // 0 write-back, 1 factor prefetch, 2 inverse prefetch (ties)
+    LinearKey key;
+    int index;  // the window (write-back, factor prefetch) or the step (inverse prefetch)
+  };
+  std::vector<Request> requests;
+  for (const auto& state : plan.offloaded) {
+    const LinearKey key{state.pipeline, state.layer, static_cast<int>(state.linear)};
+    const LinearWork& lw = work.at(key);
+    for (std::size_t x = 0; x < lw.windows.size(); ++x) {
+      const auto& window = lw.windows[x];
+      requests.push_back({placer.start_of(window.first), 1, key, static_cast<int>(x)});
+      requests.push_back(
+          {timeline[static_cast<std::size_t>(window.last)].end_s, 0, key, static_cast<int>(x)});
+    }
+    for (const auto& [step, positions] : lw.precondition) {
+      requests.push_back({placer.start_of(positions.first), 2, key, step});
+    }
+  }
+  std::sort(requests.begin(), requests.end(), [](const Request& x, const Request& y) {
+    return std::tie(x.deadline, x.order, x.key, x.index) <
+           std::tie(y.deadline, y.order, y.key, y.index);
+  });
+  std::vector<Placed> placed;
+  // Per Linear: where its last write-back went (a later factor prefetch, and the refresh's last
+  // inverse prefetch, come after it).
+  std::map<LinearKey, int> write_back_at;
+  std::map<LinearKey, double> bytes_of;
+  for (const auto& state : plan.offloaded) {
+    bytes_of[{state.pipeline, state.layer, static_cast<int>(state.linear)}] = state.bytes;
+  }
+  const int last_step = schedule.num_steps - 1;
+  for (const Request& request : requests) {
+    const LinearWork& lw = work.at(request.key);
+    const Instruction& like = *found.sample[static_cast<std::size_t>(w)].at(request.key);
+    // Half of a Linear's state is its factors, half its inverses (a quarter each).
+    const double bytes = bytes_of.at(request.key);
+    bool late = false;
+    Placed copy;
+    // At one position: prefetches first (their consumers are next), then write-backs (they
+    // wait for their inversion), then a prefetch of the same Linear that must follow its
+    // write-back.
+    copy.order = 0;
+    const auto last_precondition = lw.precondition.find(last_step);
+    const auto previous_write_back = write_back_at.find(request.key);
+    if (request.order == 1) {  // factors, before the window's first inversion
+      const auto& window = lw.windows[static_cast<std::size_t>(request.index)];
+      const int step = stream[static_cast<std::size_t>(window.first)].step;
+      copy.instruction = transfer(OpKind::kPrefetchFactors, like, step, bytes / 2.0);
+      const int earliest =
+          previous_write_back == write_back_at.end() ? 0 : previous_write_back->second;
+      copy.position =
+          placer.place_prefetch(earliest, window.first, placer.duration(copy.instruction), late);
+      if (previous_write_back != write_back_at.end() && copy.position == earliest) copy.order = 2;
+    } else if (request.order == 0) {  // factors and new inverses, after the window
+      const auto& window = lw.windows[static_cast<std::size_t>(request.index)];
+      const int step = stream[static_cast<std::size_t>(window.last)].step;
+      copy.instruction = transfer(OpKind::kWriteBackState, like, step,
+                                  bytes / 2.0 + window.inverses * bytes / 4.0);
+      int latest = n;
+      if (static_cast<std::size_t>(request.index) + 1 < lw.windows.size()) {
+        latest = lw.windows[static_cast<std::size_t>(request.index) + 1].first;
+      }
+      if (last_precondition != lw.precondition.end()) {
+        latest = std::min(latest, last_precondition->second.first);
+      }
+      copy.position = placer.place_write_back(
+          window.last + 1, std::max(window.last + 1, latest), placer.duration(copy.instruction),
+          timeline[static_cast<std::size_t>(window.last)].end_s);
+      copy.order = 1;
+      write_back_at[request.key] = copy.position;
+    } else {  // one step's inverses, before its preconditioning
+      copy.instruction = transfer(OpKind::kPrefetchInverses, like, request.index, bytes / 2.0);
+      int earliest = 0;
+      // After the previous step's preconditioning released its copy.
+      auto it = lw.precondition.find(request.index);
+      if (it != lw.precondition.begin()) earliest = std::prev(it)->second.second + 1;
+      // The refresh's last step reads the new inverses: after their write-back.
+      bool after_write_back = false;
+      if (request.index == last_step && previous_write_back != write_back_at.end() &&
+          previous_write_back->second >= earliest) {
+        earliest = previous_write_back->second;
+        after_write_back = true;
+      }
+      copy.position = placer.place_prefetch(earliest, it->second.first,
+                                            placer.duration(copy.instruction), late);
+      if (after_write_back && copy.position == earliest) copy.order = 2;
+    }
+    worker_report.late_prefetches += late ? 1 : 0;
+    ++worker_report.transfers;
+    worker_report.transfer_bytes += static_cast<double>(copy.instruction.bytes);
+    worker_report.transfer_s += placer.duration(copy.instruction);
+    placed.push_back(copy);
+  }
+  std::stable_sort(placed.begin(), placed.end(), [](const Placed& x, const Placed& y) {
+    return std::tie(x.position, x.order) < std::tie(y.position, y.order);
+  });
+  std::vector<Instruction> out;
+  out.reserve(stream.size() + placed.size());
+  std::size_t next = 0;
+  for (int i = 0; i <= n; ++i) {
+    while (next < placed.size() && placed[next].position == i) {
+      out.push_back(placed[next++].instruction);
+    }
+    if (i < n) out.push_back(stream[static_cast<std::size_t>(i)]);
+  }
+  return out;
+}
+
+}  // namespace
+
+OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostModel& costs,
+                               const OffloadOptions& options, const sim::SimOptions& sim_options) {
+  const sched::Schedule& schedule = pipefisher.schedule;
+  const int workers = schedule.num_workers();
+  if (static_cast<int>(pipefisher.after.times.size()) != workers ||
+      static_cast<int>(pipefisher.before.workers.size()) != workers) {
+    throw std::invalid_argument("K-FAC offload: the PipeFisher result has no simulated timeline");
+  }
+  const ScheduleWork found = find_work(pipefisher, costs, options.mode);
+  std::vector<std::vector<LinearState>> linears(static_cast<std::size_t>(workers));
+  std::vector<double> other(static_cast<std::size_t>(workers));
+  for (int w = 0; w < workers; ++w) {
+    for (const auto& [key, in] : found.sample[static_cast<std::size_t>(w)]) {
+      linears[static_cast<std::size_t>(w)].push_back(
+          {std::get<0>(key), std::get<1>(key), static_cast<sched::LinearKind>(std::get<2>(key)),
+           costs.kfac_bytes(schedule, in->layer, in->linear)});
+    }
+    other[static_cast<std::size_t>(w)] = pipefisher.before.workers[w].peak_memory_bytes;
+  }
+  const double budget = options.device_memory_budget_bytes;
+  OffloadResult result;
+  // auto: from nothing offloaded, each worker still over the budget in the simulation offloads
+  // its largest kept Linear, until every worker fits or has nothing left to offload.
+  result.plan = plan_offload(options.mode == OffloadMode::kAuto ? OffloadMode::kNone : options.mode,
+                             linears, other, budget);
+  result.plan.mode = options.mode;
+  if (options.mode == OffloadMode::kAuto && budget <= 0.0) {
+    throw std::invalid_argument(
+        "--kfac-offload auto needs --device-memory-budget (MiB per device, > 0)");
+  }
+  OffloadReport& report = result.report;
+  for (;;) {
+    report = OffloadReport{};
+    report.workers.resize(static_cast<std::size_t>(workers));
+    result.schedule = schedule;
+    for (int w = 0; w < workers; ++w) {
+      result.schedule.streams[static_cast<std::size_t>(w)] =
+          insert_copies(pipefisher, found, result.plan.workers[static_cast<std::size_t>(w)], w,
+                        costs, report.workers[static_cast<std::size_t>(w)]);
+    }
+    sched::validate(result.schedule);
+    result.after = sim::simulate(result.schedule, costs, sim_options);
+    if (options.mode != OffloadMode::kAuto) break;
+    bool more = false;
+    for (int w = 0; w < workers; ++w) {
+      if (result.after.workers[w].peak_memory_bytes > budget) {
+        more |= offload_largest_kept(result.plan.workers[static_cast<std::size_t>(w)]);
+      }
+    }
+    if (!more) break;
+  }
+  report.mode = std::string(to_string(options.mode));
+  report.budget_bytes = budget;
+  std::string overflowing;
+  for (int w = 0; w < workers; ++w) {
+    auto& plan = result.plan.workers[static_cast<std::size_t>(w)];
+    auto& worker_report = report.workers[static_cast<std::size_t>(w)];
+    plan.fits = budget <= 0.0 || result.after.workers[w].peak_memory_bytes <= budget;
+    if (!plan.fits) {
+      overflowing += (overflowing.empty() ? "" : ", ") + std::string("worker ") +
+                     std::to_string(w) + " needs " + mib(result.after.workers[w].peak_memory_bytes);
+    }
+    worker_report.offloaded_linears = static_cast<int>(plan.offloaded.size());
+    worker_report.kept_linears = static_cast<int>(plan.kept.size());
+    worker_report.kfac_device_bytes_before = plan.kept_bytes + plan.offloaded_bytes;
+    worker_report.kfac_device_bytes_after = plan.device_kfac_bytes;
+    worker_report.offloaded_bytes = plan.offloaded_bytes;
+    worker_report.peak_memory_before = pipefisher.after.workers[w].peak_memory_bytes;
+    worker_report.peak_memory_after = result.after.workers[w].peak_memory_bytes;
+    report.max_peak_memory_before =
+        std::max(report.max_peak_memory_before, worker_report.peak_memory_before);
+    report.max_peak_memory_after =
+        std::max(report.max_peak_memory_after, worker_report.peak_memory_after);
+    report.transfers += worker_report.transfers;
+  }
+  result.plan.warning = overflowing.empty()
+                            ? std::string()
+                            : "K-FAC offload: the device-memory budget of " + mib(budget) +
+                                  " is not met in the simulation (" + overflowing + ")";
+  report.warning = result.plan.warning;
+  report.fits = overflowing.empty();
+  report.offloaded_linears = result.plan.offloaded_linears();
+  report.step_time_before_s = pipefisher.after.step_time_s;
+  report.step_time_after_s = result.after.step_time_s;
+  report.step_time_overhead = report.step_time_before_s > 0.0
+                                  ? report.step_time_after_s / report.step_time_before_s - 1.0
+                                  : 0.0;
+  return result;
+}
+
+std::string format_offload_report(const OffloadReport& report) {
+  char line[256];
+  std::string text = "K-FAC offload (" + report.mode;
+  if (report.budget_bytes > 0.0) text += ", device budget " + mib(report.budget_bytes);
+  text += ")\n";
+  text +=
+      "worker  offloaded  K-FAC on device before -> after  peak memory before -> after  "
+      "host link/refresh\n";
+  for (std::size_t w = 0; w < report.workers.size(); ++w) {
+    const auto& r = report.workers[w];
+    std::snprintf(
+        line, sizeof line, "%6zu  %4d of %2d  %12s -> %-12s  %11s -> %-11s  %8.3f ms%s\n", w,
+        r.offloaded_linears, r.offloaded_linears + r.kept_linears,
+        mib(r.kfac_device_bytes_before).c_str(), mib(r.kfac_device_bytes_after).c_str(),
+        mib(r.peak_memory_before).c_str(), mib(r.peak_memory_after).c_str(), 1e3 * r.transfer_s,
+        r.late_prefetches > 0
+            ? (" (" + std::to_string(r.late_prefetches) + " prefetches without an idle stretch)")
+                  .c_str()
+            : "");
+    text += line;
+  }
+  std::snprintf(line, sizeof line,
+                "%d Linears offloaded, %d copies per refresh; step time %.3f ms -> %.3f ms "
+                "(%+.2f%%); peak device memory %s -> %s\n",
+                report.offloaded_linears, report.transfers, 1e3 * report.step_time_before_s,
+                1e3 * report.step_time_after_s, 100 * report.step_time_overhead,
+                mib(report.max_peak_memory_before).c_str(),
+                mib(report.max_peak_memory_after).c_str());
+  text += line;
+  if (!report.warning.empty()) text += report.warning + "\n";
+  return text;
+}
+
+nlohmann::json offload_report_json(const OffloadReport& report) {
+  nlohmann::json workers = nlohmann::json::array();
+  for (const auto& r : report.workers) {
+    workers.push_back({{"offloaded_linears", r.offloaded_linears},
+                       {"kept_linears", r.kept_linears},
+                       {"kfac_device_bytes_before", r.kfac_device_bytes_before},
+                       {"kfac_device_bytes_after", r.kfac_device_bytes_after},
+                       {"offloaded_bytes", r.offloaded_bytes},
+                       {"peak_memory_before_bytes", r.peak_memory_before},
+                       {"peak_memory_after_bytes", r.peak_memory_after},
+                       {"transfers_per_refresh", r.transfers},
+                       {"transfer_bytes_per_refresh", r.transfer_bytes},
+                       {"transfer_s_per_refresh", r.transfer_s},
+                       {"late_prefetches", r.late_prefetches}});
+  }
+  return {{"mode", report.mode},
+          {"device_memory_budget_bytes", report.budget_bytes},
+          {"fits", report.fits},
+          {"warning", report.warning},
+          {"offloaded_linears", report.offloaded_linears},
+          {"transfers_per_refresh", report.transfers},
+          {"step_time_before_s", report.step_time_before_s},
+          {"step_time_after_s", report.step_time_after_s},
+          {"step_time_overhead", report.step_time_overhead},
+          {"max_peak_memory_before_bytes", report.max_peak_memory_before},
+          {"max_peak_memory_after_bytes", report.max_peak_memory_after},
+          {"workers", workers}};
+}
+
+}  // namespace pf::pipefisher

@@ -1,0 +1,133 @@
+#include "scheduler/pipefisher/offload_planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+namespace pf::pipefisher {
+namespace {
+
+void check_bytes(double bytes, const std::string& what) {
+  if (!std::isfinite(bytes) || bytes < 0.0) {
+    throw std::invalid_argument("K-FAC offload planner: " + what + " = " + std::to_string(bytes) +
+                                " (must be finite and >= 0)");
+  }
+}
+
+std::string mib(double bytes) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return buffer;
+}
+
+// Largest first; equal sizes in (pipeline, layer, linear) order, so that plans are reproducible.
+bool larger_first(const LinearState& x, const LinearState& y) {
+  if (x.bytes != y.bytes) return x.bytes > y.bytes;
+  if (x.pipeline != y.pipeline) return x.pipeline < y.pipeline;
+  if (x.layer != y.layer) return x.layer < y.layer;
+  return x.linear < y.linear;
+}
+
+double device_need(const WorkerOffloadPlan& plan) {
+  const double transient = plan.offloaded.empty() ? 0.0 : plan.offloaded.front().bytes;
+  return plan.kept_bytes + transient;
+}
+
+}  // namespace
+
+bool offload_largest_kept(WorkerOffloadPlan& worker) {
+  if (worker.kept.empty()) return false;
+  // The kept list is sorted largest first: offloading from its front is largest first.
+  std::sort(worker.kept.begin(), worker.kept.end(), larger_first);
+  worker.offloaded.push_back(worker.kept.front());
+  worker.offloaded_bytes += worker.kept.front().bytes;
+  worker.kept.erase(worker.kept.begin());
+  worker.kept_bytes = 0.0;  // summed again: no rounding residue
+  for (const auto& state : worker.kept) worker.kept_bytes += state.bytes;
+  worker.device_kfac_bytes = device_need(worker);
+  return true;
+}
+
+std::string_view to_string(OffloadMode mode) {
+  switch (mode) {
+    case OffloadMode::kNone:
+      return "none";
+    case OffloadMode::kHost:
+      return "host";
+    case OffloadMode::kAuto:
+      return "auto";
+  }
+  return "none";
+}
+
+OffloadMode offload_mode_from_string(std::string_view name) {
+  if (name == "none") return OffloadMode::kNone;
+  if (name == "host") return OffloadMode::kHost;
+  if (name == "auto") return OffloadMode::kAuto;
+  throw std::invalid_argument("--kfac-offload: '" + std::string(name) +
+                              "' (allowed: none, host, auto)");
+}
+
+int OffloadPlan::offloaded_linears() const {
+  int count = 0;
+  for (const auto& worker : workers) count += static_cast<int>(worker.offloaded.size());
+  return count;
+}
+
+OffloadPlan plan_offload(OffloadMode mode, const std::vector<std::vector<LinearState>>& linears,
+                         const std::vector<double>& other_bytes, double budget_bytes) {
+  if (linears.size() != other_bytes.size()) {
+    throw std::invalid_argument("K-FAC offload planner: " + std::to_string(linears.size()) +
+                                " workers of Linears but " + std::to_string(other_bytes.size()) +
+                                " of other memory");
+  }
+  check_bytes(budget_bytes, "--device-memory-budget");
+  if (mode == OffloadMode::kAuto && budget_bytes <= 0.0) {
+    throw std::invalid_argument(
+        "--kfac-offload auto needs --device-memory-budget (MiB per device, > 0)");
+  }
+  OffloadPlan plan;
+  plan.mode = mode;
+  plan.budget_bytes = budget_bytes;
+  std::string overflowing;
+  for (std::size_t w = 0; w < linears.size(); ++w) {
+    WorkerOffloadPlan worker;
+    worker.other_bytes = other_bytes[w];
+    check_bytes(worker.other_bytes, "worker " + std::to_string(w) + " memory");
+    worker.kept = linears[w];
+    for (const auto& state : worker.kept) {
+      check_bytes(state.bytes, "worker " + std::to_string(w) + " layer " +
+                                   std::to_string(state.layer) + " K-FAC bytes");
+    }
+    std::sort(worker.kept.begin(), worker.kept.end(), larger_first);
+    for (const auto& state : worker.kept) worker.kept_bytes += state.bytes;
+    worker.device_kfac_bytes = device_need(worker);
+    auto fits = [&] {
+      return budget_bytes <= 0.0 || worker.other_bytes + device_need(worker) <= budget_bytes;
+    };
+    if (mode == OffloadMode::kHost) {
+      while (offload_largest_kept(worker)) {
+      }
+    } else if (mode == OffloadMode::kAuto) {
+      while (!fits() && offload_largest_kept(worker)) {
+      }
+    }
+    worker.fits = fits();
+    if (!worker.fits) {
+      overflowing += (overflowing.empty() ? "" : ", ") + std::string("worker ") +
+                     std::to_string(w) + " needs " +
+                     mib(worker.other_bytes + worker.device_kfac_bytes);
+    }
+    plan.workers.push_back(std::move(worker));
+  }
+  if (!overflowing.empty()) {
+    plan.warning = "K-FAC offload: the device-memory budget of " + mib(budget_bytes) +
+                   " is not met even with the K-FAC state offloaded as planned (" + overflowing +
+                   ")";
+  }
+  return plan;
+}
+
+}  // namespace pf::pipefisher

@@ -1,0 +1,314 @@
+// K-FAC state offload (docs/offload.md): the planner's choice, the offload pass's copies (valid,
+// on the host link, before their consumers), the simulator's timing and memory of them, and the
+// validator's and file formats' handling of the new kinds.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "scheduler/compile.h"
+#include "scheduler/pipefisher/offload_pass.h"
+#include "scheduler/pipefisher/offload_planner.h"
+#include "scheduler/pipefisher/pass.h"
+#include "scheduler/schedule_json.h"
+#include "scheduler/torch_csv.h"
+#include "scheduler/validate.h"
+#include "sim/uniform_cost_model.h"
+
+namespace pf::pipefisher {
+namespace {
+
+using sched::LinearKind;
+using sched::OpKind;
+using sched::ScheduleKind;
+
+// ---- planner ----------------------------------------------------------------------------------
+
+std::vector<LinearState> three_linears() {
+  return {{0, 0, LinearKind::kQuery, 100.0},
+          {0, 0, LinearKind::kFfnIn, 400.0},
+          {0, 1, LinearKind::kFfnOut, 300.0}};
+}
+
+TEST(OffloadPlanner, NoneKeepsEverythingHostOffloadsEverything) {
+  const auto none = plan_offload(OffloadMode::kNone, {three_linears()}, {1000.0}, 0.0);
+  EXPECT_EQ(none.offloaded_linears(), 0);
+  EXPECT_DOUBLE_EQ(none.workers[0].kept_bytes, 800.0);
+  EXPECT_DOUBLE_EQ(none.workers[0].device_kfac_bytes, 800.0);
+  const auto host = plan_offload(OffloadMode::kHost, {three_linears()}, {1000.0}, 0.0);
+  EXPECT_EQ(host.offloaded_linears(), 3);
+  EXPECT_DOUBLE_EQ(host.workers[0].offloaded_bytes, 800.0);
+  // The largest offloaded Linear is on the device during its refresh.
+  EXPECT_DOUBLE_EQ(host.workers[0].device_kfac_bytes, 400.0);
+  EXPECT_TRUE(host.warning.empty());
+}
+
+TEST(OffloadPlanner, AutoOffloadsTheFewestLargestLinearsThatFit) {
+  // 1000 other + 800 K-FAC: a budget of 1700 needs the 400-byte Linear offloaded (1000 + 400
+  // kept + 400 while it is refreshed = 1800 > 1700: so also the 300 one: 1000 + 100 + 400).
+  auto plan = plan_offload(OffloadMode::kAuto, {three_linears()}, {1000.0}, 1500.0);
+  ASSERT_EQ(plan.workers[0].offloaded.size(), 2U);
+  EXPECT_EQ(plan.workers[0].offloaded[0].linear, LinearKind::kFfnIn);
+  EXPECT_EQ(plan.workers[0].offloaded[1].linear, LinearKind::kFfnOut);
+  EXPECT_DOUBLE_EQ(plan.workers[0].kept_bytes, 100.0);
+  EXPECT_DOUBLE_EQ(plan.workers[0].device_kfac_bytes, 500.0);
+  EXPECT_TRUE(plan.workers[0].fits);
+  // A budget that holds everything offloads nothing.
+  plan = plan_offload(OffloadMode::kAuto, {three_linears()}, {1000.0}, 1800.0);
+  EXPECT_EQ(plan.offloaded_linears(), 0);
+  // Per worker: only the worker over the budget offloads.
+  plan =
+      plan_offload(OffloadMode::kAuto, {three_linears(), three_linears()}, {1000.0, 200.0}, 1500.0);
+  EXPECT_EQ(plan.workers[0].offloaded.size(), 2U);
+  EXPECT_EQ(plan.workers[1].offloaded.size(), 0U);
+}
+
+TEST(OffloadPlanner, ABudgetNothingMeetsIsAWarningAndBadInputIsRefused) {
+  const auto plan = plan_offload(OffloadMode::kAuto, {three_linears()}, {1000.0}, 1200.0);
+  EXPECT_EQ(plan.offloaded_linears(), 3);
+  EXPECT_FALSE(plan.workers[0].fits);
+  EXPECT_NE(plan.warning.find("not met"), std::string::npos) << plan.warning;
+  EXPECT_THROW(plan_offload(OffloadMode::kAuto, {three_linears()}, {1000.0}, 0.0),
+               std::invalid_argument);
+  EXPECT_THROW(plan_offload(OffloadMode::kHost, {three_linears()}, {1.0, 2.0}, 0.0),
+               std::invalid_argument);
+  EXPECT_THROW(plan_offload(OffloadMode::kHost, {{{0, 0, LinearKind::kKey, -1.0}}}, {1.0}, 0.0),
+               std::invalid_argument);
+  EXPECT_THROW(offload_mode_from_string("disk"), std::invalid_argument);
+  EXPECT_EQ(offload_mode_from_string("auto"), OffloadMode::kAuto);
+}
+
+// ---- the pass -----------------------------------------------------------------------------------
+
+sched::Schedule compiled(ScheduleKind kind, int workers, int microbatches, int chunks = 1) {
+  sched::ScheduleParams params;
+  params.kind = kind;
+  params.workers = workers;
+  params.microbatches = microbatches;
+  params.chunks_per_worker = chunks;
+  return sched::compile(params);
+}
+
+sim::UniformCosts offload_costs(double host_bandwidth) {
+  sim::UniformCosts costs;
+  costs.forward_s = 1.0;
+  costs.backward_s = 2.0;
+  costs.curvature_a_s = costs.curvature_b_s = 0.01;
+  costs.invert_a_s = costs.invert_b_s = 0.05;
+  costs.precondition_s = 0.02;
+  costs.activation_bytes = 10.0;
+  costs.static_bytes = 100.0;
+  costs.kfac_bytes = 1000.0;
+  costs.host_bandwidth = host_bandwidth;  // a copy of 500 bytes: 500 / bandwidth seconds
+  return costs;
+}
+
+std::size_t count(const sched::Schedule& s, OpKind kind) {
+  std::size_t n = 0;
+  for (const auto& stream : s.streams) {
+    n += static_cast<std::size_t>(std::count_if(stream.begin(), stream.end(),
+                                                [&](const auto& in) { return in.kind == kind; }));
+  }
+  return n;
+}
+
+struct PassCase {
+  ScheduleKind kind;
+  int workers, microbatches, chunks, refresh;
+};
+
+class OffloadPass : public testing::TestWithParam<PassCase> {};
+
+TEST_P(OffloadPass, HostOffloadIsValidTimelyAndFreesTheDeviceState) {
+  const auto c = GetParam();
+  const sim::UniformCostModel costs(offload_costs(1e5));  // a 500-byte copy: 5 ms
+  KfacOptions kfac;
+  kfac.refresh_steps = c.refresh;
+  const auto pass =
+      run_pipefisher(compiled(c.kind, c.workers, c.microbatches, c.chunks), costs, kfac);
+  const auto offload = run_offload_pass(pass, costs, {OffloadMode::kHost, 0.0});
+  EXPECT_NO_THROW(sched::validate(offload.schedule));
+  const int k = offload.schedule.num_steps;
+  std::size_t linears = 0;
+  for (const auto& w : offload.plan.workers) linears += w.offloaded.size();
+  ASSERT_GT(linears, 0U);
+  // Per offloaded Linear and refresh: one or two factor prefetches and write-backs (one per
+  // stretch of inversions), one inverse prefetch per step.
+  const std::size_t windows = count(offload.schedule, OpKind::kPrefetchFactors);
+  EXPECT_GE(windows, linears);
+  EXPECT_LE(windows, 2 * linears);
+  EXPECT_EQ(count(offload.schedule, OpKind::kWriteBackState), windows);
+  EXPECT_EQ(count(offload.schedule, OpKind::kPrefetchInverses),
+            linears * static_cast<std::size_t>(k));
+  // Fast copies on their own lane in idle link time: every prefetch ends before its consumer
+  // and the step time does not change.
+  EXPECT_NEAR(offload.after.step_time_s, pass.after.step_time_s, 1e-9);
+  for (const auto& w : offload.report.workers) EXPECT_EQ(w.late_prefetches, 0);
+  for (int w = 0; w < offload.schedule.num_workers(); ++w) {
+    const auto& stream = offload.schedule.streams[static_cast<std::size_t>(w)];
+    const auto& times = offload.after.times[static_cast<std::size_t>(w)];
+    std::map<std::tuple<int, int, int>, double> prefetched;  // (layer, linear, step) -> end
+    for (std::size_t i = 0; i < stream.size(); ++i) {
+      const auto& in = stream[i];
+      const std::tuple<int, int, int> key{in.layer, static_cast<int>(in.linear), in.step};
+      if (in.kind == OpKind::kPrefetchInverses) prefetched[key] = times[i].end_s;
+      if (in.kind == OpKind::kPrecondition && in.piece_begin == 0) {
+        ASSERT_TRUE(prefetched.contains(key)) << sched::short_label(in);
+        EXPECT_LE(prefetched[key], times[i].start_s + 1e-12) << sched::short_label(in);
+      }
+    }
+  }
+  // Device memory: at the end of the refresh no offloaded state is on the device; the K-FAC
+  // memory falls by exactly the offloaded bytes (everything, with host).
+  for (int w = 0; w < offload.schedule.num_workers(); ++w) {
+    const double before = pass.after.workers[w].memory.back().bytes;
+    const double after = offload.after.workers[w].memory.back().bytes;
+    EXPECT_DOUBLE_EQ(before - after, offload.plan.workers[w].offloaded_bytes) << "worker " << w;
+    EXPECT_LE(offload.after.workers[w].peak_memory_bytes, pass.after.workers[w].peak_memory_bytes);
+    EXPECT_DOUBLE_EQ(offload.report.workers[w].kfac_device_bytes_before -
+                         offload.report.workers[w].offloaded_bytes + 1000.0,
+                     offload.report.workers[w].kfac_device_bytes_after);
+  }
+  // The schedule round-trips through JSON with its copies.
+  const auto text = sched::to_json(offload.schedule).dump();
+  EXPECT_EQ(sched::schedule_from_json(nlohmann::json::parse(text), "round trip").streams,
+            offload.schedule.streams);
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, OffloadPass,
+                         testing::Values(PassCase{ScheduleKind::kOneFOneB, 4, 8, 1, 0},
+                                         PassCase{ScheduleKind::kGPipe, 4, 4, 1, 2},
+                                         PassCase{ScheduleKind::kInterleaved, 2, 4, 2, 0},
+                                         PassCase{ScheduleKind::kChimera, 4, 4, 1, 0},
+                                         PassCase{ScheduleKind::kOneFOneB, 2, 2, 1, 1}),
+                         [](const testing::TestParamInfo<PassCase>& param_info) {
+                           return std::string(sched::to_string(param_info.param.kind)) + "_" +
+                                  std::to_string(param_info.param.workers) + "x" +
+                                  std::to_string(param_info.param.microbatches) + "_k" +
+                                  std::to_string(param_info.param.refresh);
+                         });
+
+TEST(OffloadPass, ASlowHostLinkCostsStepTime) {
+  const sim::UniformCostModel fast(offload_costs(1e5));
+  const sim::UniformCostModel slow(offload_costs(50.0));  // a 500-byte copy: 10 s
+  KfacOptions kfac;
+  kfac.refresh_steps = 1;
+  const auto base = compiled(ScheduleKind::kOneFOneB, 4, 8);
+  const auto fast_run =
+      run_offload_pass(run_pipefisher(base, fast, kfac), fast, {OffloadMode::kHost, 0.0});
+  const auto slow_run =
+      run_offload_pass(run_pipefisher(base, slow, kfac), slow, {OffloadMode::kHost, 0.0});
+  EXPECT_GT(slow_run.after.step_time_s, fast_run.after.step_time_s + 1.0);
+  EXPECT_GT(slow_run.report.step_time_overhead, 0.1);
+  int late = 0;
+  for (const auto& w : slow_run.report.workers) late += w.late_prefetches;
+  EXPECT_GT(late, 0);
+}
+
+TEST(OffloadPass, AutoMeetsTheBudgetWithTheFewestLinears) {
+  const sim::UniformCostModel costs(offload_costs(1e5));
+  const auto pass = run_pipefisher(compiled(ScheduleKind::kOneFOneB, 4, 8), costs, {});
+  // Each worker holds 6 Linears of 1000 bytes; the budget holds about 4 of them.
+  double other = 0.0;
+  for (const auto& w : pass.before.workers) other = std::max(other, w.peak_memory_bytes);
+  const double budget = other + 4000.0;
+  const auto automatic = run_offload_pass(pass, costs, {OffloadMode::kAuto, budget});
+  const auto host = run_offload_pass(pass, costs, {OffloadMode::kHost, 0.0});
+  EXPECT_TRUE(automatic.report.fits) << automatic.report.warning;
+  for (int w = 0; w < automatic.schedule.num_workers(); ++w) {
+    const auto& plan = automatic.plan.workers[static_cast<std::size_t>(w)];
+    EXPECT_GE(plan.offloaded.size(), 1U);
+    EXPECT_LT(plan.offloaded.size(), 6U);  // fewer than everything
+    EXPECT_TRUE(plan.fits);
+    EXPECT_LE(automatic.after.workers[w].peak_memory_bytes, budget) << "worker " << w;
+    EXPECT_GT(pass.after.workers[w].peak_memory_bytes, budget) << "worker " << w;
+    EXPECT_LE(host.after.workers[w].peak_memory_bytes,
+              automatic.after.workers[w].peak_memory_bytes);
+  }
+  EXPECT_LT(automatic.report.transfers, host.report.transfers);
+  EXPECT_THROW(run_offload_pass(pass, costs, {OffloadMode::kAuto, 0.0}), std::invalid_argument);
+  // A budget below what even full offload needs: a warning, not an error.
+  const auto tight = run_offload_pass(pass, costs, {OffloadMode::kAuto, other + 10.0});
+  EXPECT_FALSE(tight.report.fits);
+  EXPECT_NE(tight.report.warning.find("not met"), std::string::npos);
+}
+
+TEST(OffloadPass, ShardedStateAndUnpricedLinksAreRefused) {
+  const sim::UniformCostModel costs(offload_costs(1e5));
+  sched::ScheduleParams params;
+  params.kind = ScheduleKind::kOneFOneB;
+  params.workers = 2;
+  params.microbatches = 4;
+  params.data_parallel = 2;
+  KfacOptions kfac;
+  kfac.state_placement = kfac::uniform_placement({kfac::Placement::kShard, 0});
+  kfac.linear_dims = std::vector<kfac::LinearDims>(6, kfac::LinearDims{4, 4});
+  const auto sharded = run_pipefisher(sched::compile(params), costs, kfac);
+  EXPECT_THROW(run_offload_pass(sharded, costs, {OffloadMode::kHost, 0.0}), std::invalid_argument);
+}
+
+// ---- validation and formats ---------------------------------------------------------------------
+
+sched::Schedule offloaded_schedule() {
+  const sim::UniformCostModel costs(offload_costs(1e5));
+  KfacOptions kfac;
+  kfac.refresh_steps = 2;
+  return run_offload_pass(run_pipefisher(compiled(ScheduleKind::kOneFOneB, 2, 4), costs, kfac),
+                          costs, {OffloadMode::kHost, 0.0})
+      .schedule;
+}
+
+// Removes the first instruction of `kind` from worker 0 and expects validation to name `what`.
+void expect_refused_without(OpKind kind, const std::string& what) {
+  auto s = offloaded_schedule();
+  auto& stream = s.streams[0];
+  const auto it =
+      std::find_if(stream.begin(), stream.end(), [&](const auto& in) { return in.kind == kind; });
+  ASSERT_NE(it, stream.end());
+  stream.erase(it);
+  try {
+    sched::validate(s);
+    FAIL() << "validated without " << sched::to_string(kind);
+  } catch (const sched::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
+TEST(OffloadValidation, EveryUseNeedsItsCopy) {
+  expect_refused_without(OpKind::kPrefetchInverses, "without its inverses on the device");
+  expect_refused_without(OpKind::kPrefetchFactors, "without its factors on the device");
+  expect_refused_without(OpKind::kWriteBackState, "not written back");
+}
+
+TEST(OffloadValidation, AWriteBackBeforeItsInversionIsRefused) {
+  auto s = offloaded_schedule();
+  auto& stream = s.streams[0];
+  const auto write_back = std::find_if(stream.begin(), stream.end(), [](const auto& in) {
+    return in.kind == OpKind::kWriteBackState;
+  });
+  ASSERT_NE(write_back, stream.end());
+  const auto moved = *write_back;
+  stream.erase(write_back);
+  const auto factors = std::find_if(stream.begin(), stream.end(), [&](const auto& in) {
+    return in.kind == OpKind::kPrefetchFactors && in.layer == moved.layer &&
+           in.linear == moved.linear;
+  });
+  stream.insert(std::next(factors), moved);
+  EXPECT_THROW(sched::validate(s), sched::ValidationError);
+}
+
+TEST(OffloadFormats, TorchCsvRefusesTheCopiesAndNamesKindsRoundTrip) {
+  sched::Schedule one_step = offloaded_schedule();
+  one_step.num_steps = 1;
+  EXPECT_THROW(sched::to_torch_csv(one_step, true), std::invalid_argument);
+  for (const auto kind :
+       {OpKind::kPrefetchFactors, OpKind::kWriteBackState, OpKind::kPrefetchInverses}) {
+    EXPECT_EQ(sched::op_kind_from_string(sched::to_string(kind)), kind);
+    EXPECT_TRUE(sched::is_kfac_transfer(kind));
+    EXPECT_TRUE(sched::is_kfac(kind));
+  }
+}
+
+}  // namespace
+}  // namespace pf::pipefisher
