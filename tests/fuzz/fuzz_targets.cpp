@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/input_error.h"
+#include "common/json_fields.h"
 #include "kfac/layer_state.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/checkpoint/training_checkpoint.h"
@@ -224,7 +225,9 @@ void run_chrome_trace(std::span<const std::uint8_t>, const std::string& path) {
 void run_loader_position(std::span<const std::uint8_t> input, const std::string&) {
   nlohmann::json json;
   try {
-    json = nlohmann::json::parse(as_text(input));
+    // As the checkpoint loader reads state.json (training_checkpoint.cpp): bounded nesting, and
+    // a number beyond a double an error (a bare nlohmann::json::parse let it escape).
+    json = json_fields::parse_bounded(as_text(input), "loader position");
   } catch (const nlohmann::json::parse_error& error) {
     throw std::invalid_argument(std::string("loader position: not valid JSON: ") + error.what());
   }
