@@ -6,9 +6,12 @@
 // of the gradient norm (summed per tensor in float by the ops, in double by the CPU path).
 // What these tests cannot show is anything about a GPU: see test_executor_cuda.
 #include <set>
+#include <thread>
 
 #include <gtest/gtest.h>
 
+#include "runtime/comm/in_process.h"
+#include "runtime/device/host_device_communicator.h"
 #include "tests/executor/device_run.h"
 
 namespace pf::exec {
@@ -77,6 +80,104 @@ TEST_P(HostDevicePath, EqualsTheCpuPathBitForBit) {
     EXPECT_DOUBLE_EQ(e.busy_s, e.end_s - e.start_s);
   }
   EXPECT_EQ(device_keys, cpu_keys);
+}
+
+// The device-communicator path (the one NCCL takes on GPUs: sends, receives and reductions of
+// device buffers by the communicator, ordered by events, no staging) on the host runtime: one
+// Worker per rank on threads, each talking through a HostDeviceCommunicator over its
+// InProcessWorld rank. Equal to the CPU path bit for bit.
+TEST_P(HostDevicePath, ThroughADeviceCommunicatorEqualsTheCpuPathBitForBit) {
+  const auto c = GetParam();
+  const auto config = device_test_config(4);
+  const auto schedule =
+      device_test_schedule(c.kind, c.workers, c.chunks, 4, c.kfac, c.split_backward);
+  const std::int64_t steps = 2 * schedule.num_steps + 1;
+  const auto cpu = run_schedule(nullptr, config, schedule, "adamw", steps, false);
+
+  SyntheticBatches batches(config, 2, 6, 2, 13);
+  RunSetup<float> setup;
+  setup.config = config;
+  setup.schedule = schedule;
+  setup.options.init_seed = 7;
+  setup.options.dropout_seed = 11;
+  setup.options.wait_timeout = std::chrono::seconds(60);
+  setup.options.kfac.damping = 1e-2F;
+  device::OptimizerChoice choice;
+  choice.name = "adamw";
+  setup.make_optimizer = [choice] { return device::make_host_optimizer(choice); };
+  setup.device = std::make_shared<device::HostDeviceRuntime>();
+  setup.device_optimizer = choice;
+  setup.learning_rate = [](std::int64_t step) {
+    return 1e-2 * (1.0 + 0.5 * static_cast<double>(step));
+  };
+  setup.batches = &batches;
+
+  const int ranks = schedule.num_workers();
+  comm::InProcessWorld world(ranks);
+  std::vector<std::unique_ptr<device::HostDeviceCommunicator>> comms;
+  std::vector<std::unique_ptr<Worker<float>>> workers;
+  for (int r = 0; r < ranks; ++r) {
+    comms.push_back(
+        std::make_unique<device::HostDeviceCommunicator>(world.rank(r), std::chrono::seconds(60)));
+    workers.push_back(std::make_unique<Worker<float>>(setup, *comms.back()));
+  }
+  std::vector<StepResult> results;
+  std::vector<std::string> errors(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        workers[static_cast<std::size_t>(r)]->run(0, steps, [&](const StepResult& result) {
+          if (r == 0) results.push_back(result);
+        });
+      } catch (const std::exception& error) {
+        errors[static_cast<std::size_t>(r)] = error.what();
+        world.rank(r).abort(error.what());  // release the others
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int r = 0; r < ranks; ++r) {
+    ASSERT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+  }
+  // The path was taken: sends and reductions waited on the producers' events, the executor
+  // named its instructions, and every gradient reduction went through the asynchronous call.
+  int waits = 0, async_reductions = 0;
+  for (const auto& comm : comms) {
+    waits += comm->device_waits();
+    async_reductions += comm->async_reductions();
+    EXPECT_FALSE(comm->last_instruction().empty());
+  }
+  if (ranks > 1) {
+    EXPECT_GT(waits, 0);
+  }
+  if (c.kind == sched::ScheduleKind::kChimera) {
+    EXPECT_GT(async_reductions, 0);
+  }
+  EXPECT_EQ(world.pending_messages(), 0U);
+  EXPECT_EQ(setup.device->exchange().pending(), 0U);  // the exchange is not used
+
+  const auto tied = model::tied_parameter_names();
+  std::set<std::string> seen;
+  for (const auto& worker : workers) {
+    for (auto* chunk : worker->chunks()) {
+      for (const auto& p : chunk->parameters()) {
+        if (p.name == tied.second || seen.contains(p.name)) continue;
+        seen.insert(p.name);
+        ASSERT_TRUE(cpu.values.contains(p.name)) << p.name;
+        const auto& expected = cpu.values.at(p.name);
+        for (std::int64_t i = 0; i < p.size; ++i) {
+          ASSERT_EQ(p.value[i], expected[static_cast<std::size_t>(i)]) << p.name << "[" << i << "]";
+        }
+      }
+    }
+  }
+  EXPECT_EQ(seen.size(), cpu.values.size());
+  ASSERT_EQ(results.size(), cpu.steps.size());
+  for (std::size_t s = 0; s < results.size(); ++s) {
+    EXPECT_EQ(results[s].mlm_loss, cpu.steps[s].mlm_loss) << "step " << s;
+    EXPECT_EQ(results[s].nsp_loss, cpu.steps[s].nsp_loss) << "step " << s;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
