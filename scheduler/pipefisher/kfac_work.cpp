@@ -176,8 +176,8 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
 
   KfacWork work;
   work.refresh_steps = refresh_steps;
-  auto add = [&](int worker, Instruction in, std::vector<BaseRef> base_deps,
-                 std::vector<int> task_deps, int step_bound) {
+  auto add = [&](int worker, Instruction in, SmallVector<BaseRef, 1> base_deps,
+                 SmallVector<int, 2> task_deps, int step_bound) {
     KfacTask task;
     task.workers = {worker};
     task.duration_s = duration(worker, in);

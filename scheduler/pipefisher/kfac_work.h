@@ -7,6 +7,7 @@
 
 #include "scheduler/pipefisher/kfac_options.h"
 #include "scheduler/schedule.h"
+#include "scheduler/small_vector.h"
 
 namespace pf::pipefisher {
 
@@ -19,11 +20,12 @@ struct BaseRef {
 
 struct KfacTask {
   // One entry per participating worker: a single worker, or the replicas of a curvature sync.
-  std::vector<int> workers;
-  std::vector<sched::Instruction> instructions;  // parallel to workers
-  double duration_s = 0.0;                       // the longest of the participants'
-  std::vector<BaseRef> base_deps;                // must have ended before the task starts
-  std::vector<int> task_deps;                    // indices of earlier tasks
+  // Inline vectors: nearly every task has one worker, one instruction and one dependency.
+  SmallVector<int, 2> workers;
+  SmallVector<sched::Instruction, 1> instructions;  // parallel to workers
+  double duration_s = 0.0;                          // the longest of the participants'
+  SmallVector<BaseRef, 1> base_deps;                // must have ended before the task starts
+  SmallVector<int, 2> task_deps;                    // indices of earlier tasks
   int step_bound = -1;  // precondition: must run in this step (before its optimizer step)
 
   sched::OpKind kind() const { return instructions.front().kind; }

@@ -211,49 +211,51 @@ void check_problem(const PackProblem& problem, const std::vector<PackItem>& item
     const auto& bubbles = problem.bubbles[w];
     for (std::size_t i = 0; i < bubbles.size(); ++i) {
       const auto& b = bubbles[i];
-      const std::string where =
-          "pack: worker " + std::to_string(w) + ", bubble " + std::to_string(i);
+      // Built only for a message: ~1M items and bubbles at p = 64, m = 1024.
+      const auto where = [&] {
+        return "pack: worker " + std::to_string(w) + ", bubble " + std::to_string(i);
+      };
       if (!(b.end >= b.start) || !std::isfinite(b.start) || !std::isfinite(b.end)) {
-        throw std::invalid_argument(where + " has end " + std::to_string(b.end) + " before start " +
-                                    std::to_string(b.start));
+        throw std::invalid_argument(where() + " has end " + std::to_string(b.end) +
+                                    " before start " + std::to_string(b.start));
       }
       if (b.step < 0 || b.step >= problem.num_steps) {
-        throw std::invalid_argument(where + " has step " + std::to_string(b.step) +
+        throw std::invalid_argument(where() + " has step " + std::to_string(b.step) +
                                     " outside [0, " + std::to_string(problem.num_steps) + ")");
       }
       if (i > 0 && (b.start < bubbles[i - 1].end || b.step < bubbles[i - 1].step)) {
-        throw std::invalid_argument(where + " overlaps or precedes the bubble before it");
+        throw std::invalid_argument(where() + " overlaps or precedes the bubble before it");
       }
     }
   }
   for (std::size_t i = 0; i < items.size(); ++i) {
     const auto& item = items[i];
-    const std::string where = "pack: item " + std::to_string(i);
-    if (item.workers.empty()) throw std::invalid_argument(where + " has no worker");
+    const auto where = [i] { return "pack: item " + std::to_string(i); };
+    if (item.workers.empty()) throw std::invalid_argument(where() + " has no worker");
     for (int w : item.workers) {
       if (w < 0 || static_cast<std::size_t>(w) >= workers) {
-        throw std::invalid_argument(where + " names worker " + std::to_string(w));
+        throw std::invalid_argument(where() + " names worker " + std::to_string(w));
       }
     }
     if (!(item.duration >= 0.0) || !std::isfinite(item.duration) || !std::isfinite(item.release)) {
-      throw std::invalid_argument(where + " has duration " + std::to_string(item.duration) +
+      throw std::invalid_argument(where() + " has duration " + std::to_string(item.duration) +
                                   " and release " + std::to_string(item.release));
     }
     for (int p : item.preds) {
       if (p < 0 || static_cast<std::size_t>(p) >= i) {
-        throw std::invalid_argument(where + " depends on item " + std::to_string(p) +
+        throw std::invalid_argument(where() + " depends on item " + std::to_string(p) +
                                     ", which does not precede it");
       }
     }
     if (item.divisible &&
         (!(item.overhead >= 0.0) || !(item.min_piece >= 0.0) || item.overhead > item.duration)) {
-      throw std::invalid_argument(where + " is divisible with overhead " +
+      throw std::invalid_argument(where() + " is divisible with overhead " +
                                   std::to_string(item.overhead) + " and min_piece " +
                                   std::to_string(item.min_piece) + " for a duration of " +
                                   std::to_string(item.duration));
     }
     if (item.step_bound >= problem.num_steps) {
-      throw std::invalid_argument(where + " is bound to step " + std::to_string(item.step_bound) +
+      throw std::invalid_argument(where() + " is bound to step " + std::to_string(item.step_bound) +
                                   " of " + std::to_string(problem.num_steps));
     }
   }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "scheduler/pipefisher/kfac_options.h"
+#include "scheduler/small_vector.h"
 
 namespace pf::pipefisher {
 
@@ -19,11 +20,11 @@ struct Bubble {
 };
 
 struct PackItem {
-  std::vector<int> workers;  // one, or several that must run it at the same time (a collective)
+  SmallVector<int, 2> workers;  // one, or several that must run it at the same time (a collective)
   double duration = 0.0;
-  double release = 0.0;    // earliest start (from the pipeline work it depends on)
-  std::vector<int> preds;  // indices of earlier items that must end first
-  int step_bound = -1;     // >= 0: only bubbles of this step; spills to this step's flush
+  double release = 0.0;       // earliest start (from the pipeline work it depends on)
+  SmallVector<int, 2> preds;  // indices of earlier items that must end first
+  int step_bound = -1;        // >= 0: only bubbles of this step; spills to this step's flush
   // A divisible item (one worker) may be cut into pieces that fill the gaps in hand: a piece of
   // `units` of kPieceUnits costs units / kPieceUnits * (duration - overhead) + overhead (the
   // cost models' kfac_piece_seconds), and no piece costs less than min_piece (the last one
@@ -51,8 +52,8 @@ struct ItemPlacement {
   bool spilled = false;  // runs after the flush of `step` (extends that step)
   int step = 0;
   double start = 0.0;
-  double end = 0.0;          // start + duration
-  std::vector<int> bubbles;  // per participant: index into that worker's bubbles; -1 if spilled
+  double end = 0.0;             // start + duration
+  SmallVector<int, 2> bubbles;  // per participant: index into that worker's bubbles; -1 if spilled
   // Divided items only (two or more pieces, or part spilled): the pieces, whose first start and
   // last end are start and end above; spilled then means the last piece runs after the flush.
   std::vector<PiecePlacement> pieces;

@@ -86,7 +86,10 @@ std::vector<int> packing_order(const KfacWork& work, PackingPolicy policy) {
       const auto& in = work.tasks[static_cast<std::size_t>(t)].instructions[0];
       keys.emplace_back(in.layer, static_cast<int>(in.linear));
     }
-    std::vector<std::pair<int, int>> distinct = keys;
+    std::vector<std::pair<int, int>> distinct;  // the keys come in runs: dedupe those first
+    for (const auto& key : keys) {
+      if (distinct.empty() || distinct.back() != key) distinct.push_back(key);
+    }
     std::sort(distinct.begin(), distinct.end());
     distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
     std::vector<std::size_t> bucket(keys.size());
@@ -120,7 +123,7 @@ struct LongestBubbles {
   std::vector<double> any, collective;
 
   // 0 on a worker without bubbles: that is the "no idle time" error's case, not this one.
-  bool never_fits(const std::vector<int>& workers, double duration, double margin) const {
+  bool never_fits(const SmallVector<int, 2>& workers, double duration, double margin) const {
     return std::any_of(workers.begin(), workers.end(), [&](int w) {
       const double longest = (workers.size() > 1 ? collective : any)[static_cast<std::size_t>(w)];
       return longest > 0.0 && duration * (1.0 + margin) > longest;
@@ -164,9 +167,12 @@ bool divisible(const KfacTask& task, const KfacOptions& options, double task_ove
          task.duration_s > task_overhead_s;
 }
 
+// `items`: a buffer reused from plan to plan (its contents are replaced): at p = 64, m = 1024 the
+// items of one plan take ~60 MB, and a fresh buffer per plan cost as much in page faults as
+// building the items.
 Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timeline,
                const KfacOptions& options, PackingPolicy policy, const LongestBubbles& longest,
-               double task_overhead_s) {
+               double task_overhead_s, std::vector<PackItem>& items) {
   Plan plan;
   plan.refresh_steps = prepared->refresh_steps;
   plan.policy = policy;
@@ -177,7 +183,7 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
   for (std::size_t i = 0; i < plan.order.size(); ++i) {
     item_of[static_cast<std::size_t>(plan.order[i])] = static_cast<int>(i);
   }
-  std::vector<PackItem> items;
+  items.clear();
   items.reserve(plan.order.size());
   for (int t : plan.order) {
     const KfacTask& task = work.tasks[static_cast<std::size_t>(t)];
@@ -269,10 +275,11 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
                          const LongestBubbles& longest, double task_overhead_s,
                          const std::shared_ptr<const KfacWork>& one_step_work) {
   std::map<int, std::shared_ptr<const Prepared>> prepared;  // by k, shared by the policies
+  std::vector<PackItem> items;                              // make_plan's buffer
   auto plan_for = [&](int k, PackingPolicy policy) {
     auto& entry = prepared[k];
     if (!entry) entry = prepare(base, timeline, options, duration, k, one_step_work);
-    return make_plan(entry, timeline, options, policy, longest, task_overhead_s);
+    return make_plan(entry, timeline, options, policy, longest, task_overhead_s, items);
   };
   // Whether packing k steps must leave curvature / sync / inversion after a flush, known without
   // packing: a task (not one that fits no bubble under any k) released after the last bubble of
@@ -757,7 +764,11 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
     }
     return seconds;
   };
-  const Timeline timeline = measure_timeline(base, costs, sim_options);
+  // Two steps of the base schedule give the timeline, and they are the "before" of a refresh of
+  // two steps (simulated once: at p = 64, m = 1024 a simulation is ~10% of the pass).
+  const sim::SimResult two_steps = sim::simulate(repeat_steps(base, 2), costs, sim_options);
+  const Timeline timeline =
+      timeline_from_two_steps(base, two_steps, sim_options.overlap_communication);
   const BubbleMap steady = find_bubbles(base, timeline, 3);  // step 1 is a whole steady step
   const LongestBubbles longest = longest_steady_bubbles(steady);
   const double task_overhead_s = costs.kfac_task_overhead_s();
@@ -787,7 +798,10 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
 
   PassResult result;
   result.schedule = emit(base, *chosen);
-  result.before = sim::simulate(repeat_steps(reference, chosen->refresh_steps), costs, sim_options);
+  result.before =
+      chosen->refresh_steps == 2 && &reference == &base
+          ? two_steps
+          : sim::simulate(repeat_steps(reference, chosen->refresh_steps), costs, sim_options);
   sim::SimOptions after_options = sim_options;
   if (!options.linear_dims.empty()) {
     after_options.kfac_state_bytes = state_bytes_of_busiest_replica(base, options);

@@ -53,9 +53,14 @@ Timeline measure_timeline(const sched::Schedule& base, const sim::CostModel& cos
                           const sim::SimOptions& options) {
   sim::SimOptions quiet = options;
   quiet.track_memory = false;
-  const sim::SimResult two = sim::simulate(repeat_steps(base, 2), costs, quiet);
+  return timeline_from_two_steps(base, sim::simulate(repeat_steps(base, 2), costs, quiet),
+                                 options.overlap_communication);
+}
+
+Timeline timeline_from_two_steps(const sched::Schedule& base, const sim::SimResult& two,
+                                 bool overlap_communication) {
   Timeline timeline;
-  timeline.overlap_communication = options.overlap_communication;
+  timeline.overlap_communication = overlap_communication;
   for (std::size_t w = 0; w < base.streams.size(); ++w) {
     const std::size_t n = base.streams[w].size();
     const auto& times = two.times[w];

@@ -31,6 +31,9 @@ struct Timeline {
 
 Timeline measure_timeline(const sched::Schedule& base, const sim::CostModel& costs,
                           const sim::SimOptions& options = {});
+// The same from a simulation of repeat_steps(base, 2) the caller ran (and may reuse).
+Timeline timeline_from_two_steps(const sched::Schedule& base, const sim::SimResult& two,
+                                 bool overlap_communication);
 
 // Whether an instruction of this kind occupies the compute lane.
 bool occupies_compute_lane(sched::OpKind kind, bool overlap_communication);
