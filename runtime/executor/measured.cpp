@@ -75,7 +75,8 @@ sim::Profile measured_profile(const sched::Schedule& schedule,
     double activation_bytes = 0.0;
   };
   std::map<std::pair<int, int>, ChunkTimes> chunks;
-  std::vector<double> send_rates, reduction_rates, optimizer;
+  std::vector<double> send_rates, reduction_rates, host_rates, optimizer;
+  bool saw_host_copy = false;
   struct KfacTimes {
     std::vector<double> a, b, inv_a, inv_b, precondition, sync;
   };
@@ -112,6 +113,14 @@ sim::Profile measured_profile(const sched::Schedule& schedule,
         break;
       case OpKind::kOptimizerStep:
         optimizer.push_back(event.busy_s);
+        break;
+      case OpKind::kPrefetchFactors:  // K-FAC offload copies: the host link's rate
+      case OpKind::kWriteBackState:
+      case OpKind::kPrefetchInverses:
+        saw_host_copy = true;
+        if (event.busy_s > 0 && event.bytes > 0) {
+          host_rates.push_back(static_cast<double>(event.bytes) / event.busy_s);
+        }
         break;
       case OpKind::kRecvActivation:
       case OpKind::kRecvGradient:
@@ -151,6 +160,8 @@ sim::Profile measured_profile(const sched::Schedule& schedule,
   profile.communication.bandwidth = send_rates.empty() ? 1e12 : typical(send_rates);
   profile.reduction.bandwidth =
       reduction_rates.empty() ? profile.communication.bandwidth : typical(reduction_rates);
+  // Copies too short for the clock: as good as free (as sends without a rate).
+  if (saw_host_copy) profile.host_link.bandwidth = host_rates.empty() ? 1e12 : typical(host_rates);
   profile.optimizer_step_s = typical(optimizer);
   for (const auto& [key, k] : kfac) {
     sim::KfacProfile entry;

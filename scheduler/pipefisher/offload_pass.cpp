@@ -258,8 +258,12 @@ std::vector<Instruction> insert_copies(const PassResult& pipefisher, const Sched
   // Requests in the order their consumers need them (write-backs by their producer's end).
   struct Request {
     double deadline;
-    int order;  // 0 write-back, 1 factor prefetch, 2 inverse prefetch (ties)
+    // A Linear's copies in the order they depend on each other: factor prefetch and write-back
+    // of window x at 2x and 2x + 1, inverse prefetches after them (equal deadlines arise from
+    // zero-length inversions).
+    int sequence;
     LinearKey key;
+    int order;  // 0 write-back, 1 factor prefetch, 2 inverse prefetch
     int index;  // the window (write-back, factor prefetch) or the step (inverse prefetch)
   };
   std::vector<Request> requests;
@@ -268,22 +272,23 @@ std::vector<Instruction> insert_copies(const PassResult& pipefisher, const Sched
     const LinearWork& lw = work.at(key);
     for (std::size_t x = 0; x < lw.windows.size(); ++x) {
       const auto& window = lw.windows[x];
-      requests.push_back({placer.start_of(window.first), 1, key, static_cast<int>(x)});
-      requests.push_back(
-          {timeline[static_cast<std::size_t>(window.last)].end_s, 0, key, static_cast<int>(x)});
+      const int sequence = 2 * static_cast<int>(x);
+      requests.push_back({placer.start_of(window.first), sequence, key, 1, static_cast<int>(x)});
+      requests.push_back({timeline[static_cast<std::size_t>(window.last)].end_s, sequence + 1, key,
+                          0, static_cast<int>(x)});
     }
+    const int after_windows = 2 * static_cast<int>(lw.windows.size());
     for (const auto& [step, positions] : lw.precondition) {
-      requests.push_back({placer.start_of(positions.first), 2, key, step});
+      requests.push_back({placer.start_of(positions.first), after_windows + step, key, 2, step});
     }
   }
   std::sort(requests.begin(), requests.end(), [](const Request& x, const Request& y) {
-    return std::tie(x.deadline, x.order, x.key, x.index) <
-           std::tie(y.deadline, y.order, y.key, y.index);
+    return std::tie(x.deadline, x.sequence, x.key) < std::tie(y.deadline, y.sequence, y.key);
   });
   std::vector<Placed> placed;
-  // Per Linear: where its last write-back went (a later factor prefetch, and the refresh's last
-  // inverse prefetch, come after it).
-  std::map<LinearKey, int> write_back_at;
+  // Per Linear and window: where its write-back went (the next window's factor prefetch, and the
+  // refresh's last inverse prefetch, come after it).
+  std::map<std::pair<LinearKey, int>, int> write_back_at;
   std::map<LinearKey, double> bytes_of;
   for (const auto& state : plan.offloaded) {
     bytes_of[{state.pipeline, state.layer, static_cast<int>(state.linear)}] = state.bytes;
@@ -301,7 +306,11 @@ std::vector<Instruction> insert_copies(const PassResult& pipefisher, const Sched
     // write-back.
     copy.order = 0;
     const auto last_precondition = lw.precondition.find(last_step);
-    const auto previous_write_back = write_back_at.find(request.key);
+    // The write-back this copy follows: the previous window's (a factor prefetch), the last
+    // window's (an inverse prefetch).
+    const int before =
+        request.order == 1 ? request.index - 1 : static_cast<int>(lw.windows.size()) - 1;
+    const auto previous_write_back = write_back_at.find({request.key, before});
     if (request.order == 1) {  // factors, before the window's first inversion
       const auto& window = lw.windows[static_cast<std::size_t>(request.index)];
       const int step = stream[static_cast<std::size_t>(window.first)].step;
@@ -327,7 +336,7 @@ std::vector<Instruction> insert_copies(const PassResult& pipefisher, const Sched
           window.last + 1, std::max(window.last + 1, latest), placer.duration(copy.instruction),
           timeline[static_cast<std::size_t>(window.last)].end_s);
       copy.order = 1;
-      write_back_at[request.key] = copy.position;
+      write_back_at[{request.key, request.index}] = copy.position;
     } else {  // one step's inverses, before its preconditioning
       copy.instruction = transfer(OpKind::kPrefetchInverses, like, request.index, bytes / 2.0);
       int earliest = 0;

@@ -234,6 +234,25 @@ TEST(OffloadPass, AutoMeetsTheBudgetWithTheFewestLinears) {
   EXPECT_NE(tight.report.warning.find("not met"), std::string::npos);
 }
 
+// Zero-length inversions (a measured profile too coarse to time them) end where the next one
+// starts: a Linear's factor prefetch must still precede its inversions (it once followed their
+// write-back, which sorted first at the equal deadline).
+TEST(OffloadPass, ZeroLengthInversionsKeepTheirCopiesInOrder) {
+  auto zero = offload_costs(1e5);
+  zero.invert_a_s = zero.invert_b_s = 0.0;
+  zero.precondition_s = 0.0;
+  const sim::UniformCostModel costs(zero);
+  for (const int refresh : {1, 4}) {
+    KfacOptions kfac;
+    kfac.refresh_steps = refresh;
+    const auto pass = run_pipefisher(compiled(ScheduleKind::kOneFOneB, 2, 8), costs, kfac);
+    OffloadResult offload;
+    ASSERT_NO_THROW(offload = run_offload_pass(pass, costs, {OffloadMode::kHost, 0.0}))
+        << "k = " << refresh;
+    EXPECT_GT(count(offload.schedule, OpKind::kPrefetchFactors), 0U);
+  }
+}
+
 TEST(OffloadPass, ShardedStateAndUnpricedLinksAreRefused) {
   const sim::UniformCostModel costs(offload_costs(1e5));
   sched::ScheduleParams params;
