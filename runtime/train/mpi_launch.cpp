@@ -30,12 +30,14 @@ tensor::Device MpiLaunch::place_device(tensor::Device requested,
     comm::NcclOptions options;
     options.operation_timeout = wait_timeout;
     try {
-      nccl_ = std::make_unique<comm::NcclCommunicator>(*comm_, options);
+      auto nccl = std::make_unique<comm::NcclCommunicator>(*comm_, options);
+      nccl_device_ = nccl->device();
+      nccl_ = std::move(nccl);
     } catch (const std::invalid_argument& error) {  // no GPU for some rank: bad input, exit 2
       throw device::DeviceUnavailableError("--device " + name + " under mpirun: " + error.what());
     }
   }
-  return {requested.kind, nccl_->device()};
+  return {requested.kind, nccl_device_};
 #else
   (void)wait_timeout;
   throw device::DeviceUnavailableError(

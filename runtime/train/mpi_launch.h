@@ -23,10 +23,6 @@
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/train/trainer.h"
 
-namespace pf::comm {
-class NcclCommunicator;
-}
-
 namespace pf::train {
 
 class MpiLaunch final : public Launch {
@@ -45,7 +41,10 @@ class MpiLaunch final : public Launch {
 
  private:
   comm::MpiCommunicator* comm_;
-  std::unique_ptr<comm::NcclCommunicator> nccl_;  // a device run's worker communicator
+  // A device run's worker communicator (NCCL), held by its base so that builds without NCCL
+  // never need its definition, and the GPU it chose.
+  std::unique_ptr<comm::Communicator> nccl_;
+  int nccl_device_ = -1;
 };
 
 }  // namespace pf::train
