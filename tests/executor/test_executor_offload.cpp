@@ -15,22 +15,15 @@
 #include "scheduler/pipefisher/offload_pass.h"
 #include "scheduler/pipefisher/pass.h"
 #include "sim/uniform_cost_model.h"
+#include "tests/model/model_test_util.h"
 
 namespace pf::exec {
 namespace {
 
+// The model tests' tiny BERT, with this file's vocabulary.
 model::BertConfig test_config() {
-  model::BertConfig config;
-  config.name = "test";
+  model::BertConfig config = model::testing::tiny_test_config();
   config.vocab_size = 29;
-  config.hidden_size = 8;
-  config.num_layers = 4;
-  config.num_heads = 2;
-  config.intermediate_size = 12;
-  config.max_position_embeddings = 10;
-  config.type_vocab_size = 2;
-  config.hidden_dropout = 0.1F;
-  config.attention_dropout = 0.1F;
   return config;
 }
 
