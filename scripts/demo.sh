@@ -21,7 +21,7 @@ case "${1:-}" in
 esac
 
 echo "demo: building (the first build takes a few minutes)..."
-cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${PF_LAUNCHER[@]}" >/dev/null
+cmake -S . -B build/release -G Ninja "${PF_RELEASE_CONFIG[@]}" "${PF_LAUNCHER[@]}" >/dev/null
 mkdir -p out
 
 if [[ $mode == sim ]]; then

@@ -53,8 +53,8 @@ if ((${#targets[@]} == 0)); then
 fi
 
 echo "== fuzz build (clang, ASan + UBSan, libFuzzer)"
-cmake -S . -B build/fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" -DPF_SANITIZE=ON -DPF_BUILD_FUZZERS=ON -DPF_WITH_CUDA=OFF \
+cmake -S . -B build/fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ "${PF_SANITIZER_CONFIG[@]}" \
+  -DPF_BUILD_FUZZERS=ON -DPF_WITH_CUDA=OFF \
   -DPF_BUILD_TESTS=OFF -DPF_BUILD_BENCHMARKS=OFF -DPF_NATIVE=OFF "${PF_LAUNCHER[@]}" >/dev/null
 cmake --build build/fuzz -j "$PF_JOBS" --target "${targets[@]/#/fuzz_}"
 

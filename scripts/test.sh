@@ -8,12 +8,12 @@ scripts/setup.sh --with-fuzz
 source scripts/env.sh
 
 echo "== release build (CUDA targets compiled where nvcc exists)"
-cmake -S . -B build/release -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${PF_LAUNCHER[@]}"
+cmake -S . -B build/release -G Ninja "${PF_RELEASE_CONFIG[@]}" "${PF_LAUNCHER[@]}"
 cmake --build build/release -j "$PF_JOBS"
 ctest --test-dir build/release --output-on-failure -j "$PF_JOBS"
 
 echo "== sanitizer build (ASan + UBSan)"
-cmake -S . -B build/asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" -DPF_SANITIZE=ON \
+cmake -S . -B build/asan -G Ninja "${PF_SANITIZER_CONFIG[@]}" \
   -DPF_WITH_CUDA=OFF -DPF_BUILD_BENCHMARKS=OFF "${PF_LAUNCHER[@]}"
 cmake --build build/asan -j "$PF_JOBS"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
