@@ -69,6 +69,18 @@ class Communicator {
                               Deadline deadline) = 0;
   virtual void all_reduce_sum(std::span<double> data, std::span<const int> group,
                               Deadline deadline) = 0;
+  // The same sum, started now and finished later (data-parallel gradient buckets overlapping
+  // the backward): the request completes when every member has issued it, and its completion
+  // (test() returning true, or wait()) writes the sum into `data`, bit-identical to
+  // all_reduce_sum's. `data` must stay alive and unchanged until then. It takes its place in
+  // the group's order of collectives when issued, like a blocking collective; requests on one
+  // group may be completed in any order. Destroying an unfinished request abandons it (the
+  // other members' waits end in an error). The base implementation, for communicators without
+  // a non-blocking collective, sums at once (with `deadline`) and returns a completed request.
+  virtual std::unique_ptr<Request> iall_reduce_sum(std::span<float> data,
+                                                   std::span<const int> group, Deadline deadline);
+  virtual std::unique_ptr<Request> iall_reduce_sum(std::span<double> data,
+                                                   std::span<const int> group, Deadline deadline);
   // root's data to every member of `group`.
   virtual void broadcast(std::span<std::byte> data, int root, std::span<const int> group,
                          Deadline deadline) = 0;

@@ -2,17 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <sstream>
 
 namespace pf::comm {
-
-std::string group_to_string(std::span<const int> group) {
-  std::ostringstream out;
-  out << "{";
-  for (std::size_t i = 0; i < group.size(); ++i) out << (i ? ", " : "") << group[i];
-  out << "}";
-  return out.str();
-}
 
 namespace {
 
@@ -37,6 +28,10 @@ struct InProcessWorld::Collective {
   std::size_t bytes = 0;
   int root = -1;
   std::vector<const std::byte*> inputs;  // by position in the group
+  std::vector<char> joined;              // by position: its input is registered
+  // Inputs of non-blocking members, copied when they joined: their callers go on computing,
+  // and a copy stays readable whatever happens to the caller's buffer.
+  std::vector<std::vector<std::byte>> copies;
   int arrived = 0;
   int departed = 0;
   bool computing = false;
@@ -141,6 +136,14 @@ class InProcessCommunicator final : public Communicator {
                       Deadline deadline) override {
     collective(CollectiveKind::kSumDouble, std::as_writable_bytes(data), -1, group, deadline);
   }
+  std::unique_ptr<Request> iall_reduce_sum(std::span<float> data, std::span<const int> group,
+                                           Deadline /*deadline*/) override {
+    return start_sum(CollectiveKind::kSumFloat, std::as_writable_bytes(data), group);
+  }
+  std::unique_ptr<Request> iall_reduce_sum(std::span<double> data, std::span<const int> group,
+                                           Deadline /*deadline*/) override {
+    return start_sum(CollectiveKind::kSumDouble, std::as_writable_bytes(data), group);
+  }
   void broadcast(std::span<std::byte> data, int root, std::span<const int> group,
                  Deadline deadline) override {
     collective(CollectiveKind::kBroadcast, data, root, group, deadline);
@@ -195,83 +198,190 @@ class InProcessCommunicator final : public Communicator {
     if (kind == CollectiveKind::kSumDouble) sum(0.0);
   }
 
-  void collective(CollectiveKind kind, std::span<std::byte> data, int root,
-                  std::span<const int> group, Deadline deadline) {
+  // This rank's part in one collective of a group, between joining it and taking its result.
+  struct Membership {
+    std::shared_ptr<InProcessWorld::Collective> op;  // null: a group of one (nothing to do)
+    std::vector<int> members;
+    std::int64_t sequence = 0;
+    std::string where;  // "rank R: all-reduce (float) #S over {...}"
+    bool departed = false;
+  };
+
+  // Registers this rank's input in the group's next collective (a copy when `copy_input`: the
+  // caller does not wait). The last member to arrive computes the result outside the lock
+  // (blocking members wait, so their inputs live; the others' are copies).
+  Membership join(CollectiveKind kind, std::span<std::byte> data, int root,
+                  std::span<const int> group, bool copy_input) {
     const int position = position_in(group);
-    std::vector<int> members(group.begin(), group.end());
+    Membership m;
+    m.members.assign(group.begin(), group.end());
     int root_position = -1;
     if (kind == CollectiveKind::kBroadcast) {
-      auto it = std::find(members.begin(), members.end(), root);
-      if (it == members.end()) {
+      auto it = std::find(m.members.begin(), m.members.end(), root);
+      if (it == m.members.end()) {
         throw std::invalid_argument("rank " + std::to_string(rank_) + ": broadcast root " +
                                     std::to_string(root) + " is not in the group " +
                                     group_to_string(group));
       }
-      root_position = static_cast<int>(it - members.begin());
+      root_position = static_cast<int>(it - m.members.begin());
     }
-    const std::int64_t sequence = sequence_[members]++;
-    const std::string where = "rank " + std::to_string(rank_) + ": " + to_string(kind) + " #" +
-                              std::to_string(sequence) + " over " + group_to_string(group);
-    if (members.size() == 1) return;
+    m.sequence = sequence_[m.members]++;
+    m.where = "rank " + std::to_string(rank_) + ": " + to_string(kind) + " #" +
+              std::to_string(m.sequence) + " over " + group_to_string(group);
+    if (m.members.size() == 1) return m;
     std::unique_lock lock(world_->mutex_);
     world_->throw_if_aborted_locked();
-    auto& slot = world_->collectives_[{members, sequence}];
+    auto& slot = world_->collectives_[{m.members, m.sequence}];
     if (!slot) {
       slot = std::make_shared<InProcessWorld::Collective>();
       slot->kind = kind;
       slot->bytes = data.size();
       slot->root = root;
-      slot->inputs.assign(members.size(), nullptr);
+      slot->inputs.assign(m.members.size(), nullptr);
+      slot->joined.assign(m.members.size(), 0);
+      slot->copies.resize(m.members.size());
     }
-    const std::shared_ptr<InProcessWorld::Collective> op = slot;
-    if (op->broken) throw std::runtime_error(where + ": " + *op->broken);
-    if (op->kind != kind || op->bytes != data.size() || op->root != root) {
-      op->broken = "members disagree: " + std::string(to_string(op->kind)) + " of " +
-                   std::to_string(op->bytes) + " bytes (root " + std::to_string(op->root) +
-                   ") against " + to_string(kind) + " of " + std::to_string(data.size()) +
-                   " bytes (root " + std::to_string(root) + ")";
+    m.op = slot;
+    auto& op = *m.op;
+    if (op.broken) throw std::runtime_error(m.where + ": " + *op.broken);
+    if (op.kind != kind || op.bytes != data.size() || op.root != root) {
+      op.broken = "members disagree: " + std::string(to_string(op.kind)) + " of " +
+                  std::to_string(op.bytes) + " bytes (root " + std::to_string(op.root) +
+                  ") against " + to_string(kind) + " of " + std::to_string(data.size()) +
+                  " bytes (root " + std::to_string(root) + ")";
       world_->changed_.notify_all();
-      throw std::runtime_error(where + ": " + *op->broken);
+      throw std::runtime_error(m.where + ": " + *op.broken);
     }
-    op->inputs[static_cast<std::size_t>(position)] = data.data();
-    if (++op->arrived == static_cast<int>(members.size())) {
-      // The last to arrive computes, outside the lock: the others wait, so their inputs live.
-      op->computing = true;
+    const auto index = static_cast<std::size_t>(position);
+    if (copy_input) {
+      op.copies[index].assign(data.begin(), data.end());
+      op.inputs[index] = op.copies[index].data();
+    } else {
+      op.inputs[index] = data.data();
+    }
+    op.joined[index] = 1;
+    if (++op.arrived == static_cast<int>(m.members.size())) {
+      op.computing = true;
       lock.unlock();
       std::vector<std::byte> result;
       if (kind == CollectiveKind::kBroadcast) {
-        const auto* source = op->inputs[static_cast<std::size_t>(root_position)];
-        result.assign(source, source + op->bytes);
+        const auto* source = op.inputs[static_cast<std::size_t>(root_position)];
+        result.assign(source, source + op.bytes);
       } else {
-        reduce(kind, *op, result);
+        reduce(kind, op, result);
       }
       lock.lock();
-      op->result = std::move(result);
-      op->done = true;
+      op.result = std::move(result);
+      op.done = true;
       world_->changed_.notify_all();
     }
-    while (!op->done) {
-      if (op->broken) throw std::runtime_error(where + ": " + *op->broken);
-      if (world_->abort_reason_ && !op->computing) {
-        op->broken = "aborted";
+    return m;
+  }
+
+  // The members that have not joined (for timeouts), "2, 3".
+  static std::string missing_members(const Membership& m) {
+    std::string missing;
+    for (std::size_t i = 0; i < m.members.size(); ++i) {
+      if (m.op->joined[i] == 0)
+        missing += (missing.empty() ? "" : ", ") + std::to_string(m.members[i]);
+    }
+    return missing;
+  }
+
+  // Copies the result out; the last member to leave removes the collective.
+  void depart_locked(Membership& m, std::span<std::byte> data) {
+    if (m.op->bytes > 0) std::memcpy(data.data(), m.op->result.data(), m.op->bytes);
+    m.departed = true;
+    if (++m.op->departed == static_cast<int>(m.members.size())) {
+      world_->collectives_.erase({m.members, m.sequence});
+    }
+  }
+
+  // Blocks until the collective is done and takes its result.
+  void finish(Membership& m, std::span<std::byte> data, Deadline deadline) {
+    if (!m.op) return;
+    std::unique_lock lock(world_->mutex_);
+    auto& op = *m.op;
+    while (!op.done) {
+      if (op.broken) throw std::runtime_error(m.where + ": " + *op.broken);
+      if (world_->abort_reason_ && !op.computing) {
+        op.broken = "aborted";
         world_->throw_if_aborted_locked();
       }
-      if (world_->changed_.wait_until(lock, deadline) == std::cv_status::timeout && !op->done &&
-          !op->computing) {
-        std::string missing;
-        for (std::size_t m = 0; m < members.size(); ++m) {
-          if (op->inputs[m] == nullptr)
-            missing += (missing.empty() ? "" : ", ") + std::to_string(members[m]);
-        }
-        op->broken = "rank " + std::to_string(rank_) + " gave up waiting for rank(s) " + missing;
+      if (world_->changed_.wait_until(lock, deadline) == std::cv_status::timeout && !op.done &&
+          !op.computing) {
+        const std::string missing = missing_members(m);
+        op.broken = "rank " + std::to_string(rank_) + " gave up waiting for rank(s) " + missing;
         world_->changed_.notify_all();
-        throw TimeoutError(where + ": ranks " + missing + " did not join before the deadline");
+        throw TimeoutError(m.where + ": ranks " + missing + " did not join before the deadline");
       }
     }
-    std::memcpy(data.data(), op->result.data(), op->bytes);
-    if (++op->departed == static_cast<int>(members.size())) {
-      world_->collectives_.erase({members, sequence});
+    depart_locked(m, data);
+  }
+
+  // Takes the result if the collective is done; never blocks.
+  bool try_finish(Membership& m, std::span<std::byte> data) {
+    if (!m.op) return true;
+    std::lock_guard lock(world_->mutex_);
+    auto& op = *m.op;
+    if (op.done) {
+      depart_locked(m, data);
+      return true;
     }
+    if (op.broken) throw std::runtime_error(m.where + ": " + *op.broken);
+    if (world_->abort_reason_ && !op.computing) {
+      op.broken = "aborted";
+      world_->throw_if_aborted_locked();
+    }
+    return false;
+  }
+
+  // A request destroyed before its result was taken: the others are told instead of waiting.
+  void abandon(Membership& m) {
+    if (!m.op || m.departed) return;
+    {
+      std::lock_guard lock(world_->mutex_);
+      if (m.op->done) {
+        m.departed = true;
+        if (++m.op->departed == static_cast<int>(m.members.size())) {
+          world_->collectives_.erase({m.members, m.sequence});
+        }
+        return;
+      }
+      if (!m.op->broken) m.op->broken = "rank " + std::to_string(rank_) + " abandoned it";
+    }
+    world_->changed_.notify_all();
+  }
+
+  void collective(CollectiveKind kind, std::span<std::byte> data, int root,
+                  std::span<const int> group, Deadline deadline) {
+    Membership m = join(kind, data, root, group, false);
+    finish(m, data, deadline);
+  }
+
+  class SumRequest final : public Request {
+   public:
+    SumRequest(InProcessCommunicator& comm, Membership membership, std::span<std::byte> data)
+        : comm_(&comm), membership_(std::move(membership)), data_(data) {}
+    ~SumRequest() override { comm_->abandon(membership_); }
+    SumRequest(const SumRequest&) = delete;
+    SumRequest& operator=(const SumRequest&) = delete;
+    bool test() override { return membership_.departed || comm_->try_finish(membership_, data_); }
+    void wait(Deadline deadline) override {
+      if (!membership_.departed) comm_->finish(membership_, data_, deadline);
+    }
+
+   private:
+    InProcessCommunicator* comm_;
+    Membership membership_;
+    std::span<std::byte> data_;
+  };
+
+  std::unique_ptr<Request> start_sum(CollectiveKind kind, std::span<std::byte> data,
+                                     std::span<const int> group) {
+    Membership m = join(kind, data, -1, group, true);
+    if (!m.op) m.departed = true;  // a group of one: the sum is the data
+    return std::make_unique<SumRequest>(*this, std::move(m), data);
   }
 
   InProcessWorld* world_;

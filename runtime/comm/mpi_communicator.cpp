@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -393,8 +394,17 @@ struct MpiCommunicator::Impl {
     }
     return hash;
   }
-  int tag_of(std::uint64_t group_fingerprint) const {
-    return static_cast<int>(group_fingerprint % (static_cast<std::uint64_t>(tag_upper_bound) + 1));
+  // The tag of one phase of one collective of a group: collectives in flight together on a
+  // group (gradient buckets, a curvature sum) never share a tag, so the order in which their
+  // messages are posted does not matter; the headers catch the rare collision between groups.
+  int tag_of(std::uint64_t group_fingerprint, std::int64_t number, int phase) const {
+    std::uint64_t hash = group_fingerprint;
+    for (std::uint64_t word :
+         {static_cast<std::uint64_t>(number), static_cast<std::uint64_t>(phase)}) {
+      hash ^= word + 0x9E3779B97F4A7C15ULL + (hash << 6) + (hash >> 2);
+      hash *= 1099511628211ULL;
+    }
+    return static_cast<int>(hash % (static_cast<std::uint64_t>(tag_upper_bound) + 1));
   }
 
   // Posts a send of a copy of `bytes` on the collectives' communicator (the copy lives in the
@@ -459,82 +469,233 @@ struct MpiCommunicator::Impl {
 
   // Deterministic sum: member s owns elements [begin(s), begin(s + 1)); every member sends each
   // owner its part, the owner adds the parts in ascending rank order (as InProcessWorld does:
-  // ((x0 + x1) + x2) + ...) and sends the sum back to every member.
+  // ((x0 + x1) + x2) + ...) and sends the sum back to every member. Non-blocking: phase 1
+  // (headers and parts to their owners) is posted when the sum is issued; phase 2 (each owner's
+  // sum to every member) by advance(), called from the rank's own thread by test() and wait(),
+  // once phase 1 is complete; the result reaches the caller's data when phase 2 is.
+  struct PendingSum {
+    CollectiveKind kind = CollectiveKind::kSumFloat;
+    std::size_t element_bytes = 0;
+    std::span<std::byte> data;  // the caller's, written at completion
+    std::vector<int> group;
+    int position = 0;
+    Header header;
+    int tag_parts = 0, tag_sums = 0;
+    std::string what;
+    std::vector<std::byte> own_part;  // this rank's part, as it was when issued
+    std::vector<std::byte> owned_sum;
+    std::vector<std::shared_ptr<Operation>> headers, parts, sums;  // by member position
+    bool summing = false;                                          // phase 2 posted
+    bool finished = false;
+    bool abandoned = false;
+
+    int members() const { return static_cast<int>(group.size()); }
+    std::size_t count() const { return data.size() / element_bytes; }
+    // First element owned by member s.
+    std::size_t begin(int s) const {
+      return count() * static_cast<std::size_t>(s) / static_cast<std::size_t>(members());
+    }
+    std::size_t segment_bytes(int s) const { return (begin(s + 1) - begin(s)) * element_bytes; }
+  };
+  // Sums in flight per group, in issue order (phase 2 is posted in that order on every member).
+  std::map<std::vector<int>, std::deque<std::shared_ptr<PendingSum>>> pending_sums;
+
+  template <typename V>
+  static void add_into(std::byte* target, const std::byte* part, std::size_t count) {
+    auto* sum = reinterpret_cast<V*>(target);
+    const auto* addend = reinterpret_cast<const V*>(part);
+    for (std::size_t e = 0; e < count; ++e) sum[e] += addend[e];
+  }
+
+  std::shared_ptr<PendingSum> start_sum(CollectiveKind kind, std::size_t element_bytes,
+                                        std::span<std::byte> data, std::span<const int> group) {
+    auto sum = std::make_shared<PendingSum>();
+    sum->kind = kind;
+    sum->element_bytes = element_bytes;
+    sum->data = data;
+    sum->position = position_in(group);
+    sum->group.assign(group.begin(), group.end());
+    const std::int64_t number = sequence[sum->group]++;
+    sum->what = where(std::string(to_string(kind)) + " #" + std::to_string(number) + " over " +
+                      group_to_string(group));
+    const int n = sum->members();
+    if (n == 1) {
+      sum->finished = true;
+      return sum;
+    }
+    checked_count(sum->count(), sum->what);
+    sum->header = {fingerprint(group), number, static_cast<std::int64_t>(kind),
+                   static_cast<std::int64_t>(data.size()), -1};
+    sum->tag_parts = tag_of(sum->header.group_fingerprint, number, 1);
+    sum->tag_sums = tag_of(sum->header.group_fingerprint, number, 2);
+    const std::size_t mine_begin = sum->begin(sum->position) * element_bytes;
+    const std::size_t mine = sum->segment_bytes(sum->position);
+    sum->own_part.assign(data.begin() + static_cast<std::ptrdiff_t>(mine_begin),
+                         data.begin() + static_cast<std::ptrdiff_t>(mine_begin + mine));
+    sum->headers.resize(static_cast<std::size_t>(n));
+    sum->parts.resize(static_cast<std::size_t>(n));
+    sum->sums.resize(static_cast<std::size_t>(n));
+    for (int m = 0; m < n; ++m) {
+      if (m == sum->position) continue;
+      const auto i = static_cast<std::size_t>(m);
+      sum->headers[i] = receive_into_scratch(sizeof(Header), group[i], sum->tag_parts, sum->what);
+      sum->parts[i] = receive_into_scratch(mine, group[i], sum->tag_parts, sum->what);
+    }
+    for (int s = 0; s < n; ++s) {
+      if (s == sum->position) continue;
+      const auto i = static_cast<std::size_t>(s);
+      send_copy(&sum->header, sizeof(Header), group[i], sum->tag_parts, sum->what);
+      send_payload(data.data() + sum->begin(s) * element_bytes, sum->segment_bytes(s), group[i],
+                   sum->tag_parts, sum->what);
+    }
+    pending_sums[sum->group].push_back(sum);
+    return sum;
+  }
+
+  bool all_done(const std::vector<std::shared_ptr<Operation>>& ops) const {
+    for (const auto& op : ops) {
+      if (op && !engine->done(*op)) return false;
+    }
+    return true;
+  }
+
+  // Phase 1 complete: adds the parts in ascending rank order, posts phase 2.
+  void post_sums(PendingSum& sum, Deadline deadline) {
+    const int n = sum.members();
+    const auto& group = sum.group;
+    const std::size_t mine = sum.segment_bytes(sum.position);
+    for (int m = 0; m < n; ++m) {
+      if (m == sum.position) continue;
+      const auto i = static_cast<std::size_t>(m);
+      await_receive(sum.headers[i], sizeof(Header), group[i], deadline, sum.what);
+      check_header(sum.headers[i], sum.header, group[i], sum.what);
+    }
+    const std::size_t count = mine / sum.element_bytes;
+    for (int m = 0; m < n; ++m) {
+      const auto i = static_cast<std::size_t>(m);
+      const std::byte* part = sum.own_part.data();
+      if (m != sum.position) {
+        await_receive(sum.parts[i], mine, group[i], deadline, sum.what);
+        part = sum.parts[i]->scratch.data();
+      }
+      if (m == 0) {
+        sum.owned_sum.assign(part, part + mine);
+      } else if (sum.kind == CollectiveKind::kSumFloat) {
+        add_into<float>(sum.owned_sum.data(), part, count);
+      } else {
+        add_into<double>(sum.owned_sum.data(), part, count);
+      }
+    }
+    for (int s = 0; s < n; ++s) {
+      if (s == sum.position) continue;
+      const auto i = static_cast<std::size_t>(s);
+      sum.sums[i] = receive_into_scratch(sum.segment_bytes(s), group[i], sum.tag_sums, sum.what);
+    }
+    for (int m = 0; m < n; ++m) {
+      if (m == sum.position) continue;
+      send_payload(sum.owned_sum.data(), mine, group[static_cast<std::size_t>(m)], sum.tag_sums,
+                   sum.what);
+    }
+    sum.summing = true;
+  }
+
+  // Phase 2 complete: every owner's sum into the caller's data.
+  void finish_sum(PendingSum& sum, Deadline deadline) {
+    for (int s = 0; s < sum.members(); ++s) {
+      const auto i = static_cast<std::size_t>(s);
+      const std::size_t offset = sum.begin(s) * sum.element_bytes;
+      const std::size_t length = sum.segment_bytes(s);
+      const std::byte* source = sum.owned_sum.data();
+      if (s != sum.position) {
+        await_receive(sum.sums[i], length, sum.group[i], deadline, sum.what);
+        source = sum.sums[i]->scratch.data();
+      }
+      if (length > 0) std::memcpy(sum.data.data() + offset, source, length);
+    }
+    sum.finished = true;
+  }
+
+  // Moves the group's sums on as far as they can go without waiting: phase 2 is posted in
+  // issue order (a sum whose parts are missing holds back the later ones), finished sums leave.
+  void advance(const std::vector<int>& group) {
+    auto it = pending_sums.find(group);
+    if (it == pending_sums.end()) return;
+    const Deadline now = Clock::now();  // nothing below waits: every operation read is done
+    bool in_order = true;
+    for (const auto& sum : it->second) {
+      if (!sum->summing && in_order) {
+        if (all_done(sum->headers) && all_done(sum->parts)) {
+          post_sums(*sum, now);
+        } else {
+          in_order = false;
+        }
+      }
+      if (sum->summing && !sum->finished && all_done(sum->sums)) finish_sum(*sum, now);
+    }
+    std::erase_if(it->second, [](const auto& sum) { return sum->finished; });
+    if (it->second.empty()) pending_sums.erase(it);
+  }
+
+  // The operation `sum` waits for next: a part of the oldest sum of its group whose phase 1 is
+  // incomplete (phase 2 goes in issue order), else one of its own sums.
+  std::pair<std::shared_ptr<Operation>, const PendingSum*> next_blocker(const PendingSum& sum) {
+    auto it = pending_sums.find(sum.group);
+    if (it != pending_sums.end()) {
+      for (const auto& earlier : it->second) {
+        if (!earlier->summing) {
+          for (const auto* ops : {&earlier->headers, &earlier->parts}) {
+            for (const auto& op : *ops) {
+              if (op && !engine->done(*op)) return {op, earlier.get()};
+            }
+          }
+        }
+        if (earlier.get() == &sum) break;
+      }
+    }
+    for (const auto& op : sum.sums) {
+      if (op && !engine->done(*op)) return {op, &sum};
+    }
+    return {nullptr, &sum};
+  }
+
+  void wait_sum(PendingSum& sum, Deadline deadline) {
+    while (true) {
+      advance(sum.group);
+      if (sum.finished) return;
+      if (sum.abandoned) throw std::logic_error(sum.what + ": waited for after it was abandoned");
+      const auto [op, owner] = next_blocker(sum);
+      if (!op) continue;  // completed meanwhile: the next advance takes it
+      engine->wait(*op, deadline, [&, owner = owner] {
+        std::string member = "a member";
+        for (std::size_t i = 0; i < owner->group.size(); ++i) {
+          if (op == owner->headers[i] || op == owner->parts[i] || op == owner->sums[i]) {
+            member = "rank " + std::to_string(owner->group[i]);
+          }
+        }
+        return owner->what + ": the message from " + member + " was";
+      });
+    }
+  }
+
+  void abandon_sum(const std::shared_ptr<PendingSum>& sum) {
+    if (sum->finished) return;
+    sum->abandoned = true;
+    auto it = pending_sums.find(sum->group);
+    if (it == pending_sums.end()) return;
+    std::erase(it->second, sum);
+    if (it->second.empty()) pending_sums.erase(it);
+  }
+
   template <typename V>
   void sum(std::span<V> data, std::span<const int> group, Deadline deadline) {
     constexpr CollectiveKind kind =
         std::is_same_v<V, float> ? CollectiveKind::kSumFloat : CollectiveKind::kSumDouble;
-    const int position = position_in(group);
-    std::vector<int> members(group.begin(), group.end());
-    const std::int64_t number = sequence[members]++;
-    const std::string what = where(std::string(to_string(kind)) + " #" + std::to_string(number) +
-                                   " over " + group_to_string(group));
-    const int n = static_cast<int>(group.size());
-    if (n == 1) return;
-    checked_count(data.size(), what);
-    const Header header{fingerprint(group), number, static_cast<std::int64_t>(kind),
-                        static_cast<std::int64_t>(data.size_bytes()), -1};
-    const int tag = tag_of(header.group_fingerprint);
-    const auto begin = [&](int s) {
-      return data.size() * static_cast<std::size_t>(s) / static_cast<std::size_t>(n);
-    };
-    const std::size_t mine_begin = begin(position), mine = begin(position + 1) - mine_begin;
-
-    // Phase 1: headers and parts to their owners; receive every member's part of ours.
-    std::vector<std::shared_ptr<Operation>> headers(static_cast<std::size_t>(n));
-    std::vector<std::shared_ptr<Operation>> parts(static_cast<std::size_t>(n));
-    for (int m = 0; m < n; ++m) {
-      if (m == position) continue;
-      const auto i = static_cast<std::size_t>(m);
-      headers[i] = receive_into_scratch(sizeof(Header), group[i], tag, what);
-      parts[i] = receive_into_scratch(mine * sizeof(V), group[i], tag, what);
-    }
-    for (int s = 0; s < n; ++s) {
-      if (s == position) continue;
-      const auto i = static_cast<std::size_t>(s);
-      send_copy(&header, sizeof(Header), group[i], tag, what);
-      send_payload(data.data() + begin(s), (begin(s + 1) - begin(s)) * sizeof(V), group[i], tag,
-                   what);
-    }
-    for (int m = 0; m < n; ++m) {
-      if (m == position) continue;
-      const auto i = static_cast<std::size_t>(m);
-      await_receive(headers[i], sizeof(Header), group[i], deadline, what);
-      check_header(headers[i], header, group[i], what);
-    }
-    std::vector<V> owned(mine);
-    for (int m = 0; m < n; ++m) {
-      const auto i = static_cast<std::size_t>(m);
-      const V* part = data.data() + mine_begin;
-      if (m != position) {
-        await_receive(parts[i], mine * sizeof(V), group[i], deadline, what);
-        part = reinterpret_cast<const V*>(parts[i]->scratch.data());
-      }
-      if (m == 0) {
-        std::copy(part, part + mine, owned.begin());
-      } else {
-        for (std::size_t e = 0; e < mine; ++e) owned[e] += part[e];
-      }
-    }
-
-    // Phase 2: every owner's sum to every member.
-    std::vector<std::shared_ptr<Operation>> sums(static_cast<std::size_t>(n));
-    for (int s = 0; s < n; ++s) {
-      if (s == position) continue;
-      const auto i = static_cast<std::size_t>(s);
-      sums[i] = receive_into_scratch((begin(s + 1) - begin(s)) * sizeof(V), group[i], tag, what);
-    }
-    for (int m = 0; m < n; ++m) {
-      if (m == position) continue;
-      send_payload(owned.data(), mine * sizeof(V), group[static_cast<std::size_t>(m)], tag, what);
-    }
-    std::copy(owned.begin(), owned.end(), data.begin() + static_cast<std::ptrdiff_t>(mine_begin));
-    for (int s = 0; s < n; ++s) {
-      if (s == position) continue;
-      const auto i = static_cast<std::size_t>(s);
-      const std::size_t length = (begin(s + 1) - begin(s)) * sizeof(V);
-      await_receive(sums[i], length, group[i], deadline, what);
-      if (length > 0) std::memcpy(data.data() + begin(s), sums[i]->scratch.data(), length);
+    auto pending = start_sum(kind, sizeof(V), std::as_writable_bytes(data), group);
+    try {
+      wait_sum(*pending, deadline);
+    } catch (...) {
+      abandon_sum(pending);
+      throw;
     }
   }
 
@@ -554,7 +715,7 @@ struct MpiCommunicator::Impl {
     const Header header{fingerprint(group), number,
                         static_cast<std::int64_t>(CollectiveKind::kBroadcast),
                         static_cast<std::int64_t>(data.size()), root};
-    const int tag = tag_of(header.group_fingerprint);
+    const int tag = tag_of(header.group_fingerprint, number, 1);
     if (group[static_cast<std::size_t>(position)] == root) {
       for (int member : group) {
         if (member == root) continue;
@@ -635,6 +796,43 @@ void MpiCommunicator::all_reduce_sum(std::span<float> data, std::span<const int>
 void MpiCommunicator::all_reduce_sum(std::span<double> data, std::span<const int> group,
                                      Deadline deadline) {
   impl_->sum(data, group, deadline);
+}
+
+namespace {
+// A non-blocking sum: test() and wait() move its group's sums on from this rank's thread.
+class MpiSumRequest final : public Request {
+ public:
+  MpiSumRequest(MpiCommunicator::Impl& impl, std::shared_ptr<MpiCommunicator::Impl::PendingSum> sum)
+      : impl_(&impl), sum_(std::move(sum)) {}
+  ~MpiSumRequest() override { impl_->abandon_sum(sum_); }
+  MpiSumRequest(const MpiSumRequest&) = delete;
+  MpiSumRequest& operator=(const MpiSumRequest&) = delete;
+  bool test() override {
+    if (!sum_->finished) impl_->advance(sum_->group);
+    return sum_->finished;
+  }
+  void wait(Deadline deadline) override { impl_->wait_sum(*sum_, deadline); }
+
+ private:
+  MpiCommunicator::Impl* impl_;
+  std::shared_ptr<MpiCommunicator::Impl::PendingSum> sum_;
+};
+}  // namespace
+
+std::unique_ptr<Request> MpiCommunicator::iall_reduce_sum(std::span<float> data,
+                                                          std::span<const int> group,
+                                                          Deadline /*deadline*/) {
+  return std::make_unique<MpiSumRequest>(*impl_,
+                                         impl_->start_sum(CollectiveKind::kSumFloat, sizeof(float),
+                                                          std::as_writable_bytes(data), group));
+}
+
+std::unique_ptr<Request> MpiCommunicator::iall_reduce_sum(std::span<double> data,
+                                                          std::span<const int> group,
+                                                          Deadline /*deadline*/) {
+  return std::make_unique<MpiSumRequest>(
+      *impl_, impl_->start_sum(CollectiveKind::kSumDouble, sizeof(double),
+                               std::as_writable_bytes(data), group));
 }
 
 void MpiCommunicator::broadcast(std::span<std::byte> data, int root, std::span<const int> group,

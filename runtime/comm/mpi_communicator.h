@@ -11,9 +11,19 @@
 //   at the group's first collective and cached). Sums are deterministic and bit-identical to
 //   InProcessWorld's: each member owns a segment of the vector, receives that segment from every
 //   member (MPI_Ialltoallv), adds the contributions in ascending rank order, and the segments
-//   are gathered back (MPI_Iallgatherv). MPI_Allreduce is not used: its order is unspecified.
+//   are sent back by each owner. MPI_Allreduce / MPI_Iallreduce are not used: their order of
+//   additions is unspecified, so their sums would differ from InProcessWorld's in the last bits.
 //   Every collective first exchanges (kind, size, root) so that members which disagree get an
 //   error naming both sides instead of corrupt data.
+// - Non-blocking sums (iall_reduce_sum: data-parallel gradient buckets) are the same two phases
+//   as a state machine: phase 1 (headers and parts to their owners) is posted when issued,
+//   phase 2 (the owners' sums back) by the rank's own thread inside test() / wait() once phase 1
+//   is complete; the progress thread only moves the posted messages. Everything stays on the
+//   worker thread, so a group's sequence numbers (the collectives' identities) are taken in
+//   program order on every member, and blocking collectives (curvature sync) interleave with
+//   buckets in flight. Each (collective, phase) has its own tag (from the group, its sequence
+//   number and the phase), so messages of sums in flight together never match each other's
+//   receives; phase 2 is still posted in issue order per group.
 // - Deadlines: every wait polls until its deadline, then throws TimeoutError naming the rank,
 //   the peer or group, and the tag or collective. Creating a group's communicator is the one
 //   step without a deadline (MPI offers no non-blocking form); it happens once per group.
@@ -72,6 +82,10 @@ class MpiCommunicator final : public Communicator {
                       Deadline deadline) override;
   void all_reduce_sum(std::span<double> data, std::span<const int> group,
                       Deadline deadline) override;
+  std::unique_ptr<Request> iall_reduce_sum(std::span<float> data, std::span<const int> group,
+                                           Deadline deadline) override;
+  std::unique_ptr<Request> iall_reduce_sum(std::span<double> data, std::span<const int> group,
+                                           Deadline deadline) override;
   void broadcast(std::span<std::byte> data, int root, std::span<const int> group,
                  Deadline deadline) override;
 

@@ -36,6 +36,14 @@ class HostDeviceCommunicator final : public comm::DeviceCommunicator {
                       comm::Deadline deadline) override {
     inner_->all_reduce_sum(data, group, deadline);
   }
+  std::unique_ptr<comm::Request> iall_reduce_sum(std::span<float> data, std::span<const int> group,
+                                                 comm::Deadline deadline) override {
+    return inner_->iall_reduce_sum(data, group, deadline);
+  }
+  std::unique_ptr<comm::Request> iall_reduce_sum(std::span<double> data, std::span<const int> group,
+                                                 comm::Deadline deadline) override {
+    return inner_->iall_reduce_sum(data, group, deadline);
+  }
   void broadcast(std::span<std::byte> data, int root, std::span<const int> group,
                  comm::Deadline deadline) override {
     inner_->broadcast(data, root, group, deadline);

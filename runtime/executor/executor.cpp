@@ -75,6 +75,12 @@ struct Captured {
   std::int64_t sequences = 0;  // of the micro-batch
 };
 
+// A chunk's gradients in one stream step (data-parallel buckets).
+struct ChunkStepKey {
+  int step = 0, pipeline = 0, chunk = 0;
+  friend auto operator<=>(const ChunkStepKey&, const ChunkStepKey&) = default;
+};
+
 struct FactorKey {
   int pipeline = 0, layer = 0;
   LinearKind linear = LinearKind::kQuery;
@@ -224,6 +230,20 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   bool has_kfac = false;
   std::int64_t kfac_sent = 0;  // payload bytes of K-FAC collectives (counting communicators)
 
+  // Data-parallel gradient buckets (ExecutorOptions::dp_bucket_bytes): per stream position of
+  // a chunk's last weight-gradient backward before its DP reduction, that reduction's position
+  // (-1 elsewhere, and everywhere when buckets are off); the buckets in flight per chunk.
+  std::vector<int> dp_reduction_of;
+  struct DpBucket {
+    std::unique_ptr<comm::Request> request;
+    std::int64_t begin = 0, end = 0;  // elements of the chunk's flat gradients
+    bool done = false;
+    double issued_s = 0.0;
+    std::int64_t global_step = 0;
+    int reduction_position = 0;  // the DP reduction that waits for it
+  };
+  std::map<ChunkStepKey, std::vector<DpBucket>> dp_buckets;
+
   // Step accounting.
   double mlm_sum = 0.0, nsp_sum = 0.0;
   bool refreshed_this_step = false;
@@ -316,6 +336,26 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
                                   std::to_string(schedule.num_steps) + " step(s) (one each)");
     }
     prepare_kfac();
+    find_dp_bucket_launches();
+  }
+
+  // The last weight-gradient backward of each (step, pipeline, chunk) before its DP reduction.
+  void find_dp_bucket_launches() {
+    dp_reduction_of.assign(stream->size(), -1);
+    if (replicas < 2 || runtime || setup.options.dp_bucket_bytes <= 0) return;
+    for (std::size_t r = 0; r < stream->size(); ++r) {
+      const Instruction& reduction = (*stream)[r];
+      if (reduction.kind != OpKind::kReduceGradDataParallel) continue;
+      for (std::size_t x = r; x-- > 0;) {
+        const Instruction& in = (*stream)[x];
+        if ((in.kind == OpKind::kBackward || in.kind == OpKind::kBackwardWeight) &&
+            in.step == reduction.step && in.pipeline == reduction.pipeline &&
+            in.chunk == reduction.chunk) {
+          dp_reduction_of[x] = static_cast<int>(r);
+          break;
+        }
+      }
+    }
   }
 
   tensor::Backend& backend() { return runtime ? runtime->backend() : *cpu_backend; }
@@ -676,8 +716,16 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     auto& slot = slot_of(in.pipeline, in.chunk);
     const MicroKey key{in.step, in.pipeline, in.chunk, in.microbatch};
     const int stash_id = in.microbatch + in.step * microbatches_total;
+    std::optional<BucketLauncher> launcher;
+    const int reduction = dp_reduction_of[static_cast<std::size_t>(position)];
+    if (reduction >= 0) {
+      launcher.emplace(*this, ChunkStepKey{in.step, in.pipeline, in.chunk},
+                       slot.model->flat_grads(), global_step, reduction);
+    }
+    model::GradientsReady* ready = launcher ? &*launcher : nullptr;
     if (in.kind == OpKind::kBackwardWeight) {
-      slot.model->backward_weight(stash_id);
+      slot.model->backward_weight(stash_id, ready);
+      if (launcher) launcher->finish();
       return;
     }
     const auto batch = setup.batches->batch(global_step, global_index(in.pipeline, in.microbatch));
@@ -713,7 +761,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     capture_ops = &slot.model->ops();
     auto* capture = has_kfac ? this : nullptr;
     if (in.kind == OpKind::kBackward) {
-      slot.model->backward(stash_id, grad_output, grad_input_view, loss_scale(), capture);
+      slot.model->backward(stash_id, grad_output, grad_input_view, loss_scale(), capture, ready);
+      if (launcher) launcher->finish();
     } else {
       slot.model->backward_input(stash_id, grad_output, grad_input_view, loss_scale(), capture);
     }
@@ -908,6 +957,149 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   void reduce(std::span<T> data, const std::vector<int>& group) {
     const WaitTimer timer(*this);
     comm.all_reduce_sum(data, group, deadline());
+  }
+
+  // Gathers the finished ranges the model reports during a chunk's last backward into buckets
+  // of up to dp_bucket_bytes (adjacent ranges only, so a bucket is one span of the flat
+  // gradients) and starts each bucket's all-reduce as soon as it is full or the next range
+  // does not fit. Every replica's model reports the same ranges, so every member of the
+  // data-parallel group starts the same buckets in the same order.
+  class BucketLauncher final : public model::GradientsReady {
+   public:
+    BucketLauncher(Impl& impl, ChunkStepKey key, std::span<T> grads, std::int64_t global_step,
+                   int reduction_position)
+        : impl_(&impl),
+          key_(key),
+          grads_(grads),
+          global_step_(global_step),
+          reduction_position_(reduction_position),
+          cap_elements_(std::max<std::int64_t>(
+              1, impl.setup.options.dp_bucket_bytes / static_cast<std::int64_t>(sizeof(T)))) {
+      if (impl.dp_buckets.contains(key)) {
+        throw std::runtime_error("data-parallel buckets of this chunk are already in flight");
+      }
+      impl.dp_buckets[key];  // the chunk has buckets from now on, even if none is started yet
+    }
+
+    void on_gradients_ready(std::int64_t begin, std::int64_t end) override {
+      if (begin < 0 || end > static_cast<std::int64_t>(grads_.size()) || begin > end) {
+        throw std::logic_error("model reported gradients [" + std::to_string(begin) + ", " +
+                               std::to_string(end) + ") outside its " +
+                               std::to_string(grads_.size()) + " gradients");
+      }
+      impl_->poll_dp_buckets();
+      if (pending_begin_ < pending_end_ &&
+          (end != pending_begin_ || pending_end_ - begin > cap_elements_)) {
+        flush();
+      }
+      if (pending_begin_ == pending_end_) pending_end_ = end;
+      pending_begin_ = begin;
+      if (pending_end_ - pending_begin_ >= cap_elements_) flush();
+    }
+
+    // After the backward: the last bucket, and any gradients the model did not report.
+    void finish() {
+      flush();
+      std::sort(started_.begin(), started_.end());
+      std::int64_t covered = 0;
+      std::vector<std::pair<std::int64_t, std::int64_t>> gaps;
+      for (const auto& [begin, end] : started_) {
+        if (begin > covered) gaps.emplace_back(covered, begin);
+        covered = std::max(covered, end);
+      }
+      const auto total = static_cast<std::int64_t>(grads_.size());
+      if (covered < total) gaps.emplace_back(covered, total);
+      // Descending, as the model reports: every replica starts them in the same order.
+      for (auto it = gaps.rbegin(); it != gaps.rend(); ++it) start(it->first, it->second);
+    }
+
+   private:
+    void flush() {
+      if (pending_begin_ < pending_end_) start(pending_begin_, pending_end_);
+      pending_begin_ = pending_end_ = 0;
+    }
+    void start(std::int64_t begin, std::int64_t end) {
+      started_.emplace_back(begin, end);
+      DpBucket bucket;
+      bucket.begin = begin;
+      bucket.end = end;
+      bucket.issued_s = impl_->now_s();
+      bucket.global_step = global_step_;
+      bucket.reduction_position = reduction_position_;
+      bucket.request = impl_->comm.iall_reduce_sum(
+          grads_.subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(end - begin)),
+          impl_->data_parallel_group(impl_->self), impl_->deadline());
+      impl_->dp_buckets[key_].push_back(std::move(bucket));
+    }
+
+    Impl* impl_;
+    ChunkStepKey key_;
+    std::span<T> grads_;
+    std::int64_t global_step_;
+    int reduction_position_;
+    std::int64_t cap_elements_;
+    std::int64_t pending_begin_ = 0, pending_end_ = 0;  // gathered, not started
+    std::vector<std::pair<std::int64_t, std::int64_t>> started_;
+  };
+
+  // Completes the buckets whose all-reduce has finished (their sums land in the gradients),
+  // without waiting; on MPI this is also what moves their second phase on.
+  void poll_dp_buckets() {
+    for (auto& [key, buckets] : dp_buckets) {
+      for (std::size_t i = 0; i < buckets.size(); ++i) {
+        auto& bucket = buckets[i];
+        if (!bucket.done && bucket.request->test()) complete_bucket(bucket, i);
+      }
+    }
+  }
+
+  void complete_bucket(DpBucket& bucket, std::size_t index) {
+    bucket.done = true;
+    bucket.request.reset();
+    if (!setup.options.record_events ||
+        bucket.global_step >= setup.options.record_events_before_step) {
+      return;
+    }
+    InstructionEvent event;
+    event.rank = rank;
+    event.position = bucket.reduction_position;
+    event.global_step = bucket.global_step;
+    event.instruction = (*stream)[static_cast<std::size_t>(bucket.reduction_position)];
+    event.lane = Lane::kCommunication;
+    event.start_s = bucket.issued_s;
+    event.end_s = now_s();
+    event.busy_s = event.end_s - event.start_s;
+    event.bytes = (bucket.end - bucket.begin) * static_cast<std::int64_t>(sizeof(T));
+    event.bucket = static_cast<int>(index);
+    events.push_back(event);
+  }
+
+  // The DP reduction of a chunk whose buckets were started by its last backward: waits for
+  // them (each with the run's deadline). Returns the bytes reduced.
+  std::int64_t finish_dp_buckets(std::vector<DpBucket>& buckets) {
+    std::int64_t bytes = 0;
+    for (std::size_t i = 0; i < buckets.size(); ++i) {
+      auto& bucket = buckets[i];
+      const std::int64_t bucket_bytes =
+          (bucket.end - bucket.begin) * static_cast<std::int64_t>(sizeof(T));
+      bytes += bucket_bytes;
+      if (bucket.done) continue;
+      {
+        const WaitTimer timer(*this);
+        try {
+          bucket.request->wait(deadline());
+        } catch (const comm::TimeoutError& error) {
+          throw std::runtime_error(
+              "waited " + std::to_string(setup.options.wait_timeout.count() / 1000.0) +
+              " s for data-parallel gradient bucket " + std::to_string(i) + " of " +
+              std::to_string(buckets.size()) + " (gradient elements [" +
+              std::to_string(bucket.begin) + ", " + std::to_string(bucket.end) + "), " +
+              std::to_string(bucket_bytes) + " bytes): " + error.what());
+        }
+      }
+      complete_bucket(bucket, i);
+    }
+    return bytes;
   }
 
   // Gradients in the worker's memory: in place on the host; a device stages them through host
@@ -1537,6 +1729,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
 
   void execute(const Instruction& in, int position, std::int64_t global_step,
                const std::function<void(const StepResult&)>& on_step) {
+    if (!dp_buckets.empty()) poll_dp_buckets();  // buckets finished meanwhile (MPI: progress)
     const bool recording =
         setup.options.record_events && global_step < setup.options.record_events_before_step;
     const double start = recording ? now_s() : 0.0;
@@ -1576,6 +1769,12 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         break;
       }
       case OpKind::kReduceGradDataParallel: {
+        const auto started = dp_buckets.find({in.step, in.pipeline, in.chunk});
+        if (started != dp_buckets.end()) {
+          bytes = finish_dp_buckets(started->second);
+          dp_buckets.erase(started);
+          break;
+        }
         auto grads = slot_of(in.pipeline, in.chunk).model->flat_grads();
         reduce_gradients(grads, data_parallel_group(self));
         bytes = static_cast<std::int64_t>(grads.size_bytes());

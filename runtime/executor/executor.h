@@ -61,6 +61,14 @@ struct ExecutorOptions {
   // Events only of global steps before this one (bounds the memory of a long run's summary).
   std::int64_t record_events_before_step = std::numeric_limits<std::int64_t>::max();
   bool check_finite = true;  // non-finite loss or gradient stops the run naming the tensor
+  // Data-parallel gradient buckets (CPU path): during the step's last backward (or
+  // backward-weight) of a chunk, each run of finished parameter gradients of up to this many
+  // bytes starts its non-blocking all-reduce over the data-parallel group as soon as the model
+  // reports it finished (model::GradientsReady), overlapping the rest of that backward; the
+  // chunk's DP-reduction instruction then waits for its buckets. The sums are bit-identical to
+  // the whole-chunk all-reduce. 0: no buckets, the instruction reduces the whole chunk. Device
+  // runs keep the whole-chunk reduction (NCCL enqueues it on its stream without a host wait).
+  std::int64_t dp_bucket_bytes = std::int64_t{4} << 20;
 };
 
 // What every rank learns at the end of a step (all-reduced at the optimizer step).
@@ -91,6 +99,10 @@ struct InstructionEvent {
   // gather): the instruction's own work, what a cost model should predict.
   double busy_s = 0.0;
   std::int64_t bytes = 0;  // payload moved (communication)
+  // >= 0: not the instruction itself but bucket `bucket` of its data-parallel gradient
+  // all-reduce (a kReduceGradDataParallel instruction with ExecutorOptions::dp_bucket_bytes),
+  // from its start inside the chunk's last backward to when the worker saw it complete.
+  int bucket = -1;
 };
 
 // Live bytes a worker holds beyond its parameters and optimizer/K-FAC state.

@@ -47,6 +47,7 @@ nlohmann::json measured_trace(const sched::Schedule& schedule,
   });
   for (const auto* event : ordered) {
     if (event->rank < 0 || event->rank >= workers * replicas) continue;
+    if (event->bucket >= 0) continue;  // not an instruction: added below
     sched::Instruction in = event->instruction;
     const std::int64_t round = event->global_step / schedule.num_steps;
     if (in.pair_id >= 0) in.pair_id += round * pair_span;
@@ -57,7 +58,31 @@ nlohmann::json measured_trace(const sched::Schedule& schedule,
     timings[static_cast<std::size_t>(event->rank)].push_back(
         {event->start_s * 1e6, (event->end_s - event->start_s) * 1e6});
   }
-  return traces::make_chrome_trace(unrolled, timings);
+  auto trace = traces::make_chrome_trace(unrolled, timings);
+  // Data-parallel gradient buckets on their rank's collective lane, beside the backward they
+  // overlap (and the DP reduction that waits for them).
+  auto& trace_events = trace["traceEvents"];
+  for (const auto* event : ordered) {
+    if (event->bucket < 0 || event->rank < 0 || event->rank >= workers * replicas) continue;
+    const auto& in = event->instruction;
+    trace_events.push_back(
+        {{"ph", "X"},
+         {"name", "DP bucket " + std::to_string(event->bucket) + " c" + std::to_string(in.chunk)},
+         {"cat", "dp_bucket"},
+         {"pid", event->rank},
+         {"tid", static_cast<int>(traces::Lane::kCollective)},
+         {"ts", event->start_s * 1e6},
+         {"dur", (event->end_s - event->start_s) * 1e6},
+         {"cname", traces::colour_of(in.kind)},
+         {"args",
+          {{"kind", "dp_bucket"},
+           {"bucket", event->bucket},
+           {"bytes", event->bytes},
+           {"chunk", in.chunk},
+           {"pipeline", in.pipeline},
+           {"step", event->global_step}}}});
+  }
+  return trace;
 }
 
 sim::Profile measured_profile(const sched::Schedule& schedule,
@@ -83,6 +108,8 @@ sim::Profile measured_profile(const sched::Schedule& schedule,
   std::map<std::pair<int, int>, KfacTimes> kfac;  // (layer, linear)
   for (const auto& event : events) {
     if (event.global_step < warmup_steps) continue;
+    // Buckets overlap the backward; their reduction's own event holds the time it still costs.
+    if (event.bucket >= 0) continue;
     const auto& in = event.instruction;
     auto& times = chunks[{in.pipeline, in.chunk}];
     switch (in.kind) {

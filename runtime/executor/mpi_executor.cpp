@@ -27,6 +27,8 @@ struct WireEvent {
   double start_s = 0.0, end_s = 0.0, busy_s = 0.0;
   std::int32_t position = 0;
   std::int32_t lane = 0;
+  std::int32_t bucket = -1;
+  std::int32_t padding = 0;
 };
 
 }  // namespace
@@ -137,7 +139,9 @@ std::vector<InstructionEvent> MpiExecutor<T>::take_events() {
                e.end_s,
                e.busy_s,
                static_cast<std::int32_t>(e.position),
-               static_cast<std::int32_t>(e.lane)};
+               static_cast<std::int32_t>(e.lane),
+               static_cast<std::int32_t>(e.bucket),
+               0};
   }
   const auto gathered =
       impl_->comm->gather_to_root(std::as_bytes(std::span(wire)), impl_->deadline());
@@ -160,6 +164,7 @@ std::vector<InstructionEvent> MpiExecutor<T>::take_events() {
       e.end_s = w.end_s;
       e.busy_s = w.busy_s;
       e.bytes = w.bytes;
+      e.bucket = w.bucket;
       all.push_back(e);
     }
   }

@@ -601,9 +601,10 @@ ForwardResult<T> BertChunk<T>::forward_stashed(Stash& st, const Batch& batch,
 
 template <typename T>
 void BertChunk<T>::backward(int microbatch, ConstMatrixView<T> grad_output,
-                            MatrixView<T> grad_input, T loss_scale, KfacCapture<T>* capture) {
+                            MatrixView<T> grad_input, T loss_scale, KfacCapture<T>* capture,
+                            GradientsReady* ready) {
   backward_input(microbatch, grad_output, grad_input, loss_scale, capture);
-  backward_weight(microbatch);
+  backward_weight(microbatch, ready);
 }
 
 template <typename T>
@@ -764,7 +765,7 @@ void BertChunk<T>::backward_input(int microbatch, ConstMatrixView<T> grad_output
 }
 
 template <typename T>
-void BertChunk<T>::backward_weight(int microbatch) {
+void BertChunk<T>::backward_weight(int microbatch, GradientsReady* ready) {
   Stash& st = stash_for(microbatch);
   if (!st.input_done) {
     throw std::invalid_argument("model chunk: backward-weight of micro-batch " +
@@ -796,6 +797,9 @@ void BertChunk<T>::backward_weight(int microbatch) {
       linear_weight_grad({st.gathered, R, H}, {values + o.transform_w, H, H},
                          {st.d_transform, R, H}, grads + o.transform_w, grads + o.transform_b);
     }
+    // The head's LayerNorm gradients came from backward_input; its decoder weight is the word
+    // embeddings' (reported with them) when this chunk holds both.
+    if (ready != nullptr) ready->on_gradients_ready(o.pool_w, grads_.numel());
   }
   for (std::size_t l = layers_.size(); l-- > 0;) {
     const auto& w = layers_[l];
@@ -808,6 +812,8 @@ void BertChunk<T>::backward_weight(int microbatch) {
                        grads + w.o_w, grads + w.o_b);
     linear_weight_grad({a.input, tokens, H}, {values + w.qkv_w, 3 * H, H}, {a.d_qkv, tokens, 3 * H},
                        grads + w.qkv_w, grads + w.qkv_b);
+    // The layer's parameters run from its fused QKV weight to its output LayerNorm's bias.
+    if (ready != nullptr) ready->on_gradients_ready(w.qkv_w, w.ln2_b + H);
   }
   if (spec_.has_embeddings) {
     ConstMatrixView<T> dsum(st.d_embeddings, tokens, H);
@@ -815,6 +821,7 @@ void BertChunk<T>::backward_weight(int microbatch) {
     ops_->embedding_backward(dsum, st.positions,
                              {grads + o.position, config_.max_position_embeddings, H});
     ops_->embedding_backward(dsum, st.types, {grads + o.token_type, config_.type_vocab_size, H});
+    if (ready != nullptr) ready->on_gradients_ready(o.word, o.emb_ln_b + H);
   }
   discard(microbatch);
 }

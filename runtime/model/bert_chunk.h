@@ -32,6 +32,7 @@
 #include "kernels/matrix_view.h"
 #include "runtime/model/batch.h"
 #include "runtime/model/bert_config.h"
+#include "runtime/model/gradients_ready.h"
 #include "runtime/model/kfac_capture.h"
 #include "runtime/model/parameter.h"
 #include "runtime/tensor/arena.h"
@@ -133,10 +134,11 @@ class BertChunk {
   // Backward of a forwarded micro-batch. grad_output [B*S, H] is ignored on the head chunk,
   // whose loss gradient is loss_scale (e.g. 1/micro-batches). grad_input [B*S, H] is written
   // unless this is the embedding chunk (may be empty there). Frees the micro-batch's stash.
-  // Exactly backward_input followed by backward_weight (bit for bit).
+  // Exactly backward_input followed by backward_weight (bit for bit). `ready` (may be null) is
+  // told which gradients are finished as backward_weight goes (gradients_ready.h).
   void backward(int microbatch, kernels::ConstMatrixView<T> grad_output,
                 kernels::MatrixView<T> grad_input, T loss_scale = T(1),
-                KfacCapture<T>* capture = nullptr);
+                KfacCapture<T>* capture = nullptr, GradientsReady* ready = nullptr);
   // The zero-bubble split of backward. backward_input computes grad_input (what the previous
   // chunk waits for), the LayerNorm parameter gradients and the Linear output gradients, which
   // it reports to `capture` (K-FAC's g) and keeps in the micro-batch's stash. backward_weight
@@ -145,7 +147,7 @@ class BertChunk {
   void backward_input(int microbatch, kernels::ConstMatrixView<T> grad_output,
                       kernels::MatrixView<T> grad_input, T loss_scale = T(1),
                       KfacCapture<T>* capture = nullptr);
-  void backward_weight(int microbatch);
+  void backward_weight(int microbatch, GradientsReady* ready = nullptr);
   // Bytes held by the stashes of in-flight micro-batches (activations awaiting their backward,
   // output gradients awaiting backward_weight).
   std::size_t stash_bytes() const;

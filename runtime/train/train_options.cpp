@@ -73,6 +73,11 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--wait-timeout", o.wait_timeout_s,
                  "Seconds any worker waits for another before the run stops with a report")
       ->capture_default_str();
+  app.add_option("--dp-bucket-mb", o.dp_bucket_mb,
+                 "Data-parallel gradient buckets of up to this many MiB, each all-reduced as soon "
+                 "as the chunk's last backward has finished it (overlapping the rest of that "
+                 "backward); 0: one all-reduce per chunk after it (same parameters either way)")
+      ->capture_default_str();
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "Directory of checkpoints (one is always written at the end)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "Steps between checkpoints (0: end)")
@@ -167,6 +172,9 @@ void validate_options(const TrainOptions& o) {
   }
   if (o.threads_per_worker < 1) bad("--threads-per-worker must be >= 1");
   if (!(o.wait_timeout_s > 0)) bad("--wait-timeout must be > 0 seconds");
+  if (!(o.dp_bucket_mb >= 0) || o.dp_bucket_mb > 1048576.0) {
+    bad("--dp-bucket-mb must be in [0, 1048576] (0: no buckets)");
+  }
   if (o.checkpoint_every < 0) bad("--checkpoint-every must be >= 0");
   if (o.checkpoint_every > 0 && o.checkpoint_dir.empty()) {
     bad("--checkpoint-every needs --checkpoint-dir");

@@ -45,6 +45,9 @@ struct TrainOptions {
   int threads_per_worker = 1;
   std::uint64_t seed = 1;
   double wait_timeout_s = 600.0;
+  // Data-parallel gradient buckets started during each chunk's last backward (MB = 2^20 bytes;
+  // 0: one all-reduce per chunk at its DP reduction), exec::ExecutorOptions::dp_bucket_bytes.
+  double dp_bucket_mb = 4.0;
   // Outputs.
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;  // 0: only at the end

@@ -188,6 +188,7 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
       std::chrono::milliseconds(static_cast<std::int64_t>(o.wait_timeout_s * 1000.0));
   setup.options.init_seed = o.seed;
   setup.options.dropout_seed = o.seed + 1;
+  setup.options.dp_bucket_bytes = static_cast<std::int64_t>(o.dp_bucket_mb * 1048576.0);
   setup.options.kfac.damping = static_cast<float>(o.kfac_damping);
   setup.options.kfac.placement = context.kfac_placement;
   // Events feed the summary (a bounded window of a long run), the trace and the profile.

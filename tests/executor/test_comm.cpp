@@ -1,4 +1,6 @@
 // The in-process communicator: ordering, sizes, collectives, deadlines and abort.
+#include <cstring>
+#include <random>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -119,6 +121,101 @@ TEST(InProcessComm, AbortWakesEveryWaiter) {
   EXPECT_THROW(
       world.rank(0).all_reduce_sum(std::span<double>(&value, 1), std::vector<int>{0, 1}, soon()),
       AbortedError);
+}
+
+// Rank r's values: mixed magnitudes and signs, so that the order of addition shows.
+std::vector<float> values_of(int rank, std::size_t count) {
+  std::mt19937 random(static_cast<unsigned>(rank) * 7919U + 1U);
+  std::uniform_real_distribution<float> mantissa(-1.0F, 1.0F);
+  std::uniform_int_distribution<int> exponent(-8, 8);
+  std::vector<float> values(count);
+  for (auto& v : values) v = std::ldexp(mantissa(random), exponent(random));
+  return values;
+}
+
+// Non-blocking sums (data-parallel buckets) in flight together with a blocking one on the same
+// group, completed in another order than issued, give the blocking sums' bits.
+TEST(InProcessComm, NonBlockingSumsEqualBlockingOnesInAnyCompletionOrder) {
+  const std::vector<int> group = {0, 1, 2};
+  const std::vector<std::size_t> sizes = {1001, 3, 17};
+  std::vector<std::vector<std::vector<float>>> blocking(3), non_blocking(3);
+  {
+    InProcessWorld world(3);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r) {
+      threads.emplace_back([&, r] {
+        for (std::size_t i = 0; i < sizes.size(); ++i) {
+          auto data = values_of(r * 10 + static_cast<int>(i), sizes[i]);
+          world.rank(r).all_reduce_sum(std::span<float>(data), group, soon());
+          blocking[static_cast<std::size_t>(r)].push_back(std::move(data));
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  InProcessWorld world(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      auto& mine = non_blocking[static_cast<std::size_t>(r)];
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        mine.push_back(values_of(r * 10 + static_cast<int>(i), sizes[i]));
+      }
+      auto first = world.rank(r).iall_reduce_sum(std::span<float>(mine[0]), group, soon());
+      auto second = world.rank(r).iall_reduce_sum(std::span<float>(mine[1]), group, soon());
+      world.rank(r).all_reduce_sum(std::span<float>(mine[2]), group, soon());
+      // Polling never blocks; the last to complete is the first issued.
+      while (!second->test()) std::this_thread::yield();
+      EXPECT_TRUE(second->test());
+      first->wait(soon());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (std::size_t r = 0; r < 3; ++r) {
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      EXPECT_EQ(
+          std::memcmp(non_blocking[r][i].data(), blocking[r][i].data(), sizes[i] * sizeof(float)),
+          0)
+          << "rank " << r << " sum " << i;
+    }
+  }
+  // A group of one: complete at once, the data unchanged.
+  std::vector<float> alone = {1.5F};
+  EXPECT_TRUE(
+      world.rank(1).iall_reduce_sum(std::span<float>(alone), std::vector<int>{1}, soon())->test());
+  EXPECT_EQ(alone[0], 1.5F);
+}
+
+TEST(InProcessComm, NonBlockingSumTimesOutOrIsAbandonedWithoutHanging) {
+  InProcessWorld world(3);
+  std::vector<double> value = {1.0};
+  auto request =
+      world.rank(0).iall_reduce_sum(std::span<double>(value), std::vector<int>{0, 2}, soon());
+  EXPECT_FALSE(request->test());
+  const auto start = Clock::now();
+  try {
+    request->wait(soon(50));
+    FAIL();
+  } catch (const TimeoutError& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("rank 0: all-reduce (double) #0 over {0, 2}: ranks 2 did not join"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  // A member that gives up on a sum (its request destroyed) fails the others' at once.
+  auto abandoned =
+      world.rank(1).iall_reduce_sum(std::span<double>(value), std::vector<int>{1, 2}, soon());
+  abandoned.reset();
+  std::vector<double> other = {2.0};
+  try {
+    world.rank(2).all_reduce_sum(std::span<double>(other), std::vector<int>{1, 2}, soon(20000));
+    FAIL();
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what()).find("rank 1 abandoned it"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
 }
 
 TEST(InProcessComm, GroupsMustBeSortedAndContainTheCaller) {

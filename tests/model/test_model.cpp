@@ -253,6 +253,85 @@ TEST(BertModel, SplitBackwardEqualsFusedBitForBit) {
   EXPECT_THROW(split_model.chunks[0]->backward_weight(0), std::invalid_argument);  // freed
 }
 
+// The data-parallel hook (gradients_ready.h): during backward each chunk reports ranges of its
+// flat gradients, adjacent and descending, covering all of them once, each already holding its
+// final value when reported (nothing adds to it afterwards).
+class RecordingHook final : public GradientsReady {
+ public:
+  explicit RecordingHook(BertChunk<float>& chunk) : chunk_(&chunk) {}
+  void on_gradients_ready(std::int64_t begin, std::int64_t end) override {
+    ranges.emplace_back(begin, end);
+    const auto grads = chunk_->flat_grads();
+    snapshots.emplace_back(grads.begin() + begin, grads.begin() + end);
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  std::vector<std::vector<float>> snapshots;
+
+ private:
+  BertChunk<float>* chunk_;
+};
+
+TEST(BertModel, BackwardReportsEachFinishedGradientRangeOnce) {
+  const auto config = tiny_test_config();
+  tensor::CpuBackend backend;
+  for (const auto& specs : {std::vector<ChunkSpec>{whole_model(config)}, split(config, {1, 2, 1}),
+                            split(config, {0, 4, 0})}) {
+    for (const bool split_backward : {false, true}) {
+      auto chunks = make_chunks<float>(config, specs, backend, 3);
+      const Batch batch = make_random_batch(config, 2, 6, 2, 9);
+      ForwardOptions options;
+      options.seed = 5;
+      const std::int64_t rows = batch.tokens(), hidden = config.hidden_size;
+      std::vector<std::vector<float>> inputs(chunks.size());
+      kernels::ConstMatrixView<float> x;
+      for (std::size_t c = 0; c < chunks.size(); ++c) {
+        auto result = chunks[c]->forward(0, batch, x, options);
+        if (c + 1 < chunks.size()) {
+          inputs[c + 1].assign(result.output.data, result.output.data + rows * hidden);
+          x = {inputs[c + 1].data(), rows, hidden};
+        }
+      }
+      std::vector<float> grad(static_cast<std::size_t>(rows * hidden));
+      std::vector<float> grad_in(grad.size());
+      kernels::ConstMatrixView<float> dy;
+      for (std::size_t c = chunks.size(); c-- > 0;) {
+        SCOPED_TRACE("chunk " + std::to_string(c) + (split_backward ? " split" : " fused"));
+        auto& chunk = *chunks[c];
+        RecordingHook hook(chunk);
+        kernels::MatrixView<float> dx =
+            c == 0 ? kernels::MatrixView<float>()
+                   : kernels::MatrixView<float>(grad_in.data(), rows, hidden);
+        if (split_backward) {
+          chunk.backward_input(0, dy, dx, 0.5F);
+          EXPECT_TRUE(hook.ranges.empty());
+          chunk.backward_weight(0, &hook);
+        } else {
+          chunk.backward(0, dy, dx, 0.5F, nullptr, &hook);
+        }
+        const auto final_grads = chunk.flat_grads();
+        auto expected_end = static_cast<std::int64_t>(final_grads.size());
+        for (std::size_t r = 0; r < hook.ranges.size(); ++r) {
+          const auto [begin, end] = hook.ranges[r];
+          EXPECT_EQ(end, expected_end) << "range " << r;
+          EXPECT_LT(begin, end) << "range " << r;
+          expected_end = begin;
+          EXPECT_TRUE(std::equal(hook.snapshots[r].begin(), hook.snapshots[r].end(),
+                                 final_grads.begin() + begin))
+              << "range " << r << " changed after it was reported";
+        }
+        EXPECT_EQ(expected_end, 0);
+        EXPECT_EQ(hook.ranges.size(), static_cast<std::size_t>(specs[c].num_layers) +
+                                          (specs[c].has_head ? 1U : 0U) +
+                                          (specs[c].has_embeddings ? 1U : 0U));
+        if (c > 0) {
+          grad = grad_in;
+          dy = {grad.data(), rows, hidden};
+        }
+      }
+    }
+  }
+}
+
 // Activations and gradients handed over as strided views (columns of a wider buffer, as a
 // receive buffer may be) give what contiguous ones give, bit for bit, through a chunk with layers
 // and through one without (which passes the gradient through).

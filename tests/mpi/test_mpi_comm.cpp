@@ -159,6 +159,43 @@ TEST_F(MpiComm, SumsAreBitIdenticalToTheInProcessCommunicator) {
   }
 }
 
+// Non-blocking sums (data-parallel buckets) in flight together, with a blocking sum issued
+// between them on the same group and completion in reverse order, give the in-process
+// communicator's bits; polling never blocks.
+TEST_F(MpiComm, NonBlockingSumsEqualTheInProcessSumsInAnyCompletionOrder) {
+  const auto group = world_group(size);
+  const std::vector<std::size_t> counts = {1001, 2, 37};
+  std::vector<std::vector<float>> data;
+  for (const std::size_t count : counts) data.push_back(input_of<float>(rank, count));
+  auto first = comm.iall_reduce_sum(std::span<float>(data[0]), group, soon());
+  auto second = comm.iall_reduce_sum(std::span<float>(data[1]), group, soon());
+  auto doubles = input_of<double>(rank, 5);
+  comm.all_reduce_sum(std::span<double>(doubles), group, soon());
+  auto third = comm.iall_reduce_sum(std::span<float>(data[2]), group, soon());
+  third->wait(soon());
+  while (!second->test()) std::this_thread::yield();
+  first->wait(soon());
+  EXPECT_TRUE(first->test());
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    const auto expected = in_process_sum<float>(group, counts[i]);
+    EXPECT_EQ(std::memcmp(data[i].data(), expected.data(), counts[i] * sizeof(float)), 0)
+        << "sum " << i;
+  }
+  const auto expected_doubles = in_process_sum<double>(group, 5);
+  EXPECT_EQ(std::memcmp(doubles.data(), expected_doubles.data(), 5 * sizeof(double)), 0);
+  // Subgroups in flight at once (as each pipeline worker's replicas are).
+  if (size == 3) {
+    std::vector<double> pair = input_of<double>(rank, 9);
+    std::unique_ptr<Request> request;
+    if (rank != 1) {
+      request = comm.iall_reduce_sum(std::span<double>(pair), std::vector<int>{0, 2}, soon());
+      request->wait(soon());
+      const auto expected = in_process_sum<double>({0, 2}, 9);
+      EXPECT_EQ(std::memcmp(pair.data(), expected.data(), 9 * sizeof(double)), 0);
+    }
+  }
+}
+
 TEST_F(MpiComm, BroadcastAndSubgroups) {
   ASSERT_GE(size, 3);
   // {0, 2} broadcast from 2 while {1} (a group of one) and then {1, 2} sum.
@@ -246,6 +283,27 @@ TEST_F(MpiComm, CollectiveTimeoutNamesRankGroupAndCollective) {
     }
     EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
   }
+}
+
+// A non-blocking sum whose member never joins: its wait ends at the deadline naming the sum and
+// the missing member (rank 2 stays out of a sum over {0, 2}).
+TEST_F(MpiComm, NonBlockingSumTimesOutNamingRankGroupAndMember) {
+  if (size != 3 || rank != 0) GTEST_SKIP() << "rank 0 of 3 waits for rank 2";
+  std::vector<float> value = {1.0F};
+  auto request = comm.iall_reduce_sum(std::span<float>(value), std::vector<int>{0, 2}, soon());
+  EXPECT_FALSE(request->test());
+  const auto start = Clock::now();
+  try {
+    request->wait(soon(100));
+    ADD_FAILURE() << "no timeout";
+  } catch (const TimeoutError& error) {
+    EXPECT_NE(std::string(error.what())
+                  .find("over {0, 2}: the message from rank 2 was not complete "
+                        "before the deadline"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
 }
 
 }  // namespace

@@ -92,8 +92,12 @@ sched::Schedule schedule_of(const Case& c, int layers) {
   return pipefisher::run_pipefisher(schedule, sim::UniformCostModel(costs), kfac).schedule;
 }
 
+// mpi_buckets / thread_buckets: ExecutorOptions::dp_bucket_bytes of each run (0: whole-chunk
+// reductions), so that buckets on MPI are compared with no buckets on threads.
 template <typename T>
-void expect_identical_to_threads(const Case& c) {
+void expect_identical_to_threads(const Case& c,
+                                 std::int64_t mpi_buckets = ExecutorOptions{}.dp_bucket_bytes,
+                                 std::int64_t thread_buckets = ExecutorOptions{}.dp_bucket_bytes) {
   comm::MpiCommunicator comm(pf::testing::mpi_session());
   const int layers = 4;
   const auto config = test_config(layers);
@@ -105,7 +109,9 @@ void expect_identical_to_threads(const Case& c) {
   const std::int64_t steps = c.kfac_refresh >= 0 ? 2 * schedule.num_steps + 1 : 3;
 
   SyntheticBatches mpi_batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
-  MpiExecutor<T> mpi(make_setup<T>(config, schedule, mpi_batches), comm);
+  auto mpi_setup = make_setup<T>(config, schedule, mpi_batches);
+  mpi_setup.options.dp_bucket_bytes = mpi_buckets;
+  MpiExecutor<T> mpi(std::move(mpi_setup), comm);
   std::vector<StepResult> mpi_results;
   mpi.run(0, steps, [&](const StepResult& r) { mpi_results.push_back(r); });
   // A run stopped inside a K-FAC refresh keeps only the captures its remaining curvature tasks
@@ -118,7 +124,9 @@ void expect_identical_to_threads(const Case& c) {
   const auto events = mpi.take_events();
 
   SyntheticBatches thread_batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
-  ThreadedExecutor<T> threads(make_setup<T>(config, schedule, thread_batches));
+  auto thread_setup = make_setup<T>(config, schedule, thread_batches);
+  thread_setup.options.dp_bucket_bytes = thread_buckets;
+  ThreadedExecutor<T> threads(std::move(thread_setup));
   std::vector<StepResult> thread_results;
   threads.run(0, steps, [&](const StepResult& r) { thread_results.push_back(r); });
 
@@ -148,16 +156,27 @@ void expect_identical_to_threads(const Case& c) {
     EXPECT_EQ(mpi_results[s].grad_norm, thread_results[s].grad_norm) << "step " << s;
     EXPECT_EQ(mpi_results[s].kfac_refresh, thread_results[s].kfac_refresh) << "step " << s;
   }
-  // Every rank's events reached the root, each naming its stream's instruction.
+  // Every rank's events reached the root, each naming its stream's instruction (buckets: the
+  // DP reduction that waits for them).
   std::vector<int> per_rank(static_cast<std::size_t>(ranks));
+  int buckets = 0;
   for (const auto& e : events) {
     ++per_rank.at(static_cast<std::size_t>(e.rank));
+    if (e.bucket >= 0) {
+      ++buckets;
+      EXPECT_EQ(e.instruction.kind, sched::OpKind::kReduceGradDataParallel);
+    }
     const auto& stream =
         schedule.streams[static_cast<std::size_t>(e.rank % schedule.num_workers())];
     EXPECT_EQ(e.instruction.kind, stream.at(static_cast<std::size_t>(e.position)).kind);
     EXPECT_LE(e.start_s, e.end_s);
   }
   for (int r = 0; r < ranks; ++r) EXPECT_GT(per_rank[static_cast<std::size_t>(r)], 0) << r;
+  if (c.data_parallel > 1 && mpi_buckets > 0) {
+    EXPECT_GT(buckets, 0);
+  } else {
+    EXPECT_EQ(buckets, 0);
+  }
 }
 
 // Names the case in test listings (the default prints its bytes, padding included).
@@ -177,6 +196,16 @@ TEST_P(MpiEqualsThreads, BitIdentical) {
   }
 }
 
+// Data-parallel gradient buckets on MPI (one per finished layer, started inside the last
+// backward, completed by the worker thread) against whole-chunk reductions on threads.
+TEST_P(MpiEqualsThreads, BucketedBitIdenticalToUnbucketedThreads) {
+  const Case c = GetParam();
+  if (c.data_parallel < 2) GTEST_SKIP() << "no data-parallel reduction";
+  expect_identical_to_threads<float>(c, 1, 0);
+  // Merged buckets (adjacent layers up to 600 bytes) on MPI against threads with buckets off.
+  expect_identical_to_threads<float>(c, 600, 0);
+}
+
 using sched::ScheduleKind;
 INSTANTIATE_TEST_SUITE_P(Schedules, MpiEqualsThreads,
                          ::testing::Values(Case{ScheduleKind::kOneFOneB, 2, 1, false, 1, -1},
@@ -186,7 +215,9 @@ INSTANTIATE_TEST_SUITE_P(Schedules, MpiEqualsThreads,
                                            Case{ScheduleKind::kChimera, 2, 1, false, 2, -1},
                                            Case{ScheduleKind::kOneFOneB, 2, 1, false, 1, 0},
                                            Case{ScheduleKind::kOneFOneB, 2, 1, false, 2, 2},
-                                           Case{ScheduleKind::kChimera, 2, 1, false, 1, 1}),
+                                           Case{ScheduleKind::kChimera, 2, 1, false, 1, 1},
+                                           Case{ScheduleKind::kInterleaved, 2, 2, true, 2, -1},
+                                           Case{ScheduleKind::kGPipe, 2, 1, false, 2, -1}),
                          [](const ::testing::TestParamInfo<Case>& case_info) {
                            return name_of(case_info.param);
                          });
