@@ -89,7 +89,8 @@ class Communicator {
   virtual void abort(const std::string& reason) = 0;
 
   // Payload bytes this rank has handed to the transport (sends and the collectives' parts,
-  // without their headers), or -1 where nothing crosses a wire (threads of one process).
+  // without their headers; a non-blocking collective's all counted when it is issued), or -1
+  // where nothing crosses a wire (threads of one process).
   virtual std::int64_t payload_bytes_sent() const { return -1; }
 };
 

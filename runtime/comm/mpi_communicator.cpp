@@ -548,6 +548,9 @@ struct MpiCommunicator::Impl {
       send_payload(data.data() + sum->begin(s) * element_bytes, sum->segment_bytes(s), group[i],
                    sum->tag_parts, sum->what);
     }
+    // Phase 2's payload counts now, with the sum's issue: it is posted later, maybe inside
+    // another collective's wait, whose payload it must not inflate.
+    payload_sent += static_cast<std::int64_t>(mine) * (n - 1);
     pending_sums[sum->group].push_back(sum);
     return sum;
   }
@@ -593,8 +596,8 @@ struct MpiCommunicator::Impl {
     }
     for (int m = 0; m < n; ++m) {
       if (m == sum.position) continue;
-      send_payload(sum.owned_sum.data(), mine, group[static_cast<std::size_t>(m)], sum.tag_sums,
-                   sum.what);
+      send_copy(sum.owned_sum.data(), mine, group[static_cast<std::size_t>(m)], sum.tag_sums,
+                sum.what);  // its payload was counted when the sum was issued
     }
     sum.summing = true;
   }
