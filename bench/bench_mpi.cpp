@@ -5,7 +5,13 @@
 //          [--data-parallel 1] [--microbatches 8] [--micro-batch-size 8] [--seq-len 128]
 //          [--steps 5] [--repeats 3]
 //   mpirun -np 2 bench_mpi --smoke     (a tiny model, for the test suite)
+//   mpirun -np 4 bench_mpi --data-parallel 2 --bucket-mb 4 ...   (buckets on against off)
 //
+// With --bucket-mb B (data parallelism only), each repeat instead runs four configurations,
+// alternating: threads and MPI, each with data-parallel gradient buckets of B MiB started inside
+// the last backward (ExecutorOptions::dp_bucket_bytes) and without (one all-reduce per chunk
+// after it), and reports step times, the time the DP reductions still waited per step (mean over
+// ranks) and the ratios on / off.
 // Each repeat runs the configuration twice: on threads (ThreadedExecutor in rank 0's process,
 // one thread per rank, while the other processes wait at a barrier) and on MPI processes
 // (MpiExecutor, one rank per process). 1F1B, LAMB, synthetic batches, one OpenMP thread per
@@ -41,6 +47,7 @@ struct Settings {
   std::int64_t seq_len = 128;
   int steps = 5;
   int repeats = 3;
+  double bucket_mb = -1;  // < 0: MPI against threads; else buckets of this size against none
 };
 
 double median(std::vector<double> values) {
@@ -91,6 +98,12 @@ Settings parse(int argc, char** argv) {
       s.steps = std::max(2, parse_count(flag, value));
     } else if (flag == "--repeats") {
       s.repeats = parse_count(flag, value);
+    } else if (flag == "--bucket-mb") {
+      char* end = nullptr;
+      s.bucket_mb = std::strtod(value, &end);
+      if (end == value || *end != '\0' || !(s.bucket_mb > 0) || s.bucket_mb > 1024) {
+        throw std::invalid_argument(flag + " " + value + ": not a size in (0, 1024] MiB");
+      }
     } else {
       throw std::invalid_argument("unknown flag " + flag + " (see the header of bench_mpi.cpp)");
     }
@@ -99,8 +112,9 @@ Settings parse(int argc, char** argv) {
 }
 
 exec::RunSetup<float> make_setup(const model::BertConfig& config, const sched::Schedule& schedule,
-                                 exec::BatchSource& batches) {
+                                 exec::BatchSource& batches, std::int64_t bucket_bytes = 0) {
   exec::RunSetup<float> setup;
+  setup.options.dp_bucket_bytes = bucket_bytes;
   setup.config = config;
   setup.schedule = schedule;
   setup.options.threads_per_worker = 1;
@@ -112,6 +126,83 @@ exec::RunSetup<float> make_setup(const model::BertConfig& config, const sched::S
   setup.learning_rate = [](std::int64_t) { return 1e-3; };
   setup.batches = &batches;
   return setup;
+}
+
+// The time DP reductions still waited per step (their instructions' spans; with buckets only
+// what the overlap did not hide), mean over ranks, steps 2...
+double reduction_wait_per_step(const std::vector<exec::InstructionEvent>& events, int ranks,
+                               int steps) {
+  double total = 0.0;
+  for (const auto& e : events) {
+    if (e.global_step >= 1 && e.bucket < 0 &&
+        e.instruction.kind == sched::OpKind::kReduceGradDataParallel) {
+      total += e.end_s - e.start_s;
+    }
+  }
+  return total / static_cast<double>(ranks) / static_cast<double>(steps - 1);
+}
+
+int compare_buckets(const Settings& s, const model::BertConfig& config,
+                    const sched::Schedule& schedule, comm::MpiCommunicator& comm) {
+  if (s.data_parallel < 2) throw std::invalid_argument("--bucket-mb needs --data-parallel >= 2");
+  const int ranks = s.stages * s.data_parallel;
+  const bool root = comm.rank() == 0;
+  const auto predictions = std::max<std::int64_t>(1, (s.seq_len * 15 + 50) / 100);
+  const auto far = [] { return comm::Clock::now() + std::chrono::hours(1); };
+  const auto bucket_bytes = static_cast<std::int64_t>(s.bucket_mb * 1048576.0);
+  // [threads off, threads on, MPI off, MPI on]: step time and reduction wait per repeat.
+  std::vector<std::vector<double>> step_s(4), wait_s(4);
+  const char* names[] = {"threads, no buckets", "threads, buckets", "MPI, no buckets",
+                         "MPI, buckets"};
+  for (int repeat = 0; repeat < s.repeats; ++repeat) {
+    // Alternate which goes first, so that a drift in the machine's load favours neither.
+    const bool on_first = repeat % 2 == 1;
+    for (const bool mpi : {false, true}) {
+      for (const bool on_pass : {false, true}) {
+        const bool on = on_pass != on_first;
+        const int index = (mpi ? 2 : 0) + (on ? 1 : 0);
+        comm.barrier(far());
+        exec::SyntheticBatches batches(config, s.micro_batch_size, s.seq_len, predictions, 3);
+        auto setup = make_setup(config, schedule, batches, on ? bucket_bytes : 0);
+        std::vector<exec::InstructionEvent> events;
+        if (!mpi) {
+          if (!root) continue;
+          exec::ThreadedExecutor<float> executor(std::move(setup));
+          executor.run(0, s.steps);
+          events = executor.take_events();
+        } else {
+          exec::MpiExecutor<float> executor(std::move(setup), comm);
+          executor.run(0, s.steps, {});
+          events = executor.take_events();
+        }
+        if (!root) continue;
+        step_s[static_cast<std::size_t>(index)].push_back(
+            exec::summarize_run(events, ranks, 1).step_time_s);
+        wait_s[static_cast<std::size_t>(index)].push_back(
+            reduction_wait_per_step(events, ranks, s.steps));
+        std::printf("repeat %d: %-20s %.4f s/step, DP reductions waited %.4f s/step\n", repeat + 1,
+                    names[index], step_s[static_cast<std::size_t>(index)].back(),
+                    wait_s[static_cast<std::size_t>(index)].back());
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (root) {
+    std::printf(
+        "BERT %s (vocab %d), 1F1B p = %d, DP = %d, %d micro-batches of %lld x %lld, steps 2-%d, "
+        "buckets of %.3g MiB, median of %d\n",
+        s.model.c_str(), config.vocab_size, s.stages, s.data_parallel, s.microbatches,
+        static_cast<long long>(s.micro_batch_size), static_cast<long long>(s.seq_len), s.steps,
+        s.bucket_mb, s.repeats);
+    for (int i = 0; i < 4; ++i) {
+      std::printf("%-20s %.4f s/step, DP reductions waited %.4f s/step\n", names[i],
+                  median(step_s[static_cast<std::size_t>(i)]),
+                  median(wait_s[static_cast<std::size_t>(i)]));
+    }
+    std::printf("ratio buckets / none, step time: threads %.3f, MPI %.3f\n",
+                median(step_s[1]) / median(step_s[0]), median(step_s[3]) / median(step_s[2]));
+  }
+  return 0;
 }
 
 int run(int argc, char** argv, comm::MpiCommunicator& comm) {
@@ -132,6 +223,7 @@ int run(int argc, char** argv, comm::MpiCommunicator& comm) {
   const bool root = comm.rank() == 0;
   const auto predictions = std::max<std::int64_t>(1, (s.seq_len * 15 + 50) / 100);
   const auto far = [] { return comm::Clock::now() + std::chrono::hours(1); };
+  if (s.bucket_mb >= 0) return compare_buckets(s, config, schedule, comm);
   std::vector<double> threads_s, mpi_s;
   for (int repeat = 0; repeat < s.repeats; ++repeat) {
     comm.barrier(far());
