@@ -24,6 +24,8 @@ namespace {
 using sched::OpKind;
 using sched::ScheduleKind;
 
+constexpr int kKfacRunsPerConfiguration = 2;
+
 std::string text(const char* pattern, double value) {
   char buffer[64];
   std::snprintf(buffer, sizeof(buffer), pattern, value);
@@ -64,12 +66,20 @@ double seconds_of(const ParallelCostModel& model, const sched::Schedule& s, int 
   return model.duration(s, worker, in);
 }
 
+// Per worker of a candidate's closed form: one micro-batch's work (W_w) and peak memory.
+struct WorkerEstimate {
+  double work = 0.0;
+  double peak = 0.0;
+};
+
 // Closed-form step time and peak memory (config_search.h).
-void estimate(const ParallelCostModel& model, const SearchOptions& options, Candidate& c) {
+std::vector<WorkerEstimate> estimate(const ParallelCostModel& model, const SearchOptions& options,
+                                     Candidate& c) {
   const sched::Schedule s = placement_only(params_of(c, options.model.num_layers));
   const int p = c.stages, m = c.microbatches, v = c.chunks;
   const auto by_worker = sched::chunks_by_worker(s.placement, p);
   std::vector<double> work(static_cast<std::size_t>(p), 0.0);
+  std::vector<WorkerEstimate> workers(static_cast<std::size_t>(p));
   double tail = 0.0, peak = 0.0, chimera_backward = 0.0;
   const bool chimera = c.kind == ScheduleKind::kChimera;
   for (int w = 0; w < p; ++w) {
@@ -115,6 +125,7 @@ void estimate(const ParallelCostModel& model, const SearchOptions& options, Cand
     step.kind = OpKind::kOptimizerStep;
     tail = std::max(tail, reductions + model.duration(s, w, step));
     peak = std::max(peak, fixed + in_flight);
+    workers[static_cast<std::size_t>(w)].peak = fixed + in_flight;
   }
   double busiest = 0.0, total = 0.0;
   for (double x : work) {
@@ -134,6 +145,68 @@ void estimate(const ParallelCostModel& model, const SearchOptions& options, Cand
   c.step_time_s = c.estimate_s;
   c.memory_estimate_bytes = peak;
   c.peak_memory_bytes = peak;
+  for (int w = 0; w < p; ++w) {
+    workers[static_cast<std::size_t>(w)].work = work[static_cast<std::size_t>(w)];
+  }
+  return workers;
+}
+
+// The K-FAC state of `c.kfac_placement` in the closed form (Candidate::kfac_*): memory per GPU
+// added to each worker's peak, traffic, and the time it adds per step. Returns false when the
+// placement does not suit the candidate (a group not dividing d; sharding under Chimera).
+bool estimate_kfac(const ParallelCostModel& model, const SearchOptions& options,
+                   const std::vector<WorkerEstimate>& workers, Candidate& c) {
+  const int d = c.data_parallel;
+  try {
+    kfac::validate_placement(c.kfac_placement, d);
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+  ParallelCostModel::KfacHolders h;
+  h.replicas = d;
+  h.factors = c.kfac_placement.factors.holders(d);
+  h.inverses = c.kfac_placement.inverses.holders(d);
+  const bool spread = h.factors < d || h.inverses < d;
+  if (spread && c.kind == ScheduleKind::kChimera) return false;  // the pass replicates there
+  const sched::Schedule s = placement_only(params_of(c, options.model.num_layers));
+  const auto& kfac = *options.kfac;
+  const auto layer = model.kfac_layer_cost(s, kfac.linears, h);
+  std::vector<double> layers(workers.size(), 0.0);
+  for (const auto& placed : s.placement.chunks) {
+    double held = placed.num_layers;
+    if (!kfac.layers.empty()) {
+      held = static_cast<double>(std::count_if(kfac.layers.begin(), kfac.layers.end(), [&](int l) {
+        return l >= placed.first_layer && l < placed.first_layer + placed.num_layers;
+      }));
+    }
+    layers[static_cast<std::size_t>(placed.worker)] += held;
+  }
+  const double k_max = kfac.refresh_steps > 0 ? kfac.refresh_steps : kfac.max_refresh_steps;
+  c.memory_estimate_bytes = 0.0;
+  c.kfac_memory_bytes = c.kfac_replicated_bytes = c.kfac_overhead_estimate_s = 0.0;
+  c.kfac_load_estimate_s = 0.0;
+  for (std::size_t w = 0; w < workers.size(); ++w) {
+    const auto cost = layer.times(layers[w], spread);
+    c.memory_estimate_bytes =
+        std::max(c.memory_estimate_bytes, workers[w].peak + cost.busiest_memory_bytes);
+    if (cost.replicated_bytes >= c.kfac_replicated_bytes) {
+      c.kfac_memory_bytes = cost.busiest_memory_bytes;
+      c.kfac_replicated_bytes = cost.replicated_bytes;
+      c.kfac_factor_bytes_per_refresh = cost.factor_bytes_per_refresh;
+      c.kfac_inverse_bytes_per_refresh = cost.inverse_bytes_per_refresh;
+      c.kfac_gradient_bytes_per_step = cost.gradient_bytes_per_step;
+    }
+    const double idle = std::max(0.0, c.estimate_s - c.microbatches * workers[w].work);
+    const double refresh = c.microbatches * cost.curvature_seconds_per_microbatch +
+                           cost.factor_seconds_per_refresh + cost.inversion_seconds_per_refresh +
+                           cost.inverse_seconds_per_refresh;
+    const double load =
+        cost.precondition_seconds_per_step + cost.gradient_seconds_per_step + refresh / k_max;
+    c.kfac_load_estimate_s = std::max(c.kfac_load_estimate_s, load);
+    c.kfac_overhead_estimate_s = std::max(c.kfac_overhead_estimate_s, load - idle);
+  }
+  c.peak_memory_bytes = c.memory_estimate_bytes;
+  return true;
 }
 
 int formula_refresh_steps(const ParallelCostModel& model, const SearchOptions& options,
@@ -185,16 +258,30 @@ bool fits_offload(const ClusterSpec& cluster, Offload offload) {
   return offload != Offload::kNvme || cluster.nvme_bandwidth > 0.0;
 }
 
+// The time a candidate is ranked by: with K-FAC the pass's step, else the closed form's
+// overhead on the step (0 without --kfac).
+double ranking_time(const Candidate& c) {
+  return c.kfac_run ? c.kfac_step_time_s : c.step_time_s + c.kfac_overhead_estimate_s;
+}
+
 bool better(const Candidate& a, const Candidate& b) {
   if (a.simulated != b.simulated) return a.simulated;
-  const double ta = a.kfac_run ? a.kfac_step_time_s : a.step_time_s;
-  const double tb = b.kfac_run ? b.kfac_step_time_s : b.step_time_s;
+  const double ta = ranking_time(a);
+  const double tb = ranking_time(b);
   if (a.kfac_run != b.kfac_run) return a.kfac_run;
   if (ta != tb) return ta < tb;
+  // Placements the idle time hides equally: the one with less K-FAC work and traffic.
+  if (a.kfac_load_estimate_s != b.kfac_load_estimate_s) {
+    return a.kfac_load_estimate_s < b.kfac_load_estimate_s;
+  }
   return a.peak_memory_bytes < b.peak_memory_bytes;
 }
 
 }  // namespace
+
+std::string Candidate::kfac_state_name() const {
+  return kfac::to_string(kfac_placement);
+}
 
 std::string Candidate::state_name() const {
   std::string name = "zero" + std::to_string(zero_stage);
@@ -211,6 +298,83 @@ StateSharding zero_sharding(int stage) {
   if (stage >= 2) sharding.gradients = 0;
   if (stage >= 3) sharding.parameters = 0;
   return sharding;
+}
+
+KfacStateHolders kfac_state_holders(const kfac::StatePlacement& placement) {
+  const auto holders = [](const kfac::ComponentPlacement& c) {
+    switch (c.placement) {
+      case kfac::Placement::kReplicate:
+        return 0;
+      case kfac::Placement::kShard:
+        return 1;
+      case kfac::Placement::kPartial:
+        return c.group;
+    }
+    return 0;
+  };
+  return {holders(placement.factors), holders(placement.inverses)};
+}
+
+std::vector<kfac::LinearDims> kfac_linear_dims(const ParallelCostModel& model) {
+  std::vector<kfac::LinearDims> dims;
+  for (int i = 0; i < sched::kNumLinearKinds; ++i) {
+    const auto d = model.linear_dims(static_cast<sched::LinearKind>(i));
+    dims.push_back({static_cast<std::int64_t>(d.in), static_cast<std::int64_t>(d.out)});
+  }
+  return dims;
+}
+
+std::vector<kfac::StatePlacement> default_kfac_placements(int data_parallel) {
+  std::vector<kfac::StatePlacement> out = {kfac::StatePlacement{}};
+  if (data_parallel <= 1) return out;
+  kfac::StatePlacement factors_sharded;
+  factors_sharded.factors = {kfac::Placement::kShard, 0};
+  out.push_back(factors_sharded);
+  for (int group = 2; group < data_parallel && group <= 64; group *= 2) {
+    if (data_parallel % group == 0) {
+      out.push_back(kfac::uniform_placement({kfac::Placement::kPartial, group}));
+    }
+  }
+  out.push_back(kfac::uniform_placement({kfac::Placement::kShard, 0}));
+  return out;
+}
+
+std::vector<kfac::StatePlacement> parse_kfac_placements(const std::string& list) {
+  std::vector<std::string> items;
+  std::size_t begin = 0;
+  while (begin <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', begin), list.size());
+    items.push_back(list.substr(begin, comma - begin));
+    begin = comma + 1;
+  }
+  const auto component = [&](const std::string& text) {
+    const auto choice = kfac::parse_kfac_sharding(text);
+    if (choice.automatic) {
+      throw std::invalid_argument(
+          "--kfac-sharding: 'auto' in a list (the search compares the "
+          "placements it lists)");
+    }
+    return choice.placement.factors;
+  };
+  std::vector<kfac::StatePlacement> out;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const std::string& item = items[i];
+    if (item.empty())
+      throw std::invalid_argument("--kfac-sharding '" + list + "' has an empty item");
+    const std::string factors = "factors=", inverses = "inverses=";
+    if (item.rfind(factors, 0) == 0) {
+      if (i + 1 >= items.size() || items[i + 1].rfind(inverses, 0) != 0) {
+        throw std::invalid_argument("--kfac-sharding: '" + item +
+                                    "' must be followed by inverses=PLACEMENT");
+      }
+      out.push_back({component(item.substr(factors.size())),
+                     component(items[i + 1].substr(inverses.size()))});
+      ++i;
+      continue;
+    }
+    out.push_back(kfac::uniform_placement(component(item)));
+  }
+  return out;
 }
 
 std::string Candidate::schedule_name() const {
@@ -266,11 +430,14 @@ SearchResult search_configurations(const SearchOptions& options) {
   SearchResult result;
   const int L = options.model.num_layers;
   std::vector<Candidate> feasible;
-  // One cost model per (t, b, recompute, state): the kernels are priced once.
-  std::map<std::tuple<int, int, int, int, int>, std::shared_ptr<ParallelCostModel>> models;
-  auto model_for = [&](int t, int b, Recompute r, int zero,
-                       Offload offload) -> std::shared_ptr<ParallelCostModel> {
-    const auto key = std::make_tuple(t, b, static_cast<int>(r), zero, static_cast<int>(offload));
+  // One cost model per (t, b, recompute, state, K-FAC holders): the kernels are priced once.
+  // The closed forms price every K-FAC placement on the replicated model (holders passed).
+  std::map<std::tuple<int, int, int, int, int, int, int>, std::shared_ptr<ParallelCostModel>>
+      models;
+  auto model_for = [&](int t, int b, Recompute r, int zero, Offload offload,
+                       KfacStateHolders kfac_state = {}) -> std::shared_ptr<ParallelCostModel> {
+    const auto key = std::make_tuple(t, b, static_cast<int>(r), zero, static_cast<int>(offload),
+                                     kfac_state.factors, kfac_state.inverses);
     auto it = models.find(key);
     if (it != models.end()) return it->second;
     ParallelWorkload w;
@@ -282,6 +449,7 @@ SearchResult search_configurations(const SearchOptions& options) {
     w.recompute = r;
     w.sharding = zero_sharding(zero);
     w.optimizer_offload = offload;
+    w.kfac_state = kfac_state;
     std::shared_ptr<ParallelCostModel> model;
     try {
       model = std::make_shared<ParallelCostModel>(w, options.cluster);
@@ -291,6 +459,7 @@ SearchResult search_configurations(const SearchOptions& options) {
     models.emplace(key, model);
     return model;
   };
+  const std::vector<kfac::StatePlacement> replicated_only = {kfac::StatePlacement{}};
   for (int t : tensor_degrees(options)) {
     if (options.gpus % t != 0) continue;
     for (int p = 1; p <= options.gpus / t && p <= L; ++p) {
@@ -301,6 +470,10 @@ SearchResult search_configurations(const SearchOptions& options) {
         continue;
       }
       const int d = options.gpus / (t * p);
+      const std::vector<kfac::StatePlacement> defaults =
+          options.kfac ? default_kfac_placements(d) : replicated_only;
+      const auto& placements =
+          options.kfac && !options.kfac_placements.empty() ? options.kfac_placements : defaults;
       for (int b : options.micro_batch_sizes) {
         if (options.global_batch % (static_cast<long>(b) * d) != 0) continue;
         const int m = static_cast<int>(options.global_batch / (static_cast<long>(b) * d));
@@ -313,7 +486,8 @@ SearchResult search_configurations(const SearchOptions& options) {
                 std::vector<int> chunks = {1};
                 if (kind == ScheduleKind::kInterleaved) chunks = options.interleave_chunks;
                 for (int v : chunks) {
-                  ++result.enumerated;
+                  const auto count = static_cast<long>(placements.size());
+                  result.enumerated += count;
                   Candidate c;
                   c.tensor_parallel = t;
                   c.stages = p;
@@ -326,21 +500,32 @@ SearchResult search_configurations(const SearchOptions& options) {
                   c.zero_stage = zero;
                   c.optimizer_offload = offload;
                   if (!model || (kind == ScheduleKind::kInterleaved && p == 1)) {
-                    ++result.invalid;
+                    result.invalid += count;
                     continue;
                   }
                   try {
                     sched::check_params(params_of(c, L));
                   } catch (const std::invalid_argument&) {
-                    ++result.invalid;
+                    result.invalid += count;
                     continue;
                   }
-                  estimate(*model, options, c);
-                  if (c.memory_estimate_bytes > options.cluster.gpu_memory_bytes) {
-                    ++result.out_of_memory;
-                    continue;
+                  const auto workers = estimate(*model, options, c);
+                  const bool base_fits =
+                      c.memory_estimate_bytes <= options.cluster.gpu_memory_bytes;
+                  for (const kfac::StatePlacement& placement : placements) {
+                    Candidate with = c;
+                    with.kfac_placement = placement;
+                    if (options.kfac && !estimate_kfac(*model, options, workers, with)) {
+                      ++result.invalid;
+                      continue;
+                    }
+                    if (with.memory_estimate_bytes > options.cluster.gpu_memory_bytes) {
+                      ++result.out_of_memory;
+                      if (base_fits) ++result.kfac_out_of_memory;
+                      continue;
+                    }
+                    feasible.push_back(with);
                   }
-                  feasible.push_back(c);
                 }
               }
             }
@@ -349,31 +534,53 @@ SearchResult search_configurations(const SearchOptions& options) {
       }
     }
   }
-  std::sort(feasible.begin(), feasible.end(),
-            [](const Candidate& a, const Candidate& b) { return a.estimate_s < b.estimate_s; });
-  // The engine re-ranks the best estimates (and drops what does not fit after all).
+  std::stable_sort(feasible.begin(), feasible.end(), [](const Candidate& a, const Candidate& b) {
+    const double ta = a.estimate_s + a.kfac_overhead_estimate_s;
+    const double tb = b.estimate_s + b.kfac_overhead_estimate_s;
+    if (ta != tb) return ta < tb;
+    return a.kfac_load_estimate_s < b.kfac_load_estimate_s;
+  });
+  // The engine re-ranks the best estimates (and drops what does not fit after all). The K-FAC
+  // placements of one configuration share its simulation (the base schedule has no K-FAC).
+  struct Simulated {
+    double step_time_s = 0.0, bubble_fraction = 0.0, peak = 0.0;
+  };
+  std::map<std::tuple<int, int, int, int, int, int, int, int, int>, Simulated> simulations;
   std::vector<Candidate> ranked;
-  std::size_t next = 0;
-  while (next < feasible.size() && result.simulated < options.simulate_top) {
-    Candidate c = feasible[next++];
-    const auto model = model_for(c.tensor_parallel, c.micro_batch_size, c.recompute, c.zero_stage,
-                                 c.optimizer_offload);
-    const sched::Schedule schedule = sched::compile(params_of(c, L));
-    const SimResult sim = simulate(schedule, *model);
-    ++result.simulated;
-    double peak = 0.0;
-    for (const auto& w : sim.workers) peak = std::max(peak, w.peak_memory_bytes);
+  for (Candidate& c : feasible) {
+    const auto key =
+        std::make_tuple(c.tensor_parallel, c.stages, c.micro_batch_size, static_cast<int>(c.kind),
+                        c.chunks, static_cast<int>(c.recompute), c.zero_stage,
+                        static_cast<int>(c.optimizer_offload), c.data_parallel);
+    auto it = simulations.find(key);
+    if (it == simulations.end()) {
+      if (result.simulated >= options.simulate_top) {
+        ranked.push_back(c);
+        continue;
+      }
+      const auto model = model_for(c.tensor_parallel, c.micro_batch_size, c.recompute, c.zero_stage,
+                                   c.optimizer_offload);
+      const SimResult sim = simulate(sched::compile(params_of(c, L)), *model);
+      ++result.simulated;
+      Simulated x;
+      x.step_time_s = sim.step_time_s;
+      x.bubble_fraction = sim.bubble_fraction;
+      for (const auto& w : sim.workers) x.peak = std::max(x.peak, w.peak_memory_bytes);
+      it = simulations.emplace(key, x).first;
+    }
+    // The K-FAC state on top of the simulated peak (the worst worker's both: an upper bound).
+    const double peak = it->second.peak + c.kfac_memory_bytes;
     if (peak > options.cluster.gpu_memory_bytes) {
       ++result.out_of_memory;
+      if (it->second.peak <= options.cluster.gpu_memory_bytes) ++result.kfac_out_of_memory;
       continue;
     }
     c.simulated = true;
-    c.step_time_s = sim.step_time_s;
-    c.bubble_fraction = sim.bubble_fraction;
+    c.step_time_s = it->second.step_time_s;
+    c.bubble_fraction = it->second.bubble_fraction;
     c.peak_memory_bytes = peak;
     ranked.push_back(c);
   }
-  for (; next < feasible.size(); ++next) ranked.push_back(feasible[next]);
   // Throughput figures from the step time.
   for (Candidate& c : ranked) {
     ParallelWorkload w;
@@ -394,21 +601,47 @@ SearchResult search_configurations(const SearchOptions& options) {
   std::stable_sort(ranked.begin(), ranked.end(), better);
   if (options.kfac) {
     int runs = 0;
+    std::vector<Candidate> kept;
+    kept.reserve(ranked.size());
+    // At most two placements per configuration, so that the passes see several configurations
+    // (the closed form ranks the placements of the best one close together).
+    std::map<std::tuple<int, int, int, int, int, int, int, int>, int> runs_of;
     for (Candidate& c : ranked) {
-      if (runs >= options.kfac_top || !c.simulated) break;
+      int& same = runs_of[std::make_tuple(
+          c.tensor_parallel, c.stages, c.micro_batch_size, static_cast<int>(c.kind), c.chunks,
+          static_cast<int>(c.recompute), c.zero_stage, static_cast<int>(c.optimizer_offload))];
+      if (runs >= options.kfac_top || !c.simulated || same >= kKfacRunsPerConfiguration) {
+        kept.push_back(c);
+        continue;
+      }
+      ++same;
       const auto model = model_for(c.tensor_parallel, c.micro_batch_size, c.recompute, c.zero_stage,
-                                   c.optimizer_offload);
+                                   c.optimizer_offload, kfac_state_holders(c.kfac_placement));
+      pipefisher::KfacOptions kfac = *options.kfac;
+      kfac.state_placement = c.kfac_placement;
+      kfac.automatic_placement = false;
+      kfac.linear_dims = kfac_linear_dims(*model);
       const pipefisher::PassResult pass =
-          pipefisher::run_pipefisher(sched::compile(params_of(c, L)), *model, *options.kfac);
+          pipefisher::run_pipefisher(sched::compile(params_of(c, L)), *model, kfac);
       ++runs;
+      double peak = 0.0;
+      for (const auto& w : pass.after.workers) peak = std::max(peak, w.peak_memory_bytes);
+      if (peak > options.cluster.gpu_memory_bytes) {
+        ++result.out_of_memory;
+        ++result.kfac_out_of_memory;
+        continue;
+      }
       c.kfac_run = true;
+      c.kfac_peak_memory_bytes = peak;
       c.utilization_before = pass.report.utilization_before;
       c.utilization_after = pass.report.utilization_after;
       c.kfac_step_time_s = pass.report.step_time_after_s;
       c.refresh_steps = pass.report.refresh_steps;
       c.refresh_bound = pass.report.refresh_bound;
       c.formula_refresh_steps = formula_refresh_steps(*model, options, c);
+      kept.push_back(c);
     }
+    ranked = std::move(kept);
     std::stable_sort(ranked.begin(), ranked.end(), better);
   }
   result.ranked = std::move(ranked);
@@ -428,10 +661,18 @@ std::string search_table(const SearchOptions& options, const SearchResult& resul
          " do not fit in memory, " + std::to_string(result.ranked.size()) + " fit; " +
          std::to_string(result.simulated) + " simulated; " + text("%.2f", result.seconds) + " s\n";
   const bool kfac = options.kfac.has_value();
+  if (kfac) {
+    out += "with K-FAC: each configuration tried with its K-FAC state placements; " +
+           std::to_string(result.kfac_out_of_memory) +
+           " fit without K-FAC but not with its state (memory includes it)\n";
+  }
   out +=
       "rank    t    p    d  schedule         b      m  recompute  state         step time  "
       "TFLOP/s/GPU    MFU  bubble   memory";
-  if (kfac) out += "  util before -> after   k  formula k  step w/ K-FAC";
+  if (kfac) {
+    out +=
+        "  K-FAC state                    GiB  util before -> after   k  formula k  step w/ K-FAC";
+  }
   out += "\n";
   const int n = std::min<int>(top, static_cast<int>(result.ranked.size()));
   for (int i = 0; i < n; ++i) {
@@ -447,6 +688,11 @@ std::string search_table(const SearchOptions& options, const SearchResult& resul
            pad(text("%.1f", c.achieved_tflops_per_gpu), 13) + pad(text("%.1f%%", 100 * c.mfu), 7) +
            pad(c.simulated ? text("%.1f%%", 100 * c.bubble_fraction) : "-", 8) +
            pad(text("%.1f GiB", c.peak_memory_bytes / (1024.0 * 1024 * 1024)), 9);
+    if (kfac) {
+      const std::string name = c.kfac_state_name();
+      out += "  " + name + std::string(27 - std::min<std::size_t>(27, name.size()), ' ') +
+             pad(text("%.1f", c.kfac_memory_bytes / (1024.0 * 1024 * 1024)), 6);
+    }
     if (kfac && c.kfac_run) {
       out += pad(text("%.1f%%", 100 * c.utilization_before), 13) + " ->" +
              pad(text("%.1f%%", 100 * c.utilization_after), 7) +
@@ -484,8 +730,18 @@ nlohmann::json search_json(const SearchOptions& options, const SearchResult& res
                            {"peak_memory_bytes", c.peak_memory_bytes},
                            {"memory_estimate_bytes", c.memory_estimate_bytes}};
     if (c.simulated) item["bubble_fraction"] = c.bubble_fraction;
+    if (options.kfac) {
+      item["kfac_state"] = {{"placement", c.kfac_state_name()},
+                            {"memory_bytes_per_gpu", c.kfac_memory_bytes},
+                            {"replicated_memory_bytes_per_gpu", c.kfac_replicated_bytes},
+                            {"factor_bytes_per_refresh", c.kfac_factor_bytes_per_refresh},
+                            {"inverse_bytes_per_refresh", c.kfac_inverse_bytes_per_refresh},
+                            {"gradient_bytes_per_step", c.kfac_gradient_bytes_per_step},
+                            {"overhead_estimate_s", c.kfac_overhead_estimate_s}};
+    }
     if (c.kfac_run) {
       item["kfac"] = {{"utilization_before", c.utilization_before},
+                      {"peak_memory_bytes", c.kfac_peak_memory_bytes},
                       {"utilization_after", c.utilization_after},
                       {"refresh_steps", c.refresh_steps},
                       {"refresh_bound", c.refresh_bound},
@@ -503,6 +759,7 @@ nlohmann::json search_json(const SearchOptions& options, const SearchResult& res
           {"enumerated", result.enumerated},
           {"invalid", result.invalid},
           {"out_of_memory", result.out_of_memory},
+          {"kfac_out_of_memory", result.kfac_out_of_memory},
           {"fitting", result.ranked.size()},
           {"simulated", result.simulated},
           {"seconds", result.seconds},

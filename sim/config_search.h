@@ -35,6 +35,8 @@
 
 namespace pf::sim {
 
+class ParallelCostModel;
+
 struct SearchOptions {
   TransformerSpec model;
   ClusterSpec cluster;
@@ -56,6 +58,9 @@ struct SearchOptions {
   int simulate_top = 24;
   std::optional<pipefisher::KfacOptions> kfac;  // also run the PipeFisher pass
   int kfac_top = 6;
+  // With kfac: the K-FAC state placements over the data-parallel group each candidate is tried
+  // with (empty: default_kfac_placements(d)); its state joins the memory the search prunes by.
+  std::vector<kfac::StatePlacement> kfac_placements;
   // Throws std::invalid_argument naming the flag.
   void validate() const;
 };
@@ -78,6 +83,23 @@ struct Candidate {
   bool kfac_run = false;
   double utilization_before = 0.0, utilization_after = 0.0;
   double kfac_step_time_s = 0.0;  // per step with K-FAC in the bubbles
+  // With --kfac: the K-FAC state's placement, what one GPU of the worst worker holds of it (the
+  // busiest replica, bounded as in ParallelCostModel::KfacStateCost) and what it would hold
+  // replicated, the traffic one replica sends (ring collectives), and the closed-form time K-FAC
+  // adds per step (below).
+  kfac::StatePlacement kfac_placement;
+  double kfac_memory_bytes = 0.0;
+  double kfac_replicated_bytes = 0.0;
+  double kfac_factor_bytes_per_refresh = 0.0;
+  double kfac_inverse_bytes_per_refresh = 0.0;
+  double kfac_gradient_bytes_per_step = 0.0;
+  // Per worker, max(0, precondition + gradient all-gather + (m curvature + sync + inversion +
+  // inverse all-gather) / k_max - idle), k_max the pass's cap (or its fixed k), idle the
+  // worker's idle time in the closed-form step; the worst worker.
+  double kfac_overhead_estimate_s = 0.0;
+  // The same without the idle time (the K-FAC work and traffic per step): breaks ties.
+  double kfac_load_estimate_s = 0.0;
+  double kfac_peak_memory_bytes = 0.0;  // the pass's simulated peak with K-FAC (kfac_run)
   int refresh_steps = 0, refresh_bound = -1;
   // PipeFisher's own analytic refresh period, ceil((N T_kron + T_inv) / bubble) on the worst
   // worker, with its pipeline model's bubble: (p - 1)(T_f + T_b) for GPipe / 1F1B, divided by v
@@ -85,8 +107,9 @@ struct Candidate {
   // there is no bubble.
   int formula_refresh_steps = -1;
 
-  std::string schedule_name() const;  // "1f1b", "interleaved v=2", ...
-  std::string state_name() const;     // "zero0", "zero3+cpu", ...
+  std::string schedule_name() const;    // "1f1b", "interleaved v=2", ...
+  std::string state_name() const;       // "zero0", "zero3+cpu", ...
+  std::string kfac_state_name() const;  // kfac::to_string of the placement
 };
 
 // Model state sharded over the whole data-parallel group as ZeRO stage `stage`: 0 replicates
@@ -94,11 +117,25 @@ struct Candidate {
 // Throws std::invalid_argument outside [0, 3].
 StateSharding zero_sharding(int stage);
 
+// The parallel model's holder counts (KfacStateHolders) of a --kfac-sharding placement:
+// replicate 0 (all), shard 1, partial:G G.
+KfacStateHolders kfac_state_holders(const kfac::StatePlacement& placement);
+// The rank's (d_in, d_out) of each Linear kind, indexed by it (KfacOptions::linear_dims).
+std::vector<kfac::LinearDims> kfac_linear_dims(const ParallelCostModel& model);
+// The placements `search --kfac` tries by default over d replicas: replicate; the factors
+// sharded with the inverses replicated; partial:G for G = 2, 4, ... < d dividing d (at most
+// 64); shard. Only replicate where d = 1 or the schedule has two pipelines (Chimera).
+std::vector<kfac::StatePlacement> default_kfac_placements(int data_parallel);
+// --kfac-sharding of `search`: a comma list of placements (a "factors=X" item joins the
+// "inverses=Y" item after it). Throws std::invalid_argument naming the flag.
+std::vector<kfac::StatePlacement> parse_kfac_placements(const std::string& list);
+
 struct SearchResult {
   std::vector<Candidate> ranked;  // fitting candidates, best first (simulated ones first)
   long enumerated = 0;     // (t, p, b, kind, v, recompute, ZeRO stage, offload) combinations tried
   long invalid = 0;        // broke a schedule's rules (m < p for 1F1B, ...)
   long out_of_memory = 0;  // pruned by the closed-form or the simulated memory
+  long kfac_out_of_memory = 0;  // of those, fitting without K-FAC but not with its state
   long simulated = 0;
   double seconds = 0.0;  // wall time of the search
 };

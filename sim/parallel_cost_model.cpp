@@ -209,32 +209,159 @@ double ParallelCostModel::compute_seconds(const sched::Schedule& schedule,
   return seconds;
 }
 
+ParallelCostModel::KfacHolders ParallelCostModel::kfac_holders(
+    const sched::Schedule& schedule) const {
+  KfacHolders h;
+  h.replicas = std::max(1, schedule.params.data_parallel);
+  const auto& state = workload_.kfac_state;
+  h.factors = state.factors == 0 ? h.replicas : state.factors;
+  h.inverses = state.inverses == 0 ? h.replicas : state.inverses;
+  if (h.replicas % h.factors != 0 || h.replicas % h.inverses != 0 || h.inverses % h.factors != 0) {
+    throw std::invalid_argument(
+        "--kfac-sharding: the K-FAC factors' holders (" + std::to_string(h.factors) +
+        ") and the inverses' (" + std::to_string(h.inverses) + ") must divide the " +
+        std::to_string(h.replicas) +
+        " data-parallel replicas, and the factors' the inverses' (the holders of the factors "
+        "invert)");
+  }
+  return h;
+}
+
 double ParallelCostModel::kfac_seconds(const sched::Schedule& schedule,
-                                       const sched::Instruction& in) const {
+                                       const sched::Instruction& in, const KfacHolders& h) const {
   const auto& k = kfac_[static_cast<std::size_t>(in.linear)];
   const double launch = cluster_.device.launch_overhead_s;
+  const double d = h.replicas;
   switch (in.kind) {
     case OpKind::kCurvatureA:
       return queued_seconds(k.curvature_a, launch);
     case OpKind::kCurvatureB:
       return queued_seconds(k.curvature_b, launch);
+    // The average replica inverts h_f / d of the Linears and preconditions h_i / d of them.
     case OpKind::kInvertA:
-      return queued_seconds(k.invert_a, launch);
+      return h.factors / d * queued_seconds(k.invert_a, launch);
     case OpKind::kInvertB:
-      return queued_seconds(k.invert_b, launch);
+      return h.factors / d * queued_seconds(k.invert_b, launch);
     case OpKind::kPrecondition:
-      return queued_seconds(k.precondition, launch);
+      return h.inverses / d * queued_seconds(k.precondition, launch);
     case OpKind::kCurvatureSync: {
-      const int d = std::max(1, schedule.params.data_parallel);
-      const int replicas = std::max(1, schedule.placement.num_pipelines) * d;
+      const int replicas = std::max(1, schedule.placement.num_pipelines) * h.replicas;
       const Dims dims = linear_dims(in.linear);
       const double bytes = in.bytes > 0 ? static_cast<double>(in.bytes)
                                         : 4.0 * (dims.in * dims.in + dims.out * dims.out);
-      return allreduce_seconds(bytes, replicas, cluster_.link_for(d, data_stride(schedule)));
+      const int stride = data_stride(schedule);
+      if (h.factors == h.replicas || schedule.placement.num_pipelines > 1) {
+        return allreduce_seconds(bytes, replicas, cluster_.link_for(h.replicas, stride));
+      }
+      // Reduce-scatter over the group, then all-gather inside the factor holders.
+      return allgather_seconds(bytes, h.replicas, cluster_.link_for(h.replicas, stride)) +
+             h.factors / d *
+                 allgather_seconds(bytes, h.factors, cluster_.link_for(h.factors, stride));
+    }
+    case OpKind::kBroadcastInverses: {
+      // All-gather over the h_i / h_f factor groups of an inverse group (stride h_f replicas).
+      const Dims dims = linear_dims(in.linear);
+      const double bytes = 4.0 * (dims.in * dims.in + dims.out * dims.out);
+      const int groups = h.inverses / h.factors;
+      return h.inverses / d *
+             allgather_seconds(bytes, groups,
+                               cluster_.link_for(groups, data_stride(schedule) * h.factors));
+    }
+    case OpKind::kBroadcastGradient: {
+      // All-gather of the preconditioned gradients over the d / h_i inverse groups.
+      const Dims dims = linear_dims(in.linear);
+      const double bytes = 4.0 * (dims.in * dims.out + dims.out);
+      const int groups = h.replicas / h.inverses;
+      return allgather_seconds(bytes, groups,
+                               cluster_.link_for(groups, data_stride(schedule) * h.inverses));
     }
     default:
       return 0.0;
   }
+}
+
+ParallelCostModel::KfacStateCost ParallelCostModel::kfac_state_cost(
+    const sched::Schedule& schedule, int worker, const std::vector<sched::LinearKind>& linears,
+    const std::vector<int>& layers) const {
+  return kfac_state_cost(schedule, worker, linears, layers, kfac_holders(schedule));
+}
+
+ParallelCostModel::KfacStateCost ParallelCostModel::kfac_layer_cost(
+    const sched::Schedule& schedule, const std::vector<sched::LinearKind>& linears,
+    const KfacHolders& h) const {
+  const double d = h.replicas;
+  KfacStateCost cost;
+  sched::Instruction in;
+  auto seconds = [&](OpKind kind, sched::LinearKind linear) {
+    in.kind = kind;
+    in.linear = linear;
+    return kfac_seconds(schedule, in, h);
+  };
+  for (sched::LinearKind linear : linears) {
+    const Dims dims = linear_dims(linear);
+    const double state = 4.0 * (dims.in * dims.in + dims.out * dims.out);
+    const double gradient = 4.0 * (dims.in * dims.out + dims.out);
+    cost.largest_linear_bytes = std::max(cost.largest_linear_bytes, 2.0 * state);
+    cost.replicated_bytes += 2.0 * state;
+    cost.memory_bytes += (h.factors + h.inverses) / d * state;
+    if (h.replicas > 1) {
+      cost.factor_bytes_per_refresh +=
+          (h.factors == h.replicas ? 2.0 * (d - 1.0) : d + h.factors - 2.0) / d * state;
+      cost.factor_seconds_per_refresh += seconds(OpKind::kCurvatureSync, linear);
+    }
+    if (h.inverses > h.factors) {
+      cost.inverse_bytes_per_refresh += (h.inverses - h.factors) / d * state;
+      cost.inverse_seconds_per_refresh += seconds(OpKind::kBroadcastInverses, linear);
+    }
+    if (h.inverses < h.replicas) {
+      cost.gradient_bytes_per_step += (d - h.inverses) / d * gradient;
+      cost.gradient_seconds_per_step += seconds(OpKind::kBroadcastGradient, linear);
+    }
+    cost.curvature_seconds_per_microbatch +=
+        seconds(OpKind::kCurvatureA, linear) + seconds(OpKind::kCurvatureB, linear);
+    cost.inversion_seconds_per_refresh +=
+        seconds(OpKind::kInvertA, linear) + seconds(OpKind::kInvertB, linear);
+    cost.precondition_seconds_per_step += seconds(OpKind::kPrecondition, linear);
+  }
+  cost.busiest_memory_bytes = cost.memory_bytes;
+  return cost;
+}
+
+ParallelCostModel::KfacStateCost ParallelCostModel::KfacStateCost::times(double layers,
+                                                                         bool spread) const {
+  KfacStateCost out = *this;
+  for (double* x : {&out.replicated_bytes, &out.memory_bytes, &out.factor_bytes_per_refresh,
+                    &out.inverse_bytes_per_refresh, &out.gradient_bytes_per_step,
+                    &out.factor_seconds_per_refresh, &out.inverse_seconds_per_refresh,
+                    &out.gradient_seconds_per_step, &out.curvature_seconds_per_microbatch,
+                    &out.inversion_seconds_per_refresh, &out.precondition_seconds_per_step}) {
+    *x *= layers;
+  }
+  if (layers <= 0.0) out.largest_linear_bytes = 0.0;
+  // The owners are balanced greedily: the busiest replica holds at most the average plus the
+  // largest Linear's state.
+  out.busiest_memory_bytes =
+      spread ? std::min(out.replicated_bytes, out.memory_bytes + out.largest_linear_bytes)
+             : out.memory_bytes;
+  return out;
+}
+
+ParallelCostModel::KfacStateCost ParallelCostModel::kfac_state_cost(
+    const sched::Schedule& schedule, int worker, const std::vector<sched::LinearKind>& linears,
+    const std::vector<int>& layers, const KfacHolders& h) const {
+  double held = 0.0;
+  for (const auto& placed : schedule.placement.chunks) {
+    if (placed.worker != worker) continue;
+    if (layers.empty()) {
+      held += placed.num_layers;
+      continue;
+    }
+    held += static_cast<double>(std::count_if(layers.begin(), layers.end(), [&](int layer) {
+      return layer >= placed.first_layer && layer < placed.first_layer + placed.num_layers;
+    }));
+  }
+  return kfac_layer_cost(schedule, linears, h)
+      .times(held, h.factors < h.replicas || h.inverses < h.replicas);
 }
 
 double ParallelCostModel::duration(const sched::Schedule& schedule, int worker,
@@ -326,21 +453,16 @@ double ParallelCostModel::duration(const sched::Schedule& schedule, int worker,
       return seconds;
     }
     case OpKind::kCurvatureSync:
-      return kfac_seconds(schedule, in);
     case OpKind::kBroadcastInverses:
-    case OpKind::kBroadcastGradient: {
-      // The owner sends `bytes` in all over its data-parallel link.
-      const Link link =
-          cluster_.link_for(std::max(1, schedule.params.data_parallel), data_stride(schedule));
-      return transfer_seconds(static_cast<double>(std::max<std::int64_t>(in.bytes, 0)),
-                              link.bandwidth, link.latency_s);
-    }
+    case OpKind::kBroadcastGradient:
+      return kfac_seconds(schedule, in, kfac_holders(schedule));
     case OpKind::kCurvatureA:
     case OpKind::kCurvatureB:
     case OpKind::kInvertA:
     case OpKind::kInvertB:
     case OpKind::kPrecondition:
-      return kfac_piece_seconds(kfac_seconds(schedule, in), kfac_task_overhead_s_, in);
+      return kfac_piece_seconds(kfac_seconds(schedule, in, kfac_holders(schedule)),
+                                kfac_task_overhead_s_, in);
     case OpKind::kPrefetchFactors:
     case OpKind::kWriteBackState:
     case OpKind::kPrefetchInverses: {
@@ -383,10 +505,13 @@ double ParallelCostModel::static_bytes(const sched::Schedule& schedule, int pipe
          transformer_recompute_transient_bytes(workload_) / chunks_per_worker;
 }
 
-double ParallelCostModel::kfac_bytes(const sched::Schedule& /*schedule*/, int /*layer*/,
+double ParallelCostModel::kfac_bytes(const sched::Schedule& schedule, int /*layer*/,
                                      sched::LinearKind linear) const {
+  // The average replica's share of the factors and inverses (all of both when replicated).
   const Dims d = linear_dims(linear);
-  return 2.0 * 4.0 * (d.in * d.in + d.out * d.out);
+  const KfacHolders h = kfac_holders(schedule);
+  return (h.factors + h.inverses) / static_cast<double>(h.replicas) * 4.0 *
+         (d.in * d.in + d.out * d.out);
 }
 
 }  // namespace pf::sim

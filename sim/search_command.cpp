@@ -69,6 +69,11 @@ CLI::App* add_search_command(CLI::App& app, SearchCommandOptions& options) {
   command->add_flag("--kfac", options.kfac,
                     "Run the PipeFisher pass on the best simulated configurations and rank them "
                     "by time per step with K-FAC in the bubbles");
+  command->add_option(
+      "--kfac-sharding", options.kfac_sharding,
+      "With --kfac: the K-FAC state placements to try over the data-parallel group, a comma "
+      "list of replicate, shard, partial:G and factors=X,inverses=Y pairs (default: replicate; "
+      "factors=shard,inverses=replicate; partial:2, 4, ... up to 64 dividing d; shard)");
   command->add_option("--out", options.out, "Write the top configurations as JSON");
   command->add_option("--top", options.top, "Configurations to print and write")
       ->capture_default_str();
@@ -161,6 +166,11 @@ int run_search_command(const SearchCommandOptions& options, std::ostream& out) {
   search.simulate_top = options.simulate_top;
   search.kfac_top = options.kfac_top;
   if (options.kfac) search.kfac = pipefisher::KfacOptions{};
+  if (!options.kfac_sharding.empty()) {
+    if (!options.kfac)
+      throw std::invalid_argument("--kfac-sharding places K-FAC state: add --kfac");
+    search.kfac_placements = sim::parse_kfac_placements(options.kfac_sharding);
+  }
   const sim::SearchResult result = sim::search_configurations(search);
   out << sim::search_table(search, result, options.top);
   if (!options.out.empty()) {

@@ -19,7 +19,8 @@ struct SearchCommandOptions {
   int seq_len = 0;     // 0: the model's maximum (at most 2048)
   std::string precision = "bf16";
   bool kfac = false;
-  std::string out;  // --out FILE.json
+  std::string kfac_sharding;  // --kfac-sharding list (empty: default_kfac_placements)
+  std::string out;            // --out FILE.json
   int top = 10;
   int simulate_top = 24;
   int kfac_top = 6;

@@ -15,6 +15,7 @@
 #include "scheduler/grid.h"
 #include "scheduler/pipefisher/report_json.h"
 #include "sim/analytic_cost_model.h"
+#include "sim/config_search.h"
 #include "sim/measured_cost_model.h"
 #include "sim/parallel_cost_model.h"
 #include "sim/simulator.h"
@@ -98,6 +99,74 @@ std::string memory_overflow(const sim::SimResult& result, const CostSetup& setup
          " per GPU (weights, gradients and optimizer state " + gib(r.static_memory_bytes) +
          ", activations " + gib(r.peak_activation_bytes) + ") but a GPU of " + setup.cluster_name +
          " has " + gib(setup.gpu_memory_bytes);
+}
+
+// The parallel model's K-FAC state after the pass: what its placement holds and moves per
+// replica of the busiest worker, and whether the peak with K-FAC fits the GPU.
+struct KfacStateAtScale {
+  std::string text;
+  nlohmann::json json;
+  bool fits = true;
+};
+KfacStateAtScale kfac_state_at_scale(const sched::Schedule& schedule,
+                                     const pipefisher::PassResult& pass, const CostSetup& setup,
+                                     const pipefisher::KfacOptions& kfac) {
+  const sim::ParallelCostModel& model = *setup.parallel;
+  const auto holders = model.kfac_holders(schedule);
+  sim::ParallelCostModel::KfacStateCost worst;
+  for (int w = 0; w < schedule.num_workers(); ++w) {
+    const auto cost = model.kfac_state_cost(schedule, w, kfac.linears, kfac.layers);
+    if (cost.replicated_bytes > worst.replicated_bytes) worst = cost;
+  }
+  double peak = 0.0, busiest_state = 0.0;
+  for (const auto& worker : pass.after.workers) peak = std::max(peak, worker.peak_memory_bytes);
+  for (const auto& worker : pass.report.workers) {
+    busiest_state = std::max(busiest_state, worker.kfac_memory_bytes);
+  }
+  const auto& cluster = model.cluster();
+  const auto link = cluster.link_for(holders.replicas, model.data_stride(schedule));
+  const std::string link_name =
+      holders.replicas <= 1 ? "none"
+      : link.bandwidth == cluster.nvlink.bandwidth && link.latency_s == cluster.nvlink.latency_s
+          ? "nvlink"
+          : "network";
+  KfacStateAtScale out;
+  out.fits = setup.gpu_memory_bytes <= 0.0 || peak <= setup.gpu_memory_bytes;
+  const double mib = 1024.0 * 1024.0, gib_ = mib * 1024.0;
+  char line[640];
+  std::snprintf(line, sizeof line,
+                "K-FAC state at scale (ring collectives, docs/scale.md): %s over %d "
+                "data-parallel replica(s) (factors on %d, inverses on %d), %s link\n"
+                "  per GPU (busiest replica of the largest worker) %.2f GiB held, replicated %.2f "
+                "GiB (saves %.2f GiB)\n"
+                "  one replica per refresh: factor sync %.1f MiB (%.3f s), inverse all-gather "
+                "%.1f MiB (%.3f s); per step: preconditioned-gradient all-gather %.1f MiB "
+                "(%.3f s)\n"
+                "  peak with K-FAC %.2f GiB of %.2f GiB: %s\n",
+                pass.report.state_placement.c_str(), holders.replicas, holders.factors,
+                holders.inverses, link_name.c_str(), busiest_state / gib_,
+                worst.replicated_bytes / gib_, (worst.replicated_bytes - busiest_state) / gib_,
+                worst.factor_bytes_per_refresh / mib, worst.factor_seconds_per_refresh,
+                worst.inverse_bytes_per_refresh / mib, worst.inverse_seconds_per_refresh,
+                worst.gradient_bytes_per_step / mib, worst.gradient_seconds_per_step, peak / gib_,
+                setup.gpu_memory_bytes / gib_, out.fits ? "fits" : "does not fit");
+  out.text = line;
+  out.json = {{"placement", pass.report.state_placement},
+              {"data_parallel", holders.replicas},
+              {"factor_holders", holders.factors},
+              {"inverse_holders", holders.inverses},
+              {"link", link_name},
+              {"memory_bytes_per_gpu", busiest_state},
+              {"replicated_memory_bytes_per_gpu", worst.replicated_bytes},
+              {"factor_bytes_per_refresh", worst.factor_bytes_per_refresh},
+              {"factor_seconds_per_refresh", worst.factor_seconds_per_refresh},
+              {"inverse_bytes_per_refresh", worst.inverse_bytes_per_refresh},
+              {"inverse_seconds_per_refresh", worst.inverse_seconds_per_refresh},
+              {"gradient_bytes_per_step", worst.gradient_bytes_per_step},
+              {"gradient_seconds_per_step", worst.gradient_seconds_per_step},
+              {"peak_memory_bytes", peak},
+              {"fits", out.fits}};
+  return out;
 }
 
 void check_layers(const sched::Schedule& schedule, const CostSetup& setup) {
@@ -329,7 +398,8 @@ bool simulation_requested(const SimCommandOptions& options) {
 namespace {
 
 // The parallel (PTD-P) model of --model on --cluster with --tensor-parallel and --recompute.
-CostSetup make_parallel_setup(const SimCommandOptions& options) {
+CostSetup make_parallel_setup(const SimCommandOptions& options,
+                              const pipefisher::KfacCommandOptions& kfac) {
   if (options.model.empty()) {
     throw std::invalid_argument(
         "--tensor-parallel, --cluster, --recompute and --global-batch price a model: give "
@@ -357,6 +427,15 @@ CostSetup make_parallel_setup(const SimCommandOptions& options) {
   workload.sharding = {options.shard_parameters, options.shard_gradients, options.shard_optimizer};
   workload.optimizer_offload = sim::offload_from_string(options.offload_optimizer);
   workload.rank_order = sim::rank_order_from_string(options.rank_order);
+  if (kfac.enabled) {
+    const auto choice = kfac::parse_kfac_sharding(kfac.sharding);
+    if (choice.automatic) {
+      throw std::invalid_argument(
+          "--kfac-sharding auto: the parallel model takes a placement (replicate, shard, "
+          "partial:G); `pipefisher_sim search --kfac` compares them");
+    }
+    workload.kfac_state = sim::kfac_state_holders(choice.placement);
+  }
   workload.validate();
   sim::ClusterSpec cluster = options.cluster.empty()
                                  ? sim::cluster_of_device(sim::resolve_device(options.device))
@@ -367,6 +446,8 @@ CostSetup make_parallel_setup(const SimCommandOptions& options) {
   auto model = std::make_shared<sim::ParallelCostModel>(workload, cluster);
   CostSetup setup;
   setup.costs = model;
+  setup.parallel = model;
+  setup.linear_dims = sim::kfac_linear_dims(*model);
   setup.model_layers = workload.model.num_layers;
   setup.gpu_memory_bytes = cluster.gpu_memory_bytes;
   setup.cluster_name = cluster.name;
@@ -397,8 +478,9 @@ CostSetup make_parallel_setup(const SimCommandOptions& options) {
 
 }  // namespace
 
-CostSetup make_cost_setup(const SimCommandOptions& options) {
-  if (parallel_requested(options)) return make_parallel_setup(options);
+CostSetup make_cost_setup(const SimCommandOptions& options,
+                          const pipefisher::KfacCommandOptions& kfac) {
+  if (parallel_requested(options)) return make_parallel_setup(options, kfac);
   CostSetup setup;
   std::shared_ptr<const sim::AnalyticCostModel> analytic;
   if (!options.model.empty()) {
@@ -464,7 +546,7 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
     }
     return run_compile_command(compile, out);
   }
-  const CostSetup setup = make_cost_setup(options);
+  const CostSetup setup = make_cost_setup(options, kfac);
   const CompileCommandOptions placed =
       with_global_batch(with_model_layers(compile, setup), options);
   if (placed.schedule == "all") {
@@ -501,6 +583,7 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
     report["gpu_memory_bytes"] = setup.gpu_memory_bytes;
   }
   std::optional<pipefisher::PassResult> pass;
+  bool kfac_fits = true;  // the parallel model's peak with K-FAC within the GPU
   if (kfac.enabled) {
     pipefisher::KfacCommandOptions with_dims = kfac;
     with_dims.linear_dims = setup.linear_dims;
@@ -508,6 +591,13 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
         pipefisher::run_kfac_command(schedule, *setup.costs, with_dims, out, sim_options(options)));
     report["kfac"] = pipefisher::to_json(pass->report);
     report["with_kfac"] = sim::report_json(pass->schedule, pass->after, setup.run);
+    if (setup.parallel) {
+      const auto state =
+          kfac_state_at_scale(schedule, *pass, setup, pipefisher::to_kfac_options(with_dims));
+      out << state.text;
+      report["kfac_state"] = state.json;
+      kfac_fits = state.fits;
+    }
     // --kfac-offload: the copies join the schedule; what follows writes and traces that one.
     if (auto offload = pipefisher::run_offload_command(*pass, *setup.costs, with_dims, out,
                                                        sim_options(options))) {
@@ -540,6 +630,10 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
   if (!options.report.empty()) {
     traces::write_json_file(options.report, report);
     out << "wrote " << options.report << "\n";
+  }
+  if (!kfac_fits) {
+    out << "does not fit with K-FAC: place its state with --kfac-sharding or --kfac-offload\n";
+    return 1;
   }
   return 0;
 }

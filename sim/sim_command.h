@@ -15,6 +15,10 @@ namespace CLI {
 class App;
 }  // namespace CLI
 
+namespace pf::sim {
+class ParallelCostModel;
+}  // namespace pf::sim
+
 namespace pf::cli {
 
 struct SimCommandOptions {
@@ -59,12 +63,17 @@ struct CostSetup {
   std::string cluster_name;
   // (d_in, d_out) per Linear kind of --model (empty without one): K-FAC state placement.
   std::vector<kfac::LinearDims> linear_dims;
+  // The parallel model when it was chosen (costs points to it too), else null.
+  std::shared_ptr<const sim::ParallelCostModel> parallel;
 };
 
 // Whether the flags select the parallel (PTD-P) cost model: --tensor-parallel, --cluster,
 // --recompute or --global-batch, or a --model that is not a BERT.
 bool parallel_requested(const SimCommandOptions& options);
-CostSetup make_cost_setup(const SimCommandOptions& options);
+// With --kfac (kfac.enabled), the parallel model places the K-FAC state as --kfac-sharding
+// says and prices the pass's K-FAC work on one tensor-parallel rank's shard of each Linear.
+CostSetup make_cost_setup(const SimCommandOptions& options,
+                          const pipefisher::KfacCommandOptions& kfac = {});
 
 // Everything pipefisher_sim does: without a cost model, the compiler's command unchanged; with
 // one, compile (or load) and simulate the schedule, print the summary table, and write --out,

@@ -143,6 +143,12 @@ void ParallelWorkload::validate() const {
                                   std::to_string(value));
     }
   }
+  if (kfac_state.factors < 0 || kfac_state.inverses < 0) {
+    throw std::invalid_argument(
+        "--kfac-sharding: holders of the factors and inverses must be >= 0 (0: all replicas), "
+        "got " +
+        std::to_string(kfac_state.factors) + " and " + std::to_string(kfac_state.inverses));
+  }
   if (tensor_parallel <= 0 || model.num_heads % tensor_parallel != 0 ||
       model.intermediate_size % tensor_parallel != 0) {
     throw std::invalid_argument("--tensor-parallel " + std::to_string(tensor_parallel) +

@@ -33,6 +33,16 @@ enum class Offload { kNone, kHost, kNvme };
 std::string_view to_string(Offload offload);
 Offload offload_from_string(std::string_view name);  // throws naming the allowed values
 
+// Where the K-FAC state of each preconditioned Linear lives across the data-parallel group, as
+// the runtime's --kfac-sharding places it (kfac/state_placement.h), counted in holders: its
+// factors on `factors` replicas (they also invert), its inverses on `inverses` (>= factors; the
+// rest receive the preconditioned gradient every step). 0: all d replicas. replicate = {0, 0},
+// shard = {1, 1}, partial:G = {G, G}, factors=shard,inverses=replicate = {1, 0}.
+struct KfacStateHolders {
+  int factors = 0;
+  int inverses = 0;
+};
+
 struct ParallelWorkload {
   TransformerSpec model;
   int seq_len = 2048;
@@ -43,6 +53,7 @@ struct ParallelWorkload {
   StateSharding sharding;
   Offload optimizer_offload = Offload::kNone;
   RankOrder rank_order = RankOrder::kMegatron;  // which groups share a node (sim/cluster.h)
+  KfacStateHolders kfac_state;                  // K-FAC state over the data-parallel group
 
   double tokens() const { return double{1.0} * micro_batch_size * seq_len; }
   // BERT's scored positions per sequence (round(20 S / 128)); every position for decoders.

@@ -392,6 +392,93 @@ TEST(ParallelCostModel, ShardedAndOffloadedState) {
             std::string::npos);
 }
 
+TEST(ParallelCostModel, KfacStatePlacementTrafficIsTheRingFormula) {
+  // megatron-39.1b at t = 8 (a node), p = 4, d = 8: the data-parallel group is 8 ranks 8 apart,
+  // on the network. Per Linear (rank shard d_in x d_out): F = 4 (d_in^2 + d_out^2) bytes of
+  // factors (and as many of inverses), P = 4 (d_in d_out + d_out) of preconditioned gradient.
+  const ClusterSpec c = cluster_preset("dgx-a100");
+  const sched::Schedule s = pipeline(4, 8, 8, 48);
+  const ParallelWorkload base = gpt_workload("megatron-39.1b", 8, Recompute::kFull);
+  const ParallelCostModel replicated(base, c);
+  const auto place = [&](int factors, int inverses) {
+    ParallelWorkload w = base;
+    w.kfac_state = {factors, inverses};
+    return ParallelCostModel(w, c);
+  };
+  const ParallelCostModel shard = place(1, 1), partial = place(2, 2), factors_only = place(1, 0);
+  const auto linear = sched::LinearKind::kFfnIn;  // 8192 -> 32768 / 8 = 4096 per rank
+  const auto dims = replicated.linear_dims(linear);
+  EXPECT_EQ(dims.in, 8192.0);
+  EXPECT_EQ(dims.out, 4096.0);
+  const double F = 4.0 * (dims.in * dims.in + dims.out * dims.out);
+  const double P = 4.0 * (dims.in * dims.out + dims.out);
+  const double bw = c.network.bandwidth, lat = c.network.latency_s;
+  sched::Instruction in;
+  in.linear = linear;
+  in.layer = 12;
+  in.chunk = 1;
+  const auto seconds = [&](const ParallelCostModel& m, sched::OpKind kind) {
+    in.kind = kind;
+    return m.duration(s, 1, in);
+  };
+  // Factor sync: replicated, the all-reduce as before; sharded, a reduce-scatter over 8
+  // (7/8 F); partial:2, that plus an all-gather inside the pairs (2/8 x 1/2 F).
+  EXPECT_NEAR(seconds(replicated, sched::OpKind::kCurvatureSync),
+              allreduce_seconds(F, 8, c.network), 1e-12);
+  EXPECT_NEAR(seconds(shard, sched::OpKind::kCurvatureSync), 7.0 / 8.0 * F / bw + 7.0 * lat, 1e-12);
+  EXPECT_NEAR(seconds(partial, sched::OpKind::kCurvatureSync),
+              7.0 / 8.0 * F / bw + 7.0 * lat + 2.0 / 8.0 * (F / 2.0 / bw + lat), 1e-12);
+  // Inversions and preconditioning: the average replica's share.
+  const double invert = seconds(replicated, sched::OpKind::kInvertA);
+  EXPECT_NEAR(seconds(shard, sched::OpKind::kInvertA), invert / 8.0, 1e-15);
+  EXPECT_NEAR(seconds(partial, sched::OpKind::kInvertA), invert / 4.0, 1e-15);
+  const double precondition = seconds(replicated, sched::OpKind::kPrecondition);
+  EXPECT_NEAR(seconds(shard, sched::OpKind::kPrecondition), precondition / 8.0, 1e-15);
+  EXPECT_NEAR(seconds(factors_only, sched::OpKind::kPrecondition), precondition, 1e-15);
+  // Preconditioned gradients: an all-gather over the 8 (shard) or the 4 pairs (partial:2,
+  // pairs 16 ranks apart: still the network); inverses (factors sharded, inverses
+  // replicated): an all-gather over the 8, each replica in all of them.
+  EXPECT_NEAR(seconds(shard, sched::OpKind::kBroadcastGradient), 7.0 / 8.0 * P / bw + 7.0 * lat,
+              1e-12);
+  EXPECT_NEAR(seconds(partial, sched::OpKind::kBroadcastGradient), 3.0 / 4.0 * P / bw + 3.0 * lat,
+              1e-12);
+  EXPECT_NEAR(seconds(factors_only, sched::OpKind::kBroadcastInverses),
+              7.0 / 8.0 * F / bw + 7.0 * lat, 1e-12);
+  // Per worker (12 layers, all six Linears): bytes one replica receives, and memory.
+  const std::vector<sched::LinearKind> all = {
+      sched::LinearKind::kQuery,        sched::LinearKind::kKey,   sched::LinearKind::kValue,
+      sched::LinearKind::kAttentionOut, sched::LinearKind::kFfnIn, sched::LinearKind::kFfnOut};
+  double state = 0.0, gradient = 0.0, largest = 0.0;
+  for (auto kind : all) {
+    const auto d = replicated.linear_dims(kind);
+    state += 4.0 * (d.in * d.in + d.out * d.out);
+    gradient += 4.0 * (d.in * d.out + d.out);
+    largest = std::max(largest, 8.0 * (d.in * d.in + d.out * d.out));
+  }
+  const auto full = replicated.kfac_state_cost(s, 1, all);
+  EXPECT_NEAR(full.replicated_bytes, 12 * 2.0 * state, 1.0);
+  EXPECT_NEAR(full.memory_bytes, full.replicated_bytes, 1.0);
+  EXPECT_NEAR(full.factor_bytes_per_refresh, 12 * 14.0 / 8.0 * state, 1.0);
+  EXPECT_EQ(full.gradient_bytes_per_step, 0.0);
+  const auto sharded = shard.kfac_state_cost(s, 1, all);
+  EXPECT_NEAR(sharded.memory_bytes, full.replicated_bytes / 8.0, 1.0);
+  EXPECT_NEAR(sharded.busiest_memory_bytes, sharded.memory_bytes + largest, 1.0);
+  EXPECT_NEAR(sharded.factor_bytes_per_refresh, 12 * 7.0 / 8.0 * state, 1.0);
+  EXPECT_NEAR(sharded.gradient_bytes_per_step, 12 * 7.0 / 8.0 * gradient, 1.0);
+  EXPECT_EQ(sharded.inverse_bytes_per_refresh, 0.0);
+  const auto gathered = factors_only.kfac_state_cost(s, 1, all);
+  EXPECT_NEAR(gathered.memory_bytes, 12 * (1.0 / 8.0 + 1.0) * state, 1.0);
+  EXPECT_NEAR(gathered.inverse_bytes_per_refresh, 12 * 7.0 / 8.0 * state, 1.0);
+  // The engine's K-FAC memory (kfac_bytes) is the average replica's share.
+  EXPECT_NEAR(partial.kfac_bytes(s, 12, linear), 2.0 * F * 2.0 / 8.0, 1.0);
+  // Holders must divide d, the factors' the inverses'.
+  const ParallelCostModel three = place(3, 3), crossed = place(4, 2);
+  EXPECT_NE(error_of([&] { (void)seconds(three, sched::OpKind::kInvertA); }).find("must divide"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { (void)seconds(crossed, sched::OpKind::kInvertA); }).find("must divide"),
+            std::string::npos);
+}
+
 TEST(ParallelCostModel, BadWorkloadsAreNamed) {
   const ClusterSpec c = cluster_preset("dgx-a100");
   EXPECT_NE(error_of([&] {

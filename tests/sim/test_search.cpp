@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -132,6 +133,58 @@ TEST(ConfigSearch, KfacRunsThePassOnTheBest) {
   EXPECT_TRUE(r.ranked[0].kfac_run);
   const nlohmann::json json = search_json(o, r, 5);
   EXPECT_TRUE(json["candidates"][0].contains("kfac"));
+}
+
+TEST(ConfigSearch, ShardedKfacStateFitsWhatReplicatedCannot) {
+  // GPT-3 13B in 4 stages of 10 layers on 8 replicas: the weights and Adam state fit an 80 GB
+  // A100 (~52 GiB with activations), the replicated K-FAC factors and inverses of 10 layers
+  // (~55 GiB) do not; sharded over the 8 replicas (an eighth plus one Linear's) they do.
+  SearchOptions o = small_search();
+  o.model = transformer_preset("gpt3-13b");
+  o.gpus = 32;
+  o.global_batch = 32;
+  o.tensor_parallel = {1};
+  o.pipeline_stages = {4};
+  o.micro_batch_sizes = {1};
+  o.kinds = {sched::ScheduleKind::kOneFOneB};
+  o.recompute = {Recompute::kFull};
+  o.zero_stages = {0};
+  o.optimizer_offload = {Offload::kNone};
+  o.kfac = pipefisher::KfacOptions{};
+  o.kfac_top = 1;
+  o.kfac_placements = parse_kfac_placements("replicate,shard");
+  const SearchResult r = search_configurations(o);
+  EXPECT_EQ(r.enumerated, 2);
+  EXPECT_EQ(r.out_of_memory, 1);
+  EXPECT_EQ(r.kfac_out_of_memory, 1);
+  ASSERT_EQ(r.ranked.size(), 1U);
+  const Candidate& c = r.ranked[0];
+  EXPECT_EQ(kfac::to_string(c.kfac_placement), "shard");
+  EXPECT_GT(c.kfac_replicated_bytes + c.peak_memory_bytes - c.kfac_memory_bytes,
+            o.cluster.gpu_memory_bytes);
+  EXPECT_LT(c.kfac_memory_bytes, c.kfac_replicated_bytes / 4.0);
+  ASSERT_TRUE(c.kfac_run);
+  EXPECT_LE(c.kfac_peak_memory_bytes, o.cluster.gpu_memory_bytes);
+  EXPECT_GT(c.kfac_gradient_bytes_per_step, 0.0);
+  // The pass ran on the sharded placement: its after-peak holds the busiest replica's share.
+  EXPECT_LE(c.kfac_peak_memory_bytes, c.peak_memory_bytes + 1.0);
+  const nlohmann::json json = search_json(o, r, 5);
+  EXPECT_EQ(json["kfac_out_of_memory"], 1);
+  EXPECT_EQ(json["candidates"][0]["kfac_state"]["placement"], "shard");
+  // Only replication offered: nothing fits.
+  o.kfac_placements = parse_kfac_placements("replicate");
+  EXPECT_TRUE(search_configurations(o).ranked.empty());
+  // The default menu for d = 8, and the list syntax.
+  std::vector<std::string> names;
+  for (const auto& placement : default_kfac_placements(8))
+    names.push_back(kfac::to_string(placement));
+  EXPECT_EQ(names, (std::vector<std::string>{"replicate", "factors=shard,inverses=replicate",
+                                             "partial:2", "partial:4", "shard"}));
+  EXPECT_EQ(kfac::to_string(parse_kfac_placements("factors=shard,inverses=partial:4,shard")[0]),
+            "factors=shard,inverses=partial:4");
+  EXPECT_THROW((void)parse_kfac_placements("factors=shard"), std::invalid_argument);
+  EXPECT_THROW((void)parse_kfac_placements("auto"), std::invalid_argument);
+  EXPECT_THROW((void)parse_kfac_placements("replicate,,shard"), std::invalid_argument);
 }
 
 TEST(ConfigSearch, ShardingAndOffloadFitWhatReplicationCannot) {

@@ -287,6 +287,68 @@ TEST(SimCommand, KfacFillsTheBubblesAndReportsBothRuns) {
   EXPECT_GT(kfac_instructions, 0);
 }
 
+TEST(SimCommand, KfacStatePlacementAtScale) {
+  // GPT-3 13B, p = 4, d = 8: replicated K-FAC state does not fit (exit 1, said so); sharded
+  // over the replicas it does, and the report shows what it saves and moves.
+  const auto run = [](const std::string& sharding, std::ostringstream& out,
+                      const fs::path& report) {
+    CompileCommandOptions compile;
+    SimCommandOptions options;
+    pipefisher::KfacCommandOptions kfac;
+    CLI::App app;
+    add_compile_options(app, compile);
+    add_sim_options(app, options);
+    pipefisher::add_kfac_options(app, kfac);
+    std::vector<std::string> args = {"pipefisher_sim",
+                                     "--schedule",
+                                     "1f1b",
+                                     "-p",
+                                     "4",
+                                     "--data-parallel",
+                                     "8",
+                                     "--model",
+                                     "gpt3-13b",
+                                     "--global-batch",
+                                     "32",
+                                     "--micro-batch-size",
+                                     "1",
+                                     "--cluster",
+                                     "dgx-a100",
+                                     "--precision",
+                                     "fp16",
+                                     "--recompute",
+                                     "full",
+                                     "--grid",
+                                     "none",
+                                     "--kfac",
+                                     "--kfac-sharding",
+                                     sharding,
+                                     "--report",
+                                     report.string()};
+    std::vector<const char*> argv;
+    for (const auto& a : args) argv.push_back(a.c_str());
+    app.parse(static_cast<int>(argv.size()), argv.data());
+    return run_sim_command(compile, options, out, kfac);
+  };
+  const fs::path report = scratch("kfac_scale.json");
+  std::ostringstream replicated;
+  EXPECT_EQ(run("replicate", replicated, report), 1) << replicated.str();
+  EXPECT_NE(replicated.str().find("does not fit with K-FAC"), std::string::npos);
+  EXPECT_FALSE(read_json(report)["kfac_state"]["fits"].get<bool>());
+  std::ostringstream sharded;
+  ASSERT_EQ(run("shard", sharded, report), 0) << sharded.str();
+  EXPECT_NE(sharded.str().find("K-FAC state at scale"), std::string::npos) << sharded.str();
+  const nlohmann::json state = read_json(report)["kfac_state"];
+  EXPECT_TRUE(state["fits"].get<bool>());
+  EXPECT_EQ(state["factor_holders"], 1);
+  EXPECT_EQ(state["link"], "nvlink");  // 8 replicas 1 rank apart: one node
+  EXPECT_LT(state["memory_bytes_per_gpu"].get<double>(),
+            state["replicated_memory_bytes_per_gpu"].get<double>() / 4.0);
+  EXPECT_GT(state["gradient_bytes_per_step"].get<double>(), 0.0);
+  std::ostringstream automatic;
+  EXPECT_THROW(run("auto", automatic, report), std::invalid_argument);
+}
+
 TEST(SimCommand, ScheduleAllComparesAndSkipsWithAReason) {
   CompileCommandOptions compile;
   SimCommandOptions options;
