@@ -13,6 +13,7 @@
 
 #include "scheduler/compile.h"
 #include "scheduler/generators.h"
+#include "scheduler/pipefisher/offload_pass.h"
 #include "scheduler/pipefisher/pass.h"
 #include "scheduler/placement.h"
 #include "sim/parallel_cost_model.h"
@@ -185,12 +186,34 @@ bool estimate_kfac(const ParallelCostModel& model, const SearchOptions& options,
   c.memory_estimate_bytes = 0.0;
   c.kfac_memory_bytes = c.kfac_replicated_bytes = c.kfac_overhead_estimate_s = 0.0;
   c.kfac_load_estimate_s = 0.0;
+  // Replicated state may live in host memory: on the device the largest Linear's (host) or
+  // what fits beside the rest (auto); the copies run on the host link, their own lane.
+  c.kfac_offloaded = !spread && options.kfac_offload != pipefisher::OffloadMode::kNone;
+  const double host_bandwidth = model.cluster().host_bandwidth > 0.0
+                                    ? model.cluster().host_bandwidth
+                                    : model.cluster().device.host_bandwidth;
   for (std::size_t w = 0; w < workers.size(); ++w) {
     const auto cost = layer.times(layers[w], spread);
-    c.memory_estimate_bytes =
-        std::max(c.memory_estimate_bytes, workers[w].peak + cost.busiest_memory_bytes);
+    double device = cost.busiest_memory_bytes, least = device;
+    if (c.kfac_offloaded) {
+      // What must stay: the Linear being refreshed (auto keeps more where it fits).
+      least = layers[w] > 0.0 ? layer.largest_linear_bytes : 0.0;
+      device = options.kfac_offload == pipefisher::OffloadMode::kHost
+                   ? least
+                   : std::min(device,
+                              std::max(least, options.cluster.gpu_memory_bytes - workers[w].peak));
+      // Per step the inverses of every Linear come in, per refresh the factors come in and
+      // go back with the inverses (docs/offload.md): time beyond the step delays it.
+      const double copies = cost.replicated_bytes / 2.0 * (1.0 + 3.0 / k_max);
+      if (host_bandwidth > 0.0) {
+        c.kfac_overhead_estimate_s =
+            std::max(c.kfac_overhead_estimate_s, copies / host_bandwidth - c.estimate_s);
+      }
+    }
+    c.memory_estimate_bytes = std::max(c.memory_estimate_bytes, workers[w].peak + least);
     if (cost.replicated_bytes >= c.kfac_replicated_bytes) {
-      c.kfac_memory_bytes = cost.busiest_memory_bytes;
+      c.kfac_memory_bytes = device;
+      c.kfac_least_memory_bytes = least;
       c.kfac_replicated_bytes = cost.replicated_bytes;
       c.kfac_factor_bytes_per_refresh = cost.factor_bytes_per_refresh;
       c.kfac_inverse_bytes_per_refresh = cost.inverse_bytes_per_refresh;
@@ -280,7 +303,7 @@ bool better(const Candidate& a, const Candidate& b) {
 }  // namespace
 
 std::string Candidate::kfac_state_name() const {
-  return kfac::to_string(kfac_placement);
+  return kfac::to_string(kfac_placement) + (kfac_offloaded ? "+offload" : "");
 }
 
 std::string Candidate::state_name() const {
@@ -412,6 +435,9 @@ void SearchOptions::validate() const {
     throw std::invalid_argument("--zero-stages and --optimizer-offload must list a value each");
   }
   for (int stage : zero_stages) (void)zero_sharding(stage);
+  if (kfac_offload != pipefisher::OffloadMode::kNone && !kfac) {
+    throw std::invalid_argument("--kfac-offload offloads K-FAC state: add --kfac");
+  }
   for (Offload offload : optimizer_offload) {
     if (!fits_offload(cluster, offload)) {
       throw std::invalid_argument("--optimizer-offload " + std::string(to_string(offload)) +
@@ -569,7 +595,7 @@ SearchResult search_configurations(const SearchOptions& options) {
       it = simulations.emplace(key, x).first;
     }
     // The K-FAC state on top of the simulated peak (the worst worker's both: an upper bound).
-    const double peak = it->second.peak + c.kfac_memory_bytes;
+    const double peak = it->second.peak + c.kfac_least_memory_bytes;
     if (peak > options.cluster.gpu_memory_bytes) {
       ++result.out_of_memory;
       if (it->second.peak <= options.cluster.gpu_memory_bytes) ++result.kfac_out_of_memory;
@@ -626,6 +652,18 @@ SearchResult search_configurations(const SearchOptions& options) {
       ++runs;
       double peak = 0.0;
       for (const auto& w : pass.after.workers) peak = std::max(peak, w.peak_memory_bytes);
+      double step = pass.report.step_time_after_s;
+      if (c.kfac_offloaded) {
+        const pipefisher::OffloadResult offload = pipefisher::run_offload_pass(
+            pass, *model, {options.kfac_offload, options.cluster.gpu_memory_bytes});
+        c.kfac_peak_before_offload_bytes = peak;
+        peak = offload.report.max_peak_memory_after;
+        step = offload.report.step_time_after_s;
+        c.kfac_offloaded_linears = offload.report.offloaded_linears;
+        for (const auto& w : offload.report.workers) {
+          c.kfac_host_link_s_per_refresh = std::max(c.kfac_host_link_s_per_refresh, w.transfer_s);
+        }
+      }
       if (peak > options.cluster.gpu_memory_bytes) {
         ++result.out_of_memory;
         ++result.kfac_out_of_memory;
@@ -635,7 +673,7 @@ SearchResult search_configurations(const SearchOptions& options) {
       c.kfac_peak_memory_bytes = peak;
       c.utilization_before = pass.report.utilization_before;
       c.utilization_after = pass.report.utilization_after;
-      c.kfac_step_time_s = pass.report.step_time_after_s;
+      c.kfac_step_time_s = step;
       c.refresh_steps = pass.report.refresh_steps;
       c.refresh_bound = pass.report.refresh_bound;
       c.formula_refresh_steps = formula_refresh_steps(*model, options, c);
@@ -737,7 +775,16 @@ nlohmann::json search_json(const SearchOptions& options, const SearchResult& res
                             {"factor_bytes_per_refresh", c.kfac_factor_bytes_per_refresh},
                             {"inverse_bytes_per_refresh", c.kfac_inverse_bytes_per_refresh},
                             {"gradient_bytes_per_step", c.kfac_gradient_bytes_per_step},
-                            {"overhead_estimate_s", c.kfac_overhead_estimate_s}};
+                            {"overhead_estimate_s", c.kfac_overhead_estimate_s},
+                            {"offloaded", c.kfac_offloaded}};
+      if (c.kfac_offloaded) {
+        item["kfac_state"]["offload"] = std::string(pipefisher::to_string(options.kfac_offload));
+      }
+      if (c.kfac_offloaded && c.kfac_run) {
+        item["kfac_state"]["offloaded_linears"] = c.kfac_offloaded_linears;
+        item["kfac_state"]["host_link_seconds_per_refresh"] = c.kfac_host_link_s_per_refresh;
+        item["kfac_state"]["peak_before_offload_bytes"] = c.kfac_peak_before_offload_bytes;
+      }
     }
     if (c.kfac_run) {
       item["kfac"] = {{"utilization_before", c.utilization_before},

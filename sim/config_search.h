@@ -29,6 +29,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "scheduler/pipefisher/kfac_options.h"
+#include "scheduler/pipefisher/offload_planner.h"
 #include "scheduler/schedule.h"
 #include "sim/cluster.h"
 #include "sim/transformer_kernels.h"
@@ -61,6 +62,11 @@ struct SearchOptions {
   // With kfac: the K-FAC state placements over the data-parallel group each candidate is tried
   // with (empty: default_kfac_placements(d)); its state joins the memory the search prunes by.
   std::vector<kfac::StatePlacement> kfac_placements;
+  // With kfac: K-FAC state in host memory (docs/offload.md) for the replicated placement:
+  // host offloads every Linear, auto what does not fit the GPU; the offload pass places the
+  // copies on each GPU's host link after the PipeFisher pass (sharded placements stay on the
+  // device: the pass refuses offload with them).
+  pipefisher::OffloadMode kfac_offload = pipefisher::OffloadMode::kNone;
   // Throws std::invalid_argument naming the flag.
   void validate() const;
 };
@@ -89,6 +95,7 @@ struct Candidate {
   // adds per step (below).
   kfac::StatePlacement kfac_placement;
   double kfac_memory_bytes = 0.0;
+  double kfac_least_memory_bytes = 0.0;  // what must stay on the device (offload: one Linear's)
   double kfac_replicated_bytes = 0.0;
   double kfac_factor_bytes_per_refresh = 0.0;
   double kfac_inverse_bytes_per_refresh = 0.0;
@@ -100,6 +107,12 @@ struct Candidate {
   // The same without the idle time (the K-FAC work and traffic per step): breaks ties.
   double kfac_load_estimate_s = 0.0;
   double kfac_peak_memory_bytes = 0.0;  // the pass's simulated peak with K-FAC (kfac_run)
+  // K-FAC state in host memory (SearchOptions::kfac_offload): the estimate keeps on the device
+  // the largest Linear's state (host) or what fits (auto); the offload pass's figures.
+  bool kfac_offloaded = false;
+  int kfac_offloaded_linears = 0;
+  double kfac_host_link_s_per_refresh = 0.0;    // the busiest worker's copies
+  double kfac_peak_before_offload_bytes = 0.0;  // the PipeFisher schedule without offload
   int refresh_steps = 0, refresh_bound = -1;
   // PipeFisher's own analytic refresh period, ceil((N T_kron + T_inv) / bubble) on the worst
   // worker, with its pipeline model's bubble: (p - 1)(T_f + T_b) for GPipe / 1F1B, divided by v

@@ -74,6 +74,12 @@ CLI::App* add_search_command(CLI::App& app, SearchCommandOptions& options) {
       "With --kfac: the K-FAC state placements to try over the data-parallel group, a comma "
       "list of replicate, shard, partial:G and factors=X,inverses=Y pairs (default: replicate; "
       "factors=shard,inverses=replicate; partial:2, 4, ... up to 64 dividing d; shard)");
+  command
+      ->add_option("--kfac-offload", options.kfac_offload,
+                   "With --kfac: replicated K-FAC state in host memory (none, host: every "
+                   "Linear, auto: what does not fit the GPU), its copies on each GPU's host link")
+      ->check(CLI::IsMember({"none", "host", "auto"}))
+      ->capture_default_str();
   command->add_option("--out", options.out, "Write the top configurations as JSON");
   command->add_option("--top", options.top, "Configurations to print and write")
       ->capture_default_str();
@@ -170,6 +176,10 @@ int run_search_command(const SearchCommandOptions& options, std::ostream& out) {
     if (!options.kfac)
       throw std::invalid_argument("--kfac-sharding places K-FAC state: add --kfac");
     search.kfac_placements = sim::parse_kfac_placements(options.kfac_sharding);
+  }
+  search.kfac_offload = pipefisher::offload_mode_from_string(options.kfac_offload);
+  if (search.kfac_offload != pipefisher::OffloadMode::kNone && !options.kfac) {
+    throw std::invalid_argument("--kfac-offload offloads K-FAC state: add --kfac");
   }
   const sim::SearchResult result = sim::search_configurations(search);
   out << sim::search_table(search, result, options.top);

@@ -19,8 +19,10 @@ struct SearchCommandOptions {
   int seq_len = 0;     // 0: the model's maximum (at most 2048)
   std::string precision = "bf16";
   bool kfac = false;
-  std::string kfac_sharding;  // --kfac-sharding list (empty: default_kfac_placements)
-  std::string out;            // --out FILE.json
+  std::string kfac_sharding;
+  std::string kfac_offload = "none";  // --kfac-offload none|host|auto  // --kfac-sharding list
+                                      // (empty: default_kfac_placements)
+  std::string out;                    // --out FILE.json
   int top = 10;
   int simulate_top = 24;
   int kfac_top = 6;

@@ -1,6 +1,7 @@
 #include "sim/sim_command.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <iomanip>
 #include <optional>
 #include <ostream>
@@ -587,6 +588,10 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
   if (kfac.enabled) {
     pipefisher::KfacCommandOptions with_dims = kfac;
     with_dims.linear_dims = setup.linear_dims;
+    // The parallel model knows the GPU: --kfac-offload auto fits under it unless told otherwise.
+    if (setup.parallel && with_dims.device_memory_budget_mib <= 0.0) {
+      with_dims.device_memory_budget_mib = setup.gpu_memory_bytes / (1024.0 * 1024.0);
+    }
     pass.emplace(
         pipefisher::run_kfac_command(schedule, *setup.costs, with_dims, out, sim_options(options)));
     report["kfac"] = pipefisher::to_json(pass->report);
@@ -603,6 +608,22 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
                                                        sim_options(options))) {
       report["kfac_offload"] = pipefisher::offload_report_json(offload->report);
       report["with_kfac_offload"] = sim::report_json(offload->schedule, offload->after, setup.run);
+      if (setup.parallel) {
+        // The state in host memory: what fits is the peak with the copies.
+        kfac_fits = offload->report.max_peak_memory_after <= setup.gpu_memory_bytes;
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "K-FAC offload at scale: peak per GPU %.2f GiB -> %.2f GiB of %.2f GiB "
+                      "(%s); step %.3f s -> %.3f s\n",
+                      offload->report.max_peak_memory_before / (1024.0 * 1024 * 1024),
+                      offload->report.max_peak_memory_after / (1024.0 * 1024 * 1024),
+                      setup.gpu_memory_bytes / (1024.0 * 1024 * 1024),
+                      kfac_fits ? "fits" : "does not fit", offload->report.step_time_before_s,
+                      offload->report.step_time_after_s);
+        out << line;
+        report["kfac_state"]["fits"] = kfac_fits;
+        report["kfac_state"]["peak_memory_bytes"] = offload->report.max_peak_memory_after;
+      }
       pass->schedule = std::move(offload->schedule);
       pass->after = std::move(offload->after);
     }

@@ -187,6 +187,47 @@ TEST(ConfigSearch, ShardedKfacStateFitsWhatReplicatedCannot) {
   EXPECT_THROW((void)parse_kfac_placements("replicate,,shard"), std::invalid_argument);
 }
 
+TEST(ConfigSearch, KfacOffloadPlacesItsCopiesAndFitsWhatTheDeviceCannot) {
+  // GPT-3 6.7B in 4 stages on 8 replicas of a 64 GiB GPU: weights, Adam state and activations
+  // take ~29 GiB, the replicated K-FAC state of 8 layers 42 GiB more. In host memory (auto:
+  // the largest Linears until the simulated peak fits) it fits; the offload pass's copies run
+  // on each GPU's host link.
+  SearchOptions o = small_search();
+  o.model = transformer_preset("gpt3-6.7b");
+  o.cluster.gpu_memory_bytes = 64.0 * 1024 * 1024 * 1024;
+  o.gpus = 32;
+  o.global_batch = 32;
+  o.tensor_parallel = {1};
+  o.pipeline_stages = {4};
+  o.micro_batch_sizes = {1};
+  o.kinds = {sched::ScheduleKind::kOneFOneB};
+  o.recompute = {Recompute::kFull};
+  o.zero_stages = {0};
+  o.optimizer_offload = {Offload::kNone};
+  o.kfac = pipefisher::KfacOptions{};
+  o.kfac_top = 1;
+  o.kfac_placements = parse_kfac_placements("replicate");
+  EXPECT_TRUE(search_configurations(o).ranked.empty());  // on the device it does not fit
+  o.kfac_offload = pipefisher::OffloadMode::kAuto;
+  const SearchResult r = search_configurations(o);
+  ASSERT_EQ(r.ranked.size(), 1U);
+  const Candidate& c = r.ranked[0];
+  EXPECT_TRUE(c.kfac_offloaded);
+  ASSERT_TRUE(c.kfac_run);
+  EXPECT_GT(c.kfac_offloaded_linears, 0);
+  EXPECT_LT(c.kfac_offloaded_linears, 4 * 8 * 6);  // auto: not every Linear
+  EXPECT_GT(c.kfac_peak_before_offload_bytes, o.cluster.gpu_memory_bytes);
+  EXPECT_LE(c.kfac_peak_memory_bytes, o.cluster.gpu_memory_bytes);
+  EXPECT_GT(c.kfac_host_link_s_per_refresh, 0.0);
+  EXPECT_EQ(c.kfac_state_name(), "replicate+offload");
+  const nlohmann::json json = search_json(o, r, 1);
+  EXPECT_EQ(json["candidates"][0]["kfac_state"]["offload"], "auto");
+  EXPECT_GT(json["candidates"][0]["kfac_state"]["offloaded_linears"].get<int>(), 0);
+  // Offload needs K-FAC.
+  o.kfac.reset();
+  EXPECT_THROW((void)search_configurations(o), std::invalid_argument);
+}
+
 TEST(ConfigSearch, ShardingAndOffloadFitWhatReplicationCannot) {
   // An 18.4B model on 32 GPUs without tensor or pipeline parallelism: 16 bytes of replicated
   // state per parameter (294 GB) cannot fit in 80 GB; sharded over the 32 replicas, or with the

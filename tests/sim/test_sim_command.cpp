@@ -349,6 +349,73 @@ TEST(SimCommand, KfacStatePlacementAtScale) {
   EXPECT_THROW(run("auto", automatic, report), std::invalid_argument);
 }
 
+TEST(SimCommand, KfacOffloadAtScale) {
+  // GPT-3 6.7B, p = 4, d = 8 on GPUs of 64 GiB: the replicated K-FAC state does not fit on the
+  // device; --kfac-offload auto (its budget the cluster's GPU memory) moves the largest Linears'
+  // state to host memory until the simulated peak fits, and says what it saved and cost.
+  const fs::path cluster = scratch("cluster_64gib.json");
+  {
+    std::ofstream file(cluster);
+    file << R"({"name": "a100-64gib", "device": "a100", "gpu_memory_gb": 68.719476736,
+      "gpus_per_node": 8, "num_nodes": 64, "nvlink": {"bandwidth_gbps": 300, "latency_us": 3},
+      "network": {"bandwidth_gbps": 25, "latency_us": 6}, "host_bandwidth_gbps": 25,
+      "host_memory_gb": 2000, "nvme_bandwidth_gbps": 25})";
+  }
+  const auto run = [&](const std::string& offload, std::ostringstream& out,
+                       const fs::path& report) {
+    CompileCommandOptions compile;
+    SimCommandOptions options;
+    pipefisher::KfacCommandOptions kfac;
+    CLI::App app;
+    add_compile_options(app, compile);
+    add_sim_options(app, options);
+    pipefisher::add_kfac_options(app, kfac);
+    std::vector<std::string> args = {"pipefisher_sim",
+                                     "--schedule",
+                                     "1f1b",
+                                     "-p",
+                                     "4",
+                                     "--data-parallel",
+                                     "8",
+                                     "--model",
+                                     "gpt3-6.7b",
+                                     "--global-batch",
+                                     "32",
+                                     "--micro-batch-size",
+                                     "1",
+                                     "--cluster",
+                                     cluster.string(),
+                                     "--precision",
+                                     "fp16",
+                                     "--recompute",
+                                     "full",
+                                     "--grid",
+                                     "none",
+                                     "--kfac",
+                                     "--kfac-offload",
+                                     offload,
+                                     "--report",
+                                     report.string()};
+    std::vector<const char*> argv;
+    for (const auto& a : args) argv.push_back(a.c_str());
+    app.parse(static_cast<int>(argv.size()), argv.data());
+    return run_sim_command(compile, options, out, kfac);
+  };
+  const fs::path report = scratch("kfac_offload_scale.json");
+  std::ostringstream on_device;
+  EXPECT_EQ(run("none", on_device, report), 1) << on_device.str();
+  std::ostringstream offloaded;
+  ASSERT_EQ(run("auto", offloaded, report), 0) << offloaded.str();
+  EXPECT_NE(offloaded.str().find("K-FAC offload at scale"), std::string::npos) << offloaded.str();
+  const nlohmann::json r = read_json(report);
+  EXPECT_TRUE(r["kfac_state"]["fits"].get<bool>());
+  EXPECT_LE(r["kfac_state"]["peak_memory_bytes"].get<double>(), 64.0 * 1024 * 1024 * 1024);
+  ASSERT_TRUE(r.contains("kfac_offload"));
+  EXPECT_GT(r["kfac_offload"]["offloaded_linears"].get<int>(), 0);
+  EXPECT_GT(r["kfac_offload"]["max_peak_memory_before_bytes"].get<double>(),
+            64.0 * 1024 * 1024 * 1024);
+}
+
 TEST(SimCommand, ScheduleAllComparesAndSkipsWithAReason) {
   CompileCommandOptions compile;
   SimCommandOptions options;
