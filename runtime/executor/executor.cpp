@@ -342,7 +342,9 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   // The last weight-gradient backward of each (step, pipeline, chunk) before its DP reduction.
   void find_dp_bucket_launches() {
     dp_reduction_of.assign(stream->size(), -1);
-    if (replicas < 2 || runtime || setup.options.dp_bucket_bytes <= 0) return;
+    // A device stages its reductions through host memory at the instruction, unless its
+    // communicator moves device memory itself (NCCL): then buckets are enqueued on its stream.
+    if (replicas < 2 || (runtime && !device_comm) || setup.options.dp_bucket_bytes <= 0) return;
     for (std::size_t r = 0; r < stream->size(); ++r) {
       const Instruction& reduction = (*stream)[r];
       if (reduction.kind != OpKind::kReduceGradDataParallel) continue;
@@ -720,7 +722,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     const int reduction = dp_reduction_of[static_cast<std::size_t>(position)];
     if (reduction >= 0) {
       launcher.emplace(*this, ChunkStepKey{in.step, in.pipeline, in.chunk},
-                       slot.model->flat_grads(), global_step, reduction);
+                       slot.model->flat_grads(), global_step, reduction, position);
     }
     model::GradientsReady* ready = launcher ? &*launcher : nullptr;
     if (in.kind == OpKind::kBackwardWeight) {
@@ -967,12 +969,13 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   class BucketLauncher final : public model::GradientsReady {
    public:
     BucketLauncher(Impl& impl, ChunkStepKey key, std::span<T> grads, std::int64_t global_step,
-                   int reduction_position)
+                   int reduction_position, int backward_position)
         : impl_(&impl),
           key_(key),
           grads_(grads),
           global_step_(global_step),
           reduction_position_(reduction_position),
+          backward_position_(backward_position),
           cap_elements_(std::max<std::int64_t>(
               1, impl.setup.options.dp_bucket_bytes / static_cast<std::int64_t>(sizeof(T)))) {
       if (impl.dp_buckets.contains(key)) {
@@ -1026,10 +1029,38 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       bucket.issued_s = impl_->now_s();
       bucket.global_step = global_step_;
       bucket.reduction_position = reduction_position_;
-      bucket.request = impl_->comm.iall_reduce_sum(
-          grads_.subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(end - begin)),
-          impl_->data_parallel_group(impl_->self), impl_->deadline());
-      impl_->dp_buckets[key_].push_back(std::move(bucket));
+      const auto slice =
+          grads_.subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(end - begin));
+      const auto group = impl_->data_parallel_group(impl_->self);
+      auto& buckets = impl_->dp_buckets[key_];
+      if (impl_->device_comm != nullptr) {
+        start_on_device(slice, group, buckets.size());
+        bucket.done = true;  // enqueued: the reduction orders the compute stream after it
+      } else {
+        bucket.request = impl_->comm.iall_reduce_sum(slice, group, impl_->deadline());
+      }
+      buckets.push_back(std::move(bucket));
+    }
+    // On the device communicator's stream, after the compute stream's work so far (this
+    // range's weight gradients); the host does not wait. The watchdog names the bucket.
+    void start_on_device(std::span<T> slice, const std::vector<int>& group, std::size_t index) {
+      if constexpr (std::is_same_v<T, float>) {
+        auto& device_comm = *impl_->device_comm;
+        const auto produced = impl_->backend().create_event();
+        produced->record(*impl_->compute_stream);
+        device_comm.wait_on_device(*produced);
+        const auto& reduction = (*impl_->stream)[static_cast<std::size_t>(reduction_position_)];
+        const auto& backward = (*impl_->stream)[static_cast<std::size_t>(backward_position_)];
+        device_comm.set_activity(reduction_position_, sched::short_label(reduction) + " bucket " +
+                                                          std::to_string(index));
+        device_comm.all_reduce_sum_async(slice, group, impl_->deadline());
+        device_comm.set_activity(backward_position_, sched::short_label(backward));
+      } else {
+        (void)slice;
+        (void)group;
+        (void)index;
+        throw std::logic_error("device runs are float");
+      }
     }
 
     Impl* impl_;
@@ -1037,6 +1068,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     std::span<T> grads_;
     std::int64_t global_step_;
     int reduction_position_;
+    int backward_position_;
     std::int64_t cap_elements_;
     std::int64_t pending_begin_ = 0, pending_end_ = 0;  // gathered, not started
     std::vector<std::pair<std::int64_t, std::int64_t>> started_;
@@ -1078,6 +1110,9 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   // them (each with the run's deadline). Returns the bytes reduced.
   std::int64_t finish_dp_buckets(std::vector<DpBucket>& buckets) {
     std::int64_t bytes = 0;
+    // Buckets on a device communicator's stream: the compute stream's later work (the
+    // optimizer, preconditioning) waits for them on the device.
+    if (device_comm != nullptr) device_comm->order_before(*compute_stream);
     for (std::size_t i = 0; i < buckets.size(); ++i) {
       auto& bucket = buckets[i];
       const std::int64_t bucket_bytes =

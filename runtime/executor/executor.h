@@ -66,8 +66,10 @@ struct ExecutorOptions {
   // bytes starts its non-blocking all-reduce over the data-parallel group as soon as the model
   // reports it finished (model::GradientsReady), overlapping the rest of that backward; the
   // chunk's DP-reduction instruction then waits for its buckets. The sums are bit-identical to
-  // the whole-chunk all-reduce. 0: no buckets, the instruction reduces the whole chunk. Device
-  // runs keep the whole-chunk reduction (NCCL enqueues it on its stream without a host wait).
+  // the whole-chunk all-reduce. 0: no buckets, the instruction reduces the whole chunk. With a
+  // device communicator (NCCL) each bucket is enqueued on its stream after the compute stream's
+  // work so far (no host wait) and the instruction orders the compute stream after them; a
+  // device without one keeps the whole-chunk reduction staged through host memory.
   std::int64_t dp_bucket_bytes = std::int64_t{4} << 20;
 };
 

@@ -67,7 +67,8 @@ struct DeviceRun {
 inline DeviceRun run_schedule(const std::shared_ptr<device::DeviceRuntime>& runtime,
                               const model::BertConfig& config, const sched::Schedule& schedule,
                               const std::string& optimizer, std::int64_t steps,
-                              bool record_events = true) {
+                              bool record_events = true,
+                              std::int64_t dp_bucket_bytes = ExecutorOptions{}.dp_bucket_bytes) {
   constexpr std::int64_t kMicroBatch = 2, kSeqLen = 6, kPredictions = 2;
   SyntheticBatches batches(config, kMicroBatch, kSeqLen, kPredictions, 13);
   RunSetup<float> setup;
@@ -78,6 +79,7 @@ inline DeviceRun run_schedule(const std::shared_ptr<device::DeviceRuntime>& runt
   setup.options.wait_timeout = std::chrono::seconds(60);
   setup.options.kfac.damping = 1e-2F;
   setup.options.record_events = record_events;
+  setup.options.dp_bucket_bytes = dp_bucket_bytes;
   device::OptimizerChoice choice;
   choice.name = optimizer;
   choice.lamb.max_grad_norm = 0.5;
