@@ -97,6 +97,16 @@ void accumulate_b(KfacLayerState& layer, const float* g, std::int64_t tokens,
   accumulate(layer.b, layer.d_out, g, tokens, output_grad_scale, unit_begin, unit_end, "b");
 }
 
+std::span<float> sync_piece(FactorState& factor, int unit_begin, int unit_end) {
+  check_piece_units(unit_begin, unit_end, "sync_piece");
+  if (factor.sum.size() == 0) {
+    throw std::logic_error("sync_piece: the factor has no accumulated curvature to sync");
+  }
+  const std::int64_t d = factor.sum.rows();
+  const ItemRange columns = piece_items(d, unit_begin, unit_end);
+  return {factor.sum.data() + columns.begin * d, static_cast<std::size_t>(columns.size() * d)};
+}
+
 void finalize_a(KfacLayerState& layer, float running_average) {
   finalize(layer.a, running_average, "a");
 }

@@ -10,6 +10,7 @@
 #include <compare>
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,6 +61,14 @@ void accumulate_b(KfacLayerState& layer, const float* g, std::int64_t tokens,
 // replaces (running_average == 0 or first refresh) or blends into the factor. Releases the
 // accumulator. Throws std::logic_error when nothing was accumulated, std::invalid_argument for
 // running_average outside [0, 1).
+// The part of a factor's accumulator that a curvature-sync piece [unit_begin, unit_end) of the
+// refresh's all-reduce carries: the columns piece_items(d, unit_begin, unit_end) of the d x d
+// column-major sum (the factor is symmetric: they are its rows of that range too), contiguous.
+// Consecutive pieces cover the sum exactly once; a piece may be empty. Elementwise sums over
+// the ranges give the bits of the whole sum's all-reduce. Throws std::logic_error on an empty
+// (idle) sum, std::invalid_argument on bad units.
+std::span<float> sync_piece(FactorState& factor, int unit_begin, int unit_end);
+
 void finalize_a(KfacLayerState& layer, float running_average = 0.0F);
 void finalize_b(KfacLayerState& layer, float running_average = 0.0F);
 

@@ -105,8 +105,9 @@ bool is_kfac_transfer(OpKind kind) {
 }
 
 bool is_divisible(OpKind kind) {
-  return kind == OpKind::kCurvatureA || kind == OpKind::kCurvatureB || kind == OpKind::kInvertA ||
-         kind == OpKind::kInvertB || kind == OpKind::kPrecondition;
+  return kind == OpKind::kCurvatureA || kind == OpKind::kCurvatureB ||
+         kind == OpKind::kCurvatureSync || kind == OpKind::kInvertA || kind == OpKind::kInvertB ||
+         kind == OpKind::kPrecondition;
 }
 
 std::string short_label(const Instruction& in) {

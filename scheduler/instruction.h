@@ -53,7 +53,8 @@ inline constexpr int kNumLinearKinds = 6;
 
 // A K-FAC task divided by the PipeFisher pass runs as pieces; each piece is one instruction doing
 // the share [piece_begin, piece_end) of kPieceUnits equal shares of its task's work (curvature:
-// token rows; inversion: steps of its chain; precondition: gradient rows; kfac/pieces.h).
+// token rows; curvature sync: row ranges of both factors, an all-reduce per range that every
+// member posts alike; inversion: steps of its chain; precondition: gradient rows; kfac/pieces.h).
 inline constexpr int kPieceUnits = 4096;
 
 struct Instruction {
@@ -75,8 +76,9 @@ struct Instruction {
   // another chunk (torch's composite OVERLAP_F_B, DualPipeV). Running the two one after the
   // other is always correct; a runtime that can overlap them may.
   bool overlap_next = false;
-  // Curvature, inversion, precondition: the piece of the task this instruction runs (the whole
-  // task by default). The pieces of one task run in order on their worker.
+  // Curvature, curvature sync, inversion, precondition: the piece of the task this instruction
+  // runs (the whole task by default). The pieces of one task run in order on their worker; the
+  // members of a divided sync post the same pieces in the same order.
   std::uint16_t piece_begin = 0;
   std::uint16_t piece_end = kPieceUnits;
 
@@ -89,7 +91,8 @@ static_assert(sizeof(Instruction) <= 40, "the instruction stays small: streams h
 inline bool is_piece(const Instruction& in) {
   return in.piece_begin != 0 || in.piece_end != kPieceUnits;
 }
-// The K-FAC kinds the pass may divide (not the curvature sync, a collective).
+// The K-FAC kinds the pass may divide: curvature, curvature sync, inversion, precondition (not
+// the inverse and gradient broadcasts).
 bool is_divisible(OpKind kind);
 // Share of its task's work, piece_end - piece_begin over kPieceUnits.
 inline double piece_share(const Instruction& in) {

@@ -173,7 +173,8 @@ Instruction instruction_from_json(const json& j, const std::string& path) {
     }
     if (!is_divisible(in.kind)) {
       r.fail("piece",
-             "only curvature, inversion and precondition instructions run in pieces, not " +
+             "only curvature, curvature sync, inversion and precondition instructions run in "
+             "pieces, not " +
                  std::string(to_string(in.kind)));
     }
     in.piece_begin = static_cast<std::uint16_t>(begin);

@@ -759,7 +759,10 @@ class Validator {
     }
     if (!is_piece(in) && chains.empty()) return;
     if (is_piece(in) && !is_divisible(in.kind)) {
-      fail(w, pos, std::string(to_string(in.kind)) + " is a collective and cannot run in pieces");
+      fail(w, pos,
+           std::string(to_string(in.kind)) +
+               " cannot run in pieces (only curvature, curvature sync, inversion and "
+               "precondition can)");
     }
     const PieceTask task{static_cast<int>(in.kind),  in.step, in.pipeline, in.microbatch, in.layer,
                          static_cast<int>(in.linear)};
@@ -775,6 +778,57 @@ class Validator {
     }
     if (!is_piece(in) && it == chains.end()) return;
     chains[task] = PieceChain{in.piece_end, pos};
+  }
+
+  // A curvature sync between two workers (Chimera's replicas, `peer` set) is one all-reduce, or
+  // one per piece: both members must post the same syncs and pieces in the same order, or the
+  // collectives pair wrongly (a runtime's all-reduces over the pair's group match by order).
+  struct SyncPost {
+    std::tuple<int, int, int, int, int> what;  // step, layer, linear, piece begin, piece end
+    std::int32_t position = 0;
+  };
+  std::string sync_name(const SyncPost& post) const {
+    const auto& [step, layer, linear, begin, end] = post.what;
+    return "sync of layer " + str(layer) + " " +
+           std::string(to_string(static_cast<LinearKind>(linear))) + " (step " + str(step) +
+           ", piece [" + str(begin) + ", " + str(end) + "))";
+  }
+  void check_sync_partners(const std::vector<std::vector<std::pair<int, SyncPost>>>& posts) const {
+    for (int w = 0; w < workers_; ++w) {
+      const auto& mine = posts[static_cast<std::size_t>(w)];
+      std::set<int> peers;
+      for (const auto& [peer, post] : mine) peers.insert(peer);
+      for (int p : peers) {
+        if (p < 0 || p >= workers_ || p == w) {
+          const auto it = std::find_if(mine.begin(), mine.end(),
+                                       [&](const auto& entry) { return entry.first == p; });
+          fail(w, it->second.position, "curvature sync names an invalid peer " + str(p));
+        }
+        if (p < w) continue;  // checked from the lower worker
+        std::vector<const SyncPost*> a, b;
+        for (const auto& [peer, post] : mine) {
+          if (peer == p) a.push_back(&post);
+        }
+        for (const auto& [peer, post] : posts[static_cast<std::size_t>(p)]) {
+          if (peer == w) b.push_back(&post);
+        }
+        for (std::size_t n = 0; n < std::max(a.size(), b.size()); ++n) {
+          if (n < a.size() && n < b.size() && a[n]->what == b[n]->what) continue;
+          if (n >= a.size()) {
+            fail(p, b[n]->position,
+                 sync_name(*b[n]) + " with worker " + str(w) + " has no partner there (worker " +
+                     str(w) + " posts only " + str(a.size()) + " syncs with worker " + str(p) +
+                     "); every member posts the same syncs and pieces in the same order");
+          }
+          fail(w, a[n]->position,
+               sync_name(*a[n]) + " is sync number " + str(n) + " with worker " + str(p) +
+                   ", whose sync number " + str(n) + " is " +
+                   (n < b.size() ? sync_name(*b[n]) + " at position " + str(b[n]->position)
+                                 : std::string("missing")) +
+                   "; every member posts the same syncs and pieces in the same order");
+        }
+      }
+    }
   }
 
   void check_kfac() const {
@@ -796,6 +850,9 @@ class Validator {
     std::vector<std::int32_t> last_precondition(layer_keys, kNone);
     // Per (worker, pipeline, layer, linear), any step: the refresh's inverse broadcast.
     std::map<std::tuple<int, int, int, int>, std::int32_t> inverse_broadcast;
+    // Per worker: its curvature syncs with a peer worker, in stream order.
+    std::vector<std::vector<std::pair<int, SyncPost>>> sync_posts(
+        static_cast<std::size_t>(workers_));
     // Pass 1: last positions of curvature and sync per (step, pipeline, layer, linear), and the
     // chains of pieces.
     for (int w = 0; w < workers_; ++w) {
@@ -810,7 +867,15 @@ class Validator {
         const std::size_t lk = layer_key(in, ref.pipeline);
         if (in.kind == OpKind::kCurvatureA) last_a[lk] = std::max(last_a[lk], pos);
         if (in.kind == OpKind::kCurvatureB) last_b[lk] = std::max(last_b[lk], pos);
-        if (in.kind == OpKind::kCurvatureSync) last_sync[lk] = std::max(last_sync[lk], pos);
+        if (in.kind == OpKind::kCurvatureSync) {
+          last_sync[lk] = std::max(last_sync[lk], pos);
+          if (in.peer >= 0) {
+            sync_posts[static_cast<std::size_t>(w)].emplace_back(
+                in.peer, SyncPost{{in.step, in.layer, static_cast<int>(in.linear), in.piece_begin,
+                                   in.piece_end},
+                                  pos});
+          }
+        }
         if (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) {
           last_inversion[lk] = std::max(last_inversion[lk], pos);
         }
@@ -832,6 +897,7 @@ class Validator {
         }
       }
     }
+    check_sync_partners(sync_posts);
     // Pass 2: ordering.
     for (int w = 0; w < workers_; ++w) {
       const auto& stream = s_.streams[static_cast<std::size_t>(w)];

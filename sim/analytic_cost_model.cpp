@@ -172,8 +172,8 @@ double AnalyticCostModel::duration(const sched::Schedule& schedule, int worker,
              kernel_seconds(device_,
                             elementwise_kernel(28.0 * params, per_element(params, 16.0, 1.0)));
     }
-    case OpKind::kCurvatureSync:
-      return kfac_seconds(schedule, in);
+    case OpKind::kCurvatureSync:  // a piece: its share of the whole all-reduce, plus overhead
+      return kfac_piece_seconds(kfac_seconds(schedule, whole_task(in)), kfac_task_overhead_s_, in);
     case OpKind::kBroadcastInverses:
     case OpKind::kBroadcastGradient:
       // The owner sends `bytes` in all over its link.

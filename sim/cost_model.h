@@ -39,4 +39,16 @@ inline double kfac_piece_seconds(double whole_s, double overhead_s, const sched:
   return sched::piece_share(in) * std::max(0.0, whole_s - overhead_s) + overhead_s;
 }
 
+// The whole task of a piece (its piece fields reset), which the models price before taking the
+// piece's share. A curvature-sync piece's `bytes` are its own rows' payload: the whole sync is
+// priced from the factor sizes (bytes 0), as the pass emits it whole.
+inline sched::Instruction whole_task(const sched::Instruction& in) {
+  sched::Instruction whole = in;
+  if (!sched::is_piece(in)) return whole;
+  whole.piece_begin = 0;
+  whole.piece_end = sched::kPieceUnits;
+  if (in.kind == sched::OpKind::kCurvatureSync) whole.bytes = 0;
+  return whole;
+}
+
 }  // namespace pf::sim

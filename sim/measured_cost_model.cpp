@@ -292,13 +292,19 @@ double MeasuredCostModel::duration(const sched::Schedule& schedule, int /*worker
       return kfac_piece_seconds(kfac(in.layer, in.linear).precondition_s,
                                 profile_.kfac_task_overhead_s, in);
     case OpKind::kCurvatureSync: {
+      // A piece: its share of the whole sync plus the per-task overhead.
       const KfacProfile& k = kfac(in.layer, in.linear);
-      if (k.curvature_sync_s >= 0.0) return k.curvature_sync_s;
+      if (k.curvature_sync_s >= 0.0) {
+        return kfac_piece_seconds(k.curvature_sync_s, profile_.kfac_task_overhead_s, in);
+      }
       const int replicas = std::max(1, schedule.placement.num_pipelines) *
                            std::max(1, schedule.params.data_parallel);
-      const double bytes = in.bytes > 0 ? static_cast<double>(in.bytes) : k.bytes / 2.0;
-      return ring_allreduce_seconds(bytes, replicas, profile_.reduction.bandwidth,
-                                    profile_.reduction.latency_s);
+      const auto whole = whole_task(in);
+      const double bytes = whole.bytes > 0 ? static_cast<double>(whole.bytes) : k.bytes / 2.0;
+      return kfac_piece_seconds(
+          ring_allreduce_seconds(bytes, replicas, profile_.reduction.bandwidth,
+                                 profile_.reduction.latency_s),
+          profile_.kfac_task_overhead_s, in);
     }
     case OpKind::kBroadcastInverses:
     case OpKind::kBroadcastGradient:

@@ -452,7 +452,9 @@ double ParallelCostModel::duration(const sched::Schedule& schedule, int worker,
       }
       return seconds;
     }
-    case OpKind::kCurvatureSync:
+    case OpKind::kCurvatureSync:  // a piece: its share of the whole sync, plus overhead
+      return kfac_piece_seconds(kfac_seconds(schedule, whole_task(in), kfac_holders(schedule)),
+                                kfac_task_overhead_s_, in);
     case OpKind::kBroadcastInverses:
     case OpKind::kBroadcastGradient:
       return kfac_seconds(schedule, in, kfac_holders(schedule));

@@ -561,7 +561,8 @@ class Engine {
   }
 
   // Collectives that name a peer are rendezvous of exactly two workers. Partners share pair_id
-  // when it is set, otherwise (kind, step, chunk, layer, linear, the two workers).
+  // when it is set, otherwise (kind, step, chunk, layer, linear, piece, the two workers): the
+  // pieces of a divided curvature sync pair piece by piece.
   void group_collectives() {
     group_of_.assign(n_, -1);
     // Key: kind, then either (-1, pair_id) or (the two workers, step, chunk, layer, linear).
@@ -580,8 +581,11 @@ class Engine {
       } else {
         const std::int64_t workers_key =
             std::int64_t{std::min(w, in.peer)} * schedule_.num_workers() + std::max(w, in.peer);
-        entries.push_back(Entry{kind, workers_key, in.step, in.chunk, in.layer,
-                                static_cast<std::int64_t>(in.linear), g});
+        const std::int64_t linear_and_piece = static_cast<std::int64_t>(in.linear) |
+                                              std::int64_t{in.piece_begin} << 8 |
+                                              std::int64_t{in.piece_end} << 24;
+        entries.push_back(
+            Entry{kind, workers_key, in.step, in.chunk, in.layer, linear_and_piece, g});
       }
     }
     std::sort(entries.begin(), entries.end());

@@ -98,7 +98,8 @@ double UniformCostModel::duration(const sched::Schedule& schedule, int /*worker*
       return kfac_piece_seconds(costs_.curvature_a_s, costs_.kfac_task_overhead_s, instruction);
     case OpKind::kCurvatureB:
       return kfac_piece_seconds(costs_.curvature_b_s, costs_.kfac_task_overhead_s, instruction);
-    case OpKind::kCurvatureSync:
+    case OpKind::kCurvatureSync:  // a piece: its share plus the overhead
+      return kfac_piece_seconds(costs_.curvature_sync_s, costs_.kfac_task_overhead_s, instruction);
     case OpKind::kBroadcastInverses:  // one K-FAC collective (the model has no bandwidth)
     case OpKind::kBroadcastGradient:
       return costs_.curvature_sync_s;

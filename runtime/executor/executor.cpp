@@ -1355,17 +1355,23 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
     std::sort(group.begin(), group.end());
     auto& layer = kfac_layer(in);
+    // A piece all-reduces its range of both factors' sums (kfac::sync_piece); the micro-batch
+    // counts and the sharded release come with the last. Every member posts the same pieces in
+    // the same order (validated) and the members add in rank order, element by element, so the
+    // pieces give the whole sync's bits.
+    const bool last_piece = in.piece_end == sched::kPieceUnits;
     for (auto* factor : {&layer.a, &layer.b}) {
       if (factor->sum.size() == 0) {
         throw std::runtime_error("curvature sync before any curvature of this refresh");
       }
-      comm.all_reduce_sum(
-          std::span<float>(factor->sum.data(), static_cast<std::size_t>(factor->sum.size())), group,
-          deadline());
+      const std::span<float> range = kfac::sync_piece(*factor, in.piece_begin, in.piece_end);
+      if (!range.empty()) comm.all_reduce_sum(range, group, deadline());
+      if (!last_piece) continue;
       std::array<double, 1> count = {static_cast<double>(factor->microbatches)};
       comm.all_reduce_sum(std::span<double>(count), group, deadline());
       factor->microbatches = static_cast<std::int64_t>(count[0]);
     }
+    if (!last_piece) return;
     // Sharded factors: only their holders keep (and invert) the synced sums.
     if (!kfac_slot(in).placement.holds_factors(replica)) {
       for (auto* factor : {&layer.a, &layer.b}) {

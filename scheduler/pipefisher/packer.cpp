@@ -303,6 +303,91 @@ std::vector<PiecePlacement> cut_into_bubbles(WorkerBubbles& bubbles, const PackI
   return pieces;
 }
 
+// The earliest window of steps [step_lo, step_hi] from `release` on in which every worker of
+// `members` has `need` room at once (each in a bubble accepting collectives): the common start
+// and each member's bubble.
+struct CommonFit {
+  double start = 0.0;
+  SmallVector<Fit, 2> fits;
+};
+std::optional<CommonFit> common_window(const std::vector<WorkerBubbles>& workers,
+                                       const SmallVector<int, 2>& members, double release,
+                                       double need, int step_lo, int step_hi) {
+  double t = release;
+  for (int round = 0; round < 1000000; ++round) {
+    CommonFit common;
+    double latest = t;
+    for (int w : members) {
+      auto fit =
+          workers[static_cast<std::size_t>(w)].earliest_for_collective(t, need, step_lo, step_hi);
+      if (!fit) return std::nullopt;
+      common.fits.push_back(*fit);
+      latest = std::max(latest, fit->start);
+    }
+    if (std::all_of(common.fits.begin(), common.fits.end(),
+                    [&](const Fit& f) { return f.start >= latest - slack(need); })) {
+      common.start = 0.0;
+      for (const auto& f : common.fits) common.start = std::max(common.start, f.start);
+      return common;
+    }
+    t = latest;
+  }
+  return std::nullopt;
+}
+
+// Cuts a divisible collective (a curvature sync of two replicas) into the windows its workers
+// have free at once, from `release` on: each piece as large as the common room in hand, run by
+// every member at the same time. Returns the pieces; `next_unit` is where the rest begins.
+std::vector<PiecePlacement> cut_into_common_windows(std::vector<WorkerBubbles>& workers,
+                                                    const PackItem& item, double release,
+                                                    double margin, int step_lo, int step_hi,
+                                                    int& next_unit, double& reserved) {
+  std::vector<PiecePlacement> pieces;
+  const double work = std::max(0.0, item.duration - item.overhead);
+  const auto cost = [&](int units) {
+    return static_cast<double>(units) / sched::kPieceUnits * work + item.overhead;
+  };
+  const double min_need = std::max(item.min_piece, cost(1)) * (1.0 + margin);
+  next_unit = 0;
+  while (next_unit < sched::kPieceUnits) {
+    const double rest_need = cost(sched::kPieceUnits - next_unit) * (1.0 + margin);
+    const double need = std::min(rest_need, min_need);
+    const auto common = common_window(workers, item.workers, release, need, step_lo, step_hi);
+    if (!common) break;
+    double room = kInfinity;
+    double first_end = kInfinity;
+    for (std::size_t m = 0; m < item.workers.size(); ++m) {
+      const double end =
+          workers[static_cast<std::size_t>(item.workers[m])].end_of(common->fits[m].bubble);
+      room = std::min(room, end - common->start);
+      first_end = std::min(first_end, end);
+    }
+    int units = sched::kPieceUnits - next_unit;
+    if (room + slack(rest_need) < rest_need) {
+      const double fraction = work > 0.0 ? (room / (1.0 + margin) - item.overhead) / work : 0.0;
+      units = std::min(units - 1, static_cast<int>(std::floor(fraction * sched::kPieceUnits)));
+      if (units < 1 || cost(units) * (1.0 + margin) + slack(min_need) < min_need) {
+        release = first_end;  // too small after rounding: past the window's first end
+        continue;
+      }
+    }
+    const double duration = cost(units);
+    for (std::size_t m = 0; m < item.workers.size(); ++m) {
+      workers[static_cast<std::size_t>(item.workers[m])].reserve(
+          common->fits[m].bubble, common->start, duration * (1.0 + margin));
+      reserved += duration * (1.0 + margin);
+    }
+    const auto& first = workers[static_cast<std::size_t>(item.workers[0])];
+    pieces.push_back(PiecePlacement{
+        static_cast<int>(common->fits[0].bubble), first.step_of(common->fits[0].bubble),
+        common->start, common->start + duration, next_unit, next_unit + units,
+        item.workers.size() > 1 ? static_cast<int>(common->fits[1].bubble) : -1});
+    release = common->start + duration;
+    next_unit += units;
+  }
+  return pieces;
+}
+
 }  // namespace
 
 PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
@@ -363,7 +448,7 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
     }
 
     std::vector<Fit> fits;
-    const bool divisible = item.divisible && item.workers.size() == 1 && !spill;
+    const bool divisible = item.divisible && !spill;
     if (divisible && policy == PackingPolicy::kFirstFit) {
       // First-fit cuts straight away: a piece in the first gap beats the whole in a later one.
     } else if (!spill && item.workers.size() == 1 && item.step_bound >= 0) {
@@ -379,26 +464,8 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
       if (fit) fits.push_back(*fit);
     } else if (!spill) {
       // A collective: the earliest time at which every participant has the room.
-      double t = release;
-      for (int round = 0; round < 1000000; ++round) {
-        fits.clear();
-        double latest = t;
-        for (int w : item.workers) {
-          auto fit = workers[static_cast<std::size_t>(w)].earliest_for_collective(t, need, step_lo,
-                                                                                  step_hi);
-          if (!fit) {
-            fits.clear();
-            break;
-          }
-          fits.push_back(*fit);
-          latest = std::max(latest, fit->start);
-        }
-        if (fits.empty()) break;
-        if (std::all_of(fits.begin(), fits.end(),
-                        [&](const Fit& f) { return f.start >= latest - slack(need); })) {
-          break;
-        }
-        t = latest;
+      if (auto common = common_window(workers, item.workers, release, need, step_lo, step_hi)) {
+        fits.assign(common->fits.begin(), common->fits.end());
       }
     }
 
@@ -416,11 +483,14 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
       continue;
     }
     if (divisible) {
-      const int w = item.workers[0];
-      auto& bubbles = workers[static_cast<std::size_t>(w)];
+      const bool collective = item.workers.size() > 1;
       int next_unit = 0;
-      placed.pieces = cut_into_bubbles(bubbles, item, release, safety_margin, step_lo, step_hi,
-                                       item.step_bound >= 0, next_unit, result.reserved_s);
+      placed.pieces = collective
+                          ? cut_into_common_windows(workers, item, release, safety_margin, step_lo,
+                                                    step_hi, next_unit, result.reserved_s)
+                          : cut_into_bubbles(workers[static_cast<std::size_t>(item.workers[0])],
+                                             item, release, safety_margin, step_lo, step_hi,
+                                             item.step_bound >= 0, next_unit, result.reserved_s);
       const bool whole = next_unit == sched::kPieceUnits && placed.pieces.size() == 1;
       if (whole) {
         const PiecePlacement piece = placed.pieces.front();
@@ -429,21 +499,27 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
         placed.end = piece.end;
         placed.step = piece.step;
         placed.bubbles.push_back(piece.bubble);
+        if (collective) placed.bubbles.push_back(piece.other_bubble);
         continue;
       }
       if (!placed.pieces.empty()) {
         if (next_unit < sched::kPieceUnits) {
-          // The rest runs after the flush, once the last piece has ended.
+          // The rest runs after the flush (on every member), once the last piece has ended.
           const auto units = sched::kPieceUnits - next_unit;
           const double duration = static_cast<double>(units) / sched::kPieceUnits *
                                       std::max(0.0, item.duration - item.overhead) +
                                   item.overhead;
-          double& flush_at =
-              flush[static_cast<std::size_t>(w)][static_cast<std::size_t>(spill_step)];
-          const double start = std::max(placed.pieces.back().end, flush_at);
+          double start = placed.pieces.back().end;
+          for (int w : item.workers) {
+            start = std::max(
+                start, flush[static_cast<std::size_t>(w)][static_cast<std::size_t>(spill_step)]);
+          }
           placed.pieces.push_back(PiecePlacement{-1, spill_step, start, start + duration, next_unit,
-                                                 sched::kPieceUnits});
-          flush_at = start + duration;
+                                                 sched::kPieceUnits, -1});
+          for (int w : item.workers) {
+            flush[static_cast<std::size_t>(w)][static_cast<std::size_t>(spill_step)] =
+                start + duration;
+          }
           placed.spilled = true;
           placed.spilled_s = duration;
           if (item.step_bound >= 0) {
@@ -456,6 +532,7 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
         placed.end = placed.pieces.back().end;
         placed.step = placed.pieces.back().step;
         placed.bubbles.push_back(placed.pieces.front().bubble);
+        if (collective) placed.bubbles.push_back(placed.pieces.front().other_bubble);
         ++result.divided_items;
         result.pieces += static_cast<int>(placed.pieces.size());
         continue;

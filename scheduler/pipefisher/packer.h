@@ -25,7 +25,8 @@ struct PackItem {
   double release = 0.0;       // earliest start (from the pipeline work it depends on)
   SmallVector<int, 2> preds;  // indices of earlier items that must end first
   int step_bound = -1;        // >= 0: only bubbles of this step; spills to this step's flush
-  // A divisible item (one worker) may be cut into pieces that fill the gaps in hand: a piece of
+  // A divisible item may be cut into pieces that fill the gaps in hand (a collective's: the
+  // windows all its workers have free at once, each piece run by all of them): a piece of
   // `units` of kPieceUnits costs units / kPieceUnits * (duration - overhead) + overhead (the
   // cost models' kfac_piece_seconds), and no piece costs less than min_piece (the last one
   // excepted: it is whatever remains).
@@ -46,6 +47,7 @@ struct PiecePlacement {
   double end = 0.0;
   int unit_begin = 0;
   int unit_end = 0;
+  int other_bubble = -1;  // a two-worker collective: the second worker's bubble (-1: flush)
 };
 
 struct ItemPlacement {
@@ -80,8 +82,9 @@ struct PackResult {
 // step where it fits, and within that step the fitting bubble that leaves the least room.
 // Collectives use the earliest common window under both policies. A divisible item that does not
 // fit whole (first-fit: in the earliest bubble it could start in; best-fit: anywhere) is cut:
-// pieces fill the bubbles from its release on, each as large as the room left, none smaller
-// than min_piece, and what is left at the end of its steps runs after the flush. An item that
+// pieces fill the bubbles (a collective's: the common windows) from its release on, each as
+// large as the room left, none smaller than min_piece, and what is left at the end of its steps
+// runs after the flush. An item that
 // fits nowhere spills to the flush of its bound step or of the last step (spill_early: of the
 // first step ending after its release); an item whose predecessor spilled goes into the bubbles
 // of the steps after that flush, or spills too.

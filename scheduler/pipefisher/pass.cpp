@@ -13,6 +13,7 @@
 #include <string>
 #include <tuple>
 
+#include "kfac/pieces.h"
 #include "scheduler/pipefisher/defer_weights.h"
 #include "scheduler/pipefisher/kfac_work.h"
 #include "scheduler/pipefisher/packer.h"
@@ -160,11 +161,30 @@ std::shared_ptr<const Prepared> prepare(const sched::Schedule& base, const Timel
   return prepared;
 }
 
-// Whether the pass may cut the task into pieces (one worker, a divisible kind, work beyond the
-// per-task overhead).
+// Whether the pass may cut the task into pieces (a divisible kind, on one worker or, a curvature
+// sync, on two replicas; work beyond the per-task overhead).
 bool divisible(const KfacTask& task, const KfacOptions& options, double task_overhead_s) {
-  return options.split && task.workers.size() == 1 && sched::is_divisible(task.kind()) &&
+  return options.split && task.workers.size() <= 2 && sched::is_divisible(task.kind()) &&
          task.duration_s > task_overhead_s;
+}
+
+// The smallest piece the pass cuts a divisible task into.
+double min_piece_seconds(const KfacTask& task, const KfacOptions& options, double task_overhead_s) {
+  return std::max(options.min_piece_overheads * task_overhead_s,
+                  task.duration_s / kMinPieceDivisor);
+}
+
+// Whether no refresh interval holds the task: an indivisible one longer than every steady gap of
+// a worker, or a divided collective whose smallest piece is (each member's longest gap that
+// accepts a collective: a necessary condition for a common window). It runs after a flush.
+bool fits_under_no_k(const KfacTask& task, const KfacOptions& options, double task_overhead_s,
+                     const LongestBubbles& longest) {
+  if (!divisible(task, options, task_overhead_s)) {
+    return longest.never_fits(task.workers, task.duration_s, options.safety_margin);
+  }
+  return task.workers.size() > 1 &&
+         longest.never_fits(task.workers, min_piece_seconds(task, options, task_overhead_s),
+                            options.safety_margin);
 }
 
 // `items`: a buffer reused from plan to plan (its contents are replaced): at p = 64, m = 1024 the
@@ -197,13 +217,12 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
     item.step_bound = task.step_bound;
     // A divisible task fits any gap piece by piece; an indivisible one longer than every steady
     // gap fits under no k.
-    item.spill_early = item.step_bound < 0 && !divisible(task, options, task_overhead_s) &&
-                       longest.never_fits(item.workers, item.duration, options.safety_margin);
-    if (divisible(task, options, task_overhead_s)) {
+    item.spill_early =
+        item.step_bound < 0 && fits_under_no_k(task, options, task_overhead_s, longest);
+    if (divisible(task, options, task_overhead_s) && !item.spill_early) {
       item.divisible = true;
       item.overhead = task_overhead_s;
-      item.min_piece = std::max(options.min_piece_overheads * task_overhead_s,
-                                task.duration_s / kMinPieceDivisor);
+      item.min_piece = min_piece_seconds(task, options, task_overhead_s);
     }
     items.push_back(std::move(item));
   }
@@ -299,8 +318,7 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
     bool spills = false;
     for (const KfacTask& task : entry->work->tasks) {
       if (task.step_bound >= 0) continue;
-      if (!divisible(task, options, task_overhead_s) &&
-          longest.never_fits(task.workers, task.duration_s, options.safety_margin)) {
+      if (fits_under_no_k(task, options, task_overhead_s, longest)) {
         continue;  // spills under every k (spill_early), not counted against k
       }
       double release = 0.0;
@@ -397,8 +415,7 @@ Bound refresh_lower_bound(const sched::Schedule& base, const KfacWork& work, con
   for (std::size_t t = 0; t < work.tasks.size(); ++t) {
     const auto& task = work.tasks[t];
     if (is_per_step(task.kind())) continue;
-    spills_anyway[t] = !divisible(task, options, task_overhead_s) &&
-                       longest.never_fits(task.workers, task.duration_s, options.safety_margin);
+    spills_anyway[t] = fits_under_no_k(task, options, task_overhead_s, longest);
     if (spills_anyway[t]) continue;
     const bool per_step =
         every_step && (task.kind() == OpKind::kCurvatureA || task.kind() == OpKind::kCurvatureB);
@@ -464,10 +481,9 @@ int release_lower_bound(const sched::Schedule& base, const KfacWork& work, const
     const bool cut = divisible(task, options, task_overhead_s);
     // What no k can hold runs after a flush whatever k is: it does not bound k (as for the
     // work/bubble bound).
-    if (!cut && longest.never_fits(task.workers, task.duration_s, options.safety_margin)) continue;
+    if (fits_under_no_k(task, options, task_overhead_s, longest)) continue;
     const double piece =
-        cut ? std::min(task.duration_s, std::max(options.min_piece_overheads * task_overhead_s,
-                                                 task.duration_s / kMinPieceDivisor))
+        cut ? std::min(task.duration_s, min_piece_seconds(task, options, task_overhead_s))
             : task.duration_s;
     for (int w : task.workers) {
       items[static_cast<std::size_t>(w)].emplace_back(release[t], task.duration_s * margin);
@@ -523,8 +539,20 @@ bool better(const Plan& a, const Plan& b) {
          std::make_tuple(b.refresh_steps, b.total_after_flush_s, b.packed.spilled_items);
 }
 
+// The payload of a curvature-sync piece: its rows of both factors (kfac::piece_items, as the
+// executor's sync of a row range), fp32; 0 where the Linears' dimensions are not given.
+std::int64_t sync_piece_bytes(const sched::Instruction& in,
+                              const std::vector<kfac::LinearDims>& dims) {
+  if (dims.empty()) return 0;
+  const auto& d = dims[static_cast<std::size_t>(in.linear)];
+  const auto rows_a = kfac::piece_items(d.d_in, in.piece_begin, in.piece_end).size();
+  const auto rows_b = kfac::piece_items(d.d_out, in.piece_begin, in.piece_end).size();
+  return 4 * (rows_a * d.d_in + rows_b * d.d_out);
+}
+
 // Inserts the planned K-FAC instructions into the base streams repeated k times.
-sched::Schedule emit(const sched::Schedule& base, const Plan& plan) {
+sched::Schedule emit(const sched::Schedule& base, const Plan& plan,
+                     const std::vector<kfac::LinearDims>& dims) {
   const sched::Schedule repeated = repeat_steps(base, plan.refresh_steps);
   struct Insert {
     int step;
@@ -539,25 +567,31 @@ sched::Schedule emit(const sched::Schedule& base, const Plan& plan) {
     const KfacTask& task = plan.work().tasks[static_cast<std::size_t>(plan.order[i])];
     const ItemPlacement& placed = plan.packed.placements[i];
     if (!placed.pieces.empty()) {
-      const auto w = static_cast<std::size_t>(task.workers[0]);
-      Slot previous{0, 0};
-      for (const PiecePlacement& piece : placed.pieces) {
-        const bool spilled = piece.bubble < 0;
-        Slot slot = spilled ? plan.bubbles().flush_slot[w][static_cast<std::size_t>(piece.step)]
-                            : plan.bubbles().slots[w][static_cast<std::size_t>(
-                                  plan.bubbles()
-                                      .problem.bubbles[w][static_cast<std::size_t>(piece.bubble)]
-                                      .slot)];
-        // The chain's order: a rest after the flush never goes ahead of an earlier piece.
-        if (std::tie(slot.step, slot.position) < std::tie(previous.step, previous.position)) {
-          slot = previous;
+      // Every member of a divided collective runs each piece (in the same order: the pieces of
+      // one sync start at the same planned times on both).
+      for (std::size_t r = 0; r < task.workers.size(); ++r) {
+        const auto w = static_cast<std::size_t>(task.workers[r]);
+        Slot previous{0, 0};
+        for (const PiecePlacement& piece : placed.pieces) {
+          const int bubble = r == 0 ? piece.bubble : piece.other_bubble;
+          const bool spilled = bubble < 0;
+          Slot slot =
+              spilled
+                  ? plan.bubbles().flush_slot[w][static_cast<std::size_t>(piece.step)]
+                  : plan.bubbles().slots[w][static_cast<std::size_t>(
+                        plan.bubbles().problem.bubbles[w][static_cast<std::size_t>(bubble)].slot)];
+          // The chain's order: a rest after the flush never goes ahead of an earlier piece.
+          if (std::tie(slot.step, slot.position) < std::tie(previous.step, previous.position)) {
+            slot = previous;
+          }
+          previous = slot;
+          sched::Instruction in = task.instructions[r];
+          in.piece_begin = static_cast<std::uint16_t>(piece.unit_begin);
+          in.piece_end = static_cast<std::uint16_t>(piece.unit_end);
+          if (in.kind == OpKind::kCurvatureSync) in.bytes = sync_piece_bytes(in, dims);
+          inserts[w].push_back(
+              Insert{slot.step, slot.position, spilled, piece.start, static_cast<int>(i), in});
         }
-        previous = slot;
-        sched::Instruction in = task.instructions[0];
-        in.piece_begin = static_cast<std::uint16_t>(piece.unit_begin);
-        in.piece_end = static_cast<std::uint16_t>(piece.unit_end);
-        inserts[w].push_back(
-            Insert{slot.step, slot.position, spilled, piece.start, static_cast<int>(i), in});
       }
       continue;
     }
@@ -797,7 +831,7 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
   }
 
   PassResult result;
-  result.schedule = emit(base, *chosen);
+  result.schedule = emit(base, *chosen, options.linear_dims);
   result.before =
       chosen->refresh_steps == 2 && &reference == &base
           ? two_steps

@@ -6,6 +6,7 @@
 #include <ostream>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -17,6 +18,7 @@
 #include "scheduler/compile.h"
 #include "scheduler/pipefisher/pass.h"
 #include "scheduler/torch_csv.h"
+#include "scheduler/validate.h"
 #include "sim/uniform_cost_model.h"
 #include "tests/executor/reference_trainer.h"
 
@@ -461,6 +463,108 @@ void check_placements(int data_parallel, const std::vector<kfac::StatePlacement>
     }
     EXPECT_LT(measured_max, replicated_max);
   }
+}
+
+// The chunked curvature sync: Chimera's sync, longer than the gaps, cut by the pass into
+// row-range pieces that both replicas run, trains to the same bits as the same schedule with
+// every sync whole at its last piece's place (the all-reduces add element by element in rank
+// order, so a range sums as the whole does); with data parallelism the sync's group spans both
+// replicas' data-parallel groups.
+sched::Schedule with_whole_syncs(sched::Schedule schedule) {
+  for (auto& stream : schedule.streams) {
+    std::erase_if(stream, [](const sched::Instruction& in) {
+      return in.kind == sched::OpKind::kCurvatureSync && in.piece_end != sched::kPieceUnits;
+    });
+    for (auto& in : stream) {
+      if (in.kind == sched::OpKind::kCurvatureSync) {
+        in.piece_begin = 0;
+        in.bytes = 0;
+      }
+    }
+  }
+  return schedule;
+}
+
+std::vector<std::vector<float>> trained_parameters(const sched::Schedule& schedule,
+                                                   std::int64_t steps) {
+  const auto config = test_config(4);
+  SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
+  auto setup = make_setup<float>(config, schedule, batches);
+  setup.options.kfac.damping = 1e-2F;
+  setup.learning_rate = [](std::int64_t) { return 1e-4; };
+  ThreadedExecutor<float> executor(setup);
+  executor.run(0, steps);
+  std::vector<std::vector<float>> parameters;
+  for (int r = 0; r < executor.num_ranks(); ++r) {
+    std::vector<float> values;
+    for (auto* chunk : executor.worker(r).chunks()) {
+      for (const auto& p : chunk->parameters())
+        values.insert(values.end(), p.value, p.value + p.size);
+    }
+    parameters.push_back(std::move(values));
+  }
+  return parameters;
+}
+
+void check_divided_sync(int data_parallel) {
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kChimera;
+  params.workers = 4;
+  params.microbatches = 4;
+  params.num_layers = 4;
+  params.data_parallel = data_parallel;
+  sim::UniformCosts costs = kfac_test_costs();
+  costs.curvature_sync_s = 1.5;  // longer than most common gaps
+  pipefisher::KfacOptions kfac;
+  kfac.linear_dims = linear_dims_of(test_config(4));
+  const auto pass =
+      pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), kfac);
+  const auto& divided = pass.schedule;
+  // Per worker, the pieces' payloads add up to both factors' (rows of a narrow piece may be none).
+  std::size_t sync_pieces = 0;
+  const auto dims = linear_dims_of(test_config(4));
+  for (const auto& stream : divided.streams) {
+    std::map<std::tuple<int, int, int>, std::int64_t> payload;
+    for (const auto& in : stream) {
+      if (in.kind != sched::OpKind::kCurvatureSync || !sched::is_piece(in)) continue;
+      ++sync_pieces;
+      payload[{in.step, in.layer, static_cast<int>(in.linear)}] += in.bytes;
+    }
+    for (const auto& [task, bytes] : payload) {
+      const auto& d = dims[static_cast<std::size_t>(std::get<2>(task))];
+      EXPECT_EQ(bytes, 4 * (d.d_in * d.d_in + d.d_out * d.d_out));
+    }
+  }
+  ASSERT_GT(sync_pieces, 0U);
+  SCOPED_TRACE("k = " + std::to_string(divided.num_steps));
+  // Kept whole, the syncs fit the common gaps only at a larger k (12 against 7 without data
+  // parallelism).
+  kfac.split = false;
+  EXPECT_LT(pass.report.refresh_steps,
+            pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), kfac)
+                .report.refresh_steps);
+  const auto whole = with_whole_syncs(divided);
+  ASSERT_NO_THROW(sched::validate(whole));
+  EXPECT_LT(count_kind(whole, sched::OpKind::kCurvatureSync),
+            count_kind(divided, sched::OpKind::kCurvatureSync));
+  const std::int64_t steps = 2 * divided.num_steps;  // two whole refreshes
+  const auto with_pieces = trained_parameters(divided, steps);
+  const auto reference = trained_parameters(whole, steps);
+  ASSERT_EQ(with_pieces.size(), reference.size());
+  for (std::size_t r = 0; r < reference.size(); ++r) {
+    ASSERT_EQ(with_pieces[r].size(), reference[r].size());
+    EXPECT_EQ(std::memcmp(with_pieces[r].data(), reference[r].data(),
+                          reference[r].size() * sizeof(float)),
+              0)
+        << "rank " << r;
+  }
+}
+
+TEST(ExecutorKfac, DividedCurvatureSyncEqualsWholeSyncBitForBit) {
+  check_divided_sync(1);
+}
+TEST(ExecutorKfac, DividedCurvatureSyncWithDataParallelEqualsWholeSyncBitForBit) {
+  check_divided_sync(2);
 }
 
 TEST(ExecutorKfacPlacement, ShardEqualsReplicateAtTwoReplicas) {

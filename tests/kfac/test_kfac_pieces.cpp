@@ -102,6 +102,29 @@ TEST(Pieces, CurvatureByTokenBlocksEqualsWholeMicroBatch) {
   EXPECT_TRUE(bit_identical(one.a.sum, whole.a.sum));
 }
 
+// The curvature sync's pieces: consecutive column ranges of the accumulator that cover it
+// exactly once, contiguous in memory; the whole task is the whole sum.
+TEST(Pieces, SyncPiecesCoverTheAccumulatorOnce) {
+  FactorState factor;
+  EXPECT_THROW(sync_piece(factor, 0, kPieceUnits), std::logic_error);  // nothing accumulated
+  const std::int64_t d = 48;
+  factor.sum = Eigen::MatrixXf::Zero(d, d);
+  const auto whole = sync_piece(factor, 0, kPieceUnits);
+  EXPECT_EQ(whole.data(), factor.sum.data());
+  EXPECT_EQ(static_cast<std::int64_t>(whole.size()), d * d);
+  for (const int cuts : {2, 3, 7, 100, 1000}) {
+    const float* next = factor.sum.data();
+    for (int c = 0; c < cuts; ++c) {
+      const auto range = sync_piece(factor, kPieceUnits * c / cuts, kPieceUnits * (c + 1) / cuts);
+      EXPECT_EQ(range.data(), next);
+      EXPECT_EQ(range.size() % static_cast<std::size_t>(d), 0U);  // whole columns (rows)
+      next = range.data() + range.size();
+    }
+    EXPECT_EQ(next, factor.sum.data() + d * d) << cuts << " pieces";
+  }
+  EXPECT_THROW(sync_piece(factor, 5, 5), std::invalid_argument);
+}
+
 TEST(Pieces, InverseChainStepsAndFlops) {
   const auto steps = inverse_chain_steps(300, 128);
   ASSERT_EQ(steps.size(), 6U);  // 3 Cholesky block columns, 3 solve blocks

@@ -42,6 +42,7 @@ void expect_same(const PackResult& got, const PackResult& want, const std::strin
       ASSERT_EQ(a.pieces[p].end, b.pieces[p].end) << at << ", piece " << p;
       ASSERT_EQ(a.pieces[p].unit_begin, b.pieces[p].unit_begin) << at << ", piece " << p;
       ASSERT_EQ(a.pieces[p].unit_end, b.pieces[p].unit_end) << at << ", piece " << p;
+      ASSERT_EQ(a.pieces[p].other_bubble, b.pieces[p].other_bubble) << at << ", piece " << p;
     }
   }
 }
@@ -57,9 +58,11 @@ void compare_policies(const PackProblem& problem, const std::vector<PackItem>& i
 
 // Random bubbles with many equal and nearly equal lengths (ties are where an index could pick
 // another bubble than the scan), items of every kind: divisible, collective, step-bound,
-// zero-length, spilling early, with predecessors.
+// zero-length, spilling early, with predecessors; collectives divisible too (cut into the
+// windows their workers have free at once).
 TEST(PackerReference, RandomProblemsPlaceExactlyAsTheLinearScan) {
   std::mt19937 rng(20261123);
+  int divided_collectives = 0;
   for (int round = 0; round < 60; ++round) {
     const int workers = 1 + static_cast<int>(rng() % 4);
     const int steps = 1 + static_cast<int>(rng() % 3);
@@ -107,7 +110,7 @@ TEST(PackerReference, RandomProblemsPlaceExactlyAsTheLinearScan) {
       if (item.workers.size() == 1 && rng() % 5 == 0) {
         item.step_bound = static_cast<int>(rng() % static_cast<unsigned>(steps));
       }
-      if (item.workers.size() == 1 && item.duration > 0.1 && rng() % 2 == 0) {
+      if (item.step_bound < 0 && item.duration > 0.1 && rng() % 2 == 0) {
         item.divisible = true;
         item.overhead = 0.01;
         item.min_piece = rng() % 2 == 0 ? 0.02 : item.duration / 256.0;
@@ -116,7 +119,14 @@ TEST(PackerReference, RandomProblemsPlaceExactlyAsTheLinearScan) {
       items.push_back(std::move(item));
     }
     compare_policies(problem, items, (round % 3) * 0.05, "round " + std::to_string(round));
+    const auto packed = pack(problem, items, PackingPolicy::kFirstFit, 0.0);
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (items[i].workers.size() > 1 && !packed.placements[i].pieces.empty()) {
+        ++divided_collectives;
+      }
+    }
   }
+  EXPECT_GT(divided_collectives, 0);  // the case is exercised
 }
 
 sched::Schedule compiled(sched::ScheduleKind kind, int workers, int microbatches, int chunks) {
@@ -175,8 +185,7 @@ TEST(PackerReference, CompiledSchedulesPlaceExactlyAsTheLinearScan) {
           }
           item.preds = task.task_deps;
           item.step_bound = task.step_bound;
-          if (task.workers.size() == 1 && sched::is_divisible(task.kind()) &&
-              task.duration_s > uniform.kfac_task_overhead_s) {
+          if (sched::is_divisible(task.kind()) && task.duration_s > uniform.kfac_task_overhead_s) {
             item.divisible = true;
             item.overhead = uniform.kfac_task_overhead_s;
             item.min_piece = std::max(2.0 * uniform.kfac_task_overhead_s, task.duration_s / 256.0);

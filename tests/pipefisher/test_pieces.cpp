@@ -3,15 +3,20 @@
 // priced with their overhead, and the pass never refuses for lack of bubbles.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <tuple>
+#include <vector>
 
+#include "runtime/model/bert_config.h"
 #include "scheduler/compile.h"
 #include "scheduler/pipefisher/pass.h"
 #include "scheduler/pipefisher/report_json.h"
 #include "scheduler/schedule_json.h"
 #include "scheduler/validate.h"
+#include "sim/analytic_cost_model.h"
+#include "sim/simulator.h"
 #include "sim/uniform_cost_model.h"
 
 namespace pf::pipefisher {
@@ -168,17 +173,118 @@ TEST(PipeFisherPieces, BrokenChainIsRefusedWithAClearMessage) {
     std::swap(stream[x], stream[second]);
     EXPECT_NE(message(broken).find("broken chain of pieces"), std::string::npos) << message(broken);
   }
-  // A curvature sync cannot be a piece.
+  // An inverse broadcast cannot be a piece.
   {
     auto broken = result.schedule;
     for (auto& in : broken.streams[0]) {
       if (in.kind == OpKind::kCurvatureA) {
-        in.kind = OpKind::kCurvatureSync;
+        in.kind = OpKind::kBroadcastInverses;
         in.piece_end = 100;
         break;
       }
     }
     EXPECT_NE(message(broken).find("cannot run in pieces"), std::string::npos) << message(broken);
+  }
+}
+
+// Chimera's curvature sync (an all-reduce between the two replicas of a stage) longer than every
+// common gap: cut into row-range pieces that both replicas run at the same time, in the same
+// order; the inversions follow the last piece.
+sim::UniformCosts long_syncs() {
+  sim::UniformCosts costs = long_inversions();
+  costs.invert_a_s = costs.invert_b_s = 0.5;
+  costs.curvature_sync_s = 8.0;
+  return costs;
+}
+
+// Per worker, its sync instructions with `peer` in stream order: (step, layer, linear, piece).
+std::vector<std::tuple<int, int, int, int, int>> syncs_with(const sched::Schedule& schedule,
+                                                            int worker, int peer) {
+  std::vector<std::tuple<int, int, int, int, int>> out;
+  for (const auto& in : schedule.streams[static_cast<std::size_t>(worker)]) {
+    if (in.kind == OpKind::kCurvatureSync && in.peer == peer) {
+      out.emplace_back(in.step, in.layer, static_cast<int>(in.linear), in.piece_begin,
+                       in.piece_end);
+    }
+  }
+  return out;
+}
+
+TEST(PipeFisherPieces, ChimeraSyncIsCutIntoPiecesBothReplicasRun) {
+  const sim::UniformCostModel costs(long_syncs());
+  const auto base = compiled(ScheduleKind::kChimera, 4, 8);
+  const auto result = run_pipefisher(base, costs, two_linears());
+  ASSERT_NO_THROW(sched::validate(result.schedule));
+  EXPECT_FALSE(result.report.capped) << result.report.warning;
+  EXPECT_EQ(result.report.spilled_tasks, 0);
+  EXPECT_LE(result.report.refresh_steps, result.report.refresh_bound + 1);
+  check_chains(result.schedule);
+  int sync_pieces = 0;
+  for (int w = 0; w < 4; ++w) {
+    const auto mine = syncs_with(result.schedule, w, 3 - w);
+    EXPECT_EQ(mine, syncs_with(result.schedule, 3 - w, w)) << "workers " << w << ", " << 3 - w;
+    for (const auto& sync : mine) {
+      if (std::get<3>(sync) != 0 || std::get<4>(sync) != sched::kPieceUnits) ++sync_pieces;
+    }
+  }
+  EXPECT_GT(sync_pieces, 0);
+  // The simulator pairs the pieces (a missing partner would throw) and prices each with the
+  // overhead again; the plan's K-FAC never delays the pipeline beyond the margin.
+  const auto simulated = sim::simulate(result.schedule, costs);
+  EXPECT_DOUBLE_EQ(simulated.step_time_s, result.after.step_time_s);
+
+  // Kept whole, a sync longer than every gap runs after a flush.
+  KfacOptions whole = two_linears();
+  whole.split = false;
+  const auto indivisible = run_pipefisher(base, costs, whole);
+  EXPECT_GT(indivisible.report.spilled_tasks, 0);
+  EXPECT_LT(result.report.step_time_overhead, indivisible.report.step_time_overhead);
+}
+
+TEST(PipeFisherPieces, SyncPiecesPostedDifferentlyByTheReplicasAreRefused) {
+  const sim::UniformCostModel costs(long_syncs());
+  const auto result = run_pipefisher(compiled(ScheduleKind::kChimera, 4, 8), costs, two_linears());
+  ASSERT_NO_THROW(sched::validate(result.schedule));
+  auto message = [](const sched::Schedule& broken) {
+    try {
+      sched::validate(broken);
+    } catch (const sched::ValidationError& error) {
+      return std::string(error.what());
+    }
+    return std::string("accepted");
+  };
+  // One replica's sync piece cut in two (its chain still whole): the pieces no longer match.
+  {
+    auto broken = result.schedule;
+    auto& stream = broken.streams[0];
+    auto it = std::find_if(stream.begin(), stream.end(), [](const sched::Instruction& in) {
+      return in.kind == OpKind::kCurvatureSync && in.piece_end - in.piece_begin >= 2;
+    });
+    ASSERT_NE(it, stream.end());
+    sched::Instruction second = *it;
+    it->piece_end = static_cast<std::uint16_t>((it->piece_begin + it->piece_end) / 2);
+    second.piece_begin = it->piece_end;
+    stream.insert(it + 1, second);
+    EXPECT_NE(
+        message(broken).find("every member posts the same syncs and pieces in the same order"),
+        std::string::npos)
+        << message(broken);
+  }
+  // Every piece of one sync missing on one replica: the other's have no partner.
+  {
+    auto broken = result.schedule;
+    auto& stream = broken.streams[0];
+    auto first = std::find_if(stream.begin(), stream.end(), [](const sched::Instruction& in) {
+      return in.kind == OpKind::kCurvatureSync;
+    });
+    ASSERT_NE(first, stream.end());
+    const sched::Instruction dropped = *first;
+    std::erase_if(stream, [&](const sched::Instruction& in) {
+      return in.kind == OpKind::kCurvatureSync && in.layer == dropped.layer &&
+             in.linear == dropped.linear && in.step == dropped.step;
+    });
+    EXPECT_NE(message(broken).find("every member posts the same syncs"), std::string::npos)
+        << message(broken);
   }
 }
 
@@ -189,7 +295,7 @@ TEST(PipeFisherPieces, PiecesSurviveJson) {
   const auto back = sched::schedule_from_json(json, "pieces");
   EXPECT_EQ(back.streams, result.schedule.streams);
   EXPECT_GT(check_chains(back), 0);
-  // A piece outside [0, kPieceUnits] or on a sync is refused by the reader.
+  // A piece outside [0, kPieceUnits] is refused by the reader.
   auto bad = json;
   for (auto& stream : bad["streams"]) {
     for (auto& in : stream) {
@@ -215,6 +321,36 @@ TEST(PipeFisherPieces, CostModelsPricePiecesWithTheirOverhead) {
   in.piece_end = sched::kPieceUnits;
   EXPECT_DOUBLE_EQ(costs.duration(schedule, 0, in), 0.75 * 11.9 + 0.1);
   EXPECT_DOUBLE_EQ(costs.kfac_task_overhead_s(), 0.1);
+  // A curvature-sync piece: its share of the whole all-reduce plus the overhead, whatever its
+  // own payload (`bytes`), in the uniform and the analytic models.
+  sched::Instruction sync;
+  sync.kind = OpKind::kCurvatureSync;
+  sync.layer = 0;
+  sync.linear = sched::LinearKind::kFfnIn;
+  const sim::UniformCostModel uniform(long_syncs());
+  EXPECT_DOUBLE_EQ(uniform.duration(schedule, 0, sync), 8.0);
+  sync.piece_end = sched::kPieceUnits / 4;
+  sync.bytes = 12345;
+  EXPECT_DOUBLE_EQ(uniform.duration(schedule, 0, sync), 0.25 * (8.0 - 0.001) + 0.001);
+  sim::Workload workload;
+  workload.config = model::bert_preset("large");
+  workload.seq_len = 128;
+  workload.micro_batch_size = 8;
+  workload.precision = sim::Precision::kFp16;
+  const sim::AnalyticCostModel analytic(workload, sim::device_preset("v100"));
+  sched::ScheduleParams chimera;
+  chimera.kind = ScheduleKind::kChimera;
+  chimera.workers = 4;
+  chimera.microbatches = 4;
+  chimera.num_layers = 24;
+  const auto two_pipelines = sched::compile(chimera);
+  sched::Instruction whole_sync = sync;
+  whole_sync.piece_end = sched::kPieceUnits;
+  whole_sync.bytes = 0;
+  const double whole = analytic.duration(two_pipelines, 0, whole_sync);
+  const double overhead = analytic.kfac_task_overhead_s();
+  EXPECT_GT(whole, overhead);
+  EXPECT_DOUBLE_EQ(analytic.duration(two_pipelines, 0, sync), 0.25 * (whole - overhead) + overhead);
   // Splitting is never free: the pass's report counts the extra overheads.
   const auto result = run_pipefisher(compiled(ScheduleKind::kOneFOneB, 4, 8),
                                      sim::UniformCostModel(long_inversions(0.01)), two_linears());
