@@ -20,11 +20,11 @@ TEST(PipeFisherSweep, Full) {
   EXPECT_EQ(sum.refused, 0);
   EXPECT_EQ(sum.whole_refused, 0);
   // The figures of docs/pipefisher.md, "The sweep".
-  EXPECT_GE(sum.at_bound, 300);
+  EXPECT_GE(sum.at_bound, 305);
   EXPECT_GT(sum.at_bound, sum.whole_at_bound);
   EXPECT_GE(share(sum.at_release_bound, sum.configurations), 0.85);
   EXPECT_GE(sum.within_one + sum.capped_below_bound, 552);
-  EXPECT_GE(sum.not_costlier, 566);
+  EXPECT_GE(sum.not_costlier, 571);  // 566 before the curvature sync was divisible
 }
 
 }  // namespace
