@@ -61,8 +61,8 @@ void add_kfac_options(CLI::App& app, KfacCommandOptions& options) {
                  "bubbles runs after the flush (with a warning)")
       ->check(CLI::PositiveNumber);
   app.add_option("--kfac-split", options.split,
-                 "Cut curvature, inversion and preconditioning into pieces that fit the gaps "
-                 "(on), or keep every task whole (off, the indivisible pass)")
+                 "Cut curvature, curvature sync, inversion and preconditioning into pieces "
+                 "that fit the gaps (on), or keep every task whole (off, the indivisible pass)")
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--kfac-move-w", options.move_weights,
                  "Zero-bubble schedules: also try every backward-weight (W) deferred 1, 2, 4 "
