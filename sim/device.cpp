@@ -283,12 +283,13 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
         if (field != "efficiency" && field != "latency_s" &&
             !(field == "by_precision" && op_class == OpClass::kGemm) &&
             field != "half_efficiency_size" && field != "size_exponent" &&
+            !(field == "size_measure" && op_class == OpClass::kGemm) &&
             !(memory && (field == "element_flop_s" || field == "special_function_s" ||
                          field == "beyond_cache_slowdown" || field == "random_number_s"))) {
           throw std::invalid_argument(
               where + ": unknown field '" + path + "." + field +
               "' (allowed: efficiency, latency_s" +
-              (op_class == OpClass::kGemm ? ", by_precision" : "") +
+              (op_class == OpClass::kGemm ? ", by_precision, size_measure" : "") +
               ", half_efficiency_size, size_exponent" +
               (memory ? ", beyond_cache_slowdown, element_flop_s, special_function_s, "
                         "random_number_s"
@@ -302,6 +303,14 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
       rate.half_efficiency_size =
           number(value, "half_efficiency_size", path + ".half_efficiency_size", false, 0.0);
       rate.size_exponent = number(value, "size_exponent", path + ".size_exponent", false, 1.0);
+      if (const auto measure = value.find("size_measure"); measure != value.end()) {
+        if (!measure->is_string() || (*measure != "smallest" && *measure != "harmonic_mean")) {
+          throw std::invalid_argument(where + ": field '" + path + ".size_measure' = " +
+                                      measure->dump() + " (allowed: smallest, harmonic_mean)");
+        }
+        rate.size_measure =
+            *measure == "harmonic_mean" ? SizeMeasure::kHarmonicMean : SizeMeasure::kSmallest;
+      }
       rate.beyond_cache_slowdown =
           number(value, "beyond_cache_slowdown", path + ".beyond_cache_slowdown", false, 1.0);
       rate.element_flop_s = number(value, "element_flop_s", path + ".element_flop_s", false, 0.0);
@@ -391,6 +400,7 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
       entry["size_exponent"] = rate.size_exponent;
       if (op_class == OpClass::kMemory) entry["beyond_cache_slowdown"] = rate.beyond_cache_slowdown;
     }
+    if (rate.size_measure == SizeMeasure::kHarmonicMean) entry["size_measure"] = "harmonic_mean";
     if (rate.element_flop_s > 0.0) entry["element_flop_s"] = rate.element_flop_s;
     if (rate.special_function_s > 0.0) entry["special_function_s"] = rate.special_function_s;
     if (rate.random_number_s > 0.0) entry["random_number_s"] = rate.random_number_s;

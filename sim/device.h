@@ -65,6 +65,11 @@ OpClass op_class_from_string(std::string_view name);  // throws naming the allow
 //         draws x random_number_s)
 //   so GELU and LayerNorm can be compute-bound where an add of the same bytes is not. 0:
 //   element-wise arithmetic is free (bandwidth-bound only).
+// - size_measure (gemm class): which size of a product the curve reads: its smallest dimension
+//   (the default), or the harmonic mean of its three, 3 / (1/m + 1/n + 1/k), so that a product
+//   is as efficient as its shape as a whole allows: wide products (all three dimensions large)
+//   approach the class efficiency, skinny ones (any dimension small) fall off smoothly.
+enum class SizeMeasure : std::uint8_t { kSmallest, kHarmonicMean };
 struct ClassRate {
   double efficiency = 0.0;
   double latency_s = 0.0;
@@ -74,6 +79,7 @@ struct ClassRate {
   double element_flop_s = 0.0;
   double special_function_s = 0.0;
   double random_number_s = 0.0;
+  SizeMeasure size_measure = SizeMeasure::kSmallest;
 };
 
 struct DeviceSpec {

@@ -25,6 +25,7 @@ Kernel gemm_kernel(Precision precision, double m, double n, double k, double ele
   kernel.flops = 2.0 * m * n * k;
   kernel.bytes = element_bytes * (m * k + k * n + m * n);
   kernel.size = std::min({m, n, k});
+  kernel.mean_size = m > 0.0 && n > 0.0 && k > 0.0 ? 3.0 / (1.0 / m + 1.0 / n + 1.0 / k) : 0.0;
   kernel.count = count;
   return kernel;
 }
@@ -65,7 +66,12 @@ double kernel_seconds(const DeviceSpec& device, const Kernel& kernel) {
               kernel.special_functions * elementwise.special_function_s +
               kernel.random_numbers * elementwise.random_number_s;
   } else if (kernel.flops > 0.0) {
-    compute = kernel.flops / (peak * efficiency * device.size_factor(kernel.op_class, kernel.size));
+    const bool mean = device.classes[static_cast<std::size_t>(kernel.op_class)].size_measure ==
+                          SizeMeasure::kHarmonicMean &&
+                      kernel.mean_size > 0.0;
+    compute =
+        kernel.flops / (peak * efficiency *
+                        device.size_factor(kernel.op_class, mean ? kernel.mean_size : kernel.size));
   }
   // The memory class's cache curve applies to element-wise kernels only, so that a change of it
   // moves only that class (a product's bytes are mostly reused from caches anyway).

@@ -33,6 +33,9 @@ struct Kernel {
   // Smallest dimension of a product; matrix order d of a factorization, solve or
   // eigendecomposition (also its panel count); 0: unknown (no shape factor).
   double size = 0.0;
+  // A product's harmonic mean dimension 3 / (1/m + 1/n + 1/k) (SizeMeasure::kHarmonicMean);
+  // 0: unknown.
+  double mean_size = 0.0;
   // Element-wise work of a memory-class kernel beyond its flops: evaluations of erf, exp, tanh
   // (GELU, softmax, the pooler) and random numbers drawn (dropout).
   double special_functions = 0.0;

@@ -183,6 +183,45 @@ TEST(SimKernelCosts, ShapeTermsMoveOnlyTheirClass) {
   EXPECT_NEAR(kernel_seconds(work, gelu), 1e6 * (4 * 1e-10 + 2e-9), 1e-15);
 }
 
+TEST(SimKernelCosts, HarmonicMeanSizeRanksProductsByTheirWholeShape) {
+  // The gemm curve on the harmonic mean of m, n, k: a wide product (4096 x 4096 x 4096) is
+  // closer to the class efficiency than one of the same smallest dimension but skinny in the
+  // others (4096 x 512 x 512: smallest 512, harmonic mean 768 -> efficiency e / (1 + h / 768)).
+  DeviceSpec d = simple_device();
+  auto& gemm = d.classes[static_cast<std::size_t>(OpClass::kGemm)];
+  gemm.half_efficiency_size = 1024;
+  gemm.size_measure = SizeMeasure::kHarmonicMean;
+  const Kernel wide = gemm_kernel(Precision::kFp32, 4096, 4096, 4096, 4.0);
+  const Kernel skinny = gemm_kernel(Precision::kFp32, 4096, 512, 512, 4.0);
+  EXPECT_NEAR(wide.mean_size, 4096.0, 1e-9);
+  EXPECT_NEAR(skinny.mean_size, 3.0 / (1.0 / 4096 + 2.0 / 512), 1e-9);
+  DeviceSpec flat = simple_device();
+  const double wide_ratio = kernel_seconds(d, wide) / kernel_seconds(flat, wide);
+  const double skinny_ratio = kernel_seconds(d, skinny) / kernel_seconds(flat, skinny);
+  EXPECT_NEAR(wide_ratio, 1.0 + 1024.0 / 4096.0, 1e-9);
+  EXPECT_NEAR(skinny_ratio, 1.0 + 1024.0 / skinny.mean_size, 1e-9);
+  // The smallest dimension (the default) cannot tell a 512 x 4096 x 4096 product from the
+  // skinny one; the harmonic mean can.
+  const Kernel flat_one = gemm_kernel(Precision::kFp32, 512, 4096, 4096, 4.0);
+  gemm.size_measure = SizeMeasure::kSmallest;
+  EXPECT_NEAR(kernel_seconds(d, flat_one) / kernel_seconds(flat, flat_one),
+              kernel_seconds(d, skinny) / kernel_seconds(flat, skinny), 1e-9);
+  // The JSON field: written only when set, read back, and a bad value is named.
+  gemm.size_measure = SizeMeasure::kHarmonicMean;
+  nlohmann::json json = device_to_json(d);
+  EXPECT_EQ(json["classes"]["gemm"]["size_measure"], "harmonic_mean");
+  EXPECT_EQ(device_from_json(json, "round trip").classes[0].size_measure,
+            SizeMeasure::kHarmonicMean);
+  EXPECT_FALSE(device_to_json(flat)["classes"]["gemm"].contains("size_measure"));
+  json["classes"]["gemm"]["size_measure"] = "largest";
+  EXPECT_NE(error_of([&] { device_from_json(json, "bad"); }).find("smallest, harmonic_mean"),
+            std::string::npos);
+  json["classes"]["attention"]["size_measure"] = "harmonic_mean";
+  json["classes"]["gemm"]["size_measure"] = "smallest";
+  EXPECT_NE(error_of([&] { device_from_json(json, "bad"); }).find("classes.attention.size_measure"),
+            std::string::npos);
+}
+
 TEST(SimCalibration, DevicesWithoutShapeTermsKeepTheirFiles) {
   for (const auto& name : device_preset_names()) {
     const nlohmann::json json = device_to_json(device_preset(name));
