@@ -280,6 +280,8 @@ TEST_F(TrainTest, ProgramExitStatus) {
   EXPECT_EQ(run_program("--data synthetic --stages 0"), 2);
   EXPECT_EQ(run_program("--data synthetic --optimizer adam"), 2);
   EXPECT_EQ(run_program("--no-such-flag"), 2);
+  EXPECT_EQ(run_program("--data synthetic --dp-bucket-mb -1"), 2);
+  EXPECT_EQ(run_program("--data synthetic --dp-bucket-mb nan"), 2);
   // A corrupt shard is bad input (pf::InputError from the shard reader), not a training failure.
   fs::create_directories(dir_ / "bad_shards");
   std::ofstream(dir_ / "bad_shards" / "part-0.pfshard") << "not a shard";
