@@ -156,24 +156,30 @@ void time_memory(Recorder& rec, bool smoke) {
     // softmax rescales the scores in place, 4 FLOPs and an exp; dropout reads x, writes y, 2
     // FLOPs and a random number (the mask is regenerated, not stored). Five kinds per size, so
     // that each kind lands in both shape sets.
-    auto record = [&](const char* name, double bytes, double flops, double special, double random) {
+    // Per element: bytes, then the work (the fields of sim/kernel_costs.h's ElementWork).
+    struct PerElement {
+      double flops = 0, exponentials = 0, error_functions = 0, random_numbers = 0;
+    };
+    auto record = [&](const char* name, double bytes, const PerElement& each) {
       nlohmann::json entry = {
-          {"operation", "memory"}, {"name", name}, {"bytes", bytes * n}, {"flops", flops * n}};
-      if (special > 0) entry["special_functions"] = special * n;
-      if (random > 0) entry["random_numbers"] = random * n;
+          {"operation", "memory"}, {"name", name}, {"bytes", bytes * n}, {"flops", each.flops * n}};
+      if (each.exponentials > 0) entry["exponentials"] = each.exponentials * n;
+      if (each.error_functions > 0) entry["error_functions"] = each.error_functions * n;
+      if (each.random_numbers > 0) entry["random_numbers"] = each.random_numbers * n;
       return entry;
     };
-    rec.add(record("gelu", 8, 4, 1, 0), [&] { kernels::gelu_forward<float>(cx, out); });
-    rec.add(record("add", 12, 1, 0, 0), [&] { kernels::add<float>(cx, cy, out); });
+    rec.add(record("gelu", 8, {.flops = 4, .error_functions = 1}),
+            [&] { kernels::gelu_forward<float>(cx, out); });
+    rec.add(record("add", 12, {.flops = 1}), [&] { kernels::add<float>(cx, cy, out); });
     std::vector<float> gamma(static_cast<std::size_t>(cols), 1.0f), beta(gamma.size(), 0.0f);
     std::vector<float> mean(static_cast<std::size_t>(r)), rstd(mean.size());
-    rec.add(record("layernorm", 8, 8, 0, 0), [&] {
+    rec.add(record("layernorm", 8, {.flops = 8}), [&] {
       kernels::layernorm_forward<float>(cx, gamma.data(), beta.data(), 1e-12f, out, mean.data(),
                                         rstd.data());
     });
-    rec.add(record("softmax", 8, 4, 1, 0),
+    rec.add(record("softmax", 8, {.flops = 4, .exponentials = 1}),
             [&] { kernels::masked_softmax_forward<float>(out, 0.125f, nullptr); });
-    rec.add(record("dropout", 8, 2, 0, 1),
+    rec.add(record("dropout", 8, {.flops = 2, .random_numbers = 1}),
             [&] { kernels::dropout_forward<float>(cx, out, 0.1f, 42); });
   }
 }

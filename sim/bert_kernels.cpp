@@ -17,16 +17,16 @@ double dropout_bytes(double elements, double e) {
 // erf, its backward 8 with an erf and an exp; tanh 2 and a tanh; dropout 2 and a random number
 // forward, 2 backward (the mask is read); cross-entropy 4 and an exp per logit, its gradient 3.
 ElementWork sums(double elements) {
-  return per_element(elements, 1.0);
+  return per_element(elements, {.flops = 1});
 }
 ElementWork layer_norm(double elements) {
-  return per_element(elements, 8.0);
+  return per_element(elements, {.flops = 8});
 }
 ElementWork dropout_forward(double elements) {
-  return per_element(elements, 2.0, 0.0, 1.0);
+  return per_element(elements, {.flops = 2, .random_numbers = 1});
 }
 ElementWork dropout_backward(double elements) {
-  return per_element(elements, 2.0);
+  return per_element(elements, {.flops = 2});
 }
 
 // y = x W^T + b over `rows` tokens: the bias broadcast into y, then the product accumulating
@@ -70,8 +70,9 @@ PieceKernels encoder_layer_kernels(const Workload& w, const LayerKernelOptions& 
   for (int i = 0; i < 3; ++i) linear_forward(f, p, e, T, H, H);
   f.push_back(memory_kernel(2.0 * e * T * H, 2));
   f.push_back(attention(2.0 * b * S * S * H, e * (2.0 * T * H + N)));
-  f.push_back(elementwise_kernel(2.0 * e * N, sums(N), 2));                // scale, + mask
-  f.push_back(elementwise_kernel(2.0 * e * N, per_element(N, 4.0, 1.0)));  // softmax
+  f.push_back(elementwise_kernel(2.0 * e * N, sums(N), 2));  // scale, + mask
+  f.push_back(
+      elementwise_kernel(2.0 * e * N, per_element(N, {.flops = 4, .exponentials = 1})));  // softmax
   f.push_back(elementwise_kernel(dropout_bytes(N, e), dropout_forward(N)));
   f.push_back(memory_kernel(2.0 * e * T * H));
   f.push_back(attention(2.0 * b * S * S * H, e * (N + 2.0 * T * H)));
@@ -83,7 +84,8 @@ PieceKernels encoder_layer_kernels(const Workload& w, const LayerKernelOptions& 
   f.push_back(elementwise_kernel(2.0 * e * T * H, layer_norm(T * H)));
   // FFN: dense H -> I, GELU (an erf per element), dense I -> H, dropout, residual add, LayerNorm.
   linear_forward(f, p, e, T, H, I);
-  f.push_back(elementwise_kernel(2.0 * e * T * I, per_element(T * I, 4.0, 1.0)));
+  f.push_back(
+      elementwise_kernel(2.0 * e * T * I, per_element(T * I, {.flops = 4, .error_functions = 1})));
   linear_forward(f, p, e, T, I, H);
   f.push_back(elementwise_kernel(dropout_bytes(T * H, e), dropout_forward(T * H)));
   f.push_back(elementwise_kernel(3.0 * e * T * H, sums(T * H)));
@@ -94,13 +96,15 @@ PieceKernels encoder_layer_kernels(const Workload& w, const LayerKernelOptions& 
   auto& bi = k.backward_input;
   auto& bw = k.backward_weight;
   auto layer_norm_backward = [&] {
-    bi.push_back(elementwise_kernel(3.0 * e * T * H, per_element(T * H, 10.0)));
-    bw.push_back(elementwise_kernel(2.0 * e * T * H, per_element(T * H, 3.0)));
+    bi.push_back(elementwise_kernel(3.0 * e * T * H, per_element(T * H, {.flops = 10})));
+    bw.push_back(elementwise_kernel(2.0 * e * T * H, per_element(T * H, {.flops = 3})));
   };
   layer_norm_backward();
   bi.push_back(elementwise_kernel(dropout_bytes(T * H, e), dropout_backward(T * H)));
   linear_backward(k, p, e, T, I, H, true);
-  bi.push_back(elementwise_kernel(3.0 * e * T * I, per_element(T * I, 8.0, 2.0)));  // GELU'
+  bi.push_back(elementwise_kernel(
+      3.0 * e * T * I,
+      per_element(T * I, {.flops = 8, .exponentials = 1, .error_functions = 1})));  // GELU'
   linear_backward(k, p, e, T, H, I, true);
   // Residual gradient + FFN input gradient.
   bi.push_back(elementwise_kernel(3.0 * e * T * H, sums(T * H)));
@@ -112,11 +116,11 @@ PieceKernels encoder_layer_kernels(const Workload& w, const LayerKernelOptions& 
   bi.push_back(attention(2.0 * b * S * S * H, e * (N + 2.0 * T * H)));  // d V
   bi.push_back(memory_kernel(2.0 * e * T * H));                         // V split
   bi.push_back(elementwise_kernel(dropout_bytes(N, e), dropout_backward(N)));
-  bi.push_back(elementwise_kernel(3.0 * e * N, per_element(N, 4.0)));   // softmax
-  bi.push_back(elementwise_kernel(2.0 * e * N, sums(N)));               // scale
-  bi.push_back(attention(2.0 * b * S * S * H, e * (N + 2.0 * T * H)));  // d Q
-  bi.push_back(attention(2.0 * b * S * S * H, e * (N + 2.0 * T * H)));  // d K
-  bi.push_back(memory_kernel(2.0 * e * T * H, 2));                      // Q, K split
+  bi.push_back(elementwise_kernel(3.0 * e * N, per_element(N, {.flops = 4})));  // softmax
+  bi.push_back(elementwise_kernel(2.0 * e * N, sums(N)));                       // scale
+  bi.push_back(attention(2.0 * b * S * S * H, e * (N + 2.0 * T * H)));          // d Q
+  bi.push_back(attention(2.0 * b * S * S * H, e * (N + 2.0 * T * H)));          // d K
+  bi.push_back(memory_kernel(2.0 * e * T * H, 2));                              // Q, K split
   for (int i = 0; i < 3; ++i) linear_backward(k, p, e, T, H, H, options.input_requires_grad);
   // The input's gradient sums the residual's and those of Q, K and V.
   if (options.input_requires_grad) {
@@ -143,8 +147,10 @@ PieceKernels embeddings_kernels(const Workload& w) {
   // Backward: dropout, LayerNorm (dx; d gamma, d beta), three scatter-adds into the tables
   // (all of it feeds parameter gradients, so it is weight-gradient work).
   k.backward_weight.push_back(elementwise_kernel(dropout_bytes(T * H, e), dropout_backward(T * H)));
-  k.backward_weight.push_back(elementwise_kernel(3.0 * e * T * H, per_element(T * H, 10.0)));
-  k.backward_weight.push_back(elementwise_kernel(2.0 * e * T * H, per_element(T * H, 3.0)));
+  k.backward_weight.push_back(
+      elementwise_kernel(3.0 * e * T * H, per_element(T * H, {.flops = 10})));
+  k.backward_weight.push_back(
+      elementwise_kernel(2.0 * e * T * H, per_element(T * H, {.flops = 3})));
   k.backward_weight.push_back(elementwise_kernel(3.0 * e * T * H, sums(T * H), 3));
   return k;
 }
@@ -160,27 +166,34 @@ PieceKernels heads_kernels(const Workload& w) {
   // + bias, softmax cross-entropy over fp32 logits (log-softmax, loss).
   f.push_back(memory_kernel(2.0 * e * P * H));
   linear_forward(f, p, e, P, H, H);
-  f.push_back(elementwise_kernel(2.0 * e * P * H, per_element(P * H, 4.0, 1.0)));  // GELU
+  f.push_back(elementwise_kernel(2.0 * e * P * H,
+                                 per_element(P * H, {.flops = 4, .error_functions = 1})));  // GELU
   f.push_back(elementwise_kernel(2.0 * e * P * H, layer_norm(P * H)));
   linear_forward(f, p, e, P, H, V);
-  f.push_back(elementwise_kernel(4.0 * P * V * 2.0, per_element(P * V, 4.0, 1.0)));
+  f.push_back(
+      elementwise_kernel(4.0 * P * V * 2.0, per_element(P * V, {.flops = 4, .exponentials = 1})));
   f.push_back(elementwise_kernel(4.0 * P * V, sums(P * V)));
   // Pooler (first token, dense, tanh) and NSP classifier.
   linear_forward(f, p, e, b, H, H);
-  f.push_back(elementwise_kernel(2.0 * e * b * H, per_element(b * H, 2.0, 1.0)));  // tanh
+  f.push_back(elementwise_kernel(2.0 * e * b * H,
+                                 per_element(b * H, {.flops = 2, .exponentials = 1})));  // tanh
   linear_forward(f, p, e, b, H, 2);
   // Backward: loss gradient over the logits, decoder, LayerNorm, GELU, transform, scatter back;
   // pooler and NSP.
-  k.backward_input.push_back(elementwise_kernel(4.0 * P * V * 2.0, per_element(P * V, 3.0)));
-  linear_backward(k, p, e, P, H, V, true);
-  k.backward_input.push_back(elementwise_kernel(3.0 * e * P * H, per_element(P * H, 10.0)));
   k.backward_input.push_back(
-      elementwise_kernel(3.0 * e * P * H, per_element(P * H, 8.0, 2.0)));  // GELU'
-  k.backward_weight.push_back(elementwise_kernel(2.0 * e * P * H, per_element(P * H, 3.0)));
+      elementwise_kernel(4.0 * P * V * 2.0, per_element(P * V, {.flops = 3})));
+  linear_backward(k, p, e, P, H, V, true);
+  k.backward_input.push_back(
+      elementwise_kernel(3.0 * e * P * H, per_element(P * H, {.flops = 10})));
+  k.backward_input.push_back(elementwise_kernel(
+      3.0 * e * P * H,
+      per_element(P * H, {.flops = 8, .exponentials = 1, .error_functions = 1})));  // GELU'
+  k.backward_weight.push_back(
+      elementwise_kernel(2.0 * e * P * H, per_element(P * H, {.flops = 3})));
   linear_backward(k, p, e, P, H, H, true);
   k.backward_input.push_back(memory_kernel(2.0 * e * P * H));
   linear_backward(k, p, e, b, H, 2, true);
-  k.backward_input.push_back(elementwise_kernel(3.0 * e * b * H, per_element(b * H, 3.0)));
+  k.backward_input.push_back(elementwise_kernel(3.0 * e * b * H, per_element(b * H, {.flops = 3})));
   linear_backward(k, p, e, b, H, H, true);
   return k;
 }

@@ -7,6 +7,7 @@
 #include <functional>
 #include <set>
 #include <stdexcept>
+#include <string_view>
 
 #include "common/json_fields.h"
 #include "runtime/model/bert_config.h"
@@ -19,6 +20,25 @@ namespace {
 constexpr const char* kOperations =
     "layer_forward, layer_backward, layer_curvature, layer_inversion, layer_precondition, gemm, "
     "attention, memory, cholesky_inverse, eigen_inverse";
+
+// The memory class's per-element compute terms, in FitParameter::kElementWork's index order.
+constexpr std::array<std::string_view, 4> kElementWorkFields = {
+    "element_flop_s", "exponential_s", "error_function_s", "random_number_s"};
+
+template <class Rate>  // ClassRate or const ClassRate
+auto& element_work_rate(Rate& memory, int index) {
+  switch (index) {
+    case 0:
+      return memory.element_flop_s;
+    case 1:
+    case kExpAndErfTogether:  // both hold the value; exponential_s stands for it
+      return memory.exponential_s;
+    case 2:
+      return memory.error_function_s;
+    default:
+      return memory.random_number_s;
+  }
+}
 
 class RecordReader {
  public:
@@ -170,8 +190,15 @@ Measurement parse_record(const nlohmann::json& record, const std::string& where,
     auto optional = [&](const char* field) {
       return record.contains(field) ? r.number(field, false) : 0.0;
     };
-    const ElementWork work{optional("flops"), optional("special_functions"),
-                           optional("random_numbers")};
+    if (record.contains("special_functions")) {
+      r.fail("special_functions",
+             "is no longer read: give exp and tanh evaluations as \"exponentials\" and erf "
+             "evaluations as \"error_functions\" (they are priced apart)");
+    }
+    const ElementWork work{.flops = optional("flops"),
+                           .exponentials = optional("exponentials"),
+                           .error_functions = optional("error_functions"),
+                           .random_numbers = optional("random_numbers")};
     m.timed = {elementwise_kernel(r.number("bytes"), work, count)};
     m.label = "memory " + r.text("name", "") + " " + compact(r.number("bytes")) + " B";
   } else if (op == "cholesky_inverse" || op == "eigen_inverse") {
@@ -473,9 +500,8 @@ std::string FitParameter::name() const {
     case Kind::kCacheSlowdown:
       return "classes.memory.beyond_cache_slowdown";
     case Kind::kElementWork:
-      return index == 0   ? "classes.memory.element_flop_s"
-             : index == 1 ? "classes.memory.special_function_s"
-                          : "classes.memory.random_number_s";
+      if (index == kExpAndErfTogether) return "classes.memory.exponential_s=error_function_s";
+      return "classes.memory." + std::string(kElementWorkFields[static_cast<std::size_t>(index)]);
   }
   return "";
 }
@@ -498,10 +524,8 @@ double FitParameter::get(const DeviceSpec& device) const {
       return device.classes[static_cast<std::size_t>(index)].size_exponent;
     case Kind::kCacheSlowdown:
       return device.classes[static_cast<std::size_t>(OpClass::kMemory)].beyond_cache_slowdown;
-    case Kind::kElementWork: {
-      const ClassRate& m = device.classes[static_cast<std::size_t>(OpClass::kMemory)];
-      return index == 0 ? m.element_flop_s : index == 1 ? m.special_function_s : m.random_number_s;
-    }
+    case Kind::kElementWork:
+      return element_work_rate(device.classes[static_cast<std::size_t>(OpClass::kMemory)], index);
   }
   return 0.0;
 }
@@ -534,10 +558,12 @@ void FitParameter::set(DeviceSpec& device, double value) const {
       device.classes[static_cast<std::size_t>(OpClass::kMemory)].beyond_cache_slowdown = value;
       break;
     case Kind::kElementWork: {
-      ClassRate& m = device.classes[static_cast<std::size_t>(OpClass::kMemory)];
-      (index == 0   ? m.element_flop_s
-       : index == 1 ? m.special_function_s
-                    : m.random_number_s) = value;
+      ClassRate& memory = device.classes[static_cast<std::size_t>(OpClass::kMemory)];
+      if (index == kExpAndErfTogether) {
+        memory.exponential_s = memory.error_function_s = value;
+      } else {
+        element_work_rate(memory, index) = value;
+      }
       break;
     }
   }
@@ -548,11 +574,20 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
   std::array<bool, 4> precisions{};
   std::array<std::set<double>, kNumOpClasses> sizes;
   bool backward = false, any = false;
-  std::array<bool, 3> element_work{};  // flops, special functions, random numbers
+  std::array<bool, kElementWorkFields.size()> element_work{};  // in kElementWorkFields' order
+  // exp and erf can be told apart only when some record times one without the other (a whole
+  // layer always does both, in the same proportion): otherwise one value prices both.
+  bool exp_apart_from_erf = false;
   for (const auto& m : measurements) {
     if (m.held_out) continue;
     any = true;
     backward = backward || m.timed_backward;
+    double exps = 0.0, erfs = 0.0;
+    for (const Kernel& k : m.timed) {
+      exps += k.exponentials;
+      erfs += k.error_functions;
+    }
+    exp_apart_from_erf = exp_apart_from_erf || ((exps > 0.0) != (erfs > 0.0));
     for (const auto* list : {&m.before, &m.timed}) {
       for (const Kernel& k : *list) {
         classes[static_cast<std::size_t>(k.op_class)] = true;
@@ -561,8 +596,9 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
         if (size > 0.0) sizes[static_cast<std::size_t>(k.op_class)].insert(size);
         if (k.op_class == OpClass::kMemory) {
           element_work[0] = element_work[0] || k.flops > 0.0;
-          element_work[1] = element_work[1] || k.special_functions > 0.0;
-          element_work[2] = element_work[2] || k.random_numbers > 0.0;
+          element_work[1] = element_work[1] || k.exponentials > 0.0;
+          element_work[2] = element_work[2] || k.error_functions > 0.0;
+          element_work[3] = element_work[3] || k.random_numbers > 0.0;
         }
         if (k.op_class == OpClass::kGemm) precisions[static_cast<std::size_t>(k.precision)] = true;
       }
@@ -592,7 +628,11 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
       if (c == static_cast<int>(OpClass::kMemory)) out.push_back({Kind::kCacheSlowdown, c});
     }
   }
-  for (int w = 0; w < 3; ++w) {
+  if (!exp_apart_from_erf && element_work[1] && element_work[2]) {
+    element_work[1] = element_work[2] = false;
+    out.push_back({Kind::kElementWork, kExpAndErfTogether});
+  }
+  for (int w = 0; w < static_cast<int>(element_work.size()); ++w) {
     if (element_work[static_cast<std::size_t>(w)]) out.push_back({Kind::kElementWork, w});
   }
   out.push_back({Kind::kLaunch, 0});

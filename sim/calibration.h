@@ -14,7 +14,8 @@
 //    {"operation": "gemm", "m": 4096, "n": 1024, "k": 1024, "precision": "fp32", "seconds": ...},
 //    {"operation": "attention", "batch": 384, "m": 128, "n": 128, "k": 64, "precision": ...},
 //    {"operation": "memory", "bytes": 3.2e7, "seconds": ...,
-//     optional: "flops": 4e6, "special_functions": 4e6, "random_numbers": 4e6},
+//     optional: "flops": 4e6, "exponentials": 1e6 (exp, tanh), "error_functions": 1e6 (erf),
+//               "random_numbers": 1e6},
 //    {"operation": "cholesky_inverse" | "eigen_inverse", "order": 1024, "seconds": ...}]}
 // layer_* price one encoder layer (bert_kernels.h): forward; backward (the backward issued right
 // after the forward, as a harness that times forward+backward minus forward sees it); and K-FAC
@@ -82,6 +83,8 @@ std::vector<Residual> residuals(const DeviceSpec& device,
                                 const std::vector<Measurement>& measurements);
 
 // One fitted quantity of the device.
+inline constexpr int kExpAndErfTogether = 4;  // FitParameter::kElementWork's tied index
+
 struct FitParameter {
   enum class Kind {
     kEfficiency,
@@ -92,8 +95,9 @@ struct FitParameter {
     kHalfEfficiencySize,  // ClassRate::half_efficiency_size of class `index`
     kSizeExponent,        // ClassRate::size_exponent of class `index`
     kCacheSlowdown,       // the memory class's beyond_cache_slowdown
-    kElementWork          // the memory class's element_flop_s (index 0), special_function_s (1),
-                          // random_number_s (2)
+    kElementWork          // the memory class's element_flop_s (index 0), exponential_s (1),
+                          // error_function_s (2), random_number_s (3), or exponential_s and
+                          // error_function_s as one value (kExpAndErfTogether)
   };
   Kind kind = Kind::kLaunch;
   int index = 0;  // OpClass or Precision
@@ -120,8 +124,10 @@ struct FitResult {
 // overhead when a record times backward work. A class's efficiency curve in the kernel size
 // (half_efficiency_size, size_exponent) is fitted when its kernels in the fitted records have at
 // least kMinSizesForCurve distinct sizes (fewer cannot tell a curve from the flat efficiency),
-// and each of the memory class's per-element compute terms (element_flop_s, special_function_s,
-// random_number_s) when a fitted element-wise kernel does that work.
+// and each of the memory class's per-element compute terms (element_flop_s, exponential_s,
+// error_function_s, random_number_s) when a fitted element-wise kernel does that work;
+// exponential_s and error_function_s as one value unless some record times exp work without
+// erf work or the reverse (layer records always do both: they cannot tell the two apart).
 inline constexpr int kMinSizesForCurve = 4;
 std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurements);
 

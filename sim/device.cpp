@@ -187,7 +187,8 @@ void DeviceSpec::validate(std::string_view source) const {
           std::to_string(rate.beyond_cache_slowdown) + " (must be finite and >= 1)");
     }
     check(rate.element_flop_s, (field + ".element_flop_s").c_str(), true);
-    check(rate.special_function_s, (field + ".special_function_s").c_str(), true);
+    check(rate.exponential_s, (field + ".exponential_s").c_str(), true);
+    check(rate.error_function_s, (field + ".error_function_s").c_str(), true);
     check(rate.random_number_s, (field + ".random_number_s").c_str(), true);
   }
   for (std::size_t p = 0; p < kPrecisionNames.size(); ++p) {
@@ -284,15 +285,16 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
             !(field == "by_precision" && op_class == OpClass::kGemm) &&
             field != "half_efficiency_size" && field != "size_exponent" &&
             !(field == "size_measure" && op_class == OpClass::kGemm) &&
-            !(memory && (field == "element_flop_s" || field == "special_function_s" ||
+            !(memory && (field == "element_flop_s" || field == "exponential_s" ||
+                         field == "error_function_s" || field == "special_function_s" ||
                          field == "beyond_cache_slowdown" || field == "random_number_s"))) {
           throw std::invalid_argument(
               where + ": unknown field '" + path + "." + field +
               "' (allowed: efficiency, latency_s" +
               (op_class == OpClass::kGemm ? ", by_precision, size_measure" : "") +
               ", half_efficiency_size, size_exponent" +
-              (memory ? ", beyond_cache_slowdown, element_flop_s, special_function_s, "
-                        "random_number_s"
+              (memory ? ", beyond_cache_slowdown, element_flop_s, exponential_s, "
+                        "error_function_s, random_number_s"
                       : "") +
               ")");
         }
@@ -314,8 +316,12 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
       rate.beyond_cache_slowdown =
           number(value, "beyond_cache_slowdown", path + ".beyond_cache_slowdown", false, 1.0);
       rate.element_flop_s = number(value, "element_flop_s", path + ".element_flop_s", false, 0.0);
-      rate.special_function_s =
+      const double special_function_s =
           number(value, "special_function_s", path + ".special_function_s", false, 0.0);
+      rate.exponential_s =
+          number(value, "exponential_s", path + ".exponential_s", false, special_function_s);
+      rate.error_function_s =
+          number(value, "error_function_s", path + ".error_function_s", false, special_function_s);
       rate.random_number_s =
           number(value, "random_number_s", path + ".random_number_s", false, 0.0);
       const auto by_precision = value.find("by_precision");
@@ -402,7 +408,8 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
     }
     if (rate.size_measure == SizeMeasure::kHarmonicMean) entry["size_measure"] = "harmonic_mean";
     if (rate.element_flop_s > 0.0) entry["element_flop_s"] = rate.element_flop_s;
-    if (rate.special_function_s > 0.0) entry["special_function_s"] = rate.special_function_s;
+    if (rate.exponential_s > 0.0) entry["exponential_s"] = rate.exponential_s;
+    if (rate.error_function_s > 0.0) entry["error_function_s"] = rate.error_function_s;
     if (rate.random_number_s > 0.0) entry["random_number_s"] = rate.random_number_s;
     if (op_class == OpClass::kGemm) {
       nlohmann::json by_precision = nlohmann::json::object();

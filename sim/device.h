@@ -58,11 +58,12 @@ OpClass op_class_from_string(std::string_view name);  // throws naming the allow
 //   multiplied by 1 + (beyond_cache_slowdown - 1) x 1 / (1 + (h / bytes)^size_exponent)
 //   (h: the bytes half-way between the two, beyond_cache_slowdown: how much slower beyond them;
 //   1: no change).
-// - element_flop_s, special_function_s, random_number_s (memory class): device time per
-//   element-wise FLOP, per evaluation of erf / exp / tanh (GELU, softmax, the pooler) and per
-//   random number (dropout's mask). An element-wise kernel takes
-//     max(bytes / bandwidth, flops x element_flop_s + evaluations x special_function_s +
-//         draws x random_number_s)
+// - element_flop_s, exponential_s, error_function_s, random_number_s (memory class): device
+//   time per element-wise FLOP, per evaluation of exp / tanh (softmax, cross-entropy, the
+//   pooler; the optimizer's square root too), per erf (GELU) and per random number (dropout's
+//   mask). An element-wise kernel takes
+//     max(bytes / bandwidth, flops x element_flop_s + exps x exponential_s +
+//         erfs x error_function_s + draws x random_number_s)
 //   so GELU and LayerNorm can be compute-bound where an add of the same bytes is not. 0:
 //   element-wise arithmetic is free (bandwidth-bound only).
 // - size_measure (gemm class): which size of a product the curve reads: its smallest dimension
@@ -77,7 +78,8 @@ struct ClassRate {
   double size_exponent = 1.0;
   double beyond_cache_slowdown = 1.0;
   double element_flop_s = 0.0;
-  double special_function_s = 0.0;
+  double exponential_s = 0.0;
+  double error_function_s = 0.0;
   double random_number_s = 0.0;
   SizeMeasure size_measure = SizeMeasure::kSmallest;
 };
@@ -139,11 +141,14 @@ std::vector<std::string> device_preset_names();
 //                                 "half_efficiency_size": D, "size_exponent": P},
 //                        "attention": {...},
 //                        "memory": {..., "beyond_cache_slowdown": K, "element_flop_s": S,
-//                                   "special_function_s": S, "random_number_s": S},
+//                                   "exponential_s": S, "error_function_s": S,
+//                                   "random_number_s": S},
 //                        "factorization": {...}, "triangular_solve": {...},
 //                        "eigendecomposition": {...}}}
 // fp32 is required; the other precisions are optional (absent = unsupported). Files without the
 // optional fields price every product at matmul_efficiency with no latencies (the first model).
+// "special_function_s" (files written before exp and erf were priced apart) sets both
+// exponential_s and error_function_s; either of those, when given too, overrides it.
 DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source);
 DeviceSpec device_from_json_file(const std::filesystem::path& path);
 nlohmann::json device_to_json(const DeviceSpec& device);

@@ -37,15 +37,16 @@ Kernel memory_kernel(double bytes, int count) {
   return kernel;
 }
 
-ElementWork per_element(double elements, double flops, double special_functions,
-                        double random_numbers) {
-  return {elements * flops, elements * special_functions, elements * random_numbers};
+ElementWork per_element(double elements, const ElementWork& each) {
+  return {elements * each.flops, elements * each.exponentials, elements * each.error_functions,
+          elements * each.random_numbers};
 }
 
 Kernel elementwise_kernel(double bytes, const ElementWork& work, int count) {
   Kernel kernel = memory_kernel(bytes, count);
   kernel.flops = work.flops;
-  kernel.special_functions = work.special_functions;
+  kernel.exponentials = work.exponentials;
+  kernel.error_functions = work.error_functions;
   kernel.random_numbers = work.random_numbers;
   return kernel;
 }
@@ -63,7 +64,8 @@ double kernel_seconds(const DeviceSpec& device, const Kernel& kernel) {
   double compute = 0.0;
   if (kernel.op_class == OpClass::kMemory) {
     compute = kernel.flops * elementwise.element_flop_s +
-              kernel.special_functions * elementwise.special_function_s +
+              kernel.exponentials * elementwise.exponential_s +
+              kernel.error_functions * elementwise.error_function_s +
               kernel.random_numbers * elementwise.random_number_s;
   } else if (kernel.flops > 0.0) {
     const bool mean = device.classes[static_cast<std::size_t>(kernel.op_class)].size_measure ==

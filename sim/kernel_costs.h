@@ -5,8 +5,9 @@
 //                                 bytes / (memory_bandwidth x efficiency(memory) x
 //                                          cache(bytes)),
 //                                 element_work_s)
-// where element_work_s = flops x element_flop_s + special_functions x special_function_s +
-// random_numbers x random_number_s (the memory class's per-element compute terms) prices an
+// where element_work_s = flops x element_flop_s + exponentials x exponential_s +
+// error_functions x error_function_s + random_numbers x random_number_s (the memory class's
+// per-element compute terms) prices an
 // element-wise kernel's arithmetic; the FLOP classes' flops run at their peak x efficiency and an
 // element-wise kernel's flops at element_flop_s.
 // on the device (panels = ceil(d / 256) for the factorization classes of a d x d matrix, 1
@@ -36,9 +37,11 @@ struct Kernel {
   // A product's harmonic mean dimension 3 / (1/m + 1/n + 1/k) (SizeMeasure::kHarmonicMean);
   // 0: unknown.
   double mean_size = 0.0;
-  // Element-wise work of a memory-class kernel beyond its flops: evaluations of erf, exp, tanh
-  // (GELU, softmax, the pooler) and random numbers drawn (dropout).
-  double special_functions = 0.0;
+  // Element-wise work of a memory-class kernel beyond its flops: evaluations of exp and tanh
+  // (softmax, the pooler), of erf (GELU) and random numbers drawn (dropout). exp and erf are
+  // priced apart: on this project's CPU an erf costs about half of softmax's exp per element.
+  double exponentials = 0.0;
+  double error_functions = 0.0;
   double random_numbers = 0.0;
   int count = 1;  // identical kernels in a row
   bool host_sync = false;
@@ -52,12 +55,12 @@ Kernel memory_kernel(double bytes, int count = 1);
 // Per-element arithmetic of an element-wise kernel (totals over its elements).
 struct ElementWork {
   double flops = 0.0;
-  double special_functions = 0.0;
+  double exponentials = 0.0;     // exp, tanh
+  double error_functions = 0.0;  // erf
   double random_numbers = 0.0;
 };
-// `elements` elements, each with the given flops, special-function evaluations and random draws.
-ElementWork per_element(double elements, double flops, double special_functions = 0.0,
-                        double random_numbers = 0.0);
+// `elements` elements, each doing `each` (e.g. {.flops = 4, .error_functions = 1} for GELU).
+ElementWork per_element(double elements, const ElementWork& each);
 // An element-wise (memory-class) kernel that moves `bytes` and does `work`.
 Kernel elementwise_kernel(double bytes, const ElementWork& work, int count = 1);
 

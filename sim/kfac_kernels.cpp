@@ -25,7 +25,8 @@ Kernels curvature_kernels(Precision product_precision, double rows, double order
   product.bytes = 2.0 * input_element_bytes * rows * order + 4.0 * order * order;
   product.size = std::min(rows, order);
   // factor = scale * product (+ running average): read both, write one, fp32.
-  return {product, elementwise_kernel(3.0 * 4.0 * order * order, per_element(order * order, 3.0))};
+  return {product,
+          elementwise_kernel(3.0 * 4.0 * order * order, per_element(order * order, {.flops = 3}))};
 }
 
 Kernels inversion_kernels(double order, KfacInversion method) {
@@ -37,18 +38,20 @@ Kernels inversion_kernels(double order, KfacInversion method) {
   }
   Kernel factorization = matrix_function(OpClass::kFactorization, d * d * d / 3.0, d, 2.0 * matrix);
   factorization.host_sync = true;
-  return {elementwise_kernel(2.0 * 4.0 * d, per_element(d, 1.0)),  // damping onto the diagonal
-          factorization,
-          memory_kernel(matrix),  // the identity to solve against
-          matrix_function(OpClass::kTriangularSolve, 2.0 * d * d * d, d, 3.0 * matrix)};
+  return {
+      elementwise_kernel(2.0 * 4.0 * d, per_element(d, {.flops = 1})),  // damping onto the diagonal
+      factorization,
+      memory_kernel(matrix),  // the identity to solve against
+      matrix_function(OpClass::kTriangularSolve, 2.0 * d * d * d, d, 3.0 * matrix)};
 }
 
 Kernels precondition_kernels(Precision product_precision, double d_in, double d_out) {
   Kernel left = gemm_kernel(product_precision, d_out, d_in, d_out, 4.0);
   Kernel right = gemm_kernel(product_precision, d_out, d_in, d_in, 4.0);
   return {left, right,
-          elementwise_kernel(4.0 * d_out * d_out, per_element(d_out * d_out, 2.0)),  // B^-1 g_b
-          memory_kernel(2.0 * 4.0 * d_out * d_in)};  // into the gradient
+          elementwise_kernel(4.0 * d_out * d_out,
+                             per_element(d_out * d_out, {.flops = 2})),  // B^-1 g_b
+          memory_kernel(2.0 * 4.0 * d_out * d_in)};                      // into the gradient
 }
 
 Precision kfac_product_precision(const DeviceSpec& device, Precision precision) {

@@ -103,8 +103,10 @@ TEST(SimKernelCosts, ShapeTermsMoveOnlyTheirClass) {
   Kernel attention = gemm;
   attention.op_class = OpClass::kAttention;
   const Kernel add = memory_kernel(1e8);
-  const Kernel gelu = elementwise_kernel(8e6, per_element(1e6, 4.0, 1.0));
-  const Kernel dropout = elementwise_kernel(8e6, per_element(1e6, 2.0, 0.0, 1.0));
+  const Kernel gelu = elementwise_kernel(8e6, per_element(1e6, {.flops = 4, .error_functions = 1}));
+  const Kernel dropout =
+      elementwise_kernel(8e6, per_element(1e6, {.flops = 2, .random_numbers = 1}));
+  const Kernel softmax = elementwise_kernel(8e6, per_element(1e6, {.flops = 4, .exponentials = 1}));
   Kernel potrf;
   for (const Kernel& k : inversion_kernels(1024)) {
     if (k.op_class == OpClass::kFactorization) potrf = k;
@@ -112,9 +114,10 @@ TEST(SimKernelCosts, ShapeTermsMoveOnlyTheirClass) {
   EXPECT_EQ(gemm.size, 64.0);
   EXPECT_EQ(potrf.size, 1024.0);
   auto all = [&](const DeviceSpec& d) {
-    return std::array<double, 6>{kernel_seconds(d, gemm),    kernel_seconds(d, attention),
+    return std::array<double, 7>{kernel_seconds(d, gemm),    kernel_seconds(d, attention),
                                  kernel_seconds(d, add),     kernel_seconds(d, gelu),
-                                 kernel_seconds(d, dropout), kernel_seconds(d, potrf)};
+                                 kernel_seconds(d, dropout), kernel_seconds(d, potrf),
+                                 kernel_seconds(d, softmax)};
   };
   const auto before = all(base);
   // Without the new terms an element-wise kernel is bandwidth-bound whatever its arithmetic.
@@ -145,12 +148,13 @@ TEST(SimKernelCosts, ShapeTermsMoveOnlyTheirClass) {
          rate(d, OpClass::kMemory).half_efficiency_size = 1e6;
          rate(d, OpClass::kMemory).beyond_cache_slowdown = 3.0;
        },
-       {2, 3, 4}},
+       {2, 3, 4, 6}},
       {"element flops",
        [&](DeviceSpec& d) { rate(d, OpClass::kMemory).element_flop_s = 1e-9; },
-       {3, 4}},
-      {"special functions",
-       [&](DeviceSpec& d) { rate(d, OpClass::kMemory).special_function_s = 1e-8; },
+       {3, 4, 6}},
+      {"exponentials", [&](DeviceSpec& d) { rate(d, OpClass::kMemory).exponential_s = 1e-8; }, {6}},
+      {"error functions",
+       [&](DeviceSpec& d) { rate(d, OpClass::kMemory).error_function_s = 1e-8; },
        {3}},
       {"random numbers",
        [&](DeviceSpec& d) { rate(d, OpClass::kMemory).random_number_s = 1e-8; },
@@ -160,7 +164,7 @@ TEST(SimKernelCosts, ShapeTermsMoveOnlyTheirClass) {
     DeviceSpec changed = base;
     change.apply(changed);
     const auto after = all(changed);
-    for (int o = 0; o < 6; ++o) {
+    for (int o = 0; o < static_cast<int>(before.size()); ++o) {
       const bool moves =
           std::find(change.moved.begin(), change.moved.end(), o) != change.moved.end();
       if (moves) {
@@ -179,8 +183,10 @@ TEST(SimKernelCosts, ShapeTermsMoveOnlyTheirClass) {
   // Element-wise compute: max(bandwidth, flops + evaluations + draws).
   DeviceSpec work = base;
   rate(work, OpClass::kMemory).element_flop_s = 1e-10;
-  rate(work, OpClass::kMemory).special_function_s = 2e-9;
+  rate(work, OpClass::kMemory).error_function_s = 2e-9;
+  rate(work, OpClass::kMemory).exponential_s = 3e-9;
   EXPECT_NEAR(kernel_seconds(work, gelu), 1e6 * (4 * 1e-10 + 2e-9), 1e-15);
+  EXPECT_NEAR(kernel_seconds(work, softmax), 1e6 * (4 * 1e-10 + 3e-9), 1e-15);
 }
 
 TEST(SimKernelCosts, HarmonicMeanSizeRanksProductsByTheirWholeShape) {
@@ -227,7 +233,8 @@ TEST(SimCalibration, DevicesWithoutShapeTermsKeepTheirFiles) {
     const nlohmann::json json = device_to_json(device_preset(name));
     for (const auto& [cls, entry] : json.at("classes").items()) {
       EXPECT_FALSE(entry.contains("half_efficiency_size")) << name << " " << cls;
-      EXPECT_FALSE(entry.contains("special_function_s")) << name << " " << cls;
+      EXPECT_FALSE(entry.contains("exponential_s")) << name << " " << cls;
+      EXPECT_FALSE(entry.contains("error_function_s")) << name << " " << cls;
       EXPECT_FALSE(entry.contains("element_flop_s")) << name << " " << cls;
     }
   }
@@ -237,10 +244,13 @@ TEST(SimCalibration, DevicesWithoutShapeTermsKeepTheirFiles) {
   d.classes[static_cast<std::size_t>(OpClass::kMemory)].half_efficiency_size = 3e7;
   d.classes[static_cast<std::size_t>(OpClass::kMemory)].beyond_cache_slowdown = 2.0;
   d.classes[static_cast<std::size_t>(OpClass::kMemory)].element_flop_s = 1e-10;
-  d.classes[static_cast<std::size_t>(OpClass::kMemory)].special_function_s = 2e-9;
+  d.classes[static_cast<std::size_t>(OpClass::kMemory)].exponential_s = 4e-9;
+  d.classes[static_cast<std::size_t>(OpClass::kMemory)].error_function_s = 2e-9;
   d.classes[static_cast<std::size_t>(OpClass::kMemory)].random_number_s = 3e-9;
   const DeviceSpec back = device_from_json(device_to_json(d), "round trip");
-  const Kernel gelu = elementwise_kernel(8e6, per_element(1e6, 4.0, 1.0, 1.0));
+  const Kernel gelu = elementwise_kernel(
+      8e6,
+      per_element(1e6, {.flops = 4, .exponentials = 1, .error_functions = 1, .random_numbers = 1}));
   const Kernel gemm = gemm_kernel(Precision::kFp32, 100, 200, 300, 4.0);
   EXPECT_DOUBLE_EQ(kernel_seconds(back, gelu), kernel_seconds(d, gelu));
   EXPECT_DOUBLE_EQ(kernel_seconds(back, memory_kernel(1e9)), kernel_seconds(d, memory_kernel(1e9)));
@@ -254,9 +264,20 @@ TEST(SimCalibration, DevicesWithoutShapeTermsKeepTheirFiles) {
   EXPECT_NE(error_of([&] { device_from_json(bad, "bad"); }).find("classes.gemm.size_exponent"),
             std::string::npos);
   bad = device_to_json(d);
-  bad["classes"]["gemm"]["special_function_s"] = 1e-9;  // a memory-class field
-  EXPECT_NE(error_of([&] { device_from_json(bad, "bad"); }).find("special_function_s"),
+  bad["classes"]["gemm"]["error_function_s"] = 1e-9;  // a memory-class field
+  EXPECT_NE(error_of([&] { device_from_json(bad, "bad"); }).find("error_function_s"),
             std::string::npos);
+  // Files written before exp and erf were priced apart: their one term prices both, and a
+  // specific field given beside it wins.
+  nlohmann::json legacy = device_to_json(simple_device());
+  legacy["classes"]["memory"]["special_function_s"] = 5e-9;
+  const DeviceSpec old_file = device_from_json(legacy, "legacy");
+  EXPECT_EQ(old_file.classes[static_cast<std::size_t>(OpClass::kMemory)].exponential_s, 5e-9);
+  EXPECT_EQ(old_file.classes[static_cast<std::size_t>(OpClass::kMemory)].error_function_s, 5e-9);
+  legacy["classes"]["memory"]["error_function_s"] = 1e-9;
+  const DeviceSpec mixed = device_from_json(legacy, "legacy");
+  EXPECT_EQ(mixed.classes[static_cast<std::size_t>(OpClass::kMemory)].exponential_s, 5e-9);
+  EXPECT_EQ(mixed.classes[static_cast<std::size_t>(OpClass::kMemory)].error_function_s, 1e-9);
 }
 
 // Synthetic records: GEMMs of several shapes, element-wise passes, Cholesky inverses.
@@ -311,15 +332,17 @@ nlohmann::json synthetic_shape_records() {
         {{"operation", "gemm"}, {"m", small}, {"n", 2048}, {"k", 1024}, {"seconds", 1.0}});
   }
   struct Kind {
-    double bytes, flops, special, random;
+    double bytes, flops, exponentials, error_functions, random;
   };
-  const Kind kinds[] = {{12, 1, 0, 0}, {8, 8, 0, 0}, {8, 4, 1, 0}, {8, 2, 0, 1}};
+  const Kind kinds[] = {
+      {12, 1, 0, 0, 0}, {8, 8, 0, 0, 0}, {8, 4, 1, 0, 0}, {8, 4, 0, 1, 0}, {8, 2, 0, 0, 1}};
   for (double elements : {1e4, 1e5, 1e6, 1e7, 1e8}) {
     for (const Kind& k : kinds) {
       records.push_back({{"operation", "memory"},
                          {"bytes", k.bytes * elements},
                          {"flops", k.flops * elements},
-                         {"special_functions", k.special * elements},
+                         {"exponentials", k.exponentials * elements},
+                         {"error_functions", k.error_functions * elements},
                          {"random_numbers", k.random * elements},
                          {"seconds", 1.0}});
     }
@@ -341,7 +364,8 @@ TEST(SimCalibration, FitRecoversKnownShapeTermsFromSyntheticDurations) {
   rate(OpClass::kMemory).size_exponent = 1.5;
   rate(OpClass::kMemory).beyond_cache_slowdown = 2.5;
   rate(OpClass::kMemory).element_flop_s = 1e-10;
-  rate(OpClass::kMemory).special_function_s = 2e-9;
+  rate(OpClass::kMemory).exponential_s = 2e-9;
+  rate(OpClass::kMemory).error_function_s = 1e-9;
   rate(OpClass::kMemory).random_number_s = 5e-9;
   rate(OpClass::kFactorization).efficiency = 0.3;
   rate(OpClass::kFactorization).half_efficiency_size = 600;
@@ -366,7 +390,8 @@ TEST(SimCalibration, FitRecoversKnownShapeTermsFromSyntheticDurations) {
   near(at(OpClass::kMemory).half_efficiency_size, 2e8, "memory half-way bytes");
   near(at(OpClass::kMemory).beyond_cache_slowdown, 2.5, "memory slowdown beyond the caches");
   near(at(OpClass::kMemory).element_flop_s, 1e-10, "element flop");
-  near(at(OpClass::kMemory).special_function_s, 2e-9, "special function");
+  near(at(OpClass::kMemory).exponential_s, 2e-9, "exponential");
+  near(at(OpClass::kMemory).error_function_s, 1e-9, "error function");
   near(at(OpClass::kMemory).random_number_s, 5e-9, "random number");
   near(at(OpClass::kFactorization).half_efficiency_size, 600, "factorization half size");
   near(at(OpClass::kFactorization).size_exponent, 1.5, "factorization size exponent");
@@ -415,6 +440,14 @@ TEST(SimCalibration, BadMeasurementFilesNameTheRecordAndField) {
                                      {"precision", "bf16"},
                                      {"seconds", 1.0}}}}};
   EXPECT_NE(parse(no_bf16).find("bf16"), std::string::npos) << parse(no_bf16);
+  // The field of files written before exp and erf were priced apart: refused, naming the two.
+  const nlohmann::json legacy = {
+      {"format_version", 1},
+      {"measurements",
+       {{{"operation", "memory"}, {"bytes", 8e6}, {"special_functions", 1e6}, {"seconds", 1.0}}}}};
+  EXPECT_NE(parse(legacy).find("measurements[0].'special_functions'"), std::string::npos)
+      << parse(legacy);
+  EXPECT_NE(parse(legacy).find("error_functions"), std::string::npos) << parse(legacy);
 }
 
 TEST(SimCalibration, KernelCountsAreBoundedBeforeTheKernelsAreBuilt) {
