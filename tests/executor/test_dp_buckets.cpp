@@ -15,6 +15,7 @@
 #include "scheduler/compile.h"
 #include "scheduler/pipefisher/pass.h"
 #include "sim/uniform_cost_model.h"
+#include "tests/executor/kfac_test_schedule.h"
 #include "traces/chrome_trace.h"
 
 namespace pf::exec {
@@ -66,14 +67,7 @@ sched::Schedule schedule_of(const BucketCase& c) {
   params.split_backward = c.split_backward;
   auto schedule = sched::compile(params);
   if (c.kfac_refresh < 0) return schedule;
-  sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
-  costs.curvature_a_s = costs.curvature_b_s = 0.05;
-  costs.invert_a_s = costs.invert_b_s = 0.2;
-  costs.precondition_s = 0.02;
-  costs.curvature_sync_s = 0.05;
-  pipefisher::KfacOptions kfac;
-  kfac.refresh_steps = c.kfac_refresh;
-  return pipefisher::run_pipefisher(schedule, sim::UniformCostModel(costs), kfac).schedule;
+  return testing::with_kfac_in_bubbles(schedule, c.kfac_refresh);
 }
 
 RunSetup<float> make_setup(const sched::Schedule& schedule, BatchSource& batches,

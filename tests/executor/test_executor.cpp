@@ -20,6 +20,7 @@
 #include "scheduler/torch_csv.h"
 #include "scheduler/validate.h"
 #include "sim/uniform_cost_model.h"
+#include "tests/executor/kfac_test_schedule.h"
 #include "tests/executor/reference_trainer.h"
 
 namespace pf::exec {
@@ -248,15 +249,7 @@ TEST(Executor, TorchCsvScheduleRuns) {
   EXPECT_LT(difference_from_reference(executor, config, batches, 2, 4), 1e-12);
 }
 
-// Unit costs for the pass in the K-FAC tests: K-FAC tasks short against the pipeline's work.
-sim::UniformCosts kfac_test_costs() {
-  sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
-  costs.curvature_a_s = costs.curvature_b_s = 0.05;
-  costs.invert_a_s = costs.invert_b_s = 0.2;
-  costs.precondition_s = 0.02;
-  costs.curvature_sync_s = 0.05;
-  return costs;
-}
+using testing::kfac_test_costs;
 
 // K-FAC in the bubbles (the PipeFisher pass's k-step schedule) equals the same K-FAC updates
 // run in sequence after each step.

@@ -13,6 +13,7 @@
 #include "scheduler/compile.h"
 #include "scheduler/pipefisher/pass.h"
 #include "sim/uniform_cost_model.h"
+#include "tests/executor/kfac_test_schedule.h"
 #include "tests/mpi/mpi_test_env.h"
 
 namespace pf::exec {
@@ -82,14 +83,7 @@ sched::Schedule schedule_of(const Case& c, int layers) {
   params.split_backward = c.split_backward;
   auto schedule = sched::compile(params);
   if (c.kfac_refresh < 0) return schedule;
-  sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
-  costs.curvature_a_s = costs.curvature_b_s = 0.05;
-  costs.invert_a_s = costs.invert_b_s = 0.2;
-  costs.precondition_s = 0.02;
-  costs.curvature_sync_s = 0.05;
-  pipefisher::KfacOptions kfac;
-  kfac.refresh_steps = c.kfac_refresh;
-  return pipefisher::run_pipefisher(schedule, sim::UniformCostModel(costs), kfac).schedule;
+  return testing::with_kfac_in_bubbles(schedule, c.kfac_refresh);
 }
 
 // mpi_buckets / thread_buckets: ExecutorOptions::dp_bucket_bytes of each run (0: whole-chunk
