@@ -21,6 +21,28 @@ double median(std::vector<double> values) {
   return result;
 }
 
+// Busy times of one Linear's K-FAC tasks, by kind.
+struct KfacTimes {
+  std::vector<double> a, b, inv_a, inv_b, precondition, sync;
+};
+
+bool is_timed_kfac(sched::OpKind kind) {
+  using sched::OpKind;
+  return kind == OpKind::kCurvatureA || kind == OpKind::kCurvatureB || kind == OpKind::kInvertA ||
+         kind == OpKind::kInvertB || kind == OpKind::kPrecondition ||
+         kind == OpKind::kCurvatureSync;
+}
+
+void record_kfac(KfacTimes& times, sched::OpKind kind, double busy_s) {
+  using sched::OpKind;
+  if (kind == OpKind::kCurvatureA) times.a.push_back(busy_s);
+  if (kind == OpKind::kCurvatureB) times.b.push_back(busy_s);
+  if (kind == OpKind::kInvertA) times.inv_a.push_back(busy_s);
+  if (kind == OpKind::kInvertB) times.inv_b.push_back(busy_s);
+  if (kind == OpKind::kPrecondition) times.precondition.push_back(busy_s);
+  if (kind == OpKind::kCurvatureSync) times.sync.push_back(busy_s);
+}
+
 }  // namespace
 
 nlohmann::json measured_trace(const sched::Schedule& schedule,
@@ -102,12 +124,19 @@ sim::Profile measured_profile(const sched::Schedule& schedule,
   std::map<std::pair<int, int>, ChunkTimes> chunks;
   std::vector<double> send_rates, reduction_rates, host_rates, optimizer;
   bool saw_host_copy = false;
-  struct KfacTimes {
-    std::vector<double> a, b, inv_a, inv_b, precondition, sync;
-  };
   std::map<std::pair<int, int>, KfacTimes> kfac;  // (layer, linear)
+  // A refresh every k steps may run its curvature and inversions only in a warm-up step (a run
+  // no longer than its refresh interval): those samples stand in for a kind the later steps
+  // never ran, rather than pricing it as free.
+  std::map<std::pair<int, int>, KfacTimes> kfac_warmup;
   for (const auto& event : events) {
-    if (event.global_step < warmup_steps) continue;
+    if (event.global_step < warmup_steps) {
+      const auto& in = event.instruction;
+      if (event.bucket < 0 && is_timed_kfac(in.kind)) {
+        record_kfac(kfac_warmup[{in.layer, static_cast<int>(in.linear)}], in.kind, event.busy_s);
+      }
+      continue;
+    }
     // Buckets overlap the backward; their reduction's own event holds the time it still costs.
     if (event.bucket >= 0) continue;
     const auto& in = event.instruction;
@@ -152,16 +181,9 @@ sim::Profile measured_profile(const sched::Schedule& schedule,
       case OpKind::kRecvActivation:
       case OpKind::kRecvGradient:
         break;
-      default: {
-        auto& k = kfac[{in.layer, static_cast<int>(in.linear)}];
-        if (in.kind == OpKind::kCurvatureA) k.a.push_back(event.busy_s);
-        if (in.kind == OpKind::kCurvatureB) k.b.push_back(event.busy_s);
-        if (in.kind == OpKind::kInvertA) k.inv_a.push_back(event.busy_s);
-        if (in.kind == OpKind::kInvertB) k.inv_b.push_back(event.busy_s);
-        if (in.kind == OpKind::kPrecondition) k.precondition.push_back(event.busy_s);
-        if (in.kind == OpKind::kCurvatureSync) k.sync.push_back(event.busy_s);
+      default:
+        record_kfac(kfac[{in.layer, static_cast<int>(in.linear)}], in.kind, event.busy_s);
         break;
-      }
     }
   }
   sim::Profile profile;
@@ -190,16 +212,23 @@ sim::Profile measured_profile(const sched::Schedule& schedule,
   // Copies too short for the clock: as good as free (as sends without a rate).
   if (saw_host_copy) profile.host_link.bandwidth = host_rates.empty() ? 1e12 : typical(host_rates);
   profile.optimizer_step_s = typical(optimizer);
+  for (const auto& entry : kfac_warmup) kfac.try_emplace(entry.first);
   for (const auto& [key, k] : kfac) {
+    const auto warm_it = kfac_warmup.find(key);
+    const KfacTimes no_samples;
+    const KfacTimes& warm = warm_it == kfac_warmup.end() ? no_samples : warm_it->second;
+    const auto pick = [&](const std::vector<double>& later, const std::vector<double>& early) {
+      return typical(later.empty() ? early : later);
+    };
     sim::KfacProfile entry;
     entry.layer = key.first;
     entry.linear = static_cast<sched::LinearKind>(key.second);
-    entry.curvature_a_s = typical(k.a);
-    entry.curvature_b_s = typical(k.b);
-    entry.invert_a_s = typical(k.inv_a);
-    entry.invert_b_s = typical(k.inv_b);
-    entry.precondition_s = typical(k.precondition);
-    if (!k.sync.empty()) entry.curvature_sync_s = typical(k.sync);
+    entry.curvature_a_s = pick(k.a, warm.a);
+    entry.curvature_b_s = pick(k.b, warm.b);
+    entry.invert_a_s = pick(k.inv_a, warm.inv_a);
+    entry.invert_b_s = pick(k.inv_b, warm.inv_b);
+    entry.precondition_s = pick(k.precondition, warm.precondition);
+    if (!k.sync.empty() || !warm.sync.empty()) entry.curvature_sync_s = pick(k.sync, warm.sync);
     profile.kfac.push_back(entry);
   }
   (void)schedule;

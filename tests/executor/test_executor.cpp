@@ -766,5 +766,37 @@ TEST(RunSummary, WindowLeavesOutTimeOutsideTheExecutor) {
   EXPECT_NEAR(summary.compute_utilization(), 0.999, 1e-9);  // 1 ms between the two events
 }
 
+// A run as long as its refresh interval runs curvature and inversions only in its warm-up step:
+// the profile prices them from there instead of as free (which would tell the PipeFisher pass
+// that K-FAC costs nothing), and keeps later samples where there are some.
+TEST(MeasuredProfile, KfacTasksOnlyInTheWarmUpStepAreNotFree) {
+  using sched::OpKind;
+  std::vector<InstructionEvent> events;
+  const auto kfac_event = [](std::int64_t step, OpKind kind, double busy) {
+    auto event = timed(0, step, kind, 0.0, busy);
+    event.lane = Lane::kKfac;
+    event.instruction.layer = 1;
+    event.instruction.linear = sched::LinearKind::kFfnIn;
+    return event;
+  };
+  for (int step = 0; step < 3; ++step) {
+    events.push_back(timed(0, step, OpKind::kForward, 0.0, 0.5));
+    events.push_back(timed(0, step, OpKind::kBackward, 0.5, 1.5));
+    events.push_back(kfac_event(step, OpKind::kPrecondition, step == 0 ? 9.0 : 0.25));
+  }
+  events.push_back(kfac_event(0, OpKind::kCurvatureA, 0.125));
+  events.push_back(kfac_event(0, OpKind::kInvertB, 2.0));
+  sched::Schedule schedule;
+  const auto profile = measured_profile(schedule, events, 1, "test");
+  ASSERT_EQ(profile.kfac.size(), 1U);
+  const auto& entry = profile.kfac.front();
+  EXPECT_EQ(entry.layer, 1);
+  EXPECT_EQ(entry.linear, sched::LinearKind::kFfnIn);
+  EXPECT_DOUBLE_EQ(entry.curvature_a_s, 0.125);  // warm-up only
+  EXPECT_DOUBLE_EQ(entry.invert_b_s, 2.0);
+  EXPECT_DOUBLE_EQ(entry.precondition_s, 0.25);  // later steps win over the warm-up's 9 s
+  EXPECT_DOUBLE_EQ(entry.curvature_b_s, 0.0);    // never ran at all
+}
+
 }  // namespace
 }  // namespace pf::exec
