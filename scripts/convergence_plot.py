@@ -44,6 +44,11 @@ def load_run(directory):
         run["measured_step_s"] = float(m.group(1))
         run["measured_util"] = float(m.group(2))
         run["measured_util_kfac"] = float(m.group(3)) if m.group(3) else None
+    m = re.search(r"per rank \(compute \+ K-FAC of the window\):(.*)", log)
+    if m:
+        # " 0: 58.9% + 19.5%, 1: 61.4%": compute and (where any ran) K-FAC share of the window
+        run["per_rank"] = [(float(c), float(k) if k else 0.0) for c, k in
+                           re.findall(r"\d+: ([\d.]+)%(?: \+ ([\d.]+)%)?", m.group(1))]
     m = re.search(r"simulator replay of these durations: ([\d.]+) s/step \(([+-][\d.]+)%", log)
     if m:
         run["replay_error"] = float(m.group(2))
@@ -69,6 +74,20 @@ def reach(run, target):
     for e in run["evals"]:
         if e["eval_loss"] <= target:
             return e["step"], e["train_time_s"]
+    return None
+
+
+def reach_interpolated(run, target):
+    """The step at which the held-out loss crosses the target, linear between the evaluations
+    around the crossing (evaluations are EVAL_EVERY steps apart), else None."""
+    previous = None
+    for e in run["evals"]:
+        if e["eval_loss"] <= target:
+            if previous is None or previous["eval_loss"] == e["eval_loss"]:
+                return float(e["step"])
+            f = (previous["eval_loss"] - target) / (previous["eval_loss"] - e["eval_loss"])
+            return previous["step"] + f * (e["step"] - previous["step"])
+        previous = e
     return None
 
 
@@ -165,6 +184,82 @@ def simulate(sim, model, device, stages, microbatches, mbs, k):
     return report["step_time_s"], report["with_kfac"]["step_time_s"], report["kfac"]["refresh_steps"]
 
 
+def predicted_per_worker(sim, run_dir, k, stages=2, microbatches=8):
+    """pipefisher_sim on the run's own measured profile at the run's k: per worker
+    (utilization before, after) filling."""
+    out = os.path.join("/tmp", "convergence_util_report.json")
+    subprocess.run([sim, "--schedule", "1f1b", "--stages", str(stages), "--microbatches",
+                    str(microbatches), "--profile", os.path.join(run_dir, "profile.json"),
+                    "--kfac", "--kfac-refresh", str(k), "--report", out],
+                   check=True, stdout=subprocess.DEVNULL)
+    report = json.load(open(out))
+    return [(w["utilization_before"] * 100, w["utilization_after"] * 100)
+            for w in report["kfac"]["workers"]], report
+
+
+def utilization(run, run_dir, before_run, sim, figures):
+    """Table and figure: per worker, measured utilization before filling (the LAMB run of the
+    same learning rate and seed: no K-FAC) and after (the traced K-FAC run: compute + K-FAC),
+    beside the simulator's prediction from the traced run's own measured profile."""
+    after = run.get("per_rank")
+    if not after or not re.search(r"-k(\d+)$", run["name"]):
+        return
+    before = before_run.get("per_rank") if before_run else None
+    if not before or len(before) != len(after):
+        before = [(c, 0.0) for c, _ in after]  # no LAMB run: the K-FAC run's compute share
+        before_label = f"{run['name']}'s compute share"
+    else:
+        before_label = before_run["name"]
+    measured = [(b[0], a[0] + a[1]) for b, a in zip(before, after)]
+    k = run.get("k") or int(re.search(r"-k(\d+)$", run["name"]).group(1))
+    predicted = None
+    if sim and os.path.isfile(os.path.join(run_dir, "profile.json")):
+        predicted, report = predicted_per_worker(sim, run_dir, k)
+    print(f"\nUtilization per worker (busy share of the step, over steps 2-end): before filling "
+          f"measured in {before_label}, after in {run['name']} (k = {k}), predicted by the "
+          f"simulator from {run['name']}'s own measured profile at the same k:\n")
+    print("| worker | measured before | measured after | predicted before | predicted after |")
+    print("|---|---|---|---|---|")
+    for w, (m_before, m_after) in enumerate(measured):
+        pred = predicted[w] if predicted and w < len(predicted) else None
+        print(f"| {w} | {m_before:.1f}% | {m_after:.1f}% | "
+              f"{f'{pred[0]:.1f}%' if pred else '-'} | {f'{pred[1]:.1f}%' if pred else '-'} |")
+    if predicted:
+        print(f"\nPredicted step time {report['step_time_s']:.3f} s -> "
+              f"{report['kfac']['step_time_after_s']:.3f}"
+              f" s per step with K-FAC; measured {run.get('measured_step_s', float('nan')):.3f} s.")
+    if not figures:
+        return
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=90)
+    workers = list(range(len(measured)))
+    width = 0.2
+    bars = [("measured before (LAMB)", [m[0] for m in measured], "#9ecae1"),
+            ("measured after (K-FAC in bubbles)", [m[1] for m in measured], "#1f77b4")]
+    if predicted:
+        bars += [("predicted before", [p[0] for p in predicted], "#fdae6b"),
+                 ("predicted after", [p[1] for p in predicted], "#e6550d")]
+    for i, (label, values, color) in enumerate(bars):
+        xs = [w + (i - (len(bars) - 1) / 2) * width for w in workers]
+        ax.bar(xs, values, width, label=label, color=color)
+        for x, v in zip(xs, values):
+            ax.text(x, v + 0.8, f"{v:.0f}", ha="center", fontsize=6)
+    ax.set_xticks(workers, [f"worker {w}" for w in workers])
+    ax.set_ylabel("utilization (% of step time busy)")
+    ax.set_ylim(0, 130)
+    ax.set_title(f"1F1B p = {len(workers)}, K-FAC refresh every {k} steps", fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", ncol=2)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    os.makedirs(figures, exist_ok=True)
+    path = os.path.join(figures, "convergence_utilization.png")
+    fig.savefig(path)
+    plt.close(fig)
+    print(f"\nwrote {path}", file=sys.stderr)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("results")
@@ -178,11 +273,12 @@ def main():
                              "median (runs made at different machine loads are not comparable)")
     args = parser.parse_args()
 
-    runs = {}
+    runs, traced = {}, {}
     for name in sorted(os.listdir(args.results)):
         d = os.path.join(args.results, name)
         if os.path.isfile(os.path.join(d, "done")):
-            runs[name] = load_run(d)
+            # The short traced run of the utilization phase is not a convergence run.
+            (traced if name.startswith("utilization-") else runs)[name] = load_run(d)
     if not runs:
         sys.exit("no finished runs in " + args.results)
     groups = {}
@@ -227,15 +323,17 @@ def main():
             "finals": [r["evals"][-1]["eval_loss"] for r in members],
             "accs": [r["evals"][-1]["eval_mlm_accuracy"] for r in members],
             "steps": statistics.mean(h[0] for h in reached) if reached else None,
+        "steps_interpolated": statistics.mean(reach_interpolated(r, target) for r in members)
+        if len(reached) == len(members) else None,
             "step_time": bench_times.get(group,
                                          statistics.median(median_step_time(r) for r in members)),
             "own_step_time": statistics.median(median_step_time(r) for r in members),
             "reached": len(reached), "seeds": len(members)}
     base = summary.get(baseline)
     print("\n| group | seeds | final held-out loss (mean ± sd) | MLM acc | reached target "
-          "| steps to target (mean) | runs' median step s | step s used | steps x step s | "
-          "time to target / baseline's |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| steps to target (mean) | interpolated | runs' median step s | step s used "
+          "| steps x step s | time to target / baseline's | interpolated |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for group, s in summary.items():
         m, sd = mean_std(s["finals"])
         if s["reached"] < s["seeds"]:
@@ -246,12 +344,17 @@ def main():
             rel = f"{s['steps'] * s['step_time'] / (base['steps'] * base['step_time']):.2f}"
         else:
             rel = "-"
+        rel_i = "-"
+        if rel[0].isdigit() and base["steps_interpolated"] and s["steps_interpolated"]:
+            rel_i = (f"{s['steps_interpolated'] * s['step_time'] / (base['steps_interpolated'] * base['step_time']):.2f}")
         steps = f"{s['steps']:.1f}" if s["steps"] else "-"
+        steps_i = f"{s['steps_interpolated']:.1f}" if s["steps_interpolated"] else "-"
         product = f"{s['steps'] * s['step_time']:.1f}" if s["steps"] else "-"
         print(f"| {label_of(group)} | {s['seeds']} | {m:.4f} ± {sd:.4f} | "
               f"{statistics.mean(s['accs']):.3f} | {s['reached']}/{s['seeds']} | {steps} | "
-              f"{s['own_step_time']:.3f} | {s['step_time']:.3f}"
-              f"{' (side by side)' if group in bench_times else ''} | {product} | {rel} |")
+              f"{steps_i} | {s['own_step_time']:.3f} | {s['step_time']:.3f}"
+              f"{' (side by side)' if group in bench_times else ''} | {product} | {rel} | "
+              f"{rel_i} |")
 
     kfac_runs = [r for r in runs.values() if r["kfac"]]
     if kfac_runs:
@@ -287,6 +390,14 @@ def main():
                     print(f"| {label_of(group)} | {model} | {device} | {k} | {t0 * 1e3:.2f} ms | "
                           f"{t1 * 1e3:.2f} ms | {t1 / t0:.3f} | {steps_ratio:.2f} | "
                           f"{steps_ratio * t1 / t0:.2f} |")
+
+    for name, run in traced.items():
+        run["name"] = name
+        lr = re.search(r"-lr(\S+?)-k\d+$", name)
+        before_run = runs.get(f"lamb-lr{lr.group(1)}-s1") if lr else None
+        if before_run:
+            before_run["name"] = f"lamb-lr{lr.group(1)}-s1"
+        utilization(run, os.path.join(args.results, name), before_run, args.sim, args.figures)
 
     if args.figures:
         for path in draw(groups, order, target, args.figures):

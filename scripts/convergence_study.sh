@@ -4,11 +4,14 @@
 # (the data order depends only on the seed), several seeds each, held-out loss measured every
 # EVAL_EVERY steps. Runs pipefisher_train one run at a time (nice'd) and writes, per run,
 # RESULTS/<run>/metrics.jsonl and RESULTS/<run>/log.txt; runs already finished are kept, so the
-# study can be stopped and continued. Draw the figures and table with scripts/convergence_plot.py.
+# study can be stopped and continued. Every run also writes RESULTS/<run>/profile.json (its
+# measured durations, for pipefisher_sim --profile). The last phase, utilization, repeats seed 1
+# of K-FAC at the pass's k for UTIL_STEPS steps with a Chrome trace, for the per-worker
+# utilization figure. Draw the figures and table with scripts/convergence_plot.py.
 #
 #   scripts/convergence_study.sh [RESULTS]          (default out/convergence)
-#   PHASES="lamb-sweep lamb-seeds kfac kfac-k1 kfac-sgd kfac-damping" (default: all, in order)
-#   MODEL=tiny SEQ=64 STEPS=60 MBS=4 SEEDS="1 2 3" EVAL_EVERY=10 EVAL_BATCHES=16
+#   PHASES="lamb-sweep lamb-seeds kfac kfac-k1 kfac-sgd kfac-damping utilization" (default: all)
+#   MODEL=mini SEQ=128 STEPS=160 MBS=4 SEEDS="1 2 3" EVAL_EVERY=20 EVAL_BATCHES=16
 #   LAMB_LRS="5e-3 1e-2 2e-2"  WARMUP=0.1
 #
 # The data: the demo corpus (pipefisher_data demo, vocabulary 8192, sequences of SEQ tokens with
@@ -18,17 +21,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-out/convergence}
 build=${BUILD:-build/release}
-seq=${SEQ:-64}
+seq=${SEQ:-128}
 data=${DATA:-out/convergence-data-$seq}
-model=${MODEL:-tiny}
-steps=${STEPS:-60}
+model=${MODEL:-mini}
+steps=${STEPS:-160}
 mbs=${MBS:-4}
 seeds=${SEEDS:-1 2 3}
-eval_every=${EVAL_EVERY:-10}
+eval_every=${EVAL_EVERY:-20}
 eval_batches=${EVAL_BATCHES:-16}
 lamb_lrs=${LAMB_LRS:-5e-3 1e-2 2e-2}
 warmup=${WARMUP:-0.1}
-phases=${PHASES:-lamb-sweep lamb-seeds kfac kfac-k1 kfac-sgd kfac-damping}
+phases=${PHASES:-lamb-sweep lamb-seeds kfac kfac-k1 kfac-sgd kfac-damping utilization}
 train="$build/runtime/train/pipefisher_train"
 mkdir -p "$results"
 
@@ -55,8 +58,8 @@ run() {
   echo "pipefisher_train $*" >"$dir/command.txt"
   if ! nice -n 10 "$train" --model "$model" --data "$data/shards" --eval-data "$data/heldout" \
     --eval-every "$eval_every" --eval-batches "$eval_batches" --schedule 1f1b --stages 2 \
-    --microbatches 8 --micro-batch-size "$mbs" --steps "$steps" --log-every 10 \
-    --metrics "$dir/metrics.jsonl" "$@" >"$dir/log.txt" 2>&1; then
+    --microbatches 8 --micro-batch-size "$mbs" --steps "${run_steps:-$steps}" --log-every 10 \
+    --metrics "$dir/metrics.jsonl" --profile-out "$dir/profile.json" "$@" >"$dir/log.txt" 2>&1; then
     echo "study: $name FAILED: $(tail -n 1 "$dir/log.txt")"
     return 1
   fi
@@ -136,6 +139,17 @@ for phase in $phases; do
         run "kfac1-lamb-lr$lr-d$damping-s1" --optimizer lamb --lr "$lr" --warmup "$warmup" \
           --seed 1 --kfac --kfac-refresh 1 --kfac-damping "$damping" || true
       done
+      ;;
+    utilization)  # seed 1 of the pass's k again, short, traced: utilization per worker
+      lr=$(best_lamb_lr)
+      k=$(sed -n 's/^PipeFisher: K-FAC refresh every \([0-9]*\) step.*/\1/p' \
+        "$results/kfac-lamb-lr$lr-s1/log.txt" 2>/dev/null || true)
+      k=${k:-${KFAC_K:-4}}
+      run_steps=${UTIL_STEPS:-$((4 * k + 1))}
+      run "utilization-kfac-lamb-lr$lr-k$k" --optimizer lamb --lr "$lr" --warmup "$warmup" \
+        --seed 1 --kfac --kfac-refresh "$k" \
+        --trace "$results/utilization-kfac-lamb-lr$lr-k$k/trace.json" || true
+      run_steps=""
       ;;
     *)
       echo "study: unknown phase '$phase'" >&2
