@@ -180,7 +180,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     std::unique_ptr<tensor::Event> done;
   };
   std::vector<Retired> retired;
-  std::unique_ptr<device::BufferPool> pool;  // message buffers, reused (device path)
+  std::unique_ptr<device::BufferPool> pool;  // message and capture buffers, reused (device path)
 
   struct Slot {
     int pipeline = 0, chunk = 0;
@@ -396,26 +396,41 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   static kernels::ConstMatrixView<T> matrix_of(const tensor::Tensor& buffer, std::int64_t cols) {
     return {buffer.template data<T>(), buffer.numel() / cols, cols};
   }
-  // A device buffer read by work issued on the compute stream is freed once that work has run
-  // (device memory is never handed back under running kernels); on the CPU it goes right away.
+  // A device buffer read by work issued on the compute stream is handed back once that work has
+  // run (device memory is never reused under running kernels); on the CPU it goes right away.
   void retire(tensor::Tensor buffer) {
     if (!runtime || buffer.numel() == 0) return;
-    std::erase_if(retired, [](const Retired& r) { return r.done->completed(); });
+    reclaim_retired(false);
     Retired entry{std::move(buffer), backend().create_event()};
     entry.done->record(*compute_stream);
     retired.push_back(std::move(entry));
+  }
+  // Retired buffers whose work has run (all of them when the streams are idle): the last holder
+  // of a buffer gives it to the pool, since captures recur every step with the same shapes and
+  // a cudaFree would wait for the whole device; a buffer still shared (one input captured for
+  // Q, K and V) is only dropped here, and pooled by whichever holder retires last.
+  void reclaim_retired(bool streams_idle) {
+    for (auto& entry : retired) {
+      if (!streams_idle && !entry.done->completed()) continue;
+      if (pool && entry.buffer.sole_owner()) {
+        pool->release(std::move(entry.buffer), *compute_stream);
+      }
+      entry.buffer = {};
+      entry.done.reset();
+    }
+    std::erase_if(retired, [](const Retired& entry) { return entry.done == nullptr; });
   }
   // A message buffer this worker holds the only reference to, read by work issued on the compute
   // stream: back to the pool on a device (reused once that work has run); freed on the CPU.
   void recycle(tensor::Tensor buffer) {
     if (pool) pool->release(std::move(buffer), *compute_stream);
   }
-  // The step's end on a device: every stream idle, retired buffers freed.
+  // The step's end on a device: every stream idle, retired buffers pooled or freed.
   void synchronize_device() {
     if (!runtime) return;
     compute_stream->synchronize();
     comm_stream->synchronize();
-    retired.clear();
+    reclaim_retired(true);
   }
 
   // --- K-FAC preparation: what to capture and how many curvature tasks a round holds.

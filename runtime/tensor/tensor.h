@@ -52,6 +52,8 @@ class Tensor {
   bool defined() const { return data_ != nullptr || numel_ == 0; }
   bool is_contiguous() const { return strides_ == contiguous_strides(shape_); }
   bool owns_memory() const { return storage_ != nullptr; }
+  // Owning, and no other tensor (copy, reshape, slice) shares its memory.
+  bool sole_owner() const { return storage_ != nullptr && storage_.use_count() == 1; }
 
   // Same memory, another shape with the same element count (contiguous tensors only).
   Tensor reshape(Shape shape) const;

@@ -313,5 +313,22 @@ TEST(HostDevicePath, KfacProgressCheckpointsAreRefusedOnADevice) {
   EXPECT_FALSE(executor.worker(0).kfac_state(0).layers().empty());
 }
 
+// Steady state allocates nothing on a device: messages and the K-FAC captures (the inputs and
+// output gradients held for the curvature tasks) come back to the worker's pool once the work
+// that reads them has run, and the next refresh reuses them; a cudaMalloc/cudaFree per capture
+// would wait for the whole GPU. Twice the steps, the same allocations.
+TEST(HostDevicePath, KfacCapturesAreReusedNotReallocated) {
+  const auto config = device_test_config(4);
+  const auto schedule = device_test_schedule(sched::ScheduleKind::kOneFOneB, 2, 1, 4, true);
+  const auto allocations_after = [&](std::int64_t steps) {
+    auto runtime = std::make_shared<device::HostDeviceRuntime>();
+    run_schedule(runtime, config, schedule, "adamw", steps);
+    return runtime->backend().stats().allocations;
+  };
+  const std::int64_t window = schedule.num_steps;
+  const auto two_windows = allocations_after(2 * window);
+  EXPECT_EQ(allocations_after(4 * window), two_windows);
+}
+
 }  // namespace
 }  // namespace pf::exec
