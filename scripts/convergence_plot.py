@@ -99,8 +99,8 @@ def mean_std(values):
 
 def label_of(group):
     g = group
-    g = re.sub(r"^kfac1-lamb-lr(\S+?)-d(\S+)$", r"K-FAC k=1 + LAMB lr \1, damping \2", g)
-    g = re.sub(r"^kfac1-lamb-lr(\S+)$", r"K-FAC k=1 + LAMB lr \1", g)
+    g = re.sub(r"^kfac(\d+)-lamb-lr(\S+?)-d(\S+)$", r"K-FAC k=\1 + LAMB lr \2, damping \3", g)
+    g = re.sub(r"^kfac(\d+)-lamb-lr(\S+)$", r"K-FAC k=\1 + LAMB lr \2", g)
     g = re.sub(r"^kfac-lamb-lr(\S+)$", r"K-FAC pass's k + LAMB lr \1", g)
     g = re.sub(r"^kfac-sgd-lr(\S+)$", r"K-FAC k=1 + SGD lr \1", g)
     g = re.sub(r"^lamb-lr(\S+)$", r"LAMB lr \1", g)
@@ -382,7 +382,8 @@ def main():
         for group, s in summary.items():
             if not group.startswith("kfac") or not s["steps"] or s["reached"] < s["seeds"]:
                 continue
-            fixed_k = 1 if group.startswith("kfac1") or group.startswith("kfac-sgd") else 0
+            fixed = re.match(r"kfac(\d+)-", group)
+            fixed_k = int(fixed.group(1)) if fixed else 1 if group.startswith("kfac-sgd") else 0
             for model in ("base", "large"):
                 for device in ("h100", "a100"):
                     t0, t1, k = simulate(args.sim, model, device, 4, 8, 32, fixed_k)

@@ -12,7 +12,7 @@
 #   scripts/convergence_study.sh [RESULTS]          (default out/convergence)
 #   PHASES="lamb-sweep lamb-seeds kfac kfac-k1 kfac-sgd kfac-damping utilization" (default: all)
 #   MODEL=mini SEQ=128 STEPS=160 MBS=4 SEEDS="1 2 3" EVAL_EVERY=20 EVAL_BATCHES=16
-#   LAMB_LRS="5e-3 1e-2 2e-2"  WARMUP=0.1
+#   LAMB_LRS="5e-3 1e-2 2e-2"  WARMUP=0.1  DAMPINGS="1e-2" DAMPING_K=1  SGD_LRS=0.05
 #
 # The data: the demo corpus (pipefisher_data demo, vocabulary 8192, sequences of SEQ tokens with
 # up to SEQ * 20 / 128 masked) with its last shard held out: DATA/shards trains, DATA/heldout
@@ -135,9 +135,11 @@ for phase in $phases; do
       ;;
     kfac-damping)
       lr=$(best_lamb_lr)
+      damping_k=${DAMPING_K:-1}  # the refresh interval of the damping runs
       for damping in ${DAMPINGS:-1e-2}; do
-        run "kfac1-lamb-lr$lr-d$damping-s1" --optimizer lamb --lr "$lr" --warmup "$warmup" \
-          --seed 1 --kfac --kfac-refresh 1 --kfac-damping "$damping" || true
+        run "kfac$damping_k-lamb-lr$lr-d$damping-s1" --optimizer lamb --lr "$lr" \
+          --warmup "$warmup" --seed 1 --kfac --kfac-refresh "$damping_k" \
+          --kfac-damping "$damping" || true
       done
       ;;
     utilization)  # seed 1 of the pass's k again, short, traced: utilization per worker
