@@ -5,6 +5,8 @@
 //   bench_pipefisher --pieces [CASE]     the divisible-task sweep (docs/pipefisher.md): one
 //                                        layer per stage, N = D micro-batches, split on vs off;
 //                                        CASE (e.g. analytic/v100/large/8/4/1f1b): that one only
+//   bench_pipefisher --pieces-pipelined [CASE]  the same with --kfac-pipelined-refresh on: k on
+//                                        and off against the bound, overhead beside PipeFisher's
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
@@ -303,6 +305,67 @@ int print_pieces_sweep(const char* only) {
   return 0;
 }
 
+// --- The same sweep with --kfac-pipelined-refresh on (docs/pipefisher.md, "The pipelined
+// refresh"): k against the work/bubble bound with the option on and off (the plain refresh's k,
+// searched in the same run), and the step-time overhead beside PipeFisher's own at the k taken.
+int print_pipelined_sweep(const char* only) {
+  pf::pipefisher::KfacOptions options;
+  options.pipelined_refresh = true;
+  std::printf(
+      "| costs | device | model | mb | D | schedule | bound | k off | k on | pipelined | tasks "
+      "in the next window | overhead | PipeFisher's |\n|---|---|---|---|---|---|---|---|---|---|"
+      "---|---|---|\n");
+  std::vector<pf::pipefisher::SweepResult> results;
+  for (const auto& config : pf::pipefisher::pieces_sweep_cases()) {
+    if (only != nullptr && config.name() != only) continue;
+    const auto r = pf::pipefisher::run_sweep_case(config, options);
+    results.push_back(r);
+    const std::string schedule = std::string(pf::sched::to_string(config.kind));
+    if (!r.refused.empty()) {
+      std::printf("| %s | %s | %s | %d | %d | %s | refused: %s |\n", config.costs.c_str(),
+                  config.device.c_str(), config.model.c_str(), config.micro_batch, config.stages,
+                  schedule.c_str(), r.refused.c_str());
+      continue;
+    }
+    const auto& s = r.split;
+    std::printf("| %s | %s | %s | %d | %d | %s | %d | %d | %d%s | %s | %d | %+.1f%% | %+.1f%% |\n",
+                config.costs.c_str(), config.device.c_str(), config.model.c_str(),
+                config.micro_batch, config.stages, schedule.c_str(), s.refresh_bound,
+                s.plain_refresh_steps, s.refresh_steps, s.capped ? ", capped" : "",
+                s.pipelined_refresh ? "yes" : "no", s.wrapped_tasks, 100 * s.step_time_overhead,
+                100 * r.pipefisher_overhead);
+    std::fflush(stdout);
+  }
+  std::printf(
+      "\n| schedule | configurations | k at bound: off | on | k <= bound + 1: off | on | "
+      "pipelined plans | with work in the next window | overhead on | PipeFisher's | overhead "
+      "<= PipeFisher's |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  const auto row = [&](const std::string& name, const auto& in_group) {
+    std::vector<pf::pipefisher::SweepResult> group;
+    double overhead = 0, own = 0;
+    for (const auto& r : results) {
+      if (!in_group(r) || !r.refused.empty()) continue;
+      group.push_back(r);
+      overhead += r.split.step_time_overhead;
+      own += r.pipefisher_overhead;
+    }
+    if (group.empty()) return;
+    const double n = static_cast<double>(group.size());
+    const auto g = pf::pipefisher::summarize(group);
+    std::printf("| %s | %d | %d | %d | %d | %d | %d | %d | %+.1f%% | %+.1f%% | %d |\n",
+                name.c_str(), g.configurations, g.plain_at_bound, g.at_bound, g.plain_within_one,
+                g.within_one, g.pipelined_plans, g.wrapping_plans, 100 * overhead / n,
+                100 * own / n, g.not_costlier);
+  };
+  for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
+                    ScheduleKind::kChimera}) {
+    row(std::string(pf::sched::to_string(kind)),
+        [&](const pf::pipefisher::SweepResult& r) { return r.config.kind == kind; });
+  }
+  row("all", [](const pf::pipefisher::SweepResult&) { return true; });
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -313,6 +376,8 @@ int main(int argc, char** argv) {
     }
     if (std::strcmp(argv[i], "--pieces") == 0)
       return print_pieces_sweep(i + 1 < argc ? argv[i + 1] : nullptr);
+    if (std::strcmp(argv[i], "--pieces-pipelined") == 0)
+      return print_pipelined_sweep(i + 1 < argc ? argv[i + 1] : nullptr);
     if (std::strcmp(argv[i], "--zero-bubble") == 0) {
       const int per_stage = i + 1 < argc ? std::atoi(argv[i + 1]) : 1;
       return print_zero_bubble_figures(per_stage > 0 ? per_stage : 1);

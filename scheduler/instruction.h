@@ -94,6 +94,12 @@ inline bool is_piece(const Instruction& in) {
 // The K-FAC kinds the pass may divide: curvature, curvature sync, inversion, precondition (not
 // the inverse and gradient broadcasts).
 bool is_divisible(OpKind kind);
+// A pipelined refresh's work run in the next window (Schedule::kfac_pipelined_refresh): a K-FAC
+// instruction whose step is negative works on the data of step `step + num_steps` of the
+// previous window (only inversions are placed there by the pass).
+inline bool is_wrapped(const Instruction& in) {
+  return in.step < 0;
+}
 // Share of its task's work, piece_end - piece_begin over kPieceUnits.
 inline double piece_share(const Instruction& in) {
   return static_cast<double>(in.piece_end - in.piece_begin) / kPieceUnits;

@@ -69,6 +69,13 @@ struct Schedule {
   Placement placement;
   int num_steps = 1;  // >1 when the PipeFisher pass spreads one K-FAC refresh over k steps
   std::vector<std::vector<Instruction>> streams;  // one per worker, in issue order
+  // The K-FAC refresh is pipelined (--kfac-pipelined-refresh on, docs/pipefisher.md): the
+  // inverses of the refresh of window w (the schedule's k steps, repeated) serve from window
+  // w + 1's first step on, one step later than PipeFisher's refresh (which uses them in its own
+  // last step), and part of that refresh's work may run in window w + 1's first gaps: the
+  // instructions with a negative step (is_wrapped). Every preconditioning of a window then uses
+  // the previous refresh's inverses.
+  bool kfac_pipelined_refresh = false;
 
   int num_workers() const { return static_cast<int>(streams.size()); }
   std::size_t num_instructions() const;

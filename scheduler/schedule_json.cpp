@@ -142,7 +142,8 @@ Instruction instruction_from_json(const json& j, const std::string& path) {
   }
   in.kind = *parsed;
   in.pipeline = static_cast<std::int8_t>(r.integer("pipeline", 0, 0, 1));
-  in.step = static_cast<std::int16_t>(r.integer("step", 0, 0, 32767));
+  // Negative: a pipelined refresh's K-FAC work of the previous window (the validator checks).
+  in.step = static_cast<std::int16_t>(r.integer("step", 0, -32767, 32767));
   in.chunk = static_cast<std::int32_t>(r.integer("chunk", -1, -1, kIntMax));
   in.microbatch = static_cast<std::int32_t>(r.integer("microbatch", -1, -1, kIntMax));
   in.peer = static_cast<std::int32_t>(r.integer("peer", -1, -1, kIntMax));
@@ -256,6 +257,7 @@ nlohmann::json to_json(const Schedule& schedule) {
   if (p.max_in_flight != 0) j["params"]["max_in_flight"] = p.max_in_flight;
   if (p.v_shape) j["params"]["v_shape"] = true;
   j["num_steps"] = schedule.num_steps;
+  if (schedule.kfac_pipelined_refresh) j["kfac_pipelined_refresh"] = true;  // only when set
   json chunks = json::array();
   for (const ChunkPlacement& cp : schedule.placement.chunks) {
     chunks.push_back({{"pipeline", cp.pipeline},
@@ -283,7 +285,8 @@ nlohmann::json to_json(const Schedule& schedule) {
 Schedule schedule_from_json(const nlohmann::json& json_value, std::string_view source) {
   const std::string root(source);
   ObjectReader r(json_value, root);
-  for (const char* key : {"format_version", "params", "num_steps", "placement", "streams"}) {
+  for (const char* key : {"format_version", "params", "num_steps", "kfac_pipelined_refresh",
+                          "placement", "streams"}) {
     r.remember(key);
   }
   const auto version = r.integer("format_version", 0, 0, kIntMax, true);
@@ -297,6 +300,7 @@ Schedule schedule_from_json(const nlohmann::json& json_value, std::string_view s
   if (params == nullptr) r.fail("params", "missing");
   schedule.params = params_from_json(*params, root + ".params");
   schedule.num_steps = static_cast<int>(r.integer("num_steps", 1, 1, 32767));
+  schedule.kfac_pipelined_refresh = r.boolean("kfac_pipelined_refresh", false);
   const json* placement = r.find("placement");
   if (placement != nullptr) {
     schedule.placement = placement_from_json(*placement, root + ".placement");

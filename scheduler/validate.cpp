@@ -338,7 +338,9 @@ class Validator {
         const Instruction& in = stream[i];
         const auto pos = static_cast<std::int32_t>(i);
         if (static_cast<int>(in.kind) >= kNumOpKinds) fail(w, pos, "unknown instruction kind");
-        if (in.step < 0 || in.step >= keys_.steps) {
+        if (in.step < 0 && is_kfac(in.kind)) {
+          check_wrapped_step(w, pos, in);
+        } else if (in.step < 0 || in.step >= keys_.steps) {
           fail(w, pos, "step " + str(in.step) + " outside [0, " + str(keys_.steps) + ")");
         }
         if (in.overlap_next) check_overlap(w, stream, i);
@@ -738,6 +740,27 @@ class Validator {
              " (it lives in " + where + ")");
   }
 
+  // A K-FAC instruction with a negative step: a pipelined refresh's work of the previous window
+  // (Schedule::kfac_pipelined_refresh); only inversions run there.
+  void check_wrapped_step(int w, std::int32_t pos, const Instruction& in) const {
+    if (!s_.kfac_pipelined_refresh) {
+      fail(w, pos,
+           "step " + str(in.step) + " outside [0, " + str(keys_.steps) +
+               "): a negative step (K-FAC work of the previous refresh window) needs a pipelined "
+               "refresh (kfac_pipelined_refresh, --kfac-pipelined-refresh on)");
+    }
+    if (in.kind != OpKind::kInvertA && in.kind != OpKind::kInvertB) {
+      fail(w, pos,
+           short_label(in) + " has step " + str(in.step) +
+               ": only inversions of a pipelined refresh run in the next window");
+    }
+    if (in.step < -keys_.steps) {
+      fail(w, pos,
+           "step " + str(in.step) + " outside [-" + str(keys_.steps) + ", " + str(keys_.steps) +
+               ") (a negative step names step + " + str(keys_.steps) + " of the previous window)");
+    }
+  }
+
   // One divided K-FAC task of a worker: (kind, step, pipeline, microbatch, layer, linear).
   using PieceTask = std::tuple<int, int, int, int, int, int>;
   struct PieceChain {
@@ -831,6 +854,84 @@ class Validator {
     }
   }
 
+  PieceTask task_of(const Instruction& in, int step) const {
+    return PieceTask{static_cast<int>(in.kind),  step, in.pipeline, in.microbatch, in.layer,
+                     static_cast<int>(in.linear)};
+  }
+
+  // A pipelined refresh (Schedule::kfac_pipelined_refresh), per worker: where each Linear's
+  // K-FAC work of this window starts, where the previous refresh's (wrapped) work of it ends, the
+  // unit at which each inversion's pieces in its own window stop, and the wrapped pieces.
+  using LinearOnWorker = std::tuple<int, int, int>;  // pipeline, layer, linear
+  struct WindowOrder {
+    std::map<LinearOnWorker, std::int32_t> first_own, last_wrapped;
+    std::map<PieceTask, int> own_end;
+    std::map<PieceTask, std::vector<std::int32_t>> wrapped;  // by the task's own step
+  };
+
+  // The rules of a pipelined refresh's work in the next window, on worker w:
+  // - an inversion task run partly or wholly there continues its own window's pieces: the
+  //   wrapped pieces start where those stopped (at 0 when none ran) and end the task;
+  // - its refresh's curvature is in the stream (it ran in the previous window);
+  // - it precedes the window's inversions and preconditioning of its Linear: their inversion
+  //   would finalize the factors (and replace the inverse chain) the wrapped one still reads,
+  //   and the preconditioning uses the inverses it produces. The window's curvature and sync
+  //   may come before it: they accumulate into a second set of factor sums (counted in memory),
+  //   so the previous refresh's sums stay until its inversion finalizes them.
+  template <typename LayerKey>
+  void check_wrapped_work(int w, const WindowOrder& order, const std::vector<std::int32_t>& last_a,
+                          const std::vector<std::int32_t>& last_b,
+                          const LayerKey& layer_key) const {
+    for (const auto& [task, positions] : order.wrapped) {
+      const auto own = order.own_end.find(task);
+      int expected = own == order.own_end.end() ? 0 : own->second;
+      for (const std::int32_t pos : positions) {
+        const Instruction& in = at(w, pos);
+        if (in.piece_begin != expected) {
+          fail(w, pos,
+               "broken chain of pieces across refresh windows: " + short_label(in) +
+                   " (the previous refresh's, run in this window) starts at unit " +
+                   str(in.piece_begin) + " but the task's pieces before it end at unit " +
+                   str(expected) +
+                   (expected == kPieceUnits ? " (the task is complete in its own window)" : ""));
+        }
+        expected = in.piece_end;
+      }
+      if (expected != kPieceUnits) {
+        fail(w, positions.back(),
+             "the pieces of " + short_label(at(w, positions.back())) + "'s task stop at unit " +
+                 str(expected) + " of " + str(kPieceUnits) +
+                 ": the rest of the previous refresh's task is missing from the stream");
+      }
+      const Instruction& first = at(w, positions.front());
+      const ChunkRef ref = kfac_chunk(w, positions.front(), first);
+      Instruction own_step = first;
+      own_step.step = static_cast<std::int16_t>(std::get<1>(task));
+      const std::size_t lk = layer_key(own_step, ref.pipeline);
+      if (last_a[lk] == kNone || last_b[lk] == kNone) {
+        fail(w, positions.front(),
+             short_label(first) + " inverts layer " + str(first.layer) + " " +
+                 std::string(to_string(first.linear)) + " of the previous refresh (step " +
+                 str(own_step.step) +
+                 " of the previous window), whose curvature A and B are "
+                 "not in the stream");
+      }
+    }
+    for (const auto& [linear, last] : order.last_wrapped) {
+      const auto own = order.first_own.find(linear);
+      if (own == order.first_own.end() || own->second > last) continue;
+      fail(w, last,
+           short_label(at(w, last)) + " (the previous refresh's inversion of layer " +
+               str(std::get<1>(linear)) + " " +
+               std::string(to_string(static_cast<LinearKind>(std::get<2>(linear)))) +
+               ", run in this window) comes after " + short_label(at(w, own->second)) +
+               " of this window at position " + str(own->second) +
+               ": with a pipelined refresh the previous refresh's inversions of a Linear precede "
+               "the window's inversions of it (which finalize the factors they read) and its "
+               "preconditioning (which uses their inverses)");
+    }
+  }
+
   void check_kfac() const {
     const std::size_t layer_keys = static_cast<std::size_t>(keys_.steps) *
                                    static_cast<std::size_t>(keys_.pipelines) *
@@ -858,11 +959,28 @@ class Validator {
     for (int w = 0; w < workers_; ++w) {
       const auto& stream = s_.streams[static_cast<std::size_t>(w)];
       PieceChains chains;
+      WindowOrder order;
       for (std::size_t i = 0; i < stream.size(); ++i) {
         const Instruction& in = stream[i];
         if (!is_kfac(in.kind)) continue;
         const auto pos = static_cast<std::int32_t>(i);
         const ChunkRef ref = kfac_chunk(w, pos, in);
+        const LinearOnWorker linear{ref.pipeline, in.layer, static_cast<int>(in.linear)};
+        if (is_wrapped(in)) {
+          order.wrapped[task_of(in, in.step + keys_.steps)].push_back(pos);
+          auto& last = order.last_wrapped[linear];
+          last = std::max(last, pos);
+          continue;  // its curvature ran in the previous window: checked below
+        }
+        // The window's curvature and sync accumulate into a second set of factor sums: only
+        // its inversions and preconditioning share state with the wrapped inversions.
+        const bool uses_inverse_state = in.kind == OpKind::kInvertA ||
+                                        in.kind == OpKind::kInvertB ||
+                                        in.kind == OpKind::kPrecondition;
+        if (uses_inverse_state && order.first_own.count(linear) == 0) order.first_own[linear] = pos;
+        if (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) {
+          order.own_end[task_of(in, in.step)] = in.piece_end;
+        }
         check_piece(chains, w, pos, in);
         const std::size_t lk = layer_key(in, ref.pipeline);
         if (in.kind == OpKind::kCurvatureA) last_a[lk] = std::max(last_a[lk], pos);
@@ -888,7 +1006,9 @@ class Validator {
           at_pos = std::max(at_pos, pos);
         }
       }
+      check_wrapped_work(w, order, last_a, last_b, layer_key);
       for (const auto& [task, chain] : chains) {
+        if (order.wrapped.count(task) != 0) continue;  // continued in the next window: checked
         if (chain.next_unit != 0 && chain.next_unit != kPieceUnits) {
           fail(w, chain.last_position,
                "the pieces of " + short_label(at(w, chain.last_position)) +
@@ -903,7 +1023,7 @@ class Validator {
       const auto& stream = s_.streams[static_cast<std::size_t>(w)];
       for (std::size_t i = 0; i < stream.size(); ++i) {
         const Instruction& in = stream[i];
-        if (!is_kfac(in.kind)) continue;
+        if (!is_kfac(in.kind) || is_wrapped(in)) continue;  // wrapped: check_wrapped_work
         const auto pos = static_cast<std::int32_t>(i);
         const ChunkRef ref = kfac_chunk(w, pos, in);
         const std::size_t lk = layer_key(in, ref.pipeline);
@@ -1056,6 +1176,12 @@ class Validator {
         offloaded[{ref.pipeline, in.layer, static_cast<int>(in.linear)}];
       }
       if (offloaded.empty()) continue;
+      if (s_.kfac_pipelined_refresh) {
+        // The residency rules assume that a refresh's work ends inside its window.
+        fail(w, kNone,
+             "offloaded K-FAC state (--kfac-offload) with a pipelined refresh "
+             "(--kfac-pipelined-refresh on) is not supported");
+      }
       for (std::size_t i = 0; i < stream.size(); ++i) {
         const Instruction& in = stream[i];
         if ((in.kind != OpKind::kInvertA && in.kind != OpKind::kInvertB) ||

@@ -169,7 +169,11 @@ class Engine {
     int max_layer = placement.num_layers - 1;
     for (std::int64_t g = 0; g < n_; ++g) {
       const Instruction& in = *instr_[g];
-      if (in.step < 0 || in.pipeline < 0) {
+      // A pipelined refresh's inversion of the previous window (sched::is_wrapped): its
+      // dependencies ran in that window; the stream order places it.
+      const bool wrapped = schedule_.kfac_pipelined_refresh && sched::is_wrapped(in) &&
+                           (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB);
+      if ((in.step < 0 && !wrapped) || in.pipeline < 0) {
         throw std::invalid_argument("negative step or pipeline in " + where(g));
       }
       max_step = std::max<int>(max_step, in.step);
@@ -426,6 +430,7 @@ class Engine {
         role_[g] = role;
         lanes_[g] = options_.overlap_communication ? lanes_of(role) : kComputeLane;
         dep_begin_[g] = static_cast<std::int64_t>(deps_.size());
+        if (sched::is_wrapped(in)) continue;  // the previous window's inversion (size_keys)
         const std::int64_t key =
             keys_.microbatch_key(in.step, in.pipeline, in.chunk, in.microbatch);
         const std::int64_t lin = keys_.linear_key(in.step, in.layer, in.linear);

@@ -104,6 +104,12 @@ struct KfacSlot {
   bool broadcasts_gradient = false;  // ... and its preconditioned-gradient broadcasts
   // Offloaded to host memory (the stream holds its offload copies; docs/offload.md).
   bool offloaded = false;
+  // A pipelined refresh (Schedule::kfac_pipelined_refresh): the previous refresh's factor sums,
+  // set aside at the window's start while its inversion (run in this window) has not finalized
+  // them; this window's curvature accumulates into the layer's own sums meanwhile (the second
+  // accumulator of each factor).
+  Eigen::MatrixXf previous_a_sum, previous_b_sum;
+  std::int64_t previous_a_microbatches = 0, previous_b_microbatches = 0;
 };
 
 struct Flight {
@@ -247,6 +253,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   // Step accounting.
   double mlm_sum = 0.0, nsp_sum = 0.0;
   bool refreshed_this_step = false;
+  std::int64_t current_round = 0;  // the window of k steps being run
   Worker<T>::Impl* self_ptr = nullptr;
 
   // Flight recorder and events.
@@ -458,6 +465,13 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       }
     }
     if (!has_kfac) return;
+    if (runtime && schedule.kfac_pipelined_refresh) {
+      throw std::invalid_argument(
+          "executor: a pipelined K-FAC refresh (--kfac-pipelined-refresh on) is not implemented "
+          "on device " +
+          tensor::to_string(runtime->device()) +
+          " yet; run with --kfac-pipelined-refresh off there");
+    }
     if constexpr (!std::is_same_v<T, float>) {
       throw std::invalid_argument("executor: K-FAC runs in float; this model is " +
                                   std::string(sizeof(T) == 8 ? "double" : "another type"));
@@ -1480,7 +1494,31 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     auto& slot = kfac_slot(in);
     if (!slot.placement.holds_factors(replica)) return;  // the owner's group inverts
     const bool is_a = in.kind == OpKind::kInvertA;
+    // The previous refresh's inversion run in this window (pipelined): it finalizes the sums
+    // set aside at the window's start, and its inverses serve this window's preconditioning (it
+    // precedes this window's inversions of the Linear: validated), so they are not this
+    // window's new ones.
+    const bool wrapped = sched::is_wrapped(in);
+    auto finalize_previous = [&](bool a_factor) {
+      auto& factor = a_factor ? layer.a : layer.b;
+      auto& sum = a_factor ? slot.previous_a_sum : slot.previous_b_sum;
+      auto& count = a_factor ? slot.previous_a_microbatches : slot.previous_b_microbatches;
+      if (count == 0) return;  // finalized already (or in its own window)
+      std::swap(factor.sum, sum);
+      std::swap(factor.microbatches, count);
+      if (a_factor) {
+        kfac::finalize_a(layer, setup.options.kfac.running_average);
+      } else {
+        kfac::finalize_b(layer, setup.options.kfac.running_average);
+      }
+      std::swap(factor.sum, sum);  // this window's accumulation back; the set-aside is released
+      std::swap(factor.microbatches, count);
+    };
     auto finalize_if_complete = [&](bool a_factor) {
+      if (wrapped) {
+        finalize_previous(a_factor);
+        return;
+      }
       auto& factor = a_factor ? layer.a : layer.b;
       if (factor.microbatches == 0) return;  // finalized already this refresh
       const int done = a_factor ? slot.done_a : slot.done_b;
@@ -1521,7 +1559,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         const float damping = chain->damping();
         kfac::set_inverse(factor, chain->take(), damping);
         chain.reset();
-        (is_a ? slot.inverted_a : slot.inverted_b) = true;
+        if (!wrapped) (is_a ? slot.inverted_a : slot.inverted_b) = true;
       }
       return;
     }
@@ -1533,11 +1571,11 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     if (is_a) {
       slot.previous_a_inverse = layer.a.inverse;
       kfac::invert_a(layer, damping.a, setup.options.kfac.method);
-      slot.inverted_a = true;
+      if (!wrapped) slot.inverted_a = true;
     } else {
       slot.previous_b_inverse = layer.b.inverse;
       kfac::invert_b(layer, damping.b, setup.options.kfac.method);
-      slot.inverted_b = true;
+      if (!wrapped) slot.inverted_b = true;
     }
   }
 
@@ -1569,7 +1607,9 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       auto& layer = kfac_layer(in);
       auto& slot = kfac_slot(in);
       // The refresh's last step uses the new inverses; earlier steps the previous refresh's.
-      const bool newest = in.step == schedule.num_steps - 1;
+      // Pipelined: every step of the window the previous refresh's (its inversion may have run
+      // in this window, before this preconditioning: validated).
+      const bool newest = in.step == schedule.num_steps - 1 && !schedule.kfac_pipelined_refresh;
       const Eigen::MatrixXf& a_inv =
           newest || !slot.inverted_a ? layer.a.inverse : slot.previous_a_inverse;
       const Eigen::MatrixXf& b_inv =
@@ -1577,7 +1617,11 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       // Sharded inverses: the owner's preconditioned gradient arrives by broadcast.
       if (!slot.placement.holds_inverses(replica)) return;
       if (a_inv.size() == 0 || b_inv.size() == 0) return;  // before the first refresh: identity
-      if (newest) refreshed_this_step = true;
+      // The step that first preconditions with a refresh's inverses (pipelined: the first step
+      // of the window after it).
+      if (schedule.kfac_pipelined_refresh ? in.step == 0 && current_round > 0 : newest) {
+        refreshed_this_step = true;
+      }
       const std::string weight = linear_weight_name(in.layer, in.linear);
       auto* w = find_param(weight);
       auto* b = find_param(bias_name_of(weight));
@@ -1641,6 +1685,13 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       records.push_back(ckpt::make_i64_record(base + ".counters", {4}, counters));
       add_matrix(records, base + ".A_prev_inv", slot.previous_a_inverse);
       add_matrix(records, base + ".B_prev_inv", slot.previous_b_inverse);
+      if (slot.previous_a_microbatches != 0 || slot.previous_b_microbatches != 0) {
+        // Pipelined refresh: the previous refresh's sums its wrapped inversion has yet to read.
+        add_matrix(records, base + ".A_prev_sum", slot.previous_a_sum);
+        add_matrix(records, base + ".B_prev_sum", slot.previous_b_sum);
+        const std::int64_t counts[] = {slot.previous_a_microbatches, slot.previous_b_microbatches};
+        records.push_back(ckpt::make_i64_record(base + ".prev_counts", {2}, counts));
+      }
     }
     for (const bool is_b : {false, true}) {
       for (const auto& [key, value] : is_b ? captures_b : captures) {
@@ -1682,6 +1733,18 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       };
       slot.previous_a_inverse = read_matrix(base + ".A_prev_inv", layer.d_in);
       slot.previous_b_inverse = read_matrix(base + ".B_prev_inv", layer.d_out);
+      slot.previous_a_microbatches = slot.previous_b_microbatches = 0;
+      if (file.tensors.count(base + ".prev_counts") != 0) {
+        const std::int64_t two[] = {2};
+        const auto counts = ckpt::read_i64(file, base + ".prev_counts", two);
+        if (counts[0] < 0 || counts[1] < 0) {
+          throw std::runtime_error("K-FAC progress '" + base + ".prev_counts' is negative");
+        }
+        slot.previous_a_microbatches = counts[0];
+        slot.previous_b_microbatches = counts[1];
+        slot.previous_a_sum = read_matrix(base + ".A_prev_sum", layer.d_in);
+        slot.previous_b_sum = read_matrix(base + ".B_prev_sum", layer.d_out);
+      }
     }
     std::map<CaptureKey, Captured> restored_a, restored_b;
     for (const bool is_b : {false, true}) {
@@ -1711,6 +1774,24 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     for (auto& [key, slot] : kfac_slots) {
       slot.done_a = slot.done_b = 0;
       slot.inverted_a = slot.inverted_b = false;
+      if (!schedule.kfac_pipelined_refresh) continue;
+      // Sums the previous refresh's inversion has not finalized yet (it runs in this window):
+      // set aside, and this window accumulates into fresh ones.
+      auto& layer = kfac_states.at(key.pipeline).at({key.layer, key.linear});
+      for (const bool is_a : {true, false}) {
+        auto& factor = is_a ? layer.a : layer.b;
+        if (factor.microbatches == 0) continue;
+        auto& count = is_a ? slot.previous_a_microbatches : slot.previous_b_microbatches;
+        if (count != 0) {
+          throw std::runtime_error(
+              "pipelined K-FAC refresh: the factor sums of two earlier refreshes are both "
+              "unfinalized at a window's start (an inversion of the previous refresh is missing)");
+        }
+        (is_a ? slot.previous_a_sum : slot.previous_b_sum) = std::move(factor.sum);
+        factor.sum = Eigen::MatrixXf();
+        count = factor.microbatches;
+        factor.microbatches = 0;
+      }
     }
     for (auto& [key, host] : host_kfac) host.begin_round();
   }
@@ -1926,6 +2007,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       const std::int64_t round_start = round * k;
       const std::int64_t from = std::max<std::int64_t>(first_step - round_start, 0);
       const std::int64_t to = std::min<std::int64_t>(last_step - round_start, k);
+      current_round = round;
       if (from == 0) begin_round();
       const std::size_t begin =
           from == 0 ? 0 : optimizer_positions[static_cast<std::size_t>(from - 1)] + 1;
@@ -1933,7 +2015,9 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
           to == k ? stream->size() : optimizer_positions[static_cast<std::size_t>(to - 1)] + 1;
       for (std::size_t x = begin; x < end; ++x) {
         const Instruction& in = (*stream)[x];
-        const std::int64_t global_step = round_start + in.step;
+        // The first window's wrapped work belongs to a refresh that never ran (pipelined).
+        if (round == 0 && sched::is_kfac(in.kind) && sched::is_wrapped(in)) continue;
+        const std::int64_t global_step = round_start + std::max<std::int64_t>(in.step, 0);
         const int position = static_cast<int>(x);
         record(position, global_step, in, "started");
         if (device_comm) device_comm->set_activity(position, sched::short_label(in));

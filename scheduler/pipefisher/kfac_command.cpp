@@ -69,6 +69,12 @@ void add_kfac_options(CLI::App& app, KfacCommandOptions& options) {
                  "forwards/backwards or as late as it may go, and keep the best plan (on), or "
                  "leave the Ws where the generator put them (off)")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--kfac-pipelined-refresh", options.pipelined_refresh,
+                 "Pipelined refresh (on): the refresh's inversions may also run in the next "
+                 "window's first gaps, its inverses serving from that window's first step (one "
+                 "step staler than PipeFisher's); kept only where it needs fewer steps or less "
+                 "work after the flush. off: PipeFisher's refresh, all of it inside its window")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--kfac-min-piece", options.min_piece_overheads,
                  "Smallest piece, in multiples of the cost model's per-task overhead")
       ->check(CLI::NonNegativeNumber);
@@ -117,6 +123,11 @@ KfacOptions to_kfac_options(const KfacCommandOptions& command) {
     throw std::invalid_argument("--kfac-move-w: '" + command.move_weights + "' (allowed: on, off)");
   }
   options.move_weights = command.move_weights == "on";
+  if (command.pipelined_refresh != "on" && command.pipelined_refresh != "off") {
+    throw std::invalid_argument("--kfac-pipelined-refresh: '" + command.pipelined_refresh +
+                                "' (allowed: on, off)");
+  }
+  options.pipelined_refresh = command.pipelined_refresh == "on";
   options.max_refresh_steps = command.max_refresh_steps;
   options.min_piece_overheads = command.min_piece_overheads;
   if (command.linears != "all") {
@@ -208,6 +219,13 @@ std::string format_kfac_report(const KfacReport& report) {
   }
   text += format("after the flush %.0f tasks, %.3f ms per refresh\n", report.after_flush_tasks,
                  1e3 * report.after_flush_s);
+  if (report.pipelined_refresh) {
+    text += format(
+        "pipelined refresh (--kfac-pipelined-refresh on): %.0f tasks run in part or whole in the "
+        "next window's first gaps; its inverses serve from that window's first step (k %.0f, "
+        "the plain refresh's %.0f)\n",
+        report.wrapped_tasks, report.refresh_steps, report.plain_refresh_steps);
+  }
   if (report.kfac_sent_bytes_per_refresh > 0.0 || report.state_placement != "replicate") {
     text += format("K-FAC state over %.0f data-parallel replica(s): ",
                    static_cast<double>(report.data_parallel)) +

@@ -27,6 +27,7 @@ struct KfacCommandOptions {
   std::string layers = "all";             // --kfac-layers: all, or e.g. 0-3,8
   std::string split = "on";               // --kfac-split on|off
   std::string move_weights = "off";       // --kfac-move-w on|off
+  std::string pipelined_refresh = "off";  // --kfac-pipelined-refresh on|off
   int max_refresh_steps = 64;             // --kfac-max-refresh
   double min_piece_overheads = 2.0;       // --kfac-min-piece
   std::string sharding = "replicate";     // --kfac-sharding auto|replicate|shard|partial:G

@@ -74,6 +74,16 @@ void KfacOptions::validate() const {
                                 std::to_string(linear_dims.size()) + " entries, expected " +
                                 std::to_string(sched::kNumLinearKinds) + " (one per Linear kind)");
   }
+  if (pipelined_refresh && curvature != CurvatureSource::kFirstStep) {
+    throw std::invalid_argument(
+        "--kfac-pipelined-refresh on needs --kfac-curvature first_step (with every_step the "
+        "refresh's curvature is the window's last step's)");
+  }
+  if (pipelined_refresh && (automatic_placement || !(state_placement == kfac::StatePlacement{}))) {
+    throw std::invalid_argument(
+        "--kfac-pipelined-refresh on needs --kfac-sharding replicate (the inverse and gradient "
+        "broadcasts of sharded state are not pipelined)");
+  }
   for (int layer : layers) {
     if (layer < 0) {
       throw std::invalid_argument("--kfac-layers (layers) holds a negative layer index " +

@@ -48,6 +48,13 @@ struct KfacOptions {
   // Split-backward (zero-bubble) schedules: also try the schedule with every W deferred 1, 2, 4
   // forwards/backwards or as late as it may go (defer_weights.h), and keep the best plan.
   bool move_weights = false;
+  // Pipelined refresh (--kfac-pipelined-refresh): the refresh's inversions may also run in the
+  // first gaps of the next window of k steps (before that window's preconditioning of their
+  // Linear), and its inverses serve from the next window's first step on, one step staler than
+  // PipeFisher's (which uses them in the window's own last step). The pass keeps the pipelined
+  // plan only where it needs fewer steps than the plain one. Off by default: it changes the
+  // optimizer (every preconditioning one step staler) and the device runtime does not run it.
+  bool pipelined_refresh = false;
   CurvatureSource curvature = CurvatureSource::kFirstStep;
   // All six (built out of line: GCC 12 reports a false maybe-uninitialized on the inlined
   // initializer list in some callers).

@@ -332,7 +332,7 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
   // Preconditioning: after the step's last weight-gradient backward of the chunk and after its
   // gradient reductions (Chimera's replicas, data parallelism), so that every replica
   // preconditions the same reduced gradient. The refresh's last step uses the new inverses;
-  // earlier steps use the previous refresh's.
+  // earlier steps use the previous refresh's (pipelined: every step does).
   for (int step = 0; step < refresh_steps; ++step) {
     for (int w = 0; w < base.num_workers(); ++w) {
       const auto& stream = base.streams[static_cast<std::size_t>(w)];
@@ -351,7 +351,11 @@ KfacWork build_kfac_work(const sched::Schedule& base, const KfacOptions& options
         const auto& chunk = base.placement.at(pipeline_chunk.first, pipeline_chunk.second);
         for (const auto& held : linears_of(chunk)) {
           std::vector<int> deps;
-          if (step == refresh_steps - 1) deps = inversions[key(w, held)];
+          // Pipelined: the new inverses serve from the next window's first step (the pass
+          // places the inversions before that step's preconditioning), none of this window.
+          if (step == refresh_steps - 1 && !options.pipelined_refresh) {
+            deps = inversions[key(w, held)];
+          }
           const int precondition = add(w,
                                        kfac_instruction(OpKind::kPrecondition, pipeline_chunk.first,
                                                         pipeline_chunk.second, step, -1, held),

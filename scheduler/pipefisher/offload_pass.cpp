@@ -380,6 +380,12 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
                                const OffloadOptions& options, const sim::SimOptions& sim_options) {
   const sched::Schedule& schedule = pipefisher.schedule;
   const int workers = schedule.num_workers();
+  if (schedule.kfac_pipelined_refresh && options.mode != OffloadMode::kNone) {
+    // Its residency rules assume that a refresh's inversions end inside their window.
+    throw std::invalid_argument(
+        "--kfac-offload with a pipelined refresh (--kfac-pipelined-refresh on, chosen by the "
+        "pass) is not supported: use --kfac-pipelined-refresh off or --kfac-offload none");
+  }
   if (static_cast<int>(pipefisher.after.times.size()) != workers ||
       static_cast<int>(pipefisher.before.workers.size()) != workers) {
     throw std::invalid_argument("K-FAC offload: the PipeFisher result has no simulated timeline");

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -66,7 +67,7 @@ struct Fit {
 class WorkerBubbles {
  public:
   // `index_rooms`: keep each step's bubbles ordered by free room, for best-fit.
-  WorkerBubbles(const std::vector<Bubble>& bubbles, int num_steps, bool index_rooms)
+  WorkerBubbles(const std::vector<Bubble>& bubbles, int num_steps, bool index_rooms, int wrap_step)
       : bubbles_(bubbles), cursor_(bubbles.size()), tree_(rooms(bubbles)) {
     for (std::size_t i = 0; i < bubbles.size(); ++i) cursor_[i] = bubbles[i].start;
     step_begin_.resize(static_cast<std::size_t>(num_steps) + 1);
@@ -80,6 +81,17 @@ class WorkerBubbles {
       for (std::size_t i = 0; i < bubbles.size(); ++i) {
         by_room_[static_cast<std::size_t>(bubbles[i].step)].emplace(room(i), i);
       }
+    }
+    for (std::size_t i = 0; i < bubbles.size(); ++i) {
+      if (bubbles[i].step != wrap_step) continue;
+      // A wrap-step bubble without a twin holds nothing (its idle time is not known to be free);
+      // with one, no more than the shorter of the two (the start-up step's head, where the
+      // schedule runs the wrapped work from cold, may be shorter than the steady one).
+      const int twin = bubbles[i].twin;
+      const double length = twin < 0 ? 0.0
+                                     : bubbles[static_cast<std::size_t>(twin)].end -
+                                           bubbles[static_cast<std::size_t>(twin)].start;
+      set_cursor(i, std::max(bubbles[i].start, bubbles[i].end - length));
     }
   }
 
@@ -95,8 +107,11 @@ class WorkerBubbles {
 
   // Earliest bubble of steps [step_lo, step_hi] with `need` room at or after `release`.
   std::optional<Fit> earliest(double release, double need, int step_lo, int step_hi) const {
-    const std::size_t lo_step = step_begin_[static_cast<std::size_t>(step_lo)];
-    const std::size_t hi = step_begin_[static_cast<std::size_t>(step_hi) + 1];
+    return earliest_in(release, need, begin_of(step_lo), begin_of(step_hi + 1));
+  }
+  // The same among the bubbles of index [lo_step, hi).
+  std::optional<Fit> earliest_in(double release, double need, std::size_t lo_step,
+                                 std::size_t hi) const {
     // First bubble ending after the release.
     auto it = std::upper_bound(bubbles_.begin(), bubbles_.end(), release,
                                [](double t, const Bubble& b) { return t < b.end; });
@@ -143,10 +158,11 @@ class WorkerBubbles {
 
   // For an item bound to `step`: the first (or, best-fit, the tightest) bubble of that step that
   // accepts bound items and has `need` room after `release`.
-  std::optional<Fit> in_step(int step, double release, double need, bool tightest) const {
+  std::optional<Fit> in_step(int step, double release, double need, bool tightest,
+                             std::size_t lo = 0) const {
     std::optional<Fit> best;
     double best_left = kInfinity;
-    for (std::size_t i = step_begin_[static_cast<std::size_t>(step)];
+    for (std::size_t i = std::max(lo, step_begin_[static_cast<std::size_t>(step)]);
          i < step_begin_[static_cast<std::size_t>(step) + 1]; ++i) {
       const double not_before = std::max(release, bubbles_[i].bound_not_before);
       if (!bubbles_[i].accepts_bound || bubbles_[i].end <= not_before) continue;
@@ -161,18 +177,20 @@ class WorkerBubbles {
   }
 
   void reserve(std::size_t bubble, double start, double need) {
-    if (!by_room_.empty()) {
-      auto& rooms = by_room_[static_cast<std::size_t>(bubbles_[bubble].step)];
-      rooms.erase({room(bubble), bubble});
-      cursor_[bubble] = start + need;
-      rooms.emplace(room(bubble), bubble);
+    set_cursor(bubble, start + need);
+    // Its twin is the same idle time in the other window: it loses as much room.
+    const int twin = bubbles_[bubble].twin;
+    if (twin >= 0) {
+      const auto t = static_cast<std::size_t>(twin);
+      set_cursor(t, std::min(bubbles_[t].end, cursor_[t] + need));
     }
-    cursor_[bubble] = start + need;
-    tree_.set(bubble, room(bubble));
   }
 
   int step_of(std::size_t bubble) const { return bubbles_[bubble].step; }
   double end_of(std::size_t bubble) const { return bubbles_[bubble].end; }
+  int twin_of(std::size_t bubble) const { return bubbles_[bubble].twin; }
+  std::size_t begin_of(int step) const { return step_begin_[static_cast<std::size_t>(step)]; }
+  std::size_t size() const { return bubbles_.size(); }
 
  private:
   static std::vector<double> rooms(const std::vector<Bubble>& bubbles) {
@@ -182,6 +200,17 @@ class WorkerBubbles {
     return room;
   }
   double room(std::size_t bubble) const { return bubbles_[bubble].end - cursor_[bubble]; }
+  void set_cursor(std::size_t bubble, double cursor) {
+    if (!by_room_.empty()) {
+      auto& rooms = by_room_[static_cast<std::size_t>(bubbles_[bubble].step)];
+      rooms.erase({room(bubble), bubble});
+      cursor_[bubble] = cursor;
+      rooms.emplace(room(bubble), bubble);
+    } else {
+      cursor_[bubble] = cursor;
+    }
+    tree_.set(bubble, room(bubble));
+  }
 
   const std::vector<Bubble>& bubbles_;
   std::vector<double> cursor_;
@@ -197,6 +226,12 @@ void check_problem(const PackProblem& problem, const std::vector<PackItem>& item
                                 std::to_string(problem.num_steps));
   }
   const std::size_t workers = problem.bubbles.size();
+  if (problem.wrap_step != -1 &&
+      (problem.wrap_step < 1 || problem.wrap_step != problem.num_steps - 1)) {
+    throw std::invalid_argument("pack: wrap_step must be -1 or the last step (>= 1), got " +
+                                std::to_string(problem.wrap_step) + " of " +
+                                std::to_string(problem.num_steps) + " steps");
+  }
   if (problem.flush_start.size() != workers) {
     throw std::invalid_argument("pack: flush_start has " +
                                 std::to_string(problem.flush_start.size()) +
@@ -226,6 +261,16 @@ void check_problem(const PackProblem& problem, const std::vector<PackItem>& item
       if (i > 0 && (b.start < bubbles[i - 1].end || b.step < bubbles[i - 1].step)) {
         throw std::invalid_argument(where() + " overlaps or precedes the bubble before it");
       }
+      const auto pairs_steps = [&] {
+        const int other = bubbles[static_cast<std::size_t>(b.twin)].step;
+        return (b.step == problem.wrap_step && other == 0) ||
+               (b.step == 0 && other == problem.wrap_step);
+      };
+      if (b.twin >= 0 && (problem.wrap_step < 1 ||
+                          static_cast<std::size_t>(b.twin) >= bubbles.size() || !pairs_steps())) {
+        throw std::invalid_argument(where() + " has twin " + std::to_string(b.twin) +
+                                    ": twins pair a wrap-step bubble with a step-0 bubble");
+      }
     }
   }
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -254,7 +299,8 @@ void check_problem(const PackProblem& problem, const std::vector<PackItem>& item
                                   std::to_string(item.min_piece) + " for a duration of " +
                                   std::to_string(item.duration));
     }
-    if (item.step_bound >= problem.num_steps) {
+    if (item.step_bound >= problem.num_steps ||
+        (problem.wrap_step >= 0 && item.step_bound >= problem.wrap_step)) {
       throw std::invalid_argument(where() + " is bound to step " + std::to_string(item.step_bound) +
                                   " of " + std::to_string(problem.num_steps));
     }
@@ -264,9 +310,11 @@ void check_problem(const PackProblem& problem, const std::vector<PackItem>& item
 // Cuts a divisible item into the bubbles of one worker from `release` on (bound: only the bubbles
 // of `step_lo` that accept bound items), each piece as large as the room in hand. Returns the
 // pieces; `next_unit` is where the rest (if any) begins.
+// `bound_step` >= 0: an item bound to that step (in_step, from bubble `lo` on); else the bubbles
+// of index [lo, hi).
 std::vector<PiecePlacement> cut_into_bubbles(WorkerBubbles& bubbles, const PackItem& item,
-                                             double release, double margin, int step_lo,
-                                             int step_hi, bool bound, int& next_unit,
+                                             double release, double margin, int bound_step,
+                                             std::size_t lo, std::size_t hi, int& next_unit,
                                              double& reserved) {
   std::vector<PiecePlacement> pieces;
   const double work = std::max(0.0, item.duration - item.overhead);
@@ -278,8 +326,8 @@ std::vector<PiecePlacement> cut_into_bubbles(WorkerBubbles& bubbles, const PackI
   while (next_unit < sched::kPieceUnits) {
     const double rest_need = cost(sched::kPieceUnits - next_unit) * (1.0 + margin);
     const double need = std::min(rest_need, min_need);
-    const auto fit = bound ? bubbles.in_step(step_lo, release, need, false)
-                           : bubbles.earliest(release, need, step_lo, step_hi);
+    const auto fit = bound_step >= 0 ? bubbles.in_step(bound_step, release, need, false, lo)
+                                     : bubbles.earliest_in(release, need, lo, hi);
     if (!fit) break;
     const double room = bubbles.end_of(fit->bubble) - fit->start;
     int units = sched::kPieceUnits - next_unit;
@@ -400,12 +448,34 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
                                 std::to_string(safety_margin));
   }
   check_problem(problem, items);
+  const int wrap = problem.wrap_step;
+  // The window's last step: spilled work goes to its flush at the latest (the wrap step is the
+  // next window's).
+  const int last_step = wrap >= 0 ? wrap - 1 : problem.num_steps - 1;
   std::vector<WorkerBubbles> workers;
   workers.reserve(problem.bubbles.size());
   for (const auto& bubbles : problem.bubbles) {
-    workers.emplace_back(bubbles, problem.num_steps, policy == PackingPolicy::kBestFit);
+    workers.emplace_back(bubbles, problem.num_steps, policy == PackingPolicy::kBestFit, wrap);
   }
   std::vector<std::vector<double>> flush = problem.flush_start;
+  // Per state key (one Linear on one worker): the first step-0 bubble its window's work uses,
+  // and the step-0 twin of the last wrap-step bubble its previous refresh's work uses.
+  constexpr auto kNoBubble = std::numeric_limits<std::size_t>::max();
+  struct StateOrder {
+    std::size_t first_own = kNoBubble;
+    std::size_t wrapped_twin = 0;
+  };
+  std::map<int, StateOrder> state_order;
+  auto note_placement = [&](const PackItem& item, std::size_t bubble) {
+    if (wrap < 0 || item.state_key < 0) return;
+    auto& order = state_order[item.state_key];
+    const auto& bubbles = workers[static_cast<std::size_t>(item.workers[0])];
+    if (bubbles.step_of(bubble) == 0) order.first_own = std::min(order.first_own, bubble);
+    if (bubbles.step_of(bubble) == wrap && bubbles.twin_of(bubble) >= 0) {
+      order.wrapped_twin =
+          std::max(order.wrapped_twin, static_cast<std::size_t>(bubbles.twin_of(bubble)));
+    }
+  };
 
   PackResult result;
   result.placements.resize(items.size());
@@ -414,10 +484,11 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
     ItemPlacement& placed = result.placements[i];
     const double need = item.duration * (1.0 + safety_margin);
     double release = item.release;
-    int spill_step = item.step_bound >= 0 ? item.step_bound : problem.num_steps - 1;
+    int spill_step = item.step_bound >= 0 ? item.step_bound : last_step;
     bool spill = false;
     int step_lo = item.step_bound >= 0 ? item.step_bound : 0;
-    const int step_hi = item.step_bound >= 0 ? item.step_bound : problem.num_steps - 1;
+    const bool wrappable = wrap >= 0 && item.wrappable && item.workers.size() == 1;
+    const int step_hi = item.step_bound >= 0 ? item.step_bound : wrappable ? wrap : last_step;
     for (int p : item.preds) {
       const auto& pred = result.placements[static_cast<std::size_t>(p)];
       release = std::max(release, pred.end);
@@ -437,14 +508,41 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
       for (int p : item.preds) {
         spill_step = std::max(spill_step, result.placements[static_cast<std::size_t>(p)].step + 1);
       }
-      spill_step = std::min(spill_step, problem.num_steps - 1);
-      while (spill_step < problem.num_steps - 1 &&
+      spill_step = std::min(spill_step, last_step);
+      while (spill_step < last_step &&
              std::any_of(item.workers.begin(), item.workers.end(), [&](int w) {
                return problem.flush_start[static_cast<std::size_t>(w)]
                                          [static_cast<std::size_t>(spill_step)] < release;
              })) {
         ++spill_step;
       }
+    }
+    spill_step = std::min(spill_step, last_step);
+
+    // A single worker's bubble range [lo, hi): the item's steps; with a wrap step, step 0 only
+    // after the previous refresh's work of its Linear, and the wrap step only up to the bubbles
+    // that end by its deadline and come before its Linear's first work in step 0.
+    std::size_t lo = 0, hi = 0;
+    if (item.workers.size() == 1 && !spill) {
+      const auto& bubbles = workers[static_cast<std::size_t>(item.workers[0])];
+      lo = bubbles.begin_of(step_lo);
+      hi = bubbles.begin_of(step_hi + 1);
+      if (wrap >= 0 && item.state_key >= 0) {
+        const auto order = state_order.find(item.state_key);
+        if (order != state_order.end()) lo = std::max(lo, order->second.wrapped_twin);
+        if (wrappable) {
+          const std::size_t first_own =
+              order != state_order.end() ? order->second.first_own : kNoBubble;
+          std::size_t limit = bubbles.begin_of(wrap);
+          while (limit < hi && bubbles.end_of(limit) <= item.wrap_deadline &&
+                 bubbles.twin_of(limit) >= 0 &&
+                 static_cast<std::size_t>(bubbles.twin_of(limit)) <= first_own) {
+            ++limit;
+          }
+          hi = limit;
+        }
+      }
+      if (lo >= hi && item.step_bound < 0) spill = true;
     }
 
     std::vector<Fit> fits;
@@ -453,12 +551,13 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
       // First-fit cuts straight away: a piece in the first gap beats the whole in a later one.
     } else if (!spill && item.workers.size() == 1 && item.step_bound >= 0) {
       auto fit = workers[static_cast<std::size_t>(item.workers[0])].in_step(
-          item.step_bound, release, need, policy == PackingPolicy::kBestFit);
+          item.step_bound, release, need, policy == PackingPolicy::kBestFit, lo);
       if (fit) fits.push_back(*fit);
     } else if (!spill && item.workers.size() == 1) {
       auto& bubbles = workers[static_cast<std::size_t>(item.workers[0])];
-      auto fit = bubbles.earliest(release, need, step_lo, step_hi);
-      if (fit && policy == PackingPolicy::kBestFit) {
+      auto fit = bubbles.earliest_in(release, need, lo, hi);
+      // Best-fit's tightest bubble of the step: not in the wrap step (its range is cut short).
+      if (fit && policy == PackingPolicy::kBestFit && bubbles.step_of(fit->bubble) != wrap) {
         fit = bubbles.tightest_in_step(*fit, release, need);
       }
       if (fit) fits.push_back(*fit);
@@ -479,6 +578,7 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
         workers[static_cast<std::size_t>(item.workers[k])].reserve(fits[k].bubble, start, need);
         placed.bubbles.push_back(static_cast<int>(fits[k].bubble));
       }
+      if (fits.size() == 1) note_placement(item, fits[0].bubble);
       result.reserved_s += need * static_cast<double>(fits.size());
       continue;
     }
@@ -489,8 +589,13 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
                           ? cut_into_common_windows(workers, item, release, safety_margin, step_lo,
                                                     step_hi, next_unit, result.reserved_s)
                           : cut_into_bubbles(workers[static_cast<std::size_t>(item.workers[0])],
-                                             item, release, safety_margin, step_lo, step_hi,
-                                             item.step_bound >= 0, next_unit, result.reserved_s);
+                                             item, release, safety_margin, item.step_bound, lo, hi,
+                                             next_unit, result.reserved_s);
+      if (!collective) {
+        for (const auto& piece : placed.pieces) {
+          note_placement(item, static_cast<std::size_t>(piece.bubble));
+        }
+      }
       const bool whole = next_unit == sched::kPieceUnits && placed.pieces.size() == 1;
       if (whole) {
         const PiecePlacement piece = placed.pieces.front();
@@ -514,8 +619,20 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
             start = std::max(
                 start, flush[static_cast<std::size_t>(w)][static_cast<std::size_t>(spill_step)]);
           }
-          placed.pieces.push_back(PiecePlacement{-1, spill_step, start, start + duration, next_unit,
-                                                 sched::kPieceUnits, -1});
+          // Pieces in the wrap step (the next window) come after that flush: the rest runs
+          // before them, and the units follow the order in which the pieces run.
+          const auto wrapped_from = std::find_if(
+              placed.pieces.begin(), placed.pieces.end(),
+              [&](const PiecePlacement& piece) { return wrap >= 0 && piece.step == wrap; });
+          placed.pieces.insert(wrapped_from, PiecePlacement{-1, spill_step, start, start + duration,
+                                                            next_unit, sched::kPieceUnits, -1});
+          int unit = 0;
+          for (auto& piece : placed.pieces) {
+            const int size = piece.unit_end - piece.unit_begin;
+            piece.unit_begin = unit;
+            piece.unit_end = unit + size;
+            unit += size;
+          }
           for (int w : item.workers) {
             flush[static_cast<std::size_t>(w)][static_cast<std::size_t>(spill_step)] =
                 start + duration;

@@ -17,6 +17,10 @@ struct Bubble {
   bool accepts_bound = true;       // may hold items bound to `step` (false: after its deadline)
   double bound_not_before = 0.0;   // items bound to `step` start no earlier than this here
   bool accepts_collective = true;  // false where the communication lanes are already busy
+  // A pipelined refresh (PackProblem::wrap_step): the index of the same worker's bubble that is
+  // the same idle time (a wrap-step bubble and the step-0 bubble of its slot); a reservation in
+  // one takes its room from both. -1: none (a wrap-step bubble without one holds nothing).
+  int twin = -1;
 };
 
 struct PackItem {
@@ -37,6 +41,14 @@ struct PackItem {
   // than every gap): it runs after the flush of the first step that ends after its release, so
   // that what depends on it can still fill the bubbles of the later steps.
   bool spill_early = false;
+  // A pipelined refresh: the item may run in the wrap step (the next window's first gaps), in
+  // bubbles that end by wrap_deadline (the next window's preconditioning of its Linear).
+  bool wrappable = false;
+  double wrap_deadline = 0.0;
+  // Items sharing K-FAC state (one Linear on one worker; -1: none): with a wrap step, the
+  // wrapped ones run before the others in step 0's stream (the twin bubbles' order): the next
+  // window's work of a Linear must not start before the previous refresh's of it ends.
+  int state_key = -1;
 };
 
 // One piece of a divided item, in time order.
@@ -66,6 +78,10 @@ struct PackProblem {
   int num_steps = 1;
   std::vector<std::vector<Bubble>> bubbles;      // per worker, in time order, disjoint
   std::vector<std::vector<double>> flush_start;  // [worker][step]: when spilled work may start
+  // >= 0 (a pipelined refresh): the last step, whose bubbles are the next window's first step's
+  // (each the twin of a step-0 bubble): only wrappable items go there, and nothing spills to
+  // its flush (the wrap step is not a step of the window).
+  int wrap_step = -1;
 };
 
 struct PackResult {

@@ -28,6 +28,8 @@ using sched::OpKind;
 // The work and the bubbles of one candidate k, shared by the policies that pack them.
 struct Prepared {
   int refresh_steps = 1;
+  bool pipelined = false;  // the bubbles hold a wrap step k (the next window's first step)
+  std::vector<double> last_own_end;      // per worker: the end of its last bubble before the wrap
   std::shared_ptr<const KfacWork> work;  // k = 1: the bounds' work, shared
   BubbleMap bubbles;
 };
@@ -35,6 +37,7 @@ struct Prepared {
 // One complete packing for one k and one policy.
 struct Plan {
   int refresh_steps = 1;
+  bool pipelined = false;  // a pipelined refresh (KfacOptions::pipelined_refresh)
   PackingPolicy policy = PackingPolicy::kFirstFit;
   std::shared_ptr<const Prepared> prepared;
   std::vector<int> order;  // item index -> task index
@@ -154,10 +157,72 @@ std::shared_ptr<const Prepared> prepare(const sched::Schedule& base, const Timel
                                         const std::shared_ptr<const KfacWork>& one_step_work) {
   auto prepared = std::make_shared<Prepared>();
   prepared->refresh_steps = k;
+  prepared->pipelined = options.pipelined_refresh;
   prepared->work =
-      k == 1 ? one_step_work
-             : std::make_shared<const KfacWork>(build_kfac_work(base, options, k, duration));
-  prepared->bubbles = find_bubbles(base, timeline, k);
+      k == 1 && !options.pipelined_refresh
+          ? one_step_work
+          : std::make_shared<const KfacWork>(build_kfac_work(base, options, k, duration));
+  if (!options.pipelined_refresh) {
+    prepared->bubbles = find_bubbles(base, timeline, k);
+  } else {
+    // One step more: step k is the next window's first step (the steady state's), whose
+    // bubbles are step 0's of the repeated schedule: each pairs with the step-0 bubble of the
+    // same slot (the i-th of that position with the i-th), and the two share their room.
+    prepared->bubbles = find_bubbles(base, timeline, k + 1);
+    auto& map = prepared->bubbles;
+    map.problem.wrap_step = k;
+    const double window_end = timeline.end_of_steps(k);
+    for (std::size_t w = 0; w < map.problem.bubbles.size(); ++w) {
+      auto& bubbles = map.problem.bubbles[w];
+      // The window's gaps end with it (as find_bubbles(k) has them): the part of its last
+      // step's trailing gap after the window's end is the next window's head (the wait for its
+      // first forward), a wrap-step bubble whose twin is step 0's head.
+      std::size_t last = bubbles.size();
+      for (std::size_t i = 0; i < bubbles.size(); ++i) {
+        if (bubbles[i].step == k - 1) last = i;
+      }
+      if (last < bubbles.size() && bubbles[last].end > window_end) {
+        const auto& stream = base.streams[w];
+        int head = 0;  // the step's first compute, ahead of the receives that feed it
+        while (head < static_cast<int>(stream.size()) &&
+               !sched::is_compute(stream[static_cast<std::size_t>(head)].kind)) {
+          ++head;
+        }
+        while (head > 0 && sched::is_receive(stream[static_cast<std::size_t>(head - 1)].kind)) {
+          --head;
+        }
+        Bubble tail = bubbles[last];
+        tail.step = k;
+        tail.start = std::max(tail.start, window_end);
+        tail.slot = static_cast<int>(map.slots[w].size());
+        map.slots[w].push_back(Slot{k, head});
+        if (bubbles[last].start < window_end) {
+          bubbles[last].end = window_end;
+          bubbles.insert(bubbles.begin() + static_cast<std::ptrdiff_t>(last) + 1, tail);
+        } else {
+          bubbles[last] = tail;
+        }
+      }
+      std::map<std::pair<int, int>, int> first_step;  // (position, ordinal) -> step-0 bubble
+      std::map<int, int> ordinal;
+      double last_own = 0.0;
+      for (std::size_t i = 0; i < bubbles.size(); ++i) {
+        const int position = map.slots[w][static_cast<std::size_t>(bubbles[i].slot)].position;
+        if (bubbles[i].step == 0) first_step[{position, ordinal[position]++}] = static_cast<int>(i);
+        if (bubbles[i].step < k) last_own = bubbles[i].end;
+      }
+      prepared->last_own_end.push_back(last_own);
+      ordinal.clear();
+      for (std::size_t i = 0; i < bubbles.size(); ++i) {
+        if (bubbles[i].step != k) continue;
+        const int position = map.slots[w][static_cast<std::size_t>(bubbles[i].slot)].position;
+        const auto twin = first_step.find({position, ordinal[position]++});
+        if (twin == first_step.end()) continue;
+        bubbles[i].twin = twin->second;
+        bubbles[static_cast<std::size_t>(twin->second)].twin = static_cast<int>(i);
+      }
+    }
+  }
   return prepared;
 }
 
@@ -195,6 +260,7 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
                double task_overhead_s, std::vector<PackItem>& items) {
   Plan plan;
   plan.refresh_steps = prepared->refresh_steps;
+  plan.pipelined = prepared->pipelined;
   plan.policy = policy;
   plan.prepared = std::move(prepared);
   const KfacWork& work = plan.work();
@@ -203,11 +269,47 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
   for (std::size_t i = 0; i < plan.order.size(); ++i) {
     item_of[static_cast<std::size_t>(plan.order[i])] = static_cast<int>(i);
   }
+  // A pipelined refresh: each Linear on each worker is a state key, and its inversions may run
+  // in the next window until that window's first preconditioning of it starts (its release:
+  // the step-0 precondition's base work, one window later).
+  using LinearOnWorker = std::tuple<int, int, int, int>;  // worker, pipeline, layer, linear
+  std::map<LinearOnWorker, int> state_keys;
+  std::map<LinearOnWorker, double> wrap_deadline;
+  const auto linear_of = [](const KfacTask& task) {
+    const auto& in = task.instructions[0];
+    return LinearOnWorker{task.workers[0], in.pipeline, in.layer, static_cast<int>(in.linear)};
+  };
+  if (plan.pipelined) {
+    for (const KfacTask& task : work.tasks) {
+      if (task.workers.size() != 1) continue;
+      state_keys.emplace(linear_of(task), static_cast<int>(state_keys.size()));
+      if (task.kind() != OpKind::kPrecondition || task.step_bound != 0) continue;
+      double release = 0.0;
+      for (BaseRef ref : task.base_deps) {
+        ref.step = plan.refresh_steps;
+        release = std::max(release, timeline.at(ref).end_s);
+      }
+      wrap_deadline[linear_of(task)] = release;
+    }
+  }
   items.clear();
   items.reserve(plan.order.size());
   for (int t : plan.order) {
     const KfacTask& task = work.tasks[static_cast<std::size_t>(t)];
     PackItem item;
+    // Its inversions and preconditioning share a Linear's state with the previous refresh's
+    // wrapped inversions (finalized factors, inverse chains, inverses); the curvature of the
+    // window does not (it accumulates into a second set of factor sums).
+    const bool uses_inverse_state = task.kind() == OpKind::kInvertA ||
+                                    task.kind() == OpKind::kInvertB ||
+                                    task.kind() == OpKind::kPrecondition;
+    if (plan.pipelined && task.workers.size() == 1 && uses_inverse_state) {
+      item.state_key = state_keys.at(linear_of(task));
+      const auto deadline = wrap_deadline.find(linear_of(task));
+      item.wrappable = (task.kind() == OpKind::kInvertA || task.kind() == OpKind::kInvertB) &&
+                       deadline != wrap_deadline.end();
+      if (item.wrappable) item.wrap_deadline = deadline->second;
+    }
     item.workers = task.workers;
     item.duration = task.duration_s;
     for (const auto& ref : task.base_deps) {
@@ -323,9 +425,12 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
       }
       double release = 0.0;
       for (const auto& ref : task.base_deps) release = std::max(release, timeline.at(ref).end_s);
+      // Pipelined: only inversions may use the wrap step, and they have no base work.
       spills = std::any_of(task.workers.begin(), task.workers.end(), [&](int w) {
         const auto& mine = bubbles[static_cast<std::size_t>(w)];
-        return mine.empty() || mine.back().end <= release;
+        const double last_end = entry->pipelined ? entry->last_own_end[static_cast<std::size_t>(w)]
+                                                 : (mine.empty() ? 0.0 : mine.back().end);
+        return mine.empty() || last_end <= release;
       });
       if (spills) break;
     }
@@ -534,9 +639,12 @@ int release_lower_bound(const sched::Schedule& base, const KfacWork& work, const
   return bound;
 }
 
+// Fewer steps, then less work after a flush; a pipelined plan (one step staler) only where it
+// wins on those.
 bool better(const Plan& a, const Plan& b) {
-  return std::make_tuple(a.refresh_steps, a.total_after_flush_s, a.packed.spilled_items) <
-         std::make_tuple(b.refresh_steps, b.total_after_flush_s, b.packed.spilled_items);
+  return std::make_tuple(a.refresh_steps, a.total_after_flush_s, a.packed.spilled_items,
+                         a.pipelined) < std::make_tuple(b.refresh_steps, b.total_after_flush_s,
+                                                        b.packed.spilled_items, b.pipelined);
 }
 
 // The payload of a curvature-sync piece: its rows of both factors (kfac::piece_items, as the
@@ -558,9 +666,21 @@ sched::Schedule emit(const sched::Schedule& base, const Plan& plan,
     int step;
     int position;
     bool spilled;
+    bool own;  // false: a pipelined refresh's work of the previous window (first in its slot)
     double start;
     int item;
     sched::Instruction instruction;
+  };
+  // A pipelined refresh's wrap step k is the next window's step 0: its work goes to step 0 of
+  // the stream, as the previous refresh's (step - k: sched::is_wrapped).
+  const int k = plan.refresh_steps;
+  const auto insert = [&](Slot slot, bool spilled, double start, int item, sched::Instruction in) {
+    const bool wrapped = plan.pipelined && slot.step == k;
+    if (wrapped) {
+      slot.step = 0;
+      in.step = static_cast<std::int16_t>(in.step - k);
+    }
+    return Insert{slot.step, slot.position, spilled, !wrapped, start, item, in};
   };
   std::vector<std::vector<Insert>> inserts(static_cast<std::size_t>(base.num_workers()));
   for (std::size_t i = 0; i < plan.order.size(); ++i) {
@@ -589,8 +709,7 @@ sched::Schedule emit(const sched::Schedule& base, const Plan& plan,
           in.piece_begin = static_cast<std::uint16_t>(piece.unit_begin);
           in.piece_end = static_cast<std::uint16_t>(piece.unit_end);
           if (in.kind == OpKind::kCurvatureSync) in.bytes = sync_piece_bytes(in, dims);
-          inserts[w].push_back(
-              Insert{slot.step, slot.position, spilled, piece.start, static_cast<int>(i), in});
+          inserts[w].push_back(insert(slot, spilled, piece.start, static_cast<int>(i), in));
         }
       }
       continue;
@@ -603,20 +722,23 @@ sched::Schedule emit(const sched::Schedule& base, const Plan& plan,
                                plan.bubbles()
                                    .problem.bubbles[w][static_cast<std::size_t>(placed.bubbles[r])]
                                    .slot)];
-      inserts[w].push_back(Insert{slot.step, slot.position, placed.spilled, placed.start,
-                                  static_cast<int>(i), task.instructions[r]});
+      inserts[w].push_back(
+          insert(slot, placed.spilled, placed.start, static_cast<int>(i), task.instructions[r]));
     }
   }
   sched::Schedule out;
   out.params = base.params;
   out.placement = base.placement;
   out.num_steps = plan.refresh_steps;
+  out.kfac_pipelined_refresh = plan.pipelined;
   out.streams.resize(base.streams.size());
   for (std::size_t w = 0; w < base.streams.size(); ++w) {
     auto& list = inserts[w];
+    // In a slot, the previous refresh's work first (it precedes all of the window's work of its
+    // Linear), then the planned order; work after a flush after the work in bubbles.
     std::sort(list.begin(), list.end(), [](const Insert& a, const Insert& b) {
-      return std::tie(a.step, a.position, a.spilled, a.start, a.item) <
-             std::tie(b.step, b.position, b.spilled, b.start, b.item);
+      return std::tie(a.step, a.position, a.spilled, a.own, a.start, a.item) <
+             std::tie(b.step, b.position, b.spilled, b.own, b.start, b.item);
     });
     const int n = static_cast<int>(base.streams[w].size());
     auto& stream = out.streams[w];
@@ -733,6 +855,9 @@ KfacReport make_report(const sched::Schedule& base, const sim::CostModel& costs,
         worker.kfac_memory_bytes += costs.kfac_bytes(base, linear.layer, linear.linear);
       }
     }
+    // A pipelined refresh holds a second accumulator per factor: the factors' bytes again
+    // (half of the replicated state of factors and inverses).
+    if (plan.pipelined) worker.kfac_memory_bytes *= 1.5;
     report.kfac_memory_bytes = std::max(report.kfac_memory_bytes, worker.kfac_memory_bytes);
     report.kfac_sent_bytes_per_refresh =
         std::max(report.kfac_sent_bytes_per_refresh, worker.kfac_sent_bytes_per_refresh);
@@ -755,6 +880,13 @@ KfacReport make_report(const sched::Schedule& base, const sim::CostModel& costs,
       report.after_flush_s += placed.spilled_s;
     }
     if (placed.spilled) ++report.after_flush_tasks;
+    const int wrap = plan.bubbles().problem.wrap_step;
+    if (wrap >= 0 && (placed.step == wrap || std::any_of(placed.pieces.begin(), placed.pieces.end(),
+                                                         [&](const PiecePlacement& piece) {
+                                                           return piece.step == wrap;
+                                                         }))) {
+      ++report.wrapped_tasks;
+    }
     if (task.kind() == OpKind::kPrecondition) {
       ++(placed.spilled ? report.preconditions_after_flush : report.preconditions_in_bubbles);
     } else if (placed.spilled) {
@@ -810,9 +942,13 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
     throw std::invalid_argument("PipeFisher pass: the cost model's K-FAC task overhead is " +
                                 std::to_string(task_overhead_s) + " s");
   }
+  // The plain refresh (PipeFisher's window); with --kfac-pipelined-refresh on the pipelined
+  // one is searched too, and kept where it is better.
+  KfacOptions plain = options;
+  plain.pipelined_refresh = false;
   // The work of a one-step refresh: both bounds, and the candidate k = 1, use it.
   const auto one_step_work =
-      std::make_shared<const KfacWork>(build_kfac_work(base, options, 1, duration));
+      std::make_shared<const KfacWork>(build_kfac_work(base, plain, 1, duration));
   const Bound bound =
       refresh_lower_bound(base, *one_step_work, steady, longest, options, task_overhead_s);
   const int release_bound = bound.impossible.empty()
@@ -823,11 +959,19 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
   std::vector<PackingPolicy> policies;
   if (options.policy != PackingPolicy::kBestFit) policies.push_back(PackingPolicy::kFirstFit);
   if (options.policy != PackingPolicy::kFirstFit) policies.push_back(PackingPolicy::kBestFit);
-  const std::vector<Plan> plans = search(base, timeline, options, duration, policies, bound,
-                                         longest, task_overhead_s, one_step_work);
+  std::vector<Plan> plans = search(base, timeline, plain, duration, policies, bound, longest,
+                                   task_overhead_s, one_step_work);
+  if (options.pipelined_refresh) {
+    for (Plan& plan : search(base, timeline, options, duration, policies, bound, longest,
+                             task_overhead_s, one_step_work)) {
+      plans.push_back(std::move(plan));
+    }
+  }
   const Plan* chosen = &plans.front();
+  int plain_steps = std::numeric_limits<int>::max();
   for (const Plan& plan : plans) {
     if (better(plan, *chosen)) chosen = &plan;
+    if (!plan.pipelined) plain_steps = std::min(plain_steps, plan.refresh_steps);
   }
 
   PassResult result;
@@ -840,15 +984,30 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
   if (!options.linear_dims.empty()) {
     after_options.kfac_state_bytes = state_bytes_of_busiest_replica(base, options);
   }
+  if (chosen->pipelined) {
+    // The second accumulator of each factor (the next window's curvature while the previous
+    // refresh's sums wait for their inversion): the factors' bytes again, half of the state
+    // (factors and inverses) the cost model prices. Pipelined state is replicated (validated).
+    auto held = after_options.kfac_state_bytes;
+    after_options.kfac_state_bytes = [held, &costs, &base](int worker, int layer,
+                                                           sched::LinearKind linear) {
+      const double state =
+          held ? held(worker, layer, linear) : costs.kfac_bytes(base, layer, linear);
+      return 1.5 * state;
+    };
+  }
   result.after = sim::simulate(result.schedule, costs, after_options);
   result.report = make_report(base, costs, options, *chosen, result.before, result.after);
   result.report.refresh_bound = bound.impossible.empty() ? bound.steps : -1;
   result.report.release_bound = release_bound;
   for (const Plan& plan : plans) {
+    if (plan.pipelined != chosen->pipelined) continue;
     (plan.policy == PackingPolicy::kFirstFit ? result.report.first_fit_refresh_steps
                                              : result.report.best_fit_refresh_steps) =
         plan.refresh_steps;
   }
+  result.report.pipelined_refresh = chosen->pipelined;
+  result.report.plain_refresh_steps = plain_steps;
   return result;
 }
 

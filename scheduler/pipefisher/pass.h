@@ -43,6 +43,12 @@ struct KfacReport {
   // With --kfac-move-w on (split-backward schedules): how far the Ws were moved (forwards /
   // backwards passed, kDeferAllTheWay: as late as they may go), 0 where unmoved won.
   int weights_deferred = 0;
+  // --kfac-pipelined-refresh on: whether the chosen plan is pipelined (inverses serve from the
+  // next window's first step; wrapped_tasks of the refresh's tasks run, wholly or in part, in
+  // the next window's first gaps), and the k of the best plain plan (PipeFisher's window).
+  bool pipelined_refresh = false;
+  int wrapped_tasks = 0;
+  int plain_refresh_steps = -1;
   bool split = true;                 // tasks may be cut into pieces (--kfac-split)
   bool capped = false;               // the automatic k hit max_refresh_steps or the work cannot fit
   std::string warning;               // one line when work runs after the flush (capped), or empty

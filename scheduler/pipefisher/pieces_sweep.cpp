@@ -190,6 +190,11 @@ SweepSummary summarize(const std::vector<SweepResult>& results) {
     if (k > r.split.refresh_bound + 1) ++summary.above_bound_plus_one;
     if (r.capped_below_bound()) ++summary.capped_below_bound;
     if (r.split.step_time_overhead <= r.pipefisher_overhead + 1e-3) ++summary.not_costlier;
+    const int plain = r.split.plain_refresh_steps >= 0 ? r.split.plain_refresh_steps : k;
+    if (plain == r.split.refresh_bound) ++summary.plain_at_bound;
+    if (plain <= r.split.refresh_bound + 1) ++summary.plain_within_one;
+    if (r.split.pipelined_refresh) ++summary.pipelined_plans;
+    if (r.split.wrapped_tasks > 0) ++summary.wrapping_plans;
   }
   return summary;
 }

@@ -60,6 +60,13 @@ struct SweepSummary {
   int above_bound_plus_one = 0;
   int capped_below_bound = 0;  // bound > --kfac-max-refresh: k is the cap
   int not_costlier = 0;        // step-time overhead <= PipeFisher's own (+ 0.1 point)
+  // With --kfac-pipelined-refresh on (KfacOptions::pipelined_refresh): the plain refresh's k
+  // (KfacReport::plain_refresh_steps) against the same bound, and the plans the pass took
+  // pipelined, and of those, the ones that run work in the next window.
+  int plain_at_bound = 0;
+  int plain_within_one = 0;
+  int pipelined_plans = 0;
+  int wrapping_plans = 0;
 };
 SweepSummary summarize(const std::vector<SweepResult>& results);
 

@@ -2,7 +2,8 @@
 // The oracle of the executor tests: plain single-worker training of the whole model, one
 // micro-batch after another, with the K-FAC updates run in sequence after each step's backward
 // (curvature of the refresh's first step, inversion at its last step, preconditioning every
-// step with the inverses the pipelined run must use). No schedule, no communicator.
+// step with the inverses the pipelined run must use; with a pipelined refresh the inversion
+// follows the last step's preconditioning). No schedule, no communicator.
 #include <cmath>
 #include <map>
 #include <memory>
@@ -23,6 +24,10 @@ namespace pf::exec::testing {
 struct ReferenceKfac {
   int refresh_steps = 1;  // k
   KfacSettings settings;
+  // A pipelined refresh (--kfac-pipelined-refresh on): the refresh's inverses serve from the
+  // next window's first step, so the last step of a window preconditions with the previous
+  // refresh's and the inversion follows it.
+  bool pipelined = false;
 };
 
 template <typename T>
@@ -93,25 +98,30 @@ class ReferenceTrainer {
                              kfac::output_grad_scale(sequences_, g.rows(), count));
         }
       }
-      if (step % k == k - 1) {
-        kfac::finalize_a(layer, kfac_->settings.running_average);
-        kfac::finalize_b(layer, kfac_->settings.running_average);
-        const auto damping =
-            kfac::layer_damping(layer, kfac_->settings.damping, kfac_->settings.pi_adjusted);
-        kfac::invert_a(layer, damping.a, kfac_->settings.method);
-        kfac::invert_b(layer, damping.b, kfac_->settings.method);
+      const bool refresh = step % k == k - 1;
+      if (refresh && !kfac_->pipelined) invert(layer);
+      if (layer.a.inverse.size() != 0 && layer.b.inverse.size() != 0) {
+        static constexpr const char* kNames[] = {"attention.self.query", "attention.self.key",
+                                                 "attention.self.value", "attention.output.dense",
+                                                 "intermediate.dense",   "output.dense"};
+        const std::string prefix = "bert.encoder.layer." + std::to_string(key.layer) + "." +
+                                   kNames[static_cast<int>(key.linear)] + ".";
+        auto w = model_.parameter(prefix + "weight");
+        auto b = model_.parameter(prefix + "bias");
+        kfac::precondition(layer.a.inverse, layer.b.inverse, w->grad, b->grad, w->shape[0],
+                           w->shape[1], w->grad, b->grad);
       }
-      if (layer.a.inverse.size() == 0 || layer.b.inverse.size() == 0) continue;
-      static constexpr const char* kNames[] = {"attention.self.query", "attention.self.key",
-                                               "attention.self.value", "attention.output.dense",
-                                               "intermediate.dense",   "output.dense"};
-      const std::string prefix = "bert.encoder.layer." + std::to_string(key.layer) + "." +
-                                 kNames[static_cast<int>(key.linear)] + ".";
-      auto w = model_.parameter(prefix + "weight");
-      auto b = model_.parameter(prefix + "bias");
-      kfac::precondition(layer.a.inverse, layer.b.inverse, w->grad, b->grad, w->shape[0],
-                         w->shape[1], w->grad, b->grad);
+      if (refresh && kfac_->pipelined) invert(layer);
     }
+  }
+
+  void invert(kfac::KfacLayerState& layer) {
+    kfac::finalize_a(layer, kfac_->settings.running_average);
+    kfac::finalize_b(layer, kfac_->settings.running_average);
+    const auto damping =
+        kfac::layer_damping(layer, kfac_->settings.damping, kfac_->settings.pi_adjusted);
+    kfac::invert_a(layer, damping.a, kfac_->settings.method);
+    kfac::invert_b(layer, damping.b, kfac_->settings.method);
   }
 
   model::BertConfig config_;

@@ -255,8 +255,10 @@ using testing::kfac_test_costs;
 // run in sequence after each step.
 // long_tasks: K-FAC tasks longer than the gaps, so that the pass cuts them into pieces (the
 // schedule must then hold pieces of curvature, inversion and preconditioning).
+// pipelined: --kfac-pipelined-refresh on, with a plan that runs inversions in the next window.
 void check_kfac(sched::ScheduleKind kind, int workers, int refresh_steps, int data_parallel,
-                int chunks_per_worker = 1, bool long_tasks = false, bool move_weights = false) {
+                int chunks_per_worker = 1, bool long_tasks = false, bool move_weights = false,
+                bool pipelined = false) {
   const auto config = test_config(4);
   sched::ScheduleParams params;
   params.kind = kind;
@@ -271,12 +273,31 @@ void check_kfac(sched::ScheduleKind kind, int workers, int refresh_steps, int da
     costs.invert_a_s = costs.invert_b_s = 3.0;
     costs.precondition_s = 1.5;
   }
+  if (pipelined) {
+    // Longer inversions: the plain refresh needs 3 steps of the 4-worker 1F1B, the pipelined 2,
+    // with inversions run whole and as the rest of a chain of pieces in the next window.
+    costs.invert_a_s = costs.invert_b_s = 1.0;
+  }
   pipefisher::KfacOptions kfac;
   kfac.refresh_steps = refresh_steps;
   kfac.move_weights = move_weights;
+  kfac.pipelined_refresh = pipelined;
   const auto pass =
       pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), kfac);
   const int k = pass.schedule.num_steps;
+  if (pipelined) {
+    ASSERT_TRUE(pass.schedule.kfac_pipelined_refresh);
+    int wrapped = 0, continued = 0;  // wrapped inversions; those that end a chain of pieces
+    for (const auto& stream : pass.schedule.streams) {
+      for (const auto& in : stream) {
+        wrapped += sched::is_wrapped(in) ? 1 : 0;
+        continued += sched::is_wrapped(in) && in.piece_begin > 0 ? 1 : 0;
+      }
+    }
+    EXPECT_GT(wrapped, continued);
+    EXPECT_GT(continued, 0);
+    EXPECT_LT(k, pass.report.plain_refresh_steps);
+  }
   if (move_weights) {
     EXPECT_NE(pass.report.weights_deferred, 0);
   }
@@ -291,7 +312,10 @@ void check_kfac(sched::ScheduleKind kind, int workers, int refresh_steps, int da
                 divided.contains(sched::OpKind::kInvertB));
     EXPECT_TRUE(divided.contains(sched::OpKind::kCurvatureA) ||
                 divided.contains(sched::OpKind::kCurvatureB));
-    EXPECT_TRUE(divided.contains(sched::OpKind::kPrecondition));
+    // (The pipelined plan of the test's case leaves every preconditioning whole.)
+    if (!pipelined) {
+      EXPECT_TRUE(divided.contains(sched::OpKind::kPrecondition));
+    }
   }
   SCOPED_TRACE("k = " + std::to_string(k));
   SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
@@ -306,7 +330,7 @@ void check_kfac(sched::ScheduleKind kind, int workers, int refresh_steps, int da
   int refreshes = 0;
   executor.run(0, steps, [&](const StepResult& r) { refreshes += r.kfac_refresh ? 1 : 0; });
   EXPECT_EQ(refreshes, steps / k);  // complete refreshes
-  testing::ReferenceKfac reference_kfac{k, setup.options.kfac};
+  testing::ReferenceKfac reference_kfac{k, setup.options.kfac, pipelined};
   testing::ReferenceTrainer<float> reference(
       config, kInitSeed, kDropoutSeed,
       std::make_unique<optim::BasicLamb<float>>(optim::LambOptions{.max_grad_norm = 0.5}), small_lr,
@@ -351,6 +375,12 @@ TEST(ExecutorKfac, ChimeraRefreshEveryStep) {
 }
 TEST(ExecutorKfac, ChimeraWithDataParallel) {
   check_kfac(sched::ScheduleKind::kChimera, 2, 2, 2);
+}
+// A pipelined refresh (--kfac-pipelined-refresh on): inversions of a refresh run in the next
+// window (whole and as the rest of a chain of pieces), the first window skips them, and the
+// run trains as the sequential K-FAC whose inverses serve from the next window's first step.
+TEST(ExecutorKfac, PipelinedRefreshEqualsSequential) {
+  check_kfac(sched::ScheduleKind::kOneFOneB, 4, 0, 1, 1, false, false, true);
 }
 
 // K-FAC state placed across data-parallel replicas (kfac/state_placement.h): every placement

@@ -1,0 +1,248 @@
+// The pipelined refresh (--kfac-pipelined-refresh on, docs/pipefisher.md "The pipelined
+// refresh"): a refresh's inversions may run in the next window's first gaps, so that k reaches
+// the work/bubble bound where the plain refresh needs a step more for work released late in its
+// window; the validator's rules for that work; simulation and the JSON format.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+#include "scheduler/compile.h"
+#include "scheduler/pipefisher/offload_pass.h"
+#include "scheduler/pipefisher/pieces_sweep.h"
+#include "scheduler/schedule_json.h"
+#include "scheduler/validate.h"
+#include "sim/uniform_cost_model.h"
+
+namespace pf::pipefisher {
+namespace {
+
+using sched::Instruction;
+using sched::OpKind;
+
+// 1F1B on 4 workers, 4 micro-batches, with inversions long against the gaps: the plain refresh
+// needs 3 steps, the pipelined 2, with inversions run in the next window whole and as the rest
+// of a chain of pieces.
+PassResult pipelined_1f1b(bool pipelined) {
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.workers = 4;
+  params.microbatches = 4;
+  params.num_layers = 4;
+  sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
+  costs.curvature_a_s = costs.curvature_b_s = 0.05;
+  costs.invert_a_s = costs.invert_b_s = 1.0;
+  costs.precondition_s = 0.02;
+  KfacOptions options;
+  options.pipelined_refresh = pipelined;
+  // The Linears' sizes: the report's K-FAC memory comes from them (the uniform model has none).
+  options.linear_dims.assign(sched::kNumLinearKinds, kfac::LinearDims{8, 16});
+  return run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), options);
+}
+
+std::string validation_error(const sched::Schedule& schedule) {
+  try {
+    sched::validate(schedule);
+  } catch (const std::invalid_argument& error) {
+    return error.what();
+  }
+  return {};
+}
+
+// The position of the first instruction of worker w matching `match`, or -1.
+int find(const sched::Schedule& schedule, int w,
+         const std::function<bool(const Instruction&)>& match) {
+  const auto& stream = schedule.streams[static_cast<std::size_t>(w)];
+  const auto it = std::find_if(stream.begin(), stream.end(), match);
+  return it == stream.end() ? -1 : static_cast<int>(it - stream.begin());
+}
+
+TEST(PipelinedRefresh, FewerStepsWithInversionsInTheNextWindow) {
+  const PassResult plain = pipelined_1f1b(false);
+  const PassResult pipelined = pipelined_1f1b(true);
+  EXPECT_FALSE(plain.schedule.kfac_pipelined_refresh);
+  EXPECT_FALSE(plain.report.pipelined_refresh);
+  EXPECT_EQ(plain.report.refresh_steps, 3);
+  EXPECT_EQ(pipelined.report.refresh_steps, 2);
+  EXPECT_EQ(pipelined.report.plain_refresh_steps, 3);
+  EXPECT_TRUE(pipelined.report.pipelined_refresh);
+  EXPECT_TRUE(pipelined.schedule.kfac_pipelined_refresh);
+  EXPECT_GT(pipelined.report.wrapped_tasks, 0);
+  EXPECT_EQ(validation_error(pipelined.schedule), "");
+  // Only inversions wrap, with steps of the previous window; some continue a chain of pieces.
+  int wrapped = 0, continued = 0;
+  for (const auto& stream : pipelined.schedule.streams) {
+    for (const Instruction& in : stream) {
+      if (!sched::is_wrapped(in)) continue;
+      ++wrapped;
+      continued += in.piece_begin > 0 ? 1 : 0;
+      EXPECT_TRUE(in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB);
+      EXPECT_EQ(in.step, -2);  // the window's first step, of the previous window
+    }
+  }
+  EXPECT_GT(wrapped, continued);
+  EXPECT_GT(continued, 0);
+  // A second accumulator per factor: the state of factors and inverses grows by half.
+  EXPECT_GT(plain.report.kfac_memory_bytes, 0.0);
+  EXPECT_DOUBLE_EQ(pipelined.report.kfac_memory_bytes, 1.5 * plain.report.kfac_memory_bytes);
+  // Simulated with the wrapped work in the window's first step.
+  EXPECT_GT(pipelined.after.step_time_s, 0.0);
+  EXPECT_GE(pipelined.report.step_time_overhead, 0.0);
+  // JSON keeps the flag and the negative steps.
+  const auto read = sched::schedule_from_json(sched::to_json(pipelined.schedule), "test");
+  EXPECT_EQ(read, pipelined.schedule);
+}
+
+TEST(PipelinedRefresh, KeptOnlyWhereItHelps) {
+  // The sweep's BERT-Base on a P100, micro-batch 32, D = 4, Chimera: the plain refresh is at the
+  // bound; the pipelined plan (one step staler) is not taken.
+  const SweepCase config{"analytic", "p100", "base", 32, 4, sched::ScheduleKind::kChimera};
+  KfacOptions options;
+  options.pipelined_refresh = true;
+  const SweepResult result = run_sweep_case(config, options);
+  ASSERT_EQ(result.refused, "");
+  EXPECT_FALSE(result.split.pipelined_refresh);
+  EXPECT_EQ(result.split.refresh_steps, result.split.plain_refresh_steps);
+}
+
+TEST(PipelinedRefresh, ReachesTheBoundInTheSweep) {
+  // BERT-Base on a P100, micro-batch 8, D = 4, 1F1B: bound 5; the plain refresh needs 6 (worker
+  // 3's first-step head can hold no work of its own window), the pipelined one 5.
+  const SweepCase config{"analytic", "p100", "base", 8, 4, sched::ScheduleKind::kOneFOneB};
+  KfacOptions options;
+  options.pipelined_refresh = true;
+  const SweepResult result = run_sweep_case(config, options);
+  ASSERT_EQ(result.refused, "");
+  EXPECT_EQ(result.split.refresh_bound, 5);
+  EXPECT_EQ(result.split.plain_refresh_steps, 6);
+  EXPECT_EQ(result.split.refresh_steps, 5);
+  EXPECT_TRUE(result.split.pipelined_refresh);
+}
+
+TEST(PipelinedRefresh, ValidatorNamesTheBrokenRule) {
+  const sched::Schedule good = pipelined_1f1b(true).schedule;
+  // A wrapped inversion, and its worker.
+  int worker = -1, position = -1;
+  for (int w = 0; w < good.num_workers() && position < 0; ++w) {
+    worker = w;
+    position = find(good, w, [](const Instruction& in) { return sched::is_wrapped(in); });
+  }
+  ASSERT_GE(position, 0);
+  const Instruction wrapped =
+      good.streams[static_cast<std::size_t>(worker)][static_cast<std::size_t>(position)];
+  const auto same_linear = [&](const Instruction& in) {
+    return in.layer == wrapped.layer && in.linear == wrapped.linear &&
+           in.pipeline == wrapped.pipeline;
+  };
+
+  // After this window's inversion of its Linear.
+  {
+    sched::Schedule bad = good;
+    auto& stream = bad.streams[static_cast<std::size_t>(worker)];
+    const int own = find(bad, worker, [&](const Instruction& in) {
+      return !sched::is_wrapped(in) && same_linear(in) &&
+             (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB ||
+              in.kind == OpKind::kPrecondition);
+    });
+    ASSERT_GT(own, position);
+    stream.insert(stream.begin() + own + 1, wrapped);
+    stream.erase(stream.begin() + position);
+    const std::string error = validation_error(bad);
+    EXPECT_NE(error.find("the previous refresh's inversions of a Linear precede the window's "
+                         "inversions of it"),
+              std::string::npos)
+        << error;
+  }
+  // Curvature of the window before it is fine: it accumulates into the second set of sums.
+  {
+    sched::Schedule moved = good;
+    auto& stream = moved.streams[static_cast<std::size_t>(worker)];
+    const int curvature = find(moved, worker, [&](const Instruction& in) {
+      return in.kind == OpKind::kCurvatureA && same_linear(in);
+    });
+    ASSERT_GE(curvature, 0);
+    if (curvature > position) {
+      stream.insert(stream.begin() + curvature + 1, wrapped);
+      stream.erase(stream.begin() + position);
+      EXPECT_EQ(validation_error(moved), "");
+    }
+  }
+  // Without the pipelined flag.
+  {
+    sched::Schedule bad = good;
+    bad.kfac_pipelined_refresh = false;
+    const std::string error = validation_error(bad);
+    EXPECT_NE(error.find("needs a pipelined refresh"), std::string::npos) << error;
+  }
+  // Work other than an inversion in the next window.
+  {
+    sched::Schedule bad = good;
+    auto& stream = bad.streams[static_cast<std::size_t>(worker)];
+    const int curvature =
+        find(bad, worker, [](const Instruction& in) { return in.kind == OpKind::kCurvatureB; });
+    ASSERT_GE(curvature, 0);
+    stream[static_cast<std::size_t>(curvature)].step = -1;
+    const std::string error = validation_error(bad);
+    EXPECT_NE(error.find("only inversions of a pipelined refresh run in the next window"),
+              std::string::npos)
+        << error;
+  }
+  // A step before the previous window.
+  {
+    sched::Schedule bad = good;
+    bad.streams[static_cast<std::size_t>(worker)][static_cast<std::size_t>(position)].step = -3;
+    const std::string error = validation_error(bad);
+    EXPECT_NE(error.find("outside [-2, 2)"), std::string::npos) << error;
+  }
+  // A chain of pieces that does not continue where the window's pieces stopped.
+  {
+    sched::Schedule bad = good;
+    int w = 0, at = -1;
+    for (; w < bad.num_workers() && at < 0; ++w) {
+      at = find(bad, w,
+                [](const Instruction& in) { return sched::is_wrapped(in) && in.piece_begin > 0; });
+    }
+    ASSERT_GE(at, 0);
+    auto& in = bad.streams[static_cast<std::size_t>(w - 1)][static_cast<std::size_t>(at)];
+    in.piece_begin = static_cast<std::uint16_t>(in.piece_begin - 1);
+    const std::string error = validation_error(bad);
+    EXPECT_NE(error.find("broken chain of pieces across refresh windows"), std::string::npos)
+        << error;
+  }
+  // The whole task again in the next window, though it completed in its own.
+  {
+    sched::Schedule bad = good;
+    auto& stream = bad.streams[static_cast<std::size_t>(worker)];
+    const int own = find(bad, worker, [&](const Instruction& in) {
+      return !sched::is_wrapped(in) && !sched::is_piece(in) && in.kind == OpKind::kInvertA;
+    });
+    ASSERT_GE(own, 0);
+    Instruction again = stream[static_cast<std::size_t>(own)];
+    again.step = static_cast<std::int16_t>(again.step - bad.num_steps);
+    stream.insert(stream.begin(), again);
+    const std::string error = validation_error(bad);
+    EXPECT_NE(error.find("the task is complete in its own window"), std::string::npos) << error;
+  }
+}
+
+TEST(PipelinedRefresh, RefusedWhereItIsNotSupported) {
+  KfacOptions options;
+  options.pipelined_refresh = true;
+  options.curvature = CurvatureSource::kEveryStep;
+  EXPECT_THROW(options.validate(), std::invalid_argument);
+  options.curvature = CurvatureSource::kFirstStep;
+  options.state_placement = kfac::uniform_placement({kfac::Placement::kShard, 0});
+  EXPECT_THROW(options.validate(), std::invalid_argument);
+  // The offload pass's residency rules assume a refresh inside its window.
+  const PassResult pass = pipelined_1f1b(true);
+  ASSERT_TRUE(pass.schedule.kfac_pipelined_refresh);
+  OffloadOptions offload;
+  offload.mode = OffloadMode::kHost;
+  const sim::UniformCostModel costs(sim::UniformCosts{});
+  EXPECT_THROW(run_offload_pass(pass, costs, offload), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace pf::pipefisher
