@@ -37,8 +37,10 @@ TEST(KfacCommand, FlagsBecomeOptions) {
                                                              sched::LinearKind::kFfnOut}));
   EXPECT_EQ(options.layers, (std::vector<int>{0, 1, 2, 5}));
   EXPECT_TRUE(options.move_weights);
+  EXPECT_TRUE(to_kfac_options(parse({"--kfac-pipelined-refresh", "on"})).pipelined_refresh);
   const auto defaults = to_kfac_options(parse({}));
   EXPECT_FALSE(defaults.move_weights);
+  EXPECT_FALSE(defaults.pipelined_refresh);
   EXPECT_DOUBLE_EQ(defaults.min_piece_overheads, 2.0);
   EXPECT_EQ(defaults.policy, PackingPolicy::kBestOfBoth);
   EXPECT_EQ(defaults.linears.size(), 6u);
@@ -49,6 +51,11 @@ TEST(KfacCommand, BadValuesAreNamed) {
   EXPECT_THROW(parse({"--kfac-policy", "worst_fit"}), CLI::ValidationError);
   EXPECT_THROW(parse({"--kfac-refresh", "-1"}), CLI::ValidationError);
   EXPECT_THROW(parse({"--kfac-move-w", "maybe"}), CLI::ValidationError);
+  EXPECT_THROW(parse({"--kfac-pipelined-refresh", "yes"}), CLI::ValidationError);
+  // The refresh's curvature must come from its first step.
+  EXPECT_THROW(
+      to_kfac_options(parse({"--kfac-pipelined-refresh", "on", "--kfac-curvature", "every_step"})),
+      std::invalid_argument);
   KfacCommandOptions command;
   command.linears = "query,mlp";
   try {
