@@ -103,6 +103,7 @@ def label_of(group):
     g = re.sub(r"^kfac(\d+)-lamb-lr(\S+)$", r"K-FAC k=\1 + LAMB lr \2", g)
     g = re.sub(r"^kfac-lamb-lr(\S+)$", r"K-FAC pass's k + LAMB lr \1", g)
     g = re.sub(r"^kfac-sgd-lr(\S+)$", r"K-FAC k=1 + SGD lr \1", g)
+    g = re.sub(r"^lamb-lr(\S+?)-w(\S+)$", r"LAMB lr \1, warm-up \2", g)
     g = re.sub(r"^lamb-lr(\S+)$", r"LAMB lr \1", g)
     return g
 

@@ -10,9 +10,9 @@
 # utilization figure. Draw the figures and table with scripts/convergence_plot.py.
 #
 #   scripts/convergence_study.sh [RESULTS]          (default out/convergence)
-#   PHASES="lamb-sweep lamb-seeds kfac kfac-k1 kfac-sgd kfac-damping utilization" (default: all)
+#   PHASES="lamb-sweep lamb-seeds lamb-warmup kfac kfac-k1 kfac-sgd kfac-damping utilization" (default: all)
 #   MODEL=mini SEQ=128 STEPS=160 MBS=4 SEEDS="1 2 3" EVAL_EVERY=20 EVAL_BATCHES=16
-#   LAMB_LRS="5e-3 1e-2 2e-2"  WARMUP=0.1  DAMPINGS="1e-2" DAMPING_K=1  SGD_LRS=0.05
+#   LAMB_LRS="5e-3 1e-2 2e-2"  WARMUP=0.1  LAMB_WARMUPS="0.05 0.2"  DAMPINGS="1e-2" DAMPING_K=1  SGD_LRS=0.05
 #
 # The data: the demo corpus (pipefisher_data demo, vocabulary 8192, sequences of SEQ tokens with
 # up to SEQ * 20 / 128 masked) with its last shard held out: DATA/shards trains, DATA/heldout
@@ -31,7 +31,7 @@ eval_every=${EVAL_EVERY:-20}
 eval_batches=${EVAL_BATCHES:-16}
 lamb_lrs=${LAMB_LRS:-5e-3 1e-2 2e-2}
 warmup=${WARMUP:-0.1}
-phases=${PHASES:-lamb-sweep lamb-seeds kfac kfac-k1 kfac-sgd kfac-damping utilization}
+phases=${PHASES:-lamb-sweep lamb-seeds lamb-warmup kfac kfac-k1 kfac-sgd kfac-damping utilization}
 train="$build/runtime/train/pipefisher_train"
 mkdir -p "$results"
 
@@ -98,6 +98,12 @@ for phase in $phases; do
       lr=$(best_lamb_lr)
       for seed in $seeds; do
         run "lamb-lr$lr-s$seed" --optimizer lamb --lr "$lr" --warmup "$warmup" --seed "$seed" || true
+      done
+      ;;
+    lamb-warmup)  # LAMB's warm-up fraction around the recipe's 10%, at the best learning rate
+      lr=$(best_lamb_lr)
+      for w in ${LAMB_WARMUPS:-0.05 0.2}; do
+        run "lamb-lr$lr-w$w-s1" --optimizer lamb --lr "$lr" --warmup "$w" --seed 1 || true
       done
       ;;
     kfac)  # the PipeFisher pass's k, from seed 1's self-profile, then fixed for the other seeds;
