@@ -108,7 +108,7 @@ def label_of(group):
     return g
 
 
-def band_plot(ax, runs, x_key, y_of, label, color):
+def band_plot(ax, runs, x_key, y_of, label, color, linestyle="-"):
     """Mean over seeds with a min..max band, on the x values all seeds share."""
     import numpy as np
     series = []
@@ -122,7 +122,7 @@ def band_plot(ax, runs, x_key, y_of, label, color):
     ys = np.array([[p[1] for p in s[:length]] for s in series])
     x = xs.mean(axis=0)
     ax.plot(x, ys.mean(axis=0), label=f"{label} ({len(runs)} seed{'s' if len(runs) > 1 else ''})",
-            color=color, linewidth=1.4)
+            color=color, linewidth=1.4, linestyle=linestyle)
     if len(runs) > 1:
         ax.fill_between(x, ys.min(axis=0), ys.max(axis=0), color=color, alpha=0.2, linewidth=0)
 
@@ -156,7 +156,9 @@ def draw(groups, order, target, figures):
     for filename, xlabel, ylabel, series in plots:
         fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=90)
         for i, group in enumerate(order):
-            band_plot(ax, groups[group], None, series, label_of(group), colors[i % len(colors)])
+            # past ten groups the colours repeat: a dashed, then dotted line tells them apart
+            band_plot(ax, groups[group], None, series, label_of(group), colors[i % len(colors)],
+                      ["-", "--", ":"][(i // len(colors)) % 3])
         if target is not None and "train" not in filename:
             ax.axhline(target, color="black", linestyle="--", linewidth=0.8,
                        label=f"target {target:.3f}")
