@@ -216,6 +216,8 @@ std::vector<ckpt::TensorRecord> KfacState::state_records(std::string_view prefix
 
 void KfacState::load_state(const ckpt::SafetensorsFile& file, std::string_view prefix) {
   std::map<LayerKey, KfacLayerState> restored = layers_;
+  const std::string source =
+      file.source.empty() ? std::string("safetensors") : "safetensors '" + file.source + "'";
   for (auto& [key, layer] : restored) {
     const auto base = layer_record_prefix(prefix, key);
     const std::int64_t counter_shape[] = {2, 4};
@@ -229,20 +231,22 @@ void KfacState::load_state(const ckpt::SafetensorsFile& file, std::string_view p
       const auto* c = counters.data() + 4 * index;
       for (int k = 0; k < 4; ++k) {
         if (c[k] < 0) {
-          throw InputError("safetensors '" + file.source + "': kfac state '" + base +
-                           ".counters' has a negative entry");
+          throw InputError(source + ": kfac state '" + base + ".counters' has a negative entry");
         }
       }
       const std::int64_t shape[] = {dim, dim};
-      const auto read_matrix = [&](const std::string& suffix, bool expected) {
+      // kRequired: the counters say it exists; kAbsent: they say it does not; kOptional: a sum
+      // with no whole micro-batch yet exists when the first pieces of a divided curvature task
+      // ran before the save and the rest run after it (a checkpoint inside a refresh window).
+      enum class Expect { kRequired, kAbsent, kOptional };
+      const auto read_matrix = [&](const std::string& suffix, Expect expect) {
         const auto name = base + "." + letter + suffix;
-        if (!expected) {
-          if (file.tensors.count(name) > 0) {
-            throw InputError("safetensors '" + file.source + "': kfac state '" + name +
-                             "' is present but the counters say it should not be");
-          }
-          return Eigen::MatrixXf();
+        const bool present = file.tensors.count(name) > 0;
+        if (expect == Expect::kAbsent && present) {
+          throw InputError(source + ": kfac state '" + name +
+                           "' is present but the counters say it should not be");
         }
+        if (expect != Expect::kRequired && !present) return Eigen::MatrixXf();
         const auto values = ckpt::read_f32(file, name, shape);
         return Eigen::MatrixXf(
             Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
@@ -253,9 +257,13 @@ void KfacState::load_state(const ckpt::SafetensorsFile& file, std::string_view p
       factor.inverted_refresh = c[2];
       factor.cholesky_fallbacks = c[3];
       factor.damping = damping[static_cast<std::size_t>(index)];
-      factor.value = read_matrix("", factor.refreshes > 0);
-      factor.inverse = read_matrix("_inv", factor.inverted_refresh > 0);
-      factor.sum = read_matrix("_sum", factor.microbatches > 0);
+      const auto expect = [](bool counted) {
+        return counted ? Expect::kRequired : Expect::kAbsent;
+      };
+      factor.value = read_matrix("", expect(factor.refreshes > 0));
+      factor.inverse = read_matrix("_inv", expect(factor.inverted_refresh > 0));
+      factor.sum =
+          read_matrix("_sum", factor.microbatches > 0 ? Expect::kRequired : Expect::kOptional);
     }
   }
   layers_ = std::move(restored);

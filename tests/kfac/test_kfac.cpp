@@ -363,6 +363,50 @@ TEST(KfacState, RoundTripsThroughSafetensorsIncludingARefreshInProgress) {
   EXPECT_THROW(state.at(LayerKey{9, sched::LinearKind::kKey}), std::out_of_range);
 }
 
+// A checkpoint saved inside a refresh window may hold the first pieces of a divided curvature
+// task (its rows summed, the micro-batch not yet counted): the sum is saved and restored, while
+// a matrix the counters rule out is still refused with the record's name.
+TEST(KfacState, APartialCurvaturePieceRoundTripsAndStaleMatricesAreRefused) {
+  KfacState state;
+  const LayerKey ffn_out{2, sched::LinearKind::kFfnOut};
+  auto& layer = state.add_layer(ffn_out, 4, 3);
+  const auto rows = random_matrix(6, 4, 81);
+  accumulate_a(layer, rows.data(), 6, 0, kPieceUnits / 3);  // the first third of the tokens
+  ASSERT_EQ(layer.a.microbatches, 0);
+  ASSERT_GT(layer.a.sum.size(), 0);
+  const auto file =
+      ckpt::parse_safetensors(ckpt::serialize_safetensors(state.state_records(), {}), "part.st");
+
+  KfacState restored;
+  restored.add_layer(ffn_out, 4, 3);
+  restored.load_state(file);
+  auto& r = restored.at(ffn_out);  // load_state replaces the layers
+  ASSERT_EQ(r.a.sum.size(), layer.a.sum.size());
+  EXPECT_EQ(r.a.sum, layer.a.sum);
+  EXPECT_EQ(r.a.microbatches, 0);
+  // The rest of the micro-batch after the resume gives the same bits as one uninterrupted task.
+  accumulate_a(layer, rows.data(), 6, kPieceUnits / 3, kPieceUnits);
+  accumulate_a(r, rows.data(), 6, kPieceUnits / 3, kPieceUnits);
+  EXPECT_EQ(r.a.sum, layer.a.sum);
+  EXPECT_EQ(r.a.microbatches, 1);
+
+  // An inverse with no refresh counted is still refused, naming the record and the file.
+  auto records = state.state_records();
+  records.push_back(
+      ckpt::make_f32_record("kfac.layer.2.ffn_out.A_inv", {4, 4}, std::vector<float>(16, 1.0F)));
+  const auto stale = ckpt::parse_safetensors(ckpt::serialize_safetensors(records, {}), "stale.st");
+  try {
+    KfacState other;
+    other.add_layer(ffn_out, 4, 3);
+    other.load_state(stale);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("kfac.layer.2.ffn_out.A_inv"), std::string::npos) << message;
+    EXPECT_NE(message.find("'stale.st'"), std::string::npos) << message;
+  }
+}
+
 TEST(KfacSharding, GreedyLargestFirstToTheLeastLoaded) {
   const std::vector<double> costs = {4.0, 10.0, 3.0, 7.0, 5.0};
   // 10 -> w0; 7 -> w1; 5 -> w1 (7 < 10); 4 -> w0 (10 < 12); 3 -> w1 (12 < 14).
