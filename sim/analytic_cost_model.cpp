@@ -166,13 +166,8 @@ double AnalyticCostModel::duration(const sched::Schedule& schedule, int worker,
                                     device_.link_latency_s);
     }
     case OpKind::kOptimizerStep: {
-      // LAMB / Adam: ~16 FLOPs and a square root per parameter (moments, update, trust ratio); the
-      // square root is priced as an exponential-class evaluation.
-      const double params = worker_params(schedule, worker);
       return device_.launch_overhead_s +
-             kernel_seconds(device_, elementwise_kernel(
-                                         28.0 * params,
-                                         per_element(params, {.flops = 16, .exponentials = 1})));
+             kernel_seconds(device_, optimizer_step_kernel(worker_params(schedule, worker)));
     }
     case OpKind::kCurvatureSync:  // a piece: its share of the whole all-reduce, plus overhead
       return kfac_piece_seconds(kfac_seconds(schedule, whole_task(in)), kfac_task_overhead_s_, in);

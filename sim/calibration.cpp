@@ -18,8 +18,9 @@ namespace pf::sim {
 namespace {
 
 constexpr const char* kOperations =
-    "layer_forward, layer_backward, layer_curvature, layer_inversion, layer_precondition, gemm, "
-    "attention, memory, cholesky_inverse, eigen_inverse";
+    "layer_forward, layer_backward, layer_curvature, layer_inversion, layer_precondition, "
+    "chunk_forward, chunk_backward, curvature, precondition, optimizer_step, gemm, attention, "
+    "memory, cholesky_inverse, eigen_inverse";
 
 // The memory class's per-element compute terms, in FitParameter::kElementWork's index order.
 constexpr std::array<std::string_view, 4> kElementWorkFields = {
@@ -103,14 +104,24 @@ std::string compact(double value) {
   return buffer;
 }
 
-Workload layer_workload(const RecordReader& r) {
+Workload layer_workload(const nlohmann::json& record, const RecordReader& r) {
   Workload w;
-  const std::string model = r.text("model", nullptr);
-  try {
-    const bool is_file = model.size() > 5 && model.substr(model.size() - 5) == ".json";
-    w.config = is_file ? model::bert_config_from_hf_json(model) : model::bert_preset(model);
-  } catch (const std::exception& e) {
-    r.fail("model", e.what());
+  const auto inline_config = record.find("model");
+  if (inline_config != record.end() && inline_config->is_object()) {
+    // A Hugging Face config written into the record (pipefisher_train --calibration-out).
+    try {
+      w.config = model::bert_config_from_hf_json(*inline_config, r.where() + ".'model'");
+    } catch (const std::exception& e) {
+      r.fail("model", e.what());
+    }
+  } else {
+    const std::string model = r.text("model", nullptr);
+    try {
+      const bool is_file = model.size() > 5 && model.substr(model.size() - 5) == ".json";
+      w.config = is_file ? model::bert_config_from_hf_json(model) : model::bert_preset(model);
+    } catch (const std::exception& e) {
+      r.fail("model", e.what());
+    }
   }
   w.seq_len = r.integer("seq_len", 128, 1 << 20);
   w.micro_batch_size = r.integer("micro_batch_size", 0, 1 << 20);
@@ -135,8 +146,42 @@ Measurement parse_record(const nlohmann::json& record, const std::string& where,
   m.operation = r.text("operation", nullptr);
   m.seconds = r.number("seconds");
   const std::string& op = m.operation;
+  if (op == "chunk_forward" || op == "chunk_backward") {
+    // A pipeline chunk as the runtime runs it: `layers` encoder layers, with the embeddings in
+    // front and/or the heads behind; the analytic cost model's pieces in its issue order.
+    const Workload w = layer_workload(record, r);
+    (void)device.peak_flops(w.precision);
+    const int layers = record.contains("layers") ? r.integer("layers", 0, 1 << 12) : 0;
+    const bool embeddings = r.flag("embeddings", false), head = r.flag("head", false);
+    if (layers == 0 && !embeddings && !head) {
+      r.fail("layers", "is 0 and the chunk has neither embeddings nor head: nothing to time");
+    }
+    const PieceKernels layer = encoder_layer_kernels(w);
+    const PieceKernels front = embeddings_kernels(w);
+    const PieceKernels back = heads_kernels(w);
+    Kernels forward;
+    if (embeddings) append(forward, front.forward);
+    for (int i = 0; i < layers; ++i) append(forward, layer.forward);
+    if (head) append(forward, back.forward);
+    if (op == "chunk_forward") {
+      m.timed = std::move(forward);
+    } else {
+      const auto backward = [&](const PieceKernels& piece) {
+        append(m.timed, piece.backward_input);
+        append(m.timed, piece.backward_weight);
+      };
+      m.before = std::move(forward);
+      if (head) backward(back);
+      for (int i = 0; i < layers; ++i) backward(layer);
+      if (embeddings) backward(front);
+      m.timed_backward = true;
+    }
+    m.label = op + " " + w.config.name + " b=" + std::to_string(w.micro_batch_size) + " " +
+              std::to_string(layers) + "L" + (embeddings ? "+emb" : "") + (head ? "+head" : "");
+    return m;
+  }
   if (op.rfind("layer_", 0) == 0) {
-    const Workload w = layer_workload(r);
+    const Workload w = layer_workload(record, r);
     LayerKernelOptions options;
     options.input_requires_grad = r.flag("input_requires_grad", true);
     options.separate_grad_accumulation = r.flag("separate_grad_accumulation", false);
@@ -201,6 +246,25 @@ Measurement parse_record(const nlohmann::json& record, const std::string& where,
                            .random_numbers = optional("random_numbers")};
     m.timed = {elementwise_kernel(r.number("bytes"), work, count)};
     m.label = "memory " + r.text("name", "") + " " + compact(r.number("bytes")) + " B";
+  } else if (op == "curvature" || op == "precondition") {
+    // One K-FAC factor of one micro-batch (rows x order), or one Linear's preconditioning.
+    const Precision p = r.precision();
+    (void)device.peak_flops(p);
+    const Precision products = kfac_product_precision(device, p);
+    if (op == "curvature") {
+      const double rows = r.number("rows"), order = r.number("order");
+      for (int i = 0; i < count; ++i) {
+        append(m.timed, curvature_kernels(products, rows, order, element_bytes(p)));
+      }
+      m.label = "curvature " + compact(rows) + "x" + compact(order);
+    } else {
+      const double d_in = r.number("d_in"), d_out = r.number("d_out");
+      for (int i = 0; i < count; ++i) append(m.timed, precondition_kernels(products, d_in, d_out));
+      m.label = "precondition " + compact(d_out) + "x" + compact(d_in);
+    }
+  } else if (op == "optimizer_step") {
+    m.timed = {optimizer_step_kernel(r.number("params"), count)};
+    m.label = "optimizer_step " + compact(r.number("params")) + " parameters";
   } else if (op == "cholesky_inverse" || op == "eigen_inverse") {
     const double order = r.number("order");
     for (int i = 0; i < count; ++i) {

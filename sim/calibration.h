@@ -16,7 +16,17 @@
 //    {"operation": "memory", "bytes": 3.2e7, "seconds": ...,
 //     optional: "flops": 4e6, "exponentials": 1e6 (exp, tanh), "error_functions": 1e6 (erf),
 //               "random_numbers": 1e6},
-//    {"operation": "cholesky_inverse" | "eigen_inverse", "order": 1024, "seconds": ...}]}
+//    {"operation": "cholesky_inverse" | "eigen_inverse", "order": 1024, "seconds": ...},
+//    {"operation": "chunk_forward" | "chunk_backward", "model": ..., "seq_len", "micro_batch_size",
+//     "precision", "layers": 2, "embeddings": true, "head": false, "seconds": ...},
+//    {"operation": "curvature", "rows": 1024, "order": 256, "precision": ...},
+//    {"operation": "precondition", "d_in": 256, "d_out": 1024, "precision": ...},
+//    {"operation": "optimizer_step", "params": 3.3e6, "seconds": ...}]}
+// "model" may also be a Hugging Face config object written into the record.
+// chunk_* price a pipeline chunk as the analytic cost model does (its layers, the embeddings
+// in front, the heads behind); curvature, precondition and optimizer_step one K-FAC factor of a
+// micro-batch, one Linear's preconditioning and one optimizer step: the records
+// pipefisher_train --calibration-out writes from a run (sim/profile_measurements.h).
 // layer_* price one encoder layer (bert_kernels.h): forward; backward (the backward issued right
 // after the forward, as a harness that times forward+backward minus forward sees it); and K-FAC
 // work of all six Linears for one micro-batch: curvature of their 12 factors, inversion of the

@@ -51,6 +51,11 @@ Kernel elementwise_kernel(double bytes, const ElementWork& work, int count) {
   return kernel;
 }
 
+Kernel optimizer_step_kernel(double params, int count) {
+  return elementwise_kernel(28.0 * params, per_element(params, {.flops = 16, .exponentials = 1}),
+                            count);
+}
+
 double kernel_seconds(const DeviceSpec& device, const Kernel& kernel) {
   double peak = device.peak_fp32_flops;
   double efficiency = device.efficiency(kernel.op_class);

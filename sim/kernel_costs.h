@@ -64,6 +64,11 @@ ElementWork per_element(double elements, const ElementWork& each);
 // An element-wise (memory-class) kernel that moves `bytes` and does `work`.
 Kernel elementwise_kernel(double bytes, const ElementWork& work, int count = 1);
 
+// One optimizer step over `params` parameters (LAMB / Adam: ~16 FLOPs and a square root per
+// parameter for the moments, the update and the trust ratio, the square root priced as an
+// exponential-class evaluation; 28 bytes per parameter moved).
+Kernel optimizer_step_kernel(double params, int count = 1);
+
 // Device time of one kernel (above). Throws std::invalid_argument when the device lacks the
 // kernel's precision.
 double kernel_seconds(const DeviceSpec& device, const Kernel& kernel);

@@ -87,6 +87,10 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--trace", o.trace, "Chrome trace of the measured run (Perfetto)");
   app.add_option("--profile-out", o.profile_out,
                  "Measured profile for pipefisher_sim --profile (same schedule)");
+  app.add_option("--calibration-out", o.calibration_out,
+                 "The measured profile as calibration records (each chunk's forward and backward, "
+                 "each Linear's K-FAC work, the optimizer step, with the model and shapes) for "
+                 "pipefisher_sim calibrate --measurements");
   app.add_option("--eval-data", o.eval_data,
                  "Held-out shards (pipefisher_data; never trained on) or 'synthetic': MLM "
                  "loss/accuracy and NSP loss/accuracy every --eval-every steps and at the end");
@@ -111,6 +115,9 @@ namespace {
 void validate_options(const TrainOptions& o) {
   if (o.micro_batch_size < 1) bad("--micro-batch-size must be >= 1");
   if (o.seq_len < 0) bad("--seq-len must be >= 1");
+  if (!o.calibration_out.empty() && o.precision == "fp64") {
+    bad("--calibration-out: the simulator prices fp32, tf32 and bf16 only; drop --precision fp64");
+  }
   const bool on_cuda = device::parse_device(o.device).kind == tensor::DeviceKind::kCuda;
   if (on_cuda) {
     if (o.precision != "fp32" && o.precision != "tf32" && o.precision != "bf16") {

@@ -52,9 +52,10 @@ struct TrainOptions {
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;  // 0: only at the end
   bool resume = false;
-  std::string metrics;      // JSON Lines, one record per step
-  std::string trace;        // Chrome trace of the measured run
-  std::string profile_out;  // measured profile in the simulator's format
+  std::string metrics;          // JSON Lines, one record per step
+  std::string trace;            // Chrome trace of the measured run
+  std::string profile_out;      // measured profile in the simulator's format
+  std::string calibration_out;  // the profile as calibration records (pipefisher_sim calibrate)
   // Held-out evaluation (evaluation.h) and early stop.
   std::string eval_data;           // shards directory, or "synthetic"; empty: no evaluation
   std::int64_t eval_every = 0;     // steps between evaluations (0: only at the end)

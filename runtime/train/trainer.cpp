@@ -28,6 +28,7 @@
 #include "scheduler/schedule_json.h"
 #include "sim/cli/compile_command.h"
 #include "sim/measured_cost_model.h"
+#include "sim/profile_measurements.h"
 #include "sim/simulator.h"
 #include "traces/chrome_trace.h"
 
@@ -193,7 +194,7 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   setup.options.kfac.placement = context.kfac_placement;
   // Events feed the summary (a bounded window of a long run), the trace and the profile.
   setup.options.record_events = true;
-  if (o.trace.empty() && o.profile_out.empty()) {
+  if (o.trace.empty() && o.profile_out.empty() && o.calibration_out.empty()) {
     setup.options.record_events_before_step =
         (context.resume ? context.resume->step : 0) + kSummarySteps + 1;
   }
@@ -294,13 +295,37 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   if (!o.trace.empty()) {
     traces::write_json_file(o.trace, exec::measured_trace(schedule, events));
   }
-  if (!o.profile_out.empty()) {
-    const auto profile = exec::measured_profile(
-        schedule, events, std::min<std::int64_t>(1, o.steps - 1),
-        "pipefisher_train " + std::string(sched::to_string(schedule.params.kind)) + ", " +
-            config.name + ", micro-batch " + std::to_string(context.micro_batch_size) + " x " +
-            std::to_string(context.seq_len));
-    traces::write_json_file(o.profile_out, sim::profile_to_json(profile));
+  if (!o.profile_out.empty() || !o.calibration_out.empty()) {
+    const auto profile_of = [&](exec::ProfileStatistic statistic) {
+      return exec::measured_profile(
+          schedule, events, std::min<std::int64_t>(1, o.steps - 1),
+          "pipefisher_train " + std::string(sched::to_string(schedule.params.kind)) + ", " +
+              config.name + ", micro-batch " + std::to_string(context.micro_batch_size) + " x " +
+              std::to_string(context.seq_len),
+          statistic);
+    };
+    if (!o.profile_out.empty()) {
+      traces::write_json_file(o.profile_out,
+                              sim::profile_to_json(profile_of(exec::ProfileStatistic::kMedian)));
+    }
+    if (!o.calibration_out.empty()) {
+      // Means, not the profile's medians: a device fitted to them prices whole steps, and a
+      // step is the sum of its instructions (the slow first micro-batch after the optimizer
+      // step included).
+      const auto profile = profile_of(exec::ProfileStatistic::kMean);
+      const sim::ProfileWorkload workload{
+          .config = config,
+          .seq_len = static_cast<int>(context.seq_len),
+          .micro_batch_size = static_cast<int>(context.micro_batch_size),
+          .precision = sim::precision_from_string(o.precision)};
+      const nlohmann::json tags = {
+          {"schedule", std::string(sched::to_string(schedule.params.kind))},
+          {"stages", schedule.params.workers},
+          {"threads_per_worker", o.threads_per_worker},
+          {"statistic", "mean"}};
+      traces::write_json_file(o.calibration_out,
+                              sim::measurements_from_profile(profile, schedule, workload, tags));
+    }
   }
   out << "done: " << done << " steps in " << format_duration(elapsed) << " ("
       << std::setprecision(1) << std::fixed
@@ -328,6 +353,7 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   if (!o.metrics.empty()) out << "metrics: " << o.metrics << "\n";
   if (!o.trace.empty()) out << "trace: " << o.trace << " (open in https://ui.perfetto.dev)\n";
   if (!o.profile_out.empty()) out << "profile: " << o.profile_out << "\n";
+  if (!o.calibration_out.empty()) out << "calibration records: " << o.calibration_out << "\n";
   if (!checkpoint.empty()) out << "checkpoint: " << checkpoint.string() << "\n";
   return 0;
 }

@@ -17,6 +17,7 @@
 #include "runtime/train/self_profile.h"
 #include "runtime/train/train_options.h"
 #include "runtime/train/trainer.h"
+#include "sim/calibration.h"
 #include "sim/cli/compile_command.h"
 #include "sim/measured_cost_model.h"
 #include "sim/simulator.h"
@@ -103,6 +104,45 @@ TEST_F(TrainTest, WritesMetricsTraceProfileAndSummary) {
   const auto replay =
       sim::simulate(cli::build_schedule(compile), sim::MeasuredCostModel(profile, "test"));
   EXPECT_GT(replay.step_time_s, 0.0);
+}
+
+// --calibration-out: the run's mean durations as calibration records that pipefisher_sim
+// calibrate reads: both chunks' forward and backward with their layers, the embeddings on the
+// first and the heads on the last, and the optimizer step, tagged with the run.
+TEST_F(TrainTest, CalibrationRecordsDescribeTheRunsChunks) {
+  auto o = small_run();
+  o.calibration_out = (dir_ / "c.json").string();
+  std::ostringstream out;
+  ASSERT_EQ(run_training(o, out), 0);
+  EXPECT_NE(out.str().find("calibration records: " + o.calibration_out), std::string::npos);
+  const auto measurements =
+      sim::measurements_from_json_file(o.calibration_out, sim::device_preset("h100"));
+  ASSERT_EQ(measurements.size(), 5U);
+  int chunks = 0;
+  for (const auto& m : measurements) {
+    EXPECT_GT(m.seconds, 0.0) << m.label;
+    EXPECT_EQ(m.record.at("micro_batch_size"), 2) << m.label;
+    EXPECT_EQ(m.record.at("seq_len"), 12) << m.label;
+    EXPECT_EQ(m.record.at("stages"), 2) << m.label;
+    EXPECT_EQ(m.record.at("statistic"), "mean") << m.label;
+    if (m.operation.rfind("chunk_", 0) != 0) continue;
+    ++chunks;
+    const bool first = m.record.at("chunk") == 0;
+    EXPECT_EQ(m.record.at("layers"), 1) << m.label;
+    EXPECT_EQ(m.record.at("embeddings"), first) << m.label;
+    EXPECT_EQ(m.record.at("head"), !first) << m.label;
+  }
+  EXPECT_EQ(chunks, 4);
+  // fp64 runs have no simulator rates: refused before training.
+  o.precision = "fp64";
+  std::ostringstream ignored;
+  try {
+    run_training(o, ignored);
+    ADD_FAILURE() << "fp64 with --calibration-out ran";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("--calibration-out"), std::string::npos)
+        << error.what();
+  }
 }
 
 TEST_F(TrainTest, KfacRunsOnSelfProfile) {

@@ -11,10 +11,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/model/bert_config.h"
+#include "scheduler/compile.h"
+#include "sim/analytic_cost_model.h"
 #include "sim/calibration.h"
 #include "sim/device.h"
 #include "sim/kernel_costs.h"
 #include "sim/kfac_kernels.h"
+#include "sim/profile_measurements.h"
 
 namespace pf::sim {
 namespace {
@@ -472,6 +476,95 @@ TEST(SimCalibration, KernelCountsAreBoundedBeforeTheKernelsAreBuilt) {
   EXPECT_NE(too_large.find("measurements[16]: the measurements so far describe"), std::string::npos)
       << too_large;
   EXPECT_EQ(measurements_from_json(inversions(kMaxMeasurementCount, 1), "m.json", d).size(), 1U);
+}
+
+// A measured profile turned into calibration records (pipefisher_train --calibration-out)
+// describes the same kernels the analytic cost model prices for the same schedule: a profile
+// holding the analytic model's own durations is predicted exactly by the device, record by
+// record. So a device fitted to a training run's records prices that run's instructions.
+TEST(SimCalibration, ProfileRecordsPriceWhatTheAnalyticModelPrices) {
+  const DeviceSpec device = device_preset("v100");
+  Workload w;
+  w.config = model::bert_preset("mini");
+  w.seq_len = 64;
+  w.micro_batch_size = 4;
+  w.precision = Precision::kFp32;
+  for (const int workers : {1, 2}) {
+    sched::ScheduleParams params;
+    params.kind = workers == 1 ? sched::ScheduleKind::kGPipe : sched::ScheduleKind::kOneFOneB;
+    params.workers = workers;
+    params.microbatches = 4;
+    params.num_layers = w.config.num_layers;
+    const auto schedule = sched::compile(params);
+    const AnalyticCostModel costs(w, device, 0.0);
+
+    Profile profile;
+    for (int worker = 0; worker < schedule.num_workers(); ++worker) {
+      for (const auto& in : schedule.streams[static_cast<std::size_t>(worker)]) {
+        if (in.microbatch != 0 ||
+            (in.kind != sched::OpKind::kForward && in.kind != sched::OpKind::kBackward)) {
+          continue;
+        }
+        auto it = std::find_if(profile.chunks.begin(), profile.chunks.end(),
+                               [&](const ChunkProfile& c) { return c.chunk == in.chunk; });
+        if (it == profile.chunks.end()) {
+          profile.chunks.push_back({.pipeline = in.pipeline, .chunk = in.chunk});
+          it = profile.chunks.end() - 1;
+        }
+        const double seconds = costs.duration(schedule, worker, in);
+        (in.kind == sched::OpKind::kForward ? it->forward_s : it->backward_s) = seconds;
+      }
+    }
+    ASSERT_EQ(profile.chunks.size(), static_cast<std::size_t>(workers));
+    for (const auto linear : {sched::LinearKind::kQuery, sched::LinearKind::kFfnIn}) {
+      KfacProfile k;
+      k.layer = 1;
+      k.linear = linear;
+      sched::Instruction in;
+      in.layer = 1;
+      in.linear = linear;
+      in.chunk = workers - 1;
+      in.microbatch = 0;
+      const auto priced = [&](sched::OpKind kind) {
+        in.kind = kind;
+        return costs.duration(schedule, workers - 1, in);
+      };
+      k.curvature_a_s = priced(sched::OpKind::kCurvatureA);
+      k.curvature_b_s = priced(sched::OpKind::kCurvatureB);
+      k.invert_a_s = priced(sched::OpKind::kInvertA);
+      k.invert_b_s = priced(sched::OpKind::kInvertB);
+      k.precondition_s = priced(sched::OpKind::kPrecondition);
+      profile.kfac.push_back(k);
+    }
+    sched::Instruction step;
+    step.kind = sched::OpKind::kOptimizerStep;
+    profile.optimizer_step_s = costs.duration(schedule, 0, step);
+
+    const auto json = measurements_from_profile(
+        profile, schedule, {w.config, w.seq_len, w.micro_batch_size, w.precision},
+        {{"run", "p" + std::to_string(workers)}});
+    const auto measurements = measurements_from_json(json, "profile records", device);
+    // 2 records per chunk, 5 per Linear, the optimizer step.
+    ASSERT_EQ(measurements.size(), 2 * profile.chunks.size() + 5 * profile.kfac.size() + 1);
+    for (const auto& m : measurements) {
+      EXPECT_EQ(m.record.at("run"), "p" + std::to_string(workers));
+      if (m.operation == "optimizer_step" && workers > 1) continue;  // the mean worker's
+      EXPECT_NEAR(predict(device, m) / m.seconds, 1.0, 1e-9) << m.label << ", p = " << workers;
+    }
+  }
+  // A profile entry for a chunk the schedule does not hold is named.
+  sched::ScheduleParams one;
+  one.kind = sched::ScheduleKind::kGPipe;
+  one.workers = 1;
+  one.microbatches = 2;
+  one.num_layers = 4;
+  Profile stray;
+  stray.chunks.push_back({.pipeline = 0, .chunk = 3, .forward_s = 1.0, .backward_s = 2.0});
+  EXPECT_NE(error_of([&] {
+              measurements_from_profile(stray, sched::compile(one),
+                                        {w.config, w.seq_len, w.micro_batch_size, w.precision});
+            }).find("chunk 3"),
+            std::string::npos);
 }
 
 TEST(SimCalibration, DeviceJsonRoundTripsTheClasses) {
