@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Fits this machine's CPU device to training runs and checks it on a run it was not fitted on
+# (docs/simulator.md, "A pipefisher_train step from the analytic model alone"):
+#   1. pipefisher_train runs BERT-mini (vocabulary 8192, sequence 128, 8 micro-batches, LAMB,
+#      synthetic data, one thread per worker) at micro-batch 4, 8 and 16, on one worker (GPipe)
+#      and on two (1F1B), each writing its mean durations as calibration records
+#      (--calibration-out);
+#   2. pipefisher_sim calibrate fits one device to the one-worker records and one to the
+#      two-worker records (a worker's share of the machine while the other computes), holding
+#      micro-batch 8 out;
+#   3. pipefisher_sim predicts the micro-batch-8 steps from the analytic model with each device,
+#      beside the measured step times.
+# Usage: scripts/calibrate_from_training.sh [OUT_DIR] (default out/calibrate-from-training)
+# Env: BUILD (default build/release), STEPS (default 6), SIZES (default "4 8 16"), HOLD_OUT (8),
+# REPEATS (rounds of every run, default 3; about 2.5 minutes each on a 2-core machine).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${BUILD:-build/release}
+out=${1:-out/calibrate-from-training}
+steps=${STEPS:-6}
+sizes=${SIZES:-4 8 16}
+hold_out=${HOLD_OUT:-8}
+repeats=${REPEATS:-3}
+train="$build/runtime/train/pipefisher_train"
+sim="$build/sim/cli/pipefisher_sim"
+for program in "$train" "$sim"; do
+  [[ -x "$program" ]] || { echo "error: $program is not built (cmake --build $build)" >&2; exit 2; }
+done
+mkdir -p "$out"
+config="$out/mini8192.json"
+cat > "$config" << 'JSON'
+{"vocab_size": 8192, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+ "intermediate_size": 1024, "max_position_embeddings": 512, "type_vocab_size": 2,
+ "model_type": "bert"}
+JSON
+
+# Rounds of every run, interleaved, so that a slow minute of a shared machine does not land on
+# one size only: the fit takes every round's records, a step time is the median over rounds.
+declare -A measured
+for round in $(seq 1 "$repeats"); do
+  for size in $sizes; do
+    for workers in 1 2; do
+      schedule=$([[ $workers == 1 ]] && echo gpipe || echo 1f1b)
+      run="p${workers}_mb${size}"
+      "$train" --model "$config" --data synthetic --seq-len 128 --micro-batch-size "$size" \
+        --microbatches 8 --stages "$workers" --schedule "$schedule" --steps "$steps" --quiet \
+        --calibration-out "$out/$run.r$round.json" > "$out/$run.r$round.log" 2>&1 ||
+        { cat "$out/$run.r$round.log"; echo "error: the $run run failed" >&2; exit 1; }
+      step=$(sed -n 's/^measured over steps [0-9-]*: \([0-9.]*\) s\/step.*/\1/p' \
+        "$out/$run.r$round.log")
+      measured[$run]="${measured[$run]:-} $step"
+      echo "round $round, $run: measured $step s/step"
+    done
+  done
+done
+median() { tr ' ' '\n' <<< "$1" | grep . | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+
+# One measurements file per worker count, every record tagged with its run and round.
+for workers in 1 2; do
+  files=()
+  for size in $sizes; do files+=("$out/p${workers}_mb${size}".r*.json); done
+  python3 - "$out/records_p$workers.json" "${files[@]}" << 'PY'
+import json, os, sys
+records = []
+for path in sys.argv[2:]:
+    run, round_ = os.path.basename(path)[:-5].split(".")
+    for record in json.load(open(path))["measurements"]:
+        record["run"], record["round"] = run, round_
+        records.append(record)
+json.dump({"format_version": 1, "description": "pipefisher_train --calibration-out records",
+           "measurements": records}, open(sys.argv[1], "w"), indent=1)
+PY
+  "$sim" calibrate --measurements "$out/records_p$workers.json" \
+    --device sim/calibration/cpu_start.json --hold-out "micro_batch_size=$hold_out" \
+    --out "$out/device_p$workers.json" --name "cpu-$workers-worker-training" \
+    > "$out/fit_p$workers.txt"
+  echo "device fitted to the $workers-worker runs (micro-batch $hold_out held out):"
+  sed -n '/^operation/,$p' "$out/fit_p$workers.txt"
+done
+
+echo
+echo "micro-batch $hold_out steps from the analytic model alone:"
+printf '%-28s %10s %16s %16s\n' run "measured (median)" "1-worker device" "2-worker device"
+for workers in 1 2; do
+  schedule=$([[ $workers == 1 ]] && echo gpipe || echo 1f1b)
+  run="p${workers}_mb${hold_out}"
+  step=$(median "${measured[$run]}")
+  row=$(printf '%-28s %10s' "$run ($schedule, p = $workers)" "$step")
+  for device in 1 2; do
+    predicted=$("$sim" --schedule "$schedule" -p "$workers" -m 8 --layers 4 --model "$config" \
+      --micro-batch-size "$hold_out" --seq-len 128 --precision fp32 \
+      --device "$out/device_p$device.json" --grid none |
+      sed -n 's/^step time \([0-9.]*\) s.*/\1/p')
+    error=$(python3 -c "print(f'{100 * ($predicted / $step - 1):+.1f}%')")
+    row+=$(printf ' %16s' "$predicted ($error)")
+  done
+  echo "$row"
+done
