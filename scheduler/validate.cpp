@@ -741,7 +741,7 @@ class Validator {
   }
 
   // A K-FAC instruction with a negative step: a pipelined refresh's work of the previous window
-  // (Schedule::kfac_pipelined_refresh); only inversions run there.
+  // (Schedule::kfac_pipelined_refresh); only inversions and curvature syncs run there.
   void check_wrapped_step(int w, std::int32_t pos, const Instruction& in) const {
     if (!s_.kfac_pipelined_refresh) {
       fail(w, pos,
@@ -749,10 +749,12 @@ class Validator {
                "): a negative step (K-FAC work of the previous refresh window) needs a pipelined "
                "refresh (kfac_pipelined_refresh, --kfac-pipelined-refresh on)");
     }
-    if (in.kind != OpKind::kInvertA && in.kind != OpKind::kInvertB) {
+    if (in.kind != OpKind::kInvertA && in.kind != OpKind::kInvertB &&
+        in.kind != OpKind::kCurvatureSync) {
       fail(w, pos,
            short_label(in) + " has step " + str(in.step) +
-               ": only inversions of a pipelined refresh run in the next window");
+               ": only inversions and curvature syncs of a pipelined refresh run in the next "
+               "window");
     }
     if (in.step < -keys_.steps) {
       fail(w, pos,
@@ -865,14 +867,19 @@ class Validator {
   using LinearOnWorker = std::tuple<int, int, int>;  // pipeline, layer, linear
   struct WindowOrder {
     std::map<LinearOnWorker, std::int32_t> first_own, last_wrapped;
+    // The previous refresh's syncs run in this window: the last piece's position per Linear.
+    std::map<LinearOnWorker, std::int32_t> last_wrapped_sync;
     std::map<PieceTask, int> own_end;
     std::map<PieceTask, std::vector<std::int32_t>> wrapped;  // by the task's own step
   };
 
   // The rules of a pipelined refresh's work in the next window, on worker w:
-  // - an inversion task run partly or wholly there continues its own window's pieces: the
-  //   wrapped pieces start where those stopped (at 0 when none ran) and end the task;
+  // - an inversion or sync task run partly or wholly there continues its own window's pieces:
+  //   the wrapped pieces start where those stopped (at 0 when none ran) and end the task;
   // - its refresh's curvature is in the stream (it ran in the previous window);
+  // - a sync run there precedes the wrapped inversions of its Linear, and none of the
+  //   refresh's inversions of that Linear ran in its own window (before the sync had ended);
+  //   the syncs pair with their partner's by stream order (check_sync_partners);
   // - it precedes the window's inversions and preconditioning of its Linear: their inversion
   //   would finalize the factors (and replace the inverse chain) the wrapped one still reads,
   //   and the preconditioning uses the inverses it produces. The window's curvature and sync
@@ -910,11 +917,33 @@ class Validator {
       const std::size_t lk = layer_key(own_step, ref.pipeline);
       if (last_a[lk] == kNone || last_b[lk] == kNone) {
         fail(w, positions.front(),
-             short_label(first) + " inverts layer " + str(first.layer) + " " +
-                 std::string(to_string(first.linear)) + " of the previous refresh (step " +
-                 str(own_step.step) +
+             short_label(first) +
+                 (first.kind == OpKind::kCurvatureSync ? " syncs layer " : " inverts layer ") +
+                 str(first.layer) + " " + std::string(to_string(first.linear)) +
+                 " of the previous refresh (step " + str(own_step.step) +
                  " of the previous window), whose curvature A and B are "
                  "not in the stream");
+      }
+      if (first.kind == OpKind::kCurvatureSync) continue;
+      // An inversion after a sync of its Linear that continued in this window: after its last
+      // piece, and wholly in this window.
+      const LinearOnWorker linear{ref.pipeline, first.layer, static_cast<int>(first.linear)};
+      const auto sync = order.last_wrapped_sync.find(linear);
+      if (sync == order.last_wrapped_sync.end()) continue;
+      if (sync->second > positions.front()) {
+        fail(w, positions.front(),
+             short_label(first) + " (the previous refresh's, run in this window) comes before " +
+                 short_label(at(w, sync->second)) + " at position " + str(sync->second) +
+                 ": an inversion follows the last piece of its Linear's curvature sync");
+      }
+      if (own != order.own_end.end()) {
+        fail(w, positions.front(),
+             short_label(first) +
+                 " continues an inversion begun in its own window before the "
+                 "curvature sync of layer " +
+                 str(first.layer) + " " + std::string(to_string(first.linear)) +
+                 " ended (the sync continues in this window, at position " + str(sync->second) +
+                 "): an inversion follows the last piece of its Linear's curvature sync");
       }
     }
     for (const auto& [linear, last] : order.last_wrapped) {
@@ -968,6 +997,19 @@ class Validator {
         const LinearOnWorker linear{ref.pipeline, in.layer, static_cast<int>(in.linear)};
         if (is_wrapped(in)) {
           order.wrapped[task_of(in, in.step + keys_.steps)].push_back(pos);
+          if (in.kind == OpKind::kCurvatureSync) {
+            // It reduces the previous refresh's sums (set aside): it shares no state with the
+            // window's work, and pairs with its partner's in stream order like any sync.
+            auto& last = order.last_wrapped_sync[linear];
+            last = std::max(last, pos);
+            if (in.peer >= 0) {
+              sync_posts[static_cast<std::size_t>(w)].emplace_back(
+                  in.peer, SyncPost{{in.step, in.layer, static_cast<int>(in.linear), in.piece_begin,
+                                     in.piece_end},
+                                    pos});
+            }
+            continue;
+          }
           auto& last = order.last_wrapped[linear];
           last = std::max(last, pos);
           continue;  // its curvature ran in the previous window: checked below
@@ -978,7 +1020,8 @@ class Validator {
                                         in.kind == OpKind::kInvertB ||
                                         in.kind == OpKind::kPrecondition;
         if (uses_inverse_state && order.first_own.count(linear) == 0) order.first_own[linear] = pos;
-        if (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) {
+        if (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB ||
+            in.kind == OpKind::kCurvatureSync) {
           order.own_end[task_of(in, in.step)] = in.piece_end;
         }
         check_piece(chains, w, pos, in);

@@ -169,10 +169,12 @@ class Engine {
     int max_layer = placement.num_layers - 1;
     for (std::int64_t g = 0; g < n_; ++g) {
       const Instruction& in = *instr_[g];
-      // A pipelined refresh's inversion of the previous window (sched::is_wrapped): its
-      // dependencies ran in that window; the stream order places it.
+      // A pipelined refresh's inversion or curvature sync of the previous window
+      // (sched::is_wrapped): its dependencies ran in that window; the stream order (and, a sync,
+      // its partner) places it.
       const bool wrapped = schedule_.kfac_pipelined_refresh && sched::is_wrapped(in) &&
-                           (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB);
+                           (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB ||
+                            in.kind == OpKind::kCurvatureSync);
       if ((in.step < 0 && !wrapped) || in.pipeline < 0) {
         throw std::invalid_argument("negative step or pipeline in " + where(g));
       }
@@ -417,6 +419,7 @@ class Engine {
     std::vector<std::int32_t> last_prefetch_factors(keys_.linear_space(), -1);
     std::vector<std::int32_t> last_prefetch_inverses(keys_.linear_space(), -1);
     std::vector<std::int32_t> last_write_back(keys_.linear_space(), -1);  // any step: key of step 0
+    std::vector<std::int32_t> last_wrapped_sync(keys_.linear_space(), -1);  // key of step 0
     std::vector<std::int32_t> last_reduction_of_step(keys_.steps, -1);
     std::vector<std::int32_t> last_weight_grad_of_step(keys_.steps, -1);
 
@@ -430,7 +433,16 @@ class Engine {
         role_[g] = role;
         lanes_[g] = options_.overlap_communication ? lanes_of(role) : kComputeLane;
         dep_begin_[g] = static_cast<std::int64_t>(deps_.size());
-        if (sched::is_wrapped(in)) continue;  // the previous window's inversion (size_keys)
+        if (sched::is_wrapped(in)) {
+          // The previous window's work (size_keys): its dependencies ran there, except a wrapped
+          // inversion's on a sync of its Linear wrapped too (the sync's lanes are not compute's).
+          const std::int64_t any_step = keys_.linear_key(0, in.layer, in.linear);
+          if (in.kind == OpKind::kCurvatureSync && any_step >= 0) last_wrapped_sync[any_step] = g;
+          if ((in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) && any_step >= 0) {
+            add_dep(g, local(last_wrapped_sync, any_step, begin), 0.0);
+          }
+          continue;
+        }
         const std::int64_t key =
             keys_.microbatch_key(in.step, in.pipeline, in.chunk, in.microbatch);
         const std::int64_t lin = keys_.linear_key(in.step, in.layer, in.linear);

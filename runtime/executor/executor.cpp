@@ -1384,14 +1384,43 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
     std::sort(group.begin(), group.end());
     auto& layer = kfac_layer(in);
-    // A piece all-reduces its range of both factors' sums (kfac::sync_piece); the micro-batch
-    // counts and the sharded release come with the last. Every member posts the same pieces in
-    // the same order (validated) and the members add in rank order, element by element, so the
-    // pieces give the whole sync's bits.
+    // The previous refresh's sync run in this window (pipelined, sched::is_wrapped): it reduces
+    // the sums set aside at the window's start (begin_round), which its wrapped inversion then
+    // finalizes; this window's sums, accumulating meanwhile, are not touched.
+    if (sched::is_wrapped(in)) {
+      auto& slot = kfac_slot(in);
+      const auto swap_set_aside = [&] {
+        std::swap(layer.a.sum, slot.previous_a_sum);
+        std::swap(layer.b.sum, slot.previous_b_sum);
+        std::swap(layer.a.microbatches, slot.previous_a_microbatches);
+        std::swap(layer.b.microbatches, slot.previous_b_microbatches);
+      };
+      swap_set_aside();
+      try {
+        sync_sums(in, layer, group);
+      } catch (...) {
+        swap_set_aside();
+        throw;
+      }
+      swap_set_aside();
+      return;
+    }
+    sync_sums(in, layer, group);
+  }
+
+  // A piece all-reduces its range of both factors' sums (kfac::sync_piece); the micro-batch
+  // counts and the sharded release come with the last. Every member posts the same pieces in
+  // the same order (validated) and the members add in rank order, element by element, so the
+  // pieces give the whole sync's bits.
+  void sync_sums(const Instruction& in, kfac::KfacLayerState& layer,
+                 const std::vector<int>& group) {
     const bool last_piece = in.piece_end == sched::kPieceUnits;
     for (auto* factor : {&layer.a, &layer.b}) {
       if (factor->sum.size() == 0) {
-        throw std::runtime_error("curvature sync before any curvature of this refresh");
+        throw std::runtime_error(sched::is_wrapped(in)
+                                     ? "curvature sync of the previous refresh (pipelined) "
+                                       "without its set-aside factor sums"
+                                     : "curvature sync before any curvature of this refresh");
       }
       const std::span<float> range = kfac::sync_piece(*factor, in.piece_begin, in.piece_end);
       if (!range.empty()) comm.all_reduce_sum(range, group, deadline());

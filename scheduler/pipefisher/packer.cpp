@@ -96,10 +96,16 @@ class WorkerBubbles {
   }
 
   // Earliest bubble accepting a collective, with `need` room at or after `release`.
-  std::optional<Fit> earliest_for_collective(double release, double need, int step_lo,
-                                             int step_hi) const {
+  // `wrap_step` >= 0: bubbles of that step only up to those ending by `wrap_deadline`.
+  std::optional<Fit> earliest_for_collective(double release, double need, int step_lo, int step_hi,
+                                             int wrap_step = -1,
+                                             double wrap_deadline = kInfinity) const {
     for (;;) {
       auto fit = earliest(release, need, step_lo, step_hi);
+      if (fit && wrap_step >= 0 && bubbles_[fit->bubble].step == wrap_step &&
+          bubbles_[fit->bubble].end > wrap_deadline) {
+        return std::nullopt;
+      }
       if (!fit || bubbles_[fit->bubble].accepts_collective) return fit;
       release = bubbles_[fit->bubble].end;  // skip past it
     }
@@ -360,14 +366,15 @@ struct CommonFit {
 };
 std::optional<CommonFit> common_window(const std::vector<WorkerBubbles>& workers,
                                        const SmallVector<int, 2>& members, double release,
-                                       double need, int step_lo, int step_hi) {
+                                       double need, int step_lo, int step_hi, int wrap_step,
+                                       double wrap_deadline) {
   double t = release;
   for (int round = 0; round < 1000000; ++round) {
     CommonFit common;
     double latest = t;
     for (int w : members) {
-      auto fit =
-          workers[static_cast<std::size_t>(w)].earliest_for_collective(t, need, step_lo, step_hi);
+      auto fit = workers[static_cast<std::size_t>(w)].earliest_for_collective(
+          t, need, step_lo, step_hi, wrap_step, wrap_deadline);
       if (!fit) return std::nullopt;
       common.fits.push_back(*fit);
       latest = std::max(latest, fit->start);
@@ -389,7 +396,8 @@ std::optional<CommonFit> common_window(const std::vector<WorkerBubbles>& workers
 std::vector<PiecePlacement> cut_into_common_windows(std::vector<WorkerBubbles>& workers,
                                                     const PackItem& item, double release,
                                                     double margin, int step_lo, int step_hi,
-                                                    int& next_unit, double& reserved) {
+                                                    int wrap_step, int& next_unit,
+                                                    double& reserved) {
   std::vector<PiecePlacement> pieces;
   const double work = std::max(0.0, item.duration - item.overhead);
   const auto cost = [&](int units) {
@@ -400,7 +408,8 @@ std::vector<PiecePlacement> cut_into_common_windows(std::vector<WorkerBubbles>& 
   while (next_unit < sched::kPieceUnits) {
     const double rest_need = cost(sched::kPieceUnits - next_unit) * (1.0 + margin);
     const double need = std::min(rest_need, min_need);
-    const auto common = common_window(workers, item.workers, release, need, step_lo, step_hi);
+    const auto common = common_window(workers, item.workers, release, need, step_lo, step_hi,
+                                      wrap_step, item.wrap_deadline);
     if (!common) break;
     double room = kInfinity;
     double first_end = kInfinity;
@@ -487,7 +496,7 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
     int spill_step = item.step_bound >= 0 ? item.step_bound : last_step;
     bool spill = false;
     int step_lo = item.step_bound >= 0 ? item.step_bound : 0;
-    const bool wrappable = wrap >= 0 && item.wrappable && item.workers.size() == 1;
+    const bool wrappable = wrap >= 0 && item.wrappable;
     const int step_hi = item.step_bound >= 0 ? item.step_bound : wrappable ? wrap : last_step;
     for (int p : item.preds) {
       const auto& pred = result.placements[static_cast<std::size_t>(p)];
@@ -527,8 +536,10 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
       const auto& bubbles = workers[static_cast<std::size_t>(item.workers[0])];
       lo = bubbles.begin_of(step_lo);
       hi = bubbles.begin_of(step_hi + 1);
-      if (wrap >= 0 && item.state_key >= 0) {
-        const auto order = state_order.find(item.state_key);
+      if (wrap >= 0 && (item.state_key >= 0 || wrappable)) {
+        // (A wrappable item without a state key, a data-parallel sync, has no order in step 0.)
+        const auto order =
+            item.state_key >= 0 ? state_order.find(item.state_key) : state_order.end();
         if (order != state_order.end()) lo = std::max(lo, order->second.wrapped_twin);
         if (wrappable) {
           const std::size_t first_own =
@@ -563,7 +574,8 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
       if (fit) fits.push_back(*fit);
     } else if (!spill) {
       // A collective: the earliest time at which every participant has the room.
-      if (auto common = common_window(workers, item.workers, release, need, step_lo, step_hi)) {
+      if (auto common = common_window(workers, item.workers, release, need, step_lo, step_hi,
+                                      wrappable ? wrap : -1, item.wrap_deadline)) {
         fits.assign(common->fits.begin(), common->fits.end());
       }
     }
@@ -585,12 +597,13 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
     if (divisible) {
       const bool collective = item.workers.size() > 1;
       int next_unit = 0;
-      placed.pieces = collective
-                          ? cut_into_common_windows(workers, item, release, safety_margin, step_lo,
-                                                    step_hi, next_unit, result.reserved_s)
-                          : cut_into_bubbles(workers[static_cast<std::size_t>(item.workers[0])],
-                                             item, release, safety_margin, item.step_bound, lo, hi,
-                                             next_unit, result.reserved_s);
+      placed.pieces =
+          collective
+              ? cut_into_common_windows(workers, item, release, safety_margin, step_lo, step_hi,
+                                        wrappable ? wrap : -1, next_unit, result.reserved_s)
+              : cut_into_bubbles(workers[static_cast<std::size_t>(item.workers[0])], item, release,
+                                 safety_margin, item.step_bound, lo, hi, next_unit,
+                                 result.reserved_s);
       if (!collective) {
         for (const auto& piece : placed.pieces) {
           note_placement(item, static_cast<std::size_t>(piece.bubble));

@@ -42,7 +42,8 @@ struct PackItem {
   // that what depends on it can still fill the bubbles of the later steps.
   bool spill_early = false;
   // A pipelined refresh: the item may run in the wrap step (the next window's first gaps), in
-  // bubbles that end by wrap_deadline (the next window's preconditioning of its Linear).
+  // bubbles that end by wrap_deadline (the next window's preconditioning of its Linear); a
+  // collective (a curvature sync) in windows all its workers have free there.
   bool wrappable = false;
   double wrap_deadline = 0.0;
   // Items sharing K-FAC state (one Linear on one worker; -1: none): with a wrap step, the

@@ -310,6 +310,24 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
                        deadline != wrap_deadline.end();
       if (item.wrappable) item.wrap_deadline = deadline->second;
     }
+    if (plan.pipelined && task.kind() == OpKind::kCurvatureSync) {
+      // The sync may run on into the next window too (on the sums set aside there), ending
+      // before the inversions after it: by the earliest deadline of its members' Linear.
+      double deadline = std::numeric_limits<double>::infinity();
+      bool known = true;
+      for (std::size_t r = 0; r < task.workers.size(); ++r) {
+        const auto& in = task.instructions[r];
+        const auto found = wrap_deadline.find(
+            LinearOnWorker{task.workers[r], in.pipeline, in.layer, static_cast<int>(in.linear)});
+        if (found == wrap_deadline.end()) {
+          known = false;
+        } else {
+          deadline = std::min(deadline, found->second);
+        }
+      }
+      item.wrappable = known;
+      item.wrap_deadline = deadline;
+    }
     item.workers = task.workers;
     item.duration = task.duration_s;
     for (const auto& ref : task.base_deps) {
@@ -425,7 +443,7 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
       }
       double release = 0.0;
       for (const auto& ref : task.base_deps) release = std::max(release, timeline.at(ref).end_s);
-      // Pipelined: only inversions may use the wrap step, and they have no base work.
+      // Pipelined: only inversions and syncs may use the wrap step, and they have no base work.
       spills = std::any_of(task.workers.begin(), task.workers.end(), [&](int w) {
         const auto& mine = bubbles[static_cast<std::size_t>(w)];
         const double last_end = entry->pipelined ? entry->last_own_end[static_cast<std::size_t>(w)]
@@ -656,6 +674,22 @@ std::int64_t sync_piece_bytes(const sched::Instruction& in,
   const auto rows_a = kfac::piece_items(d.d_in, in.piece_begin, in.piece_end).size();
   const auto rows_b = kfac::piece_items(d.d_out, in.piece_begin, in.piece_end).size();
   return 4 * (rows_a * d.d_in + rows_b * d.d_out);
+}
+
+// Whether a pipelined plan runs part of a collective (a curvature sync) in the next window.
+bool wraps_collectives(const Plan& plan) {
+  const int wrap = plan.bubbles().problem.wrap_step;
+  if (wrap < 0) return false;
+  for (std::size_t i = 0; i < plan.order.size(); ++i) {
+    const KfacTask& task = plan.work().tasks[static_cast<std::size_t>(plan.order[i])];
+    if (!sched::is_kfac_collective(task.kind())) continue;
+    const ItemPlacement& placed = plan.packed.placements[i];
+    if (placed.step == wrap) return true;
+    for (const PiecePlacement& piece : placed.pieces) {
+      if (piece.step == wrap) return true;
+    }
+  }
+  return false;
 }
 
 // Inserts the planned K-FAC instructions into the base streams repeated k times.
@@ -967,15 +1001,33 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
       plans.push_back(std::move(plan));
     }
   }
-  const Plan* chosen = &plans.front();
   int plain_steps = std::numeric_limits<int>::max();
+  std::vector<const Plan*> ranked;
   for (const Plan& plan : plans) {
-    if (better(plan, *chosen)) chosen = &plan;
+    ranked.push_back(&plan);
     if (!plan.pipelined) plain_steps = std::min(plain_steps, plan.refresh_steps);
   }
-
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const Plan* a, const Plan* b) { return better(*a, *b); });
+  // The best plan whose schedule is valid. Only a pipelined plan with syncs in the next window
+  // can fail: its syncs must pair by stream order on both replicas, and the previous refresh's
+  // go first in their slots while the window's own go by slot; where that order differs
+  // between the replicas, the next plan is taken (the plain refresh's never fails).
+  const Plan* chosen = nullptr;
   PassResult result;
-  result.schedule = emit(base, *chosen, options.linear_dims);
+  for (const Plan* plan : ranked) {
+    result.schedule = emit(base, *plan, options.linear_dims);
+    if (plan->pipelined && wraps_collectives(*plan)) {
+      try {
+        sched::validate(result.schedule);
+      } catch (const std::invalid_argument&) {
+        continue;
+      }
+    }
+    chosen = plan;
+    break;
+  }
+  if (chosen == nullptr) throw std::logic_error("PipeFisher pass: no valid plan");
   result.before =
       chosen->refresh_steps == 2 && &reference == &base
           ? two_steps

@@ -273,7 +273,13 @@ void check_kfac(sched::ScheduleKind kind, int workers, int refresh_steps, int da
     costs.invert_a_s = costs.invert_b_s = 3.0;
     costs.precondition_s = 1.5;
   }
-  if (pipelined) {
+  const bool chimera = kind == sched::ScheduleKind::kChimera;
+  if (pipelined && chimera) {
+    // Long curvature syncs: the refresh's late work, run on into the next window (pieces on
+    // both replicas at once), the inversions after them: k = 10 against the plain 11.
+    costs.curvature_sync_s = 3.0;
+    costs.invert_a_s = costs.invert_b_s = 0.1;
+  } else if (pipelined) {
     // Longer inversions: the plain refresh needs 3 steps of the 4-worker 1F1B, the pipelined 2,
     // with inversions run whole and as the rest of a chain of pieces in the next window.
     costs.invert_a_s = costs.invert_b_s = 1.0;
@@ -287,15 +293,20 @@ void check_kfac(sched::ScheduleKind kind, int workers, int refresh_steps, int da
   const int k = pass.schedule.num_steps;
   if (pipelined) {
     ASSERT_TRUE(pass.schedule.kfac_pipelined_refresh);
-    int wrapped = 0, continued = 0;  // wrapped inversions; those that end a chain of pieces
+    int wrapped = 0, continued = 0;  // wrapped work; the pieces that continue a chain
+    int syncs = 0;                   // wrapped curvature-sync pieces
     for (const auto& stream : pass.schedule.streams) {
       for (const auto& in : stream) {
         wrapped += sched::is_wrapped(in) ? 1 : 0;
         continued += sched::is_wrapped(in) && in.piece_begin > 0 ? 1 : 0;
+        syncs += sched::is_wrapped(in) && in.kind == sched::OpKind::kCurvatureSync ? 1 : 0;
       }
     }
     EXPECT_GT(wrapped, continued);
     EXPECT_GT(continued, 0);
+    if (chimera) {
+      EXPECT_GT(syncs, 0);
+    }
     EXPECT_LT(k, pass.report.plain_refresh_steps);
   }
   if (move_weights) {
@@ -381,6 +392,11 @@ TEST(ExecutorKfac, ChimeraWithDataParallel) {
 // run trains as the sequential K-FAC whose inverses serve from the next window's first step.
 TEST(ExecutorKfac, PipelinedRefreshEqualsSequential) {
   check_kfac(sched::ScheduleKind::kOneFOneB, 4, 0, 1, 1, false, false, true);
+}
+// Chimera with a pipelined refresh: the previous refresh's curvature syncs (pieces, on both
+// replicas in the same order) and inversions run in the next window on the set-aside sums.
+TEST(ExecutorKfac, PipelinedRefreshWithSyncsInTheNextWindowEqualsSequential) {
+  check_kfac(sched::ScheduleKind::kChimera, 4, 0, 1, 1, false, false, true);
 }
 
 // K-FAC state placed across data-parallel replicas (kfac/state_placement.h): every placement
@@ -529,7 +545,7 @@ std::vector<std::vector<float>> trained_parameters(const sched::Schedule& schedu
   return parameters;
 }
 
-void check_divided_sync(int data_parallel) {
+void check_divided_sync(int data_parallel, bool pipelined = false) {
   sched::ScheduleParams params;
   params.kind = sched::ScheduleKind::kChimera;
   params.workers = 4;
@@ -538,11 +554,32 @@ void check_divided_sync(int data_parallel) {
   params.data_parallel = data_parallel;
   sim::UniformCosts costs = kfac_test_costs();
   costs.curvature_sync_s = 1.5;  // longer than most common gaps
+  if (pipelined) {
+    // Longer still, the inversions short: the syncs' last pieces run in the next window.
+    costs.curvature_sync_s = 3.0;
+    costs.invert_a_s = costs.invert_b_s = 0.1;
+  }
   pipefisher::KfacOptions kfac;
   kfac.linear_dims = linear_dims_of(test_config(4));
+  kfac.pipelined_refresh = pipelined;
   const auto pass =
       pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), kfac);
   const auto& divided = pass.schedule;
+  if (pipelined) {
+    // Pieces of a sync on both sides of the window's end: the rest runs in the next window on
+    // the sums set aside at its start.
+    ASSERT_TRUE(divided.kfac_pipelined_refresh);
+    std::size_t wrapped_pieces = 0;
+    for (const auto& stream : divided.streams) {
+      for (const auto& in : stream) {
+        wrapped_pieces +=
+            in.kind == sched::OpKind::kCurvatureSync && sched::is_wrapped(in) && sched::is_piece(in)
+                ? 1
+                : 0;
+      }
+    }
+    EXPECT_GT(wrapped_pieces, 0U);
+  }
   // Per worker, the pieces' payloads add up to both factors' (rows of a narrow piece may be none).
   std::size_t sync_pieces = 0;
   const auto dims = linear_dims_of(test_config(4));
@@ -551,7 +588,9 @@ void check_divided_sync(int data_parallel) {
     for (const auto& in : stream) {
       if (in.kind != sched::OpKind::kCurvatureSync || !sched::is_piece(in)) continue;
       ++sync_pieces;
-      payload[{in.step, in.layer, static_cast<int>(in.linear)}] += in.bytes;
+      // A piece run in the next window (pipelined) names its step there less k.
+      const int step = sched::is_wrapped(in) ? in.step + divided.num_steps : in.step;
+      payload[{step, in.layer, static_cast<int>(in.linear)}] += in.bytes;
     }
     for (const auto& [task, bytes] : payload) {
       const auto& d = dims[static_cast<std::size_t>(std::get<2>(task))];
@@ -563,14 +602,17 @@ void check_divided_sync(int data_parallel) {
   // Kept whole, the syncs fit the common gaps only at a larger k (12 against 7 without data
   // parallelism).
   kfac.split = false;
-  EXPECT_LT(pass.report.refresh_steps,
-            pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), kfac)
-                .report.refresh_steps);
+  if (!pipelined) {
+    EXPECT_LT(pass.report.refresh_steps,
+              pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), kfac)
+                  .report.refresh_steps);
+  }
   const auto whole = with_whole_syncs(divided);
   ASSERT_NO_THROW(sched::validate(whole));
   EXPECT_LT(count_kind(whole, sched::OpKind::kCurvatureSync),
             count_kind(divided, sched::OpKind::kCurvatureSync));
-  const std::int64_t steps = 2 * divided.num_steps;  // two whole refreshes
+  // Two whole refreshes (pipelined: and the second's work in the next window).
+  const std::int64_t steps = 2 * divided.num_steps + (pipelined ? 1 : 0);
   const auto with_pieces = trained_parameters(divided, steps);
   const auto reference = trained_parameters(whole, steps);
   ASSERT_EQ(with_pieces.size(), reference.size());
@@ -588,6 +630,9 @@ TEST(ExecutorKfac, DividedCurvatureSyncEqualsWholeSyncBitForBit) {
 }
 TEST(ExecutorKfac, DividedCurvatureSyncWithDataParallelEqualsWholeSyncBitForBit) {
   check_divided_sync(2);
+}
+TEST(ExecutorKfac, DividedCurvatureSyncInTheNextWindowEqualsWholeSyncBitForBit) {
+  check_divided_sync(1, true);
 }
 
 TEST(ExecutorKfacPlacement, ShardEqualsReplicateAtTwoReplicas) {

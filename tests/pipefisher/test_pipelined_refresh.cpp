@@ -8,6 +8,8 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "scheduler/compile.h"
 #include "scheduler/pipefisher/offload_pass.h"
@@ -185,7 +187,8 @@ TEST(PipelinedRefresh, ValidatorNamesTheBrokenRule) {
     ASSERT_GE(curvature, 0);
     stream[static_cast<std::size_t>(curvature)].step = -1;
     const std::string error = validation_error(bad);
-    EXPECT_NE(error.find("only inversions of a pipelined refresh run in the next window"),
+    EXPECT_NE(error.find("only inversions and curvature syncs of a pipelined refresh run in the "
+                         "next window"),
               std::string::npos)
         << error;
   }
@@ -225,6 +228,124 @@ TEST(PipelinedRefresh, ValidatorNamesTheBrokenRule) {
     const std::string error = validation_error(bad);
     EXPECT_NE(error.find("the task is complete in its own window"), std::string::npos) << error;
   }
+}
+
+// Chimera on 4 workers, 4 micro-batches, with curvature syncs long against the gaps: the syncs
+// are the refresh's late work, and with the pipelined refresh they run on into the next
+// window's first gaps (pieces on both replicas at once), the inversions after them: k = 10
+// against the plain refresh's 11 (the bound).
+PassResult pipelined_chimera(bool pipelined) {
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kChimera;
+  params.workers = 4;
+  params.microbatches = 4;
+  params.num_layers = 4;
+  sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
+  costs.curvature_a_s = costs.curvature_b_s = 0.05;
+  costs.invert_a_s = costs.invert_b_s = 0.1;
+  costs.precondition_s = 0.02;
+  costs.curvature_sync_s = 3.0;
+  KfacOptions options;
+  options.pipelined_refresh = pipelined;
+  options.linear_dims.assign(sched::kNumLinearKinds, kfac::LinearDims{8, 16});
+  return run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), options);
+}
+
+TEST(PipelinedRefresh, CurvatureSyncsRunInTheNextWindowOnBothReplicas) {
+  const PassResult plain = pipelined_chimera(false);
+  const PassResult pipelined = pipelined_chimera(true);
+  ASSERT_TRUE(pipelined.report.pipelined_refresh);
+  EXPECT_EQ(plain.report.refresh_steps, 11);
+  EXPECT_EQ(pipelined.report.refresh_steps, 10);
+  EXPECT_EQ(pipelined.report.refresh_bound, 10);
+  EXPECT_EQ(validation_error(pipelined.schedule), "");
+  // Per worker, its wrapped syncs in stream order; the partner posts the same ones.
+  const auto wrapped_syncs = [](const sched::Schedule& schedule, int w) {
+    std::vector<Instruction> syncs;
+    for (const Instruction& in : schedule.streams[static_cast<std::size_t>(w)]) {
+      if (in.kind == OpKind::kCurvatureSync && sched::is_wrapped(in)) syncs.push_back(in);
+    }
+    return syncs;
+  };
+  int with_wrapped_syncs = 0;
+  for (int w = 0; w < pipelined.schedule.num_workers(); ++w) {
+    const auto mine = wrapped_syncs(pipelined.schedule, w);
+    if (mine.empty()) continue;
+    ++with_wrapped_syncs;
+    const auto theirs = wrapped_syncs(pipelined.schedule, mine.front().peer);
+    ASSERT_EQ(mine.size(), theirs.size());
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      EXPECT_EQ(std::tie(mine[i].step, mine[i].layer, mine[i].linear, mine[i].piece_begin,
+                         mine[i].piece_end),
+                std::tie(theirs[i].step, theirs[i].layer, theirs[i].linear, theirs[i].piece_begin,
+                         theirs[i].piece_end));
+    }
+  }
+  EXPECT_GT(with_wrapped_syncs, 0);
+
+  // A worker with a wrapped sync, the sync's position and its Linear's wrapped inversion.
+  int worker = -1, sync = -1;
+  for (int w = 0; w < pipelined.schedule.num_workers() && sync < 0; ++w) {
+    worker = w;
+    sync = find(pipelined.schedule, w, [](const Instruction& in) {
+      return in.kind == OpKind::kCurvatureSync && sched::is_wrapped(in);
+    });
+  }
+  ASSERT_GE(sync, 0);
+  const Instruction wrapped_sync =
+      pipelined.schedule.streams[static_cast<std::size_t>(worker)][static_cast<std::size_t>(sync)];
+  // Its partner's syncs in another order: the pairing is broken.
+  {
+    sched::Schedule bad = pipelined.schedule;
+    auto& stream = bad.streams[static_cast<std::size_t>(wrapped_sync.peer)];
+    std::vector<std::size_t> syncs;
+    for (std::size_t i = 0; i < stream.size(); ++i) {
+      if (stream[i].kind == OpKind::kCurvatureSync) syncs.push_back(i);
+    }
+    ASSERT_GE(syncs.size(), 2U);
+    // On the partner, the next sync of another Linear after its first wrapped sync (one that
+    // begins its task) moved just ahead of that wrapped sync.
+    std::size_t first = 0;
+    while (first < syncs.size() && !sched::is_wrapped(stream[syncs[first]])) ++first;
+    std::size_t other = first + 1;
+    const auto linear_of = [](const Instruction& in) { return std::tie(in.layer, in.linear); };
+    while (other < syncs.size() &&
+           (linear_of(stream[syncs[other]]) == linear_of(stream[syncs[first]]) ||
+            stream[syncs[other]].piece_begin != 0)) {
+      ++other;
+    }
+    ASSERT_LT(other, syncs.size());
+    const Instruction moved = stream[syncs[other]];
+    stream.erase(stream.begin() + static_cast<std::ptrdiff_t>(syncs[other]));
+    stream.insert(stream.begin() + static_cast<std::ptrdiff_t>(syncs[first]), moved);
+    const std::string error = validation_error(bad);
+    EXPECT_NE(error.find("every member posts the same syncs and pieces in the same order"),
+              std::string::npos)
+        << error;
+  }
+  // A wrapped inversion of its Linear moved ahead of it.
+  {
+    sched::Schedule bad = pipelined.schedule;
+    auto& stream = bad.streams[static_cast<std::size_t>(worker)];
+    const int inversion = find(bad, worker, [&](const Instruction& in) {
+      return sched::is_wrapped(in) &&
+             (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) &&
+             in.layer == wrapped_sync.layer && in.linear == wrapped_sync.linear &&
+             in.pipeline == wrapped_sync.pipeline;
+    });
+    ASSERT_GT(inversion, sync);
+    const Instruction moved = stream[static_cast<std::size_t>(inversion)];
+    stream.erase(stream.begin() + inversion);
+    stream.insert(stream.begin() + sync, moved);
+    const std::string error = validation_error(bad);
+    EXPECT_NE(error.find("an inversion follows the last piece of its Linear's curvature sync"),
+              std::string::npos)
+        << error;
+  }
+  // Simulated, with both replicas' wrapped pieces paired.
+  EXPECT_GT(pipelined.after.step_time_s, 0.0);
+  const auto read = sched::schedule_from_json(sched::to_json(pipelined.schedule), "test");
+  EXPECT_EQ(read, pipelined.schedule);
 }
 
 TEST(PipelinedRefresh, RefusedWhereItIsNotSupported) {
