@@ -10,7 +10,8 @@
 #          (the same ops; the BERT-Large layer forward+backward under bf16 autocast)
 #   train  pipefisher_train --device cuda end to end: one worker and p = 4 pipeline workers on
 #          the GPU (measured trace and profile from CUDA events), fp32 against the CPU on the
-#          same seed, K-FAC in the bubbles, and the no-device error path (exit 2)
+#          same seed, K-FAC in the bubbles, a checkpoint resume against the straight run, and
+#          the no-device error path (exit 2)
 #   nccl   the NCCL communicator under mpirun (log: nccl.log): one rank on the GPU (world of one,
 #          send/receive to itself, all-reduce of one rank, broadcast, event ordering with a
 #          compute stream, the watchdog's abort of a stuck receive); then the question whether
@@ -100,6 +101,35 @@ PY
       --schedule 1f1b --stages 4 --microbatches 8 --micro-batch-size 8 --steps 10 --kfac \
       --trace "$OUT/trace_large_p4_kfac.json" --profile-out "$OUT/profile_large_p4_kfac.json" ||
       status=1
+    # Checkpoints on the GPU: K-FAC placed from one profile, 3 steps + save + resume to 6 vs 6
+    # straight; per-step losses side by side and whether the files are byte-identical (the GPU's
+    # kernels may sum in another order run to run: then the losses differ by rounding only).
+    ck=("${small[@]}" --device cuda --precision fp32 --kfac --kfac-refresh 2 --lr-decay-steps 6)
+    rm -rf "$OUT/ckpt_split" "$OUT/ckpt_straight" "$OUT"/metrics_ckpt_*.jsonl
+    train mini_gpu_ckpt_profile "${ck[@]}" --steps 2 --profile-out "$OUT/profile_ckpt.json" ||
+      status=1
+    ck+=(--kfac-profile "$OUT/profile_ckpt.json")
+    train mini_gpu_ckpt_first "${ck[@]}" --steps 3 --checkpoint-dir "$OUT/ckpt_split" \
+      --metrics "$OUT/metrics_ckpt_split.jsonl" || status=1
+    train mini_gpu_ckpt_resumed "${ck[@]}" --steps 6 --checkpoint-dir "$OUT/ckpt_split" --resume \
+      --metrics "$OUT/metrics_ckpt_split.jsonl" || status=1
+    train mini_gpu_ckpt_straight "${ck[@]}" --steps 6 --checkpoint-dir "$OUT/ckpt_straight" \
+      --metrics "$OUT/metrics_ckpt_straight.jsonl" || status=1
+    python3 - "$OUT/metrics_ckpt_straight.jsonl" "$OUT/metrics_ckpt_split.jsonl" <<'PY' | tee -a "$OUT/session.log"
+import json, sys
+rows = [[json.loads(l) for l in open(p) if '"loss"' in l] for p in sys.argv[1:]]
+print("step  straight    resumed     rel diff")
+for a, b in zip(*rows):
+    print(f"{a['step']:4d}  {a['loss']:.6f}  {b['loss']:.6f}  {abs(b['loss'] - a['loss']) / a['loss']:.2e}")
+PY
+    for f in model optimizer kfac; do
+      if cmp -s "$OUT/ckpt_split/step-00000006/$f.safetensors" \
+        "$OUT/ckpt_straight/step-00000006/$f.safetensors"; then
+        note "checkpoint resume on the GPU: $f.safetensors identical to the straight run's"
+      else
+        note "checkpoint resume on the GPU: $f.safetensors DIFFERS from the straight run's"
+      fi
+    done
     # No device visible: one error line, exit 2.
     CUDA_VISIBLE_DEVICES="" "$bin" --data synthetic --device cuda --steps 1 \
       >"$OUT/train_no_device.log" 2>&1

@@ -19,6 +19,7 @@
 #include "kfac/damping.h"
 #include "kfac/inverse.h"
 #include "kfac/layer_state.h"
+#include "runtime/device/kfac_layer_extras.h"
 #include "runtime/device/message_exchange.h"
 #include "runtime/optim/adamw.h"
 #include "runtime/optim/lamb.h"
@@ -71,6 +72,13 @@ class DeviceKfacLayer {
   virtual void precondition(bool previous_a, bool previous_b, float* grad_w, float* grad_b) = 0;
   // The state as the CPU keeps it (waits for the device), for statistics and checkpoints.
   virtual kfac::KfacLayerState to_host() const = 0;
+  // Restores what to_host gave (a checkpoint). Throws std::invalid_argument when the
+  // dimensions differ.
+  virtual void load(const kfac::KfacLayerState& state) = 0;
+  // The extras (waits for the device), and back; load_extras throws std::invalid_argument for a
+  // matrix that is neither empty nor of the factor's size.
+  virtual KfacLayerExtras extras_to_host() const = 0;
+  virtual void load_extras(const KfacLayerExtras& extras) = 0;
 };
 
 // The optimizer a run asked for ("lamb", "adamw", "sgd") with its options.

@@ -1,5 +1,8 @@
 #include "runtime/device/host_device_runtime.h"
 
+#include <stdexcept>
+#include <string>
+
 #include "kfac/layer_state.h"
 #include "kfac/precondition.h"
 #include "runtime/device/stream_timeline.h"
@@ -60,6 +63,22 @@ class HostKfacLayer final : public DeviceKfacLayer {
     kfac::precondition(a_inv, b_inv, grad_w, grad_b, layer_.d_out, layer_.d_in, grad_w, grad_b);
   }
   kfac::KfacLayerState to_host() const override { return layer_; }
+  void load(const kfac::KfacLayerState& state) override {
+    if (state.d_in != layer_.d_in || state.d_out != layer_.d_out) {
+      throw std::invalid_argument("K-FAC " + name_ + ": the state is " +
+                                  std::to_string(state.d_out) + " x " + std::to_string(state.d_in) +
+                                  ", the layer " + std::to_string(layer_.d_out) + " x " +
+                                  std::to_string(layer_.d_in));
+    }
+    layer_ = state;
+  }
+  KfacLayerExtras extras_to_host() const override { return {previous_a_, previous_b_}; }
+  void load_extras(const KfacLayerExtras& extras) override {
+    check_extra_matrix(extras.previous_a_inverse, layer_.d_in, name_, "the previous A inverse");
+    check_extra_matrix(extras.previous_b_inverse, layer_.d_out, name_, "the previous B inverse");
+    previous_a_ = extras.previous_a_inverse;
+    previous_b_ = extras.previous_b_inverse;
+  }
 
  private:
   kfac::KfacLayerState layer_;

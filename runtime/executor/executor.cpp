@@ -1697,23 +1697,41 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         std::span<const float>(row_major.data(), static_cast<std::size_t>(row_major.size()))));
   }
 
-  void refuse_on_device(const char* what) const {
-    if (runtime) {
-      throw std::runtime_error(std::string(what) + " is not implemented on device " +
-                               tensor::to_string(runtime->device()) + " yet");
-    }
+  // A device capture's values on the host (after the compute stream's work so far).
+  std::vector<float> download_capture(const tensor::Tensor& device) const {
+    std::vector<float> host(static_cast<std::size_t>(device.numel()));
+    runtime->backend().copy(host.data(), device.raw_data(), host.size() * sizeof(float),
+                            tensor::CopyKind::kDeviceToHost, compute_stream.get());
+    compute_stream->synchronize();
+    return host;
+  }
+  // A capture restored onto the device: a pooled buffer, uploaded on the compute stream.
+  tensor::Tensor upload_capture(const std::vector<float>& values, std::int64_t rows,
+                                std::int64_t cols) {
+    auto buffer = new_buffer(rows, cols, false);
+    backend().copy(buffer.raw_data(), values.data(), values.size() * sizeof(float),
+                   tensor::CopyKind::kHostToDevice, compute_stream.get());
+    compute_stream->synchronize();  // `values` may go
+    return buffer;
   }
 
+  // On a device the inverses a refresh replaced live in the device layers (downloaded here);
+  // on the CPU in the slots.
   std::vector<ckpt::TensorRecord> kfac_progress_records(std::string_view prefix) const {
-    refuse_on_device("saving K-FAC progress (checkpoints)");
     std::vector<ckpt::TensorRecord> records;
     for (const auto& [key, slot] : kfac_slots) {
       const auto base = slot_name(prefix, key);
       const std::int64_t counters[] = {slot.done_a, slot.done_b, slot.inverted_a ? 1 : 0,
                                        slot.inverted_b ? 1 : 0};
       records.push_back(ckpt::make_i64_record(base + ".counters", {4}, counters));
-      add_matrix(records, base + ".A_prev_inv", slot.previous_a_inverse);
-      add_matrix(records, base + ".B_prev_inv", slot.previous_b_inverse);
+      if (runtime) {
+        const auto extras = device_kfac.at(key)->extras_to_host();
+        add_matrix(records, base + ".A_prev_inv", extras.previous_a_inverse);
+        add_matrix(records, base + ".B_prev_inv", extras.previous_b_inverse);
+      } else {
+        add_matrix(records, base + ".A_prev_inv", slot.previous_a_inverse);
+        add_matrix(records, base + ".B_prev_inv", slot.previous_b_inverse);
+      }
       if (slot.previous_a_microbatches != 0 || slot.previous_b_microbatches != 0) {
         // Pipelined refresh: the previous refresh's sums its wrapped inversion has yet to read.
         add_matrix(records, base + ".A_prev_sum", slot.previous_a_sum);
@@ -1725,8 +1743,11 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     for (const bool is_b : {false, true}) {
       for (const auto& [key, value] : is_b ? captures_b : captures) {
         const auto name = capture_name(prefix, is_b, key);
-        const std::int64_t cols = static_cast<std::int64_t>(value.data->size()) / value.rows;
-        records.push_back(ckpt::make_f32_record(name, {value.rows, cols}, *value.data));
+        std::vector<float> downloaded;
+        if (!value.data) downloaded = download_capture(value.device);
+        const std::vector<float>& data = value.data ? *value.data : downloaded;
+        const std::int64_t cols = static_cast<std::int64_t>(data.size()) / value.rows;
+        records.push_back(ckpt::make_f32_record(name, {value.rows, cols}, data));
         const std::int64_t sequences[] = {value.sequences};
         records.push_back(ckpt::make_i64_record(name + ".sequences", {1}, sequences));
       }
@@ -1735,8 +1756,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   }
 
   void load_kfac_progress(const ckpt::SafetensorsFile& file, std::string_view prefix) {
-    refuse_on_device("restoring K-FAC progress (checkpoints)");
     auto restored_slots = kfac_slots;
+    std::map<FactorKey, device::KfacLayerExtras> restored_extras;  // device path
     for (auto& [key, slot] : restored_slots) {
       const auto base = slot_name(prefix, key);
       const std::int64_t shape[] = {4};
@@ -1760,8 +1781,14 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
             Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
                 values.data(), dim, dim));
       };
-      slot.previous_a_inverse = read_matrix(base + ".A_prev_inv", layer.d_in);
-      slot.previous_b_inverse = read_matrix(base + ".B_prev_inv", layer.d_out);
+      auto previous_a = read_matrix(base + ".A_prev_inv", layer.d_in);
+      auto previous_b = read_matrix(base + ".B_prev_inv", layer.d_out);
+      if (runtime) {
+        restored_extras[key] = {std::move(previous_a), std::move(previous_b)};
+      } else {
+        slot.previous_a_inverse = std::move(previous_a);
+        slot.previous_b_inverse = std::move(previous_b);
+      }
       slot.previous_a_microbatches = slot.previous_b_microbatches = 0;
       if (file.tensors.count(base + ".prev_counts") != 0) {
         const std::int64_t two[] = {2};
@@ -1785,14 +1812,28 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         if (shape.size() != 2 || shape[0] < 1) {
           throw std::runtime_error("K-FAC progress '" + name + "' is not a [rows, columns] matrix");
         }
+        const auto& layer = kfac_states.at(key.pipeline).at({key.layer, key.linear});
+        const std::int64_t width = is_b ? layer.d_out : layer.d_in;
+        if (shape[1] != width) {
+          throw std::runtime_error("K-FAC progress '" + name + "' has " + std::to_string(shape[1]) +
+                                   " columns, the layer's " +
+                                   (is_b ? "output gradients have " : "inputs have ") +
+                                   std::to_string(width));
+        }
         Captured captured;
         captured.rows = shape[0];
-        captured.data = std::make_shared<std::vector<float>>(ckpt::read_f32(file, name, shape));
+        auto values = ckpt::read_f32(file, name, shape);
+        if (runtime) {
+          captured.device = upload_capture(values, shape[0], shape[1]);
+        } else {
+          captured.data = std::make_shared<std::vector<float>>(std::move(values));
+        }
         const std::int64_t one[] = {1};
         captured.sequences = ckpt::read_i64(file, name + ".sequences", one).at(0);
         (is_b ? restored_b : restored_a)[key] = std::move(captured);
       }
     }
+    for (auto& [key, extras] : restored_extras) device_kfac.at(key)->load_extras(extras);
     kfac_slots = std::move(restored_slots);
     captures = std::move(restored_a);
     captures_b = std::move(restored_b);
@@ -2123,6 +2164,16 @@ kfac::KfacState& Worker<T>::kfac_state(int pipeline) {
     if (key.pipeline == pipeline) state.at({key.layer, key.linear}) = layer->to_host();
   }
   return state;
+}
+template <typename T>
+void Worker<T>::load_kfac_state(int pipeline, const ckpt::SafetensorsFile& file,
+                                std::string_view prefix) {
+  auto& state = impl_->kfac_states[pipeline];
+  if (state.layers().empty()) return;
+  state.load_state(file, prefix);
+  for (const auto& [key, layer] : impl_->device_kfac) {
+    if (key.pipeline == pipeline) layer->load(state.at({key.layer, key.linear}));
+  }
 }
 template <typename T>
 std::vector<ckpt::TensorRecord> Worker<T>::kfac_progress_records(std::string_view prefix) const {

@@ -30,6 +30,17 @@ std::vector<std::string> alternative_names(const std::string& name) {
   return names;
 }
 
+// A parameter's values on the host: read through the chunk's backend, so that a device's
+// parameters are downloaded (after the work issued on the chunk's stream so far).
+template <typename T>
+std::vector<T> host_values(BertChunk<T>& chunk, const ParameterView<T>& p) {
+  std::vector<T> host(static_cast<std::size_t>(p.size));
+  chunk.backend().copy(host.data(), p.value, host.size() * sizeof(T),
+                       tensor::CopyKind::kDeviceToHost, chunk.stream());
+  chunk.ops().synchronize();
+  return host;
+}
+
 }  // namespace
 
 template <typename T>
@@ -47,15 +58,22 @@ void load_hf_weights(const ckpt::SafetensorsFile& file, BertChunk<T>& chunk) {
       }
     }
     const auto values = ckpt::read_as_f32(file, source, p.shape);
-    std::transform(values.begin(), values.end(), p.value,
+    std::vector<T> host(values.size());
+    std::transform(values.begin(), values.end(), host.begin(),
                    [](float v) { return static_cast<T>(v); });
+    // Through the backend: uploaded on the chunk's stream when the parameters are on a device.
+    chunk.backend().copy(p.value, host.data(), host.size() * sizeof(T),
+                         tensor::CopyKind::kHostToDevice, chunk.stream());
+    chunk.ops().synchronize();  // `host` is freed
   }
   // A file with both tied names must agree, or one of them would be silently dropped.
   if (file.tensors.contains(decoder_name) && file.tensors.contains(word_name)) {
     if (auto word = chunk.parameter(word_name)) {
       const auto decoder = ckpt::read_as_f32(file, decoder_name, word->shape);
+      const auto loaded = host_values(chunk, *word);
       for (std::int64_t i = 0; i < word->size; ++i) {
-        if (static_cast<float>(word->value[i]) != decoder[static_cast<std::size_t>(i)]) {
+        const auto index = static_cast<std::size_t>(i);
+        if (static_cast<float>(loaded[index]) != decoder[index]) {
           throw InputError("safetensors '" + file.source + "': tensor '" +
                            std::string(decoder_name) + "' differs from '" + std::string(word_name) +
                            "' at element " + std::to_string(i) +
@@ -72,8 +90,9 @@ std::vector<ckpt::TensorRecord> hf_weight_records(std::span<BertChunk<T>* const>
   std::map<std::string, ckpt::TensorRecord> records;
   for (auto* chunk : chunks) {
     for (const auto& p : chunk->parameters()) {
-      std::vector<float> values(static_cast<std::size_t>(p.size));
-      std::transform(p.value, p.value + p.size, values.begin(),
+      const auto host = host_values(*chunk, p);
+      std::vector<float> values(host.size());
+      std::transform(host.begin(), host.end(), values.begin(),
                      [](T v) { return static_cast<float>(v); });
       if (records.contains(p.name)) {
         throw std::invalid_argument("hf weights: parameter '" + p.name + "' is in two chunks");

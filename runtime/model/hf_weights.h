@@ -1,7 +1,8 @@
 #pragma once
 // Weights in safetensors files with Hugging Face BertForPreTraining tensor names (Linear
 // weights [out, in]), so that a checkpoint written here opens in transformers and a Hugging Face
-// checkpoint loads here.
+// checkpoint loads here. The chunks may live on any device: their parameters are read and written
+// through the chunk's backend (downloaded from / uploaded to a GPU on the chunk's stream).
 #include <filesystem>
 #include <map>
 #include <span>

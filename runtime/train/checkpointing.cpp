@@ -462,9 +462,7 @@ void restore_checkpoint(exec::Executor<T>& executor, const ckpt::TrainingCheckpo
     if (!kfac_on) continue;
     try {
       for (int p = 0; p < schedule.placement.num_pipelines; ++p) {
-        auto& state = worker.kfac_state(p);
-        if (state.layers().empty()) continue;
-        state.load_state(kfac, same_schedule ? exact_kfac_prefix(rank, p) : kKfacPrefix);
+        worker.load_kfac_state(p, kfac, same_schedule ? exact_kfac_prefix(rank, p) : kKfacPrefix);
       }
       if (same_schedule) worker.load_kfac_progress(kfac, progress_prefix(rank));
     } catch (const std::exception& error) {

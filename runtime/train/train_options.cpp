@@ -124,10 +124,6 @@ void validate_options(const TrainOptions& o) {
       bad("--precision on --device " + o.device + " must be fp32, tf32 or bf16 (fp64 runs on " +
           "the CPU only), got '" + o.precision + "'");
     }
-    if (!o.checkpoint_dir.empty() || o.resume) {
-      bad("--device " + o.device + ": checkpoints (--checkpoint-dir, --resume) are not written " +
-          "from a device yet; run without them");
-    }
     if (!o.eval_data.empty()) {
       bad("--device " + o.device + ": --eval-data (held-out evaluation) runs on the CPU only " +
           "so far");

@@ -64,13 +64,17 @@ struct DeviceRun {
   std::size_t transient_bytes = 0;
 };
 
-inline DeviceRun run_schedule(const std::shared_ptr<device::DeviceRuntime>& runtime,
-                              const model::BertConfig& config, const sched::Schedule& schedule,
-                              const std::string& optimizer, std::int64_t steps,
-                              bool record_events = true,
-                              std::int64_t dp_bucket_bytes = ExecutorOptions{}.dp_bucket_bytes) {
+// The batches every device test trains on.
+inline SyntheticBatches device_test_batches(const model::BertConfig& config) {
   constexpr std::int64_t kMicroBatch = 2, kSeqLen = 6, kPredictions = 2;
-  SyntheticBatches batches(config, kMicroBatch, kSeqLen, kPredictions, 13);
+  return SyntheticBatches(config, kMicroBatch, kSeqLen, kPredictions, 13);
+}
+
+// The run's setup on `runtime` (null: the CPU path), reading `batches`.
+inline RunSetup<float> device_test_setup(
+    const std::shared_ptr<device::DeviceRuntime>& runtime, const model::BertConfig& config,
+    const sched::Schedule& schedule, const std::string& optimizer, BatchSource& batches,
+    bool record_events = true, std::int64_t dp_bucket_bytes = ExecutorOptions{}.dp_bucket_bytes) {
   RunSetup<float> setup;
   setup.config = config;
   setup.schedule = schedule;
@@ -90,7 +94,17 @@ inline DeviceRun run_schedule(const std::shared_ptr<device::DeviceRuntime>& runt
     return 1e-2 * (1.0 + 0.5 * static_cast<double>(step));
   };
   setup.batches = &batches;
-  ThreadedExecutor<float> executor(setup);
+  return setup;
+}
+
+inline DeviceRun run_schedule(const std::shared_ptr<device::DeviceRuntime>& runtime,
+                              const model::BertConfig& config, const sched::Schedule& schedule,
+                              const std::string& optimizer, std::int64_t steps,
+                              bool record_events = true,
+                              std::int64_t dp_bucket_bytes = ExecutorOptions{}.dp_bucket_bytes) {
+  auto batches = device_test_batches(config);
+  ThreadedExecutor<float> executor(device_test_setup(runtime, config, schedule, optimizer, batches,
+                                                     record_events, dp_bucket_bytes));
   DeviceRun run;
   executor.run(0, steps, [&](const StepResult& r) { run.steps.push_back(r); });
   run.events = executor.take_events();

@@ -5,7 +5,10 @@
 // equal bit for bit with AdamW (no gradient norm in the update), with LAMB within the rounding
 // of the gradient norm (summed per tensor in float by the ops, in double by the CPU path).
 // What these tests cannot show is anything about a GPU: see test_executor_cuda.
+#include <algorithm>
+#include <map>
 #include <set>
+#include <string>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -297,20 +300,93 @@ TEST(HostDevicePath, ADoubleModelIsRefusedOnADevice) {
   }
 }
 
-TEST(HostDevicePath, KfacProgressCheckpointsAreRefusedOnADevice) {
+// A checkpoint inside a K-FAC refresh window on a device: every K-FAC record (the device
+// layers' state, the inverses the refresh replaced, the captures awaiting their curvature
+// tasks, all downloaded from the device) equals the CPU path's bit for bit, and a fresh device
+// executor restores them exactly (uploaded, downloaded again: the same records). The whole
+// resume (weights, optimizer, K-FAC) is CheckpointingTest's *OnTheDevicePath.
+std::map<std::string, ckpt::TensorRecord> kfac_records(ThreadedExecutor<float>& executor) {
+  std::map<std::string, ckpt::TensorRecord> records;
+  for (int r = 0; r < executor.num_ranks(); ++r) {
+    auto& worker = executor.worker(r);
+    const std::string prefix = "kfac.rank" + std::to_string(r);
+    auto all = worker.kfac_state(0).state_records(prefix);
+    for (auto& record : worker.kfac_progress_records(prefix + ".progress")) {
+      all.push_back(std::move(record));
+    }
+    for (auto& record : all) records.emplace(record.name, std::move(record));
+  }
+  return records;
+}
+
+TEST(HostDevicePath, KfacProgressCheckpointsEqualTheCpuPathsAndRoundTrip) {
   const auto config = device_test_config(4);
-  SyntheticBatches batches(config, 2, 6, 2, 13);
-  RunSetup<float> setup;
-  setup.config = config;
-  setup.schedule = device_test_schedule(sched::ScheduleKind::kOneFOneB, 2, 1, 4, true);
-  setup.learning_rate = [](std::int64_t) { return 1e-3; };
-  setup.batches = &batches;
-  setup.device = std::make_shared<device::HostDeviceRuntime>();
-  setup.device_optimizer.name = "sgd";
-  ThreadedExecutor<float> executor(setup);
-  EXPECT_THROW(executor.worker(0).kfac_progress_records("kfac"), std::runtime_error);
-  // The K-FAC statistics' host copy works (empty factors before any refresh).
-  EXPECT_FALSE(executor.worker(0).kfac_state(0).layers().empty());
+  const auto schedule = device_test_schedule(sched::ScheduleKind::kOneFOneB, 2, 1, 4, true);
+  ASSERT_EQ(schedule.num_steps, 2);
+  const std::int64_t inside = 2 * schedule.num_steps + 1;  // one step into the third window
+  auto run_to_inside = [&](const std::shared_ptr<device::DeviceRuntime>& runtime) {
+    auto batches = testing::device_test_batches(config);
+    ThreadedExecutor<float> executor(
+        testing::device_test_setup(runtime, config, schedule, "adamw", batches, false));
+    executor.run(0, inside);
+    std::size_t captures = 0;
+    for (int r = 0; r < executor.num_ranks(); ++r) {
+      captures += executor.worker(r).transient_memory().kfac_captures;
+    }
+    EXPECT_GT(captures, 0U) << "the window's curvature tasks left no capture to save";
+    return kfac_records(executor);
+  };
+  const auto cpu = run_to_inside(nullptr);
+  const auto device = run_to_inside(std::make_shared<device::HostDeviceRuntime>());
+  int replaced_inverses = 0, captures = 0;
+  for (const auto& [name, record] : cpu) {
+    replaced_inverses += name.find("_prev_inv") != std::string::npos ? 1 : 0;
+    captures += name.find(".capture.") != std::string::npos ? 1 : 0;
+  }
+  EXPECT_GT(replaced_inverses, 0);
+  EXPECT_GT(captures, 0);
+  ASSERT_EQ(device.size(), cpu.size());
+  for (const auto& [name, record] : cpu) {
+    ASSERT_TRUE(device.contains(name)) << name;
+    const auto& actual = device.at(name);
+    EXPECT_EQ(actual.dtype, record.dtype) << name;
+    EXPECT_EQ(actual.shape, record.shape) << name;
+    EXPECT_TRUE(actual.data == record.data) << name << " differs";
+  }
+
+  // Into a fresh device executor, and out again.
+  auto batches = testing::device_test_batches(config);
+  ThreadedExecutor<float> fresh(testing::device_test_setup(
+      std::make_shared<device::HostDeviceRuntime>(), config, schedule, "adamw", batches, false));
+  ckpt::SafetensorsFile file;
+  for (const auto& [name, record] : device) file.tensors.emplace(name, record);
+  for (int r = 0; r < fresh.num_ranks(); ++r) {
+    const std::string prefix = "kfac.rank" + std::to_string(r);
+    fresh.worker(r).load_kfac_state(0, file, prefix);
+    fresh.worker(r).load_kfac_progress(file, prefix + ".progress");
+  }
+  const auto restored = kfac_records(fresh);
+  ASSERT_EQ(restored.size(), device.size());
+  for (const auto& [name, record] : device) {
+    ASSERT_TRUE(restored.contains(name)) << name;
+    EXPECT_TRUE(restored.at(name).data == record.data) << name << " differs after the round trip";
+  }
+  // A capture of the wrong width is refused naming it.
+  auto bad = file;
+  const auto victim = std::find_if(bad.tensors.begin(), bad.tensors.end(), [](const auto& entry) {
+    return entry.first.rfind("kfac.rank0.progress.capture.", 0) == 0 &&
+           entry.second.dtype == ckpt::DType::kF32;
+  });
+  ASSERT_NE(victim, bad.tensors.end());
+  const std::string victim_name = victim->first;
+  victim->second.shape = {1, 3};
+  victim->second.data.resize(3 * sizeof(float));
+  try {
+    fresh.worker(0).load_kfac_progress(bad, "kfac.rank0.progress");
+    ADD_FAILURE() << "a capture of the wrong width was accepted";
+  } catch (const std::runtime_error& error) {
+    EXPECT_NE(std::string(error.what()).find(victim_name), std::string::npos) << error.what();
+  }
 }
 
 // Steady state allocates nothing on a device: messages and the K-FAC captures (the inputs and

@@ -1,5 +1,6 @@
 #include "runtime/device/cuda/cuda_device_runtime.h"
 
+#include <cstdint>
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
@@ -42,7 +43,8 @@ class CudaKfacLayer final : public DeviceKfacLayer {
       : owner_(std::move(kfac)),
         kfac_(*owner_),
         stream_(stream),
-        layer_(kfac_, d_in, d_out, name) {}
+        layer_(kfac_, d_in, d_out, name),
+        name_(name) {}
 
   void accumulate(bool a, kernels::ConstMatrixView<float> x, float scale, int unit_begin,
                   int unit_end) override {
@@ -94,14 +96,58 @@ class CudaKfacLayer final : public DeviceKfacLayer {
     kfac_.precondition(a_inv, b_inv, grad_w, grad_b, layer_.d_out(), layer_.d_in(), grad_w, grad_b);
   }
   kfac::KfacLayerState to_host() const override { return layer_.to_host(); }
+  void load(const kfac::KfacLayerState& state) override { layer_.load(state); }
+  KfacLayerExtras extras_to_host() const override {
+    KfacLayerExtras extras;
+    if (has_previous_a_) extras.previous_a_inverse = download(previous_a_, layer_.d_in());
+    if (has_previous_b_) extras.previous_b_inverse = download(previous_b_, layer_.d_out());
+    return extras;
+  }
+  void load_extras(const KfacLayerExtras& extras) override {
+    check_extra_matrix(extras.previous_a_inverse, layer_.d_in(), name_, "the previous A inverse");
+    check_extra_matrix(extras.previous_b_inverse, layer_.d_out(), name_, "the previous B inverse");
+    has_previous_a_ = upload(previous_a_, extras.previous_a_inverse);
+    has_previous_b_ = upload(previous_b_, extras.previous_b_inverse);
+  }
 
  private:
+  // The host waits for the work issued on the layer's stream.
+  void wait() const {
+    if (stream_ != nullptr) {
+      stream_->synchronize();
+    } else {
+      kfac_.backend().synchronize();
+    }
+  }
+  // A dim x dim device matrix (column-major, as Eigen's) to the host, after the stream's work.
+  Eigen::MatrixXf download(const tensor::Tensor& matrix, std::int64_t dim) const {
+    Eigen::MatrixXf host(dim, dim);
+    kfac_.backend().copy(host.data(), matrix.raw_data(),
+                         static_cast<std::size_t>(host.size()) * sizeof(float),
+                         tensor::CopyKind::kDeviceToHost, stream_);
+    wait();
+    return host;
+  }
+  // Into `matrix` (allocated on first use); false for an empty host matrix (nothing held).
+  bool upload(tensor::Tensor& matrix, const Eigen::MatrixXf& host) {
+    if (host.size() == 0) return false;
+    if (matrix.numel() != host.size()) {
+      matrix =
+          tensor::Tensor::empty(kfac_.backend(), {host.rows(), host.cols()}, tensor::DType::kF32);
+    }
+    kfac_.backend().copy(matrix.raw_data(), host.data(), matrix.nbytes(),
+                         tensor::CopyKind::kHostToDevice, stream_);
+    wait();  // `host` may go
+    return true;
+  }
+
   std::shared_ptr<kfac::cuda::KfacCuda> owner_;  // declared first: outlives layer_
   kfac::cuda::KfacCuda& kfac_;
   tensor::Stream* stream_;
   kfac::cuda::KfacLayerCuda layer_;
   tensor::Tensor previous_a_, previous_b_;
   bool has_previous_a_ = false, has_previous_b_ = false;
+  std::string name_;
 };
 
 }  // namespace
