@@ -10,8 +10,8 @@
 #          (the same ops; the BERT-Large layer forward+backward under bf16 autocast)
 #   train  pipefisher_train --device cuda end to end: one worker and p = 4 pipeline workers on
 #          the GPU (measured trace and profile from CUDA events), fp32 against the CPU on the
-#          same seed, K-FAC in the bubbles, a checkpoint resume against the straight run, and
-#          the no-device error path (exit 2)
+#          same seed, K-FAC in the bubbles with held-out evaluation, a checkpoint resume against
+#          the straight run, and the no-device error path (exit 2)
 #   nccl   the NCCL communicator under mpirun (log: nccl.log): one rank on the GPU (world of one,
 #          send/receive to itself, all-reduce of one rank, broadcast, event ordering with a
 #          compute stream, the watchdog's abort of a stuck receive); then the question whether
@@ -95,7 +95,9 @@ for c, g in zip(*rows):
 PY
     # K-FAC in the bubbles on the GPU, placed by the pass from the GPU's self-profile (the
     # schedule and the K-FAC kernels timed on the device); then BERT-Large, bf16, 1F1B p = 4.
+    # (With held-out evaluation on the GPU's own copy of the model every 4 steps.)
     train mini_gpu_kfac "${small[@]}" --device cuda --precision fp32 --kfac --steps 8 \
+      --eval-data synthetic --eval-every 4 --eval-batches 4 \
       --trace "$OUT/trace_mini_kfac.json" || status=1
     train large_1f1b_p4_kfac "${common[@]}" --model large --device cuda --precision bf16 \
       --schedule 1f1b --stages 4 --microbatches 8 --micro-batch-size 8 --steps 10 --kfac \

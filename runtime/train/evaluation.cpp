@@ -27,6 +27,25 @@ std::pair<double, std::int64_t> log_sum_exp_and_argmax(const T* row, std::int64_
   return {top + std::log(sum), best};
 }
 
+// A view's rows on the host, read through the chunk's backend (downloaded from a device, after
+// the work issued on the chunk's stream).
+template <typename T>
+std::vector<T> host_rows(const model::BertChunk<T>& chunk, kernels::ConstMatrixView<T> view) {
+  std::vector<T> host(static_cast<std::size_t>(view.rows * view.cols));
+  const auto row_bytes = static_cast<std::size_t>(view.cols) * sizeof(T);
+  if (view.contiguous()) {
+    chunk.backend().copy(host.data(), view.data, host.size() * sizeof(T),
+                         tensor::CopyKind::kDeviceToHost, chunk.stream());
+  } else {
+    for (std::int64_t r = 0; r < view.rows; ++r) {
+      chunk.backend().copy(host.data() + r * view.cols, view.row(r), row_bytes,
+                           tensor::CopyKind::kDeviceToHost, chunk.stream());
+    }
+  }
+  chunk.ops().synchronize();
+  return host;
+}
+
 }  // namespace
 
 template <typename T>
@@ -85,7 +104,11 @@ EvalMetrics evaluate_chunks(const std::vector<model::BertChunk<T>*>& chunks,
       auto result = chunk->forward(kMicrobatch, *batch, activation, options);
       activation = result.output;
       if (chunk == chunks.back()) {
-        accumulate_predictions(result.mlm_logits, result.nsp_logits, *batch, metrics);
+        const auto mlm = host_rows(*chunk, result.mlm_logits);
+        const auto nsp = host_rows(*chunk, result.nsp_logits);
+        accumulate_predictions<T>({mlm.data(), result.mlm_logits.rows, result.mlm_logits.cols},
+                                  {nsp.data(), result.nsp_logits.rows, result.nsp_logits.cols},
+                                  *batch, metrics);
       }
     }
     for (auto* chunk : chunks) chunk->discard(kMicrobatch);
@@ -95,17 +118,35 @@ EvalMetrics evaluate_chunks(const std::vector<model::BertChunk<T>*>& chunks,
 
 template <typename T>
 Evaluator<T>::Evaluator(const model::BertConfig& config,
-                        std::vector<std::shared_ptr<const model::Batch>> batches)
-    : batches_(std::move(batches)) {
+                        std::vector<std::shared_ptr<const model::Batch>> batches,
+                        std::shared_ptr<device::DeviceRuntime> runtime)
+    : batches_(std::move(batches)), runtime_(std::move(runtime)) {
   if (batches_.empty()) throw std::invalid_argument("evaluation: no evaluation batches");
   for (const auto& batch : batches_) batch->validate(config);
-  model_ = std::make_unique<model::BertChunk<T>>(config, model::whole_model(config), backend_);
+  if (!runtime_) {
+    model_ = std::make_unique<model::BertChunk<T>>(config, model::whole_model(config), backend_);
+    return;
+  }
+  if constexpr (!std::is_same_v<T, float>) {
+    throw std::invalid_argument("evaluation on device " + tensor::to_string(runtime_->device()) +
+                                " runs float models (this one is double)");
+  } else {
+    stream_ = runtime_->backend().create_stream();
+    model_ = std::make_unique<model::BertChunk<T>>(config, model::whole_model(config),
+                                                   runtime_->backend(), stream_.get(),
+                                                   runtime_->precision());
+  }
 }
 
 template <typename T>
 EvalMetrics Evaluator<T>::evaluate(const std::vector<model::BertChunk<T>*>& source_chunks) {
   std::set<std::string> copied;
   for (auto* source : source_chunks) {
+    if (source->device() != model_->device()) {
+      throw std::runtime_error("evaluation: a model chunk is on " +
+                               tensor::to_string(source->device()) + ", the evaluator on " +
+                               tensor::to_string(model_->device()));
+    }
     for (const auto& from : source->parameters()) {
       auto to = model_->parameter(from.name);
       if (!to) continue;  // the head's copy of the tied word embeddings
@@ -114,7 +155,10 @@ EvalMetrics Evaluator<T>::evaluate(const std::vector<model::BertChunk<T>*>& sour
                                  std::to_string(from.size) + " values in the training model, " +
                                  std::to_string(to->size) + " in the evaluation model");
       }
-      std::copy_n(from.value, from.size, to->value);
+      // On one device (the source's stream finished its work: the executor is idle); in stream
+      // order before the evaluation's forward.
+      model_->backend().copy(to->value, from.value, static_cast<std::size_t>(from.size) * sizeof(T),
+                             tensor::CopyKind::kDeviceToDevice, model_->stream());
       copied.insert(from.name);
     }
   }

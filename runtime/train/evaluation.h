@@ -4,7 +4,10 @@
 // workers hold the model in pipeline chunks; between steps (every worker idle) the evaluator
 // copies their parameters into one whole-model BertChunk of its own and runs the forward pass
 // (no dropout) over every evaluation batch. Nothing of the training run is touched, so an
-// evaluated run trains exactly as an unevaluated one.
+// evaluated run trains exactly as an unevaluated one. On a device (the executor's
+// RunSetup::device) that whole-model copy lives on the device too, with a stream of its own:
+// the parameters are copied device to device, the forward runs there with the run's precision,
+// and only the logits come back to the host.
 //
 // Averages are over the whole evaluation set: the MLM loss and accuracy over every real masked
 // position (weight 1), the NSP loss and accuracy over every sequence. (Training's per-step loss
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "kernels/matrix_view.h"
+#include "runtime/device/device_runtime.h"
 #include "runtime/executor/executor.h"
 #include "runtime/model/batch.h"
 #include "runtime/model/bert_chunk.h"
@@ -46,7 +50,8 @@ void accumulate_predictions(kernels::ConstMatrixView<T> mlm_logits,
                             EvalMetrics& metrics);
 
 // Runs `chunks` (the whole model, in order: embeddings first, head last) forward without
-// dropout over every batch and returns the metrics of all of them.
+// dropout over every batch and returns the metrics of all of them. The logits are read through
+// the head chunk's backend (downloaded from a device).
 template <typename T>
 EvalMetrics evaluate_chunks(const std::vector<model::BertChunk<T>*>& chunks,
                             const std::vector<std::shared_ptr<const model::Batch>>& batches);
@@ -55,13 +60,16 @@ EvalMetrics evaluate_chunks(const std::vector<model::BertChunk<T>*>& chunks,
 template <typename T>
 class Evaluator {
  public:
-  // Throws std::invalid_argument when there are no batches or one does not fit the model.
+  // Throws std::invalid_argument when there are no batches or one does not fit the model, or
+  // for a device with a double model. runtime: the training run's device (null: the CPU).
   Evaluator(const model::BertConfig& config,
-            std::vector<std::shared_ptr<const model::Batch>> batches);
+            std::vector<std::shared_ptr<const model::Batch>> batches,
+            std::shared_ptr<device::DeviceRuntime> runtime = nullptr);
 
   // Copies the parameters of replica 0's workers (every chunk of the model; the tied decoder
   // copy is the word-embedding matrix here) and evaluates. Call only while the executor is not
-  // running. Throws std::runtime_error when a parameter of the model is held by no worker.
+  // running. Throws std::runtime_error when a parameter of the model is held by no worker, or
+  // when a chunk is on another device than the evaluator.
   EvalMetrics evaluate(exec::ThreadedExecutor<T>& executor);
   // The same on a model given as chunks (tests, single-process use).
   EvalMetrics evaluate(const std::vector<model::BertChunk<T>*>& source_chunks);
@@ -70,7 +78,9 @@ class Evaluator {
 
  private:
   std::vector<std::shared_ptr<const model::Batch>> batches_;
-  tensor::CpuBackend backend_;
+  tensor::CpuBackend backend_;                      // the model's memory on the CPU
+  std::shared_ptr<device::DeviceRuntime> runtime_;  // ... or the device's
+  std::unique_ptr<tensor::Stream> stream_;          // on the device: the evaluation's own
   std::unique_ptr<model::BertChunk<T>> model_;
 };
 

@@ -55,7 +55,8 @@ PeriodicEvaluation<T>::PeriodicEvaluation(const TrainOptions& options,
   } else {
     batches = load_eval_batches(options.eval_data, micro_batch_size, options.eval_batches, seq_len);
   }
-  evaluator_ = std::make_unique<Evaluator<T>>(config, std::move(batches));
+  // On the training run's device, if it has one.
+  evaluator_ = std::make_unique<Evaluator<T>>(config, std::move(batches), executor.setup().device);
 }
 
 template <typename T>

@@ -124,10 +124,6 @@ void validate_options(const TrainOptions& o) {
       bad("--precision on --device " + o.device + " must be fp32, tf32 or bf16 (fp64 runs on " +
           "the CPU only), got '" + o.precision + "'");
     }
-    if (!o.eval_data.empty()) {
-      bad("--device " + o.device + ": --eval-data (held-out evaluation) runs on the CPU only " +
-          "so far");
-    }
     if (o.kfac.enabled && o.data_parallel > 1) {
       bad("--device " + o.device + " --kfac needs --data-parallel 1 (the curvature sync " +
           "between replicas is not on the device yet)");

@@ -13,11 +13,14 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "runtime/device/host_device_runtime.h"
 #include "runtime/executor/batch_source.h"
+#include "runtime/optim/adamw.h"
 #include "runtime/optim/lamb.h"
 #include "runtime/train/evaluation.h"
 #include "runtime/train/trainer.h"
 #include "scheduler/compile.h"
+#include "tests/executor/host_device_launch.h"
 
 namespace pf::train {
 namespace {
@@ -138,6 +141,51 @@ TEST(Evaluation, CopiesTheTrainedWeightsOutOfTheExecutor) {
   EXPECT_GT(std::abs(trained.loss() - initial.loss()), 1e-4);  // the weights did move
 }
 
+// On the executor's device path (device::HostDeviceRuntime: the CPU backend) the evaluator's
+// whole-model copy lives on the run's device, the parameters copied there and the logits read
+// back through the backend: the metrics equal the CPU path's bit for bit (AdamW trains both
+// paths to the same bits).
+TEST(Evaluation, OnTheDevicePathEqualsTheCpuPath) {
+  const auto config = tiny_config();
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.workers = 2;
+  params.microbatches = 2;
+  params.num_layers = config.num_layers;
+  exec::SyntheticBatches eval_source(config, 4, 10, 2, 99);
+  const std::vector<std::shared_ptr<const model::Batch>> batches = {eval_source.batch(0, 0),
+                                                                    eval_source.batch(0, 1)};
+  const auto trained_metrics = [&](const std::shared_ptr<device::DeviceRuntime>& runtime) {
+    exec::SyntheticBatches train_batches(config, 2, 10, 2, 3);
+    exec::RunSetup<float> setup;
+    setup.config = config;
+    setup.schedule = sched::compile(params);
+    setup.options.init_seed = 9;
+    setup.options.wait_timeout = std::chrono::seconds(60);
+    setup.make_optimizer = [] { return std::make_unique<optim::BasicAdamW<float>>(); };
+    setup.device = runtime;
+    setup.device_optimizer.name = "adamw";
+    setup.learning_rate = [](std::int64_t) { return 0.05; };
+    setup.batches = &train_batches;
+    exec::ThreadedExecutor<float> executor(setup);
+    executor.run(0, 3);
+    Evaluator<float> evaluator(config, batches, runtime);
+    return evaluator.evaluate(executor);
+  };
+  const auto cpu = trained_metrics(nullptr);
+  const auto device = trained_metrics(std::make_shared<device::HostDeviceRuntime>());
+  EXPECT_EQ(device.mlm_loss_sum, cpu.mlm_loss_sum);
+  EXPECT_EQ(device.mlm_correct, cpu.mlm_correct);
+  EXPECT_EQ(device.mlm_predictions, cpu.mlm_predictions);
+  EXPECT_EQ(device.nsp_loss_sum, cpu.nsp_loss_sum);
+  EXPECT_EQ(device.nsp_correct, cpu.nsp_correct);
+  EXPECT_EQ(device.sequences, 8.0);
+  EXPECT_GT(device.mlm_predictions, 0.0);
+  // A double model has no device evaluation.
+  EXPECT_THROW(Evaluator<double>(config, batches, std::make_shared<device::HostDeviceRuntime>()),
+               std::invalid_argument);
+}
+
 class EvalTrainTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -230,6 +278,51 @@ TEST_F(EvalTrainTest, PausingToEvaluateLeavesTrainingUnchanged) {
   EXPECT_GE(kfac[1].at("refreshes_min").get<int>(), 1);
   EXPECT_GT(kfac[1].at("pi_median").get<double>(), 0.0);
   EXPECT_EQ(kfac[1].at("cholesky_fallbacks").get<int>(), 0);
+}
+
+// pipefisher_train's held-out evaluation on the device path (what --device cuda runs; here on
+// the CPU backend through HostDeviceRuntime): every evaluation record and every step's loss
+// equal the CPU path's run bit for bit (AdamW), K-FAC in the bubbles and pauses inside refresh
+// rounds included.
+TEST_F(EvalTrainTest, OnTheDevicePathEqualsTheCpuPath) {
+  auto cpu = small_run("cpu.jsonl");
+  cpu.optimizer = "adamw";
+  cpu.kfac.enabled = true;
+  cpu.kfac.refresh_steps = 2;
+  cpu.eval_data = "synthetic";
+  cpu.eval_every = 3;
+  cpu.eval_batches = 2;
+  std::ostringstream out;
+  auto profiling = cpu;
+  profiling.steps = 2;
+  profiling.metrics.clear();
+  profiling.eval_data.clear();
+  profiling.eval_every = 0;
+  profiling.profile_out = (dir_ / "profile.json").string();
+  ASSERT_EQ(run_training(profiling, out), 0);
+  cpu.kfac_profile = profiling.profile_out;
+  ASSERT_EQ(run_training(cpu, out), 0);
+  auto on_device = cpu;
+  on_device.metrics = (dir_ / "device.jsonl").string();
+  testing::HostDeviceLaunch device;
+  ASSERT_EQ(run_training(on_device, out, device), 0);
+
+  const auto a = records(cpu.metrics, "eval");
+  const auto b = records(on_device.metrics, "eval");
+  ASSERT_EQ(a.size(), 2U);
+  ASSERT_EQ(b.size(), 2U);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    for (const char* field : {"step", "eval_loss", "eval_mlm_loss", "eval_mlm_accuracy",
+                              "eval_nsp_loss", "eval_nsp_accuracy", "eval_sequences"}) {
+      EXPECT_EQ(a[i].at(field), b[i].at(field)) << field << " of evaluation " << i;
+    }
+  }
+  const auto steps_a = records(cpu.metrics, "step");
+  const auto steps_b = records(on_device.metrics, "step");
+  ASSERT_EQ(steps_a.size(), steps_b.size());
+  for (std::size_t i = 0; i < steps_a.size(); ++i) {
+    EXPECT_EQ(steps_a[i].at("loss"), steps_b[i].at("loss")) << "step " << i + 1;
+  }
 }
 
 TEST_F(EvalTrainTest, StopsAtTheTargetLoss) {

@@ -251,10 +251,12 @@ TEST_F(TrainTest, DeviceChoicesAreCheckedBeforeAnyWork) {
   o.checkpoint_dir = (dir_ / "checkpoints").string();
   o.resume = true;
   EXPECT_NO_THROW(validate_options(o));
+  // So does held-out evaluation (on the device's own copy of the model).
   o = small_run();
   o.device = "cuda";
   o.eval_data = "synthetic";
-  expect_refused(o, "--eval-data");
+  o.eval_every = 2;
+  EXPECT_NO_THROW(validate_options(o));
   o = small_run();
   o.device = "cuda";
   o.kfac.enabled = true;
