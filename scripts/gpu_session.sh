@@ -10,8 +10,8 @@
 #          (the same ops; the BERT-Large layer forward+backward under bf16 autocast)
 #   train  pipefisher_train --device cuda end to end: one worker and p = 4 pipeline workers on
 #          the GPU (measured trace and profile from CUDA events), fp32 against the CPU on the
-#          same seed, K-FAC in the bubbles with held-out evaluation, a checkpoint resume against
-#          the straight run, and the no-device error path (exit 2)
+#          same seed, K-FAC in the bubbles with held-out evaluation, the pipelined refresh, a
+#          checkpoint resume against the straight run, and the no-device error path (exit 2)
 #   nccl   the NCCL communicator under mpirun (log: nccl.log): one rank on the GPU (world of one,
 #          send/receive to itself, all-reduce of one rank, broadcast, event ordering with a
 #          compute stream, the watchdog's abort of a stuck receive); then the question whether
@@ -103,6 +103,9 @@ PY
       --schedule 1f1b --stages 4 --microbatches 8 --micro-batch-size 8 --steps 10 --kfac \
       --trace "$OUT/trace_large_p4_kfac.json" --profile-out "$OUT/profile_large_p4_kfac.json" ||
       status=1
+    # The pipelined refresh on the GPU (the pass keeps it where it shortens the refresh).
+    train mini_gpu_kfac_pipelined "${small[@]}" --device cuda --precision fp32 --kfac \
+      --kfac-pipelined-refresh on --steps 8 || status=1
     # Checkpoints on the GPU: K-FAC placed from one profile, 3 steps + save + resume to 6 vs 6
     # straight; per-step losses side by side and whether the files are byte-identical (the GPU's
     # kernels may sum in another order run to run: then the losses differ by rounding only).

@@ -168,6 +168,18 @@ void KfacLayerCuda::precondition(const float* grad_w, const float* grad_b, float
                       a_.dim, out_w, out_b);
 }
 
+void KfacLayerCuda::exchange_accumulator(bool a, Accumulator& other) {
+  DeviceFactor& factor = a ? a_ : b_;
+  if (other.sum.numel() != factor.dim * factor.dim) {
+    // Uninitialized: an accumulator that is not accumulating is cleared on the stream by its
+    // first curvature task.
+    other.sum = tensor::Tensor::empty(*backend_, {factor.dim, factor.dim}, tensor::DType::kF32);
+  }
+  std::swap(factor.sum, other.sum);
+  std::swap(factor.accumulating, other.accumulating);
+  std::swap(factor.microbatches, other.microbatches);
+}
+
 KfacLayerState KfacLayerCuda::to_host() const {
   KfacLayerState host(a_.dim, b_.dim);
   const auto copy = [&](const DeviceFactor& from, FactorState& to) {

@@ -56,6 +56,18 @@ class KfacLayerCuda {
   // dW = B_inv G A_inv, db = B_inv g_b on device memory (in place allowed; biases may be null).
   void precondition(const float* grad_w, const float* grad_b, float* out_w, float* out_b);
 
+  // A factor's accumulator: its sum (lower triangle), whether that holds a refresh in progress,
+  // and the micro-batches in it. A pipelined refresh keeps a second one per factor: the previous
+  // refresh's sums, set aside at a window's start while the window accumulates anew.
+  struct Accumulator {
+    tensor::Tensor sum;
+    bool accumulating = false;
+    std::int64_t microbatches = 0;
+  };
+  // Swaps the factor's accumulator (A or B) with `other`, whose sum is first given a dim x dim
+  // buffer if it has none (device memory moves, nothing is copied).
+  void exchange_accumulator(bool a, Accumulator& other);
+
   // The state as the CPU keeps it (downloads; waits for the stream), and back.
   KfacLayerState to_host() const;
   // Throws std::invalid_argument when the dimensions differ.

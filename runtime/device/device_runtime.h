@@ -68,6 +68,15 @@ class DeviceKfacLayer {
   // Replaces the factor's inverse; the one it replaces becomes the previous inverse.
   virtual void invert(bool a, float damping, kfac::InverseMethod method) = 0;
   virtual bool has_inverse(bool a, bool previous) const = 0;
+  // A pipelined refresh (Schedule::kfac_pipelined_refresh): at a window's start the factor's
+  // unfinalized sums (the previous refresh's, whose inversion runs in this window) are set
+  // aside and the window accumulates into fresh ones; finalize_set_aside finalizes the set-aside
+  // sums into the factor's value (as finalize does) and leaves the window's accumulation as it
+  // is. set_aside throws std::logic_error when sums are set aside already, finalize_set_aside
+  // when none are.
+  virtual void set_aside(bool a) = 0;
+  virtual std::int64_t set_aside_microbatches(bool a) const = 0;
+  virtual void finalize_set_aside(bool a, float running_average) = 0;
   // grad_w (d_out x d_in, row-major) and grad_b (may be null), device memory, in place.
   virtual void precondition(bool previous_a, bool previous_b, float* grad_w, float* grad_b) = 0;
   // The state as the CPU keeps it (waits for the device), for statistics and checkpoints.
@@ -76,7 +85,7 @@ class DeviceKfacLayer {
   // dimensions differ.
   virtual void load(const kfac::KfacLayerState& state) = 0;
   // The extras (waits for the device), and back; load_extras throws std::invalid_argument for a
-  // matrix that is neither empty nor of the factor's size.
+  // matrix that is neither empty nor of the factor's size, or a set-aside count without its sum.
   virtual KfacLayerExtras extras_to_host() const = 0;
   virtual void load_extras(const KfacLayerExtras& extras) = 0;
 };

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kfac/layer_state.h"
 #include "kfac/precondition.h"
@@ -72,17 +73,60 @@ class HostKfacLayer final : public DeviceKfacLayer {
     }
     layer_ = state;
   }
-  KfacLayerExtras extras_to_host() const override { return {previous_a_, previous_b_}; }
+  // The executor's CPU path's arithmetic on the same matrices (its begin_round and wrapped
+  // inversions), so that a pipelined refresh gives its bits.
+  void set_aside(bool a) override {
+    auto& factor = a ? layer_.a : layer_.b;
+    auto& count = a ? set_aside_a_microbatches_ : set_aside_b_microbatches_;
+    if (count != 0) {
+      throw std::logic_error("K-FAC " + name_ + ": the factor sums of two earlier refreshes are " +
+                             "both unfinalized (" + (a ? "A" : "B") + ")");
+    }
+    (a ? set_aside_a_sum_ : set_aside_b_sum_) = std::move(factor.sum);
+    factor.sum = Eigen::MatrixXf();
+    count = factor.microbatches;
+    factor.microbatches = 0;
+  }
+  std::int64_t set_aside_microbatches(bool a) const override {
+    return a ? set_aside_a_microbatches_ : set_aside_b_microbatches_;
+  }
+  void finalize_set_aside(bool a, float running_average) override {
+    auto& factor = a ? layer_.a : layer_.b;
+    auto& sum = a ? set_aside_a_sum_ : set_aside_b_sum_;
+    auto& count = a ? set_aside_a_microbatches_ : set_aside_b_microbatches_;
+    if (count == 0) {
+      throw std::logic_error("K-FAC " + name_ + ": no set-aside " + (a ? "A" : "B") +
+                             " sums to finalize");
+    }
+    std::swap(factor.sum, sum);
+    std::swap(factor.microbatches, count);
+    finalize(a, running_average);
+    std::swap(factor.sum, sum);  // the window's accumulation back; the set-aside is released
+    std::swap(factor.microbatches, count);
+  }
+  KfacLayerExtras extras_to_host() const override {
+    return {previous_a_,
+            previous_b_,
+            set_aside_a_sum_,
+            set_aside_b_sum_,
+            set_aside_a_microbatches_,
+            set_aside_b_microbatches_};
+  }
   void load_extras(const KfacLayerExtras& extras) override {
-    check_extra_matrix(extras.previous_a_inverse, layer_.d_in, name_, "the previous A inverse");
-    check_extra_matrix(extras.previous_b_inverse, layer_.d_out, name_, "the previous B inverse");
+    check_extras(extras, layer_.d_in, layer_.d_out, name_);
     previous_a_ = extras.previous_a_inverse;
     previous_b_ = extras.previous_b_inverse;
+    set_aside_a_sum_ = extras.set_aside_a_sum;
+    set_aside_b_sum_ = extras.set_aside_b_sum;
+    set_aside_a_microbatches_ = extras.set_aside_a_microbatches;
+    set_aside_b_microbatches_ = extras.set_aside_b_microbatches;
   }
 
  private:
   kfac::KfacLayerState layer_;
   Eigen::MatrixXf previous_a_, previous_b_;
+  Eigen::MatrixXf set_aside_a_sum_, set_aside_b_sum_;
+  std::int64_t set_aside_a_microbatches_ = 0, set_aside_b_microbatches_ = 0;
   std::string name_;
 };
 

@@ -465,13 +465,6 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       }
     }
     if (!has_kfac) return;
-    if (runtime && schedule.kfac_pipelined_refresh) {
-      throw std::invalid_argument(
-          "executor: a pipelined K-FAC refresh (--kfac-pipelined-refresh on) is not implemented "
-          "on device " +
-          tensor::to_string(runtime->device()) +
-          " yet; run with --kfac-pipelined-refresh off there");
-    }
     if constexpr (!std::is_same_v<T, float>) {
       throw std::invalid_argument("executor: K-FAC runs in float; this model is " +
                                   std::string(sizeof(T) == 8 ? "double" : "another type"));
@@ -1490,13 +1483,23 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
   }
 
-  // On a device every inversion runs whole at its last piece (no InverseChain there yet).
+  // On a device every inversion runs whole at its last piece (no InverseChain there yet). The
+  // previous refresh's inversion run in this window (pipelined, `wrapped`) finalizes the sums
+  // set aside at the window's start, and its inverses are not this window's new ones (as on the
+  // CPU path).
   void invert_on_device(const Instruction& in) {
     if (in.piece_end != sched::kPieceUnits) return;
     auto& layer = *device_kfac.at({in.pipeline, in.layer, in.linear});
     auto& slot = kfac_slot(in);
     const bool is_a = in.kind == OpKind::kInvertA;
+    const bool wrapped = sched::is_wrapped(in);
     for (const bool a_factor : {true, false}) {
+      if (wrapped) {
+        // Finalized already (or, its inversion begun in its own window, never set aside).
+        if (layer.set_aside_microbatches(a_factor) == 0) continue;
+        layer.finalize_set_aside(a_factor, setup.options.kfac.running_average);
+        continue;
+      }
       if (layer.pending_microbatches(a_factor) == 0) continue;  // finalized already
       const int done = a_factor ? slot.done_a : slot.done_b;
       const int expected = a_factor ? slot.expected_a : slot.expected_b;
@@ -1511,7 +1514,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
     const auto damping = layer.damping(setup.options.kfac.damping, setup.options.kfac.pi_adjusted);
     layer.invert(is_a, is_a ? damping.a : damping.b, setup.options.kfac.method);
-    (is_a ? slot.inverted_a : slot.inverted_b) = true;
+    if (!wrapped) (is_a ? slot.inverted_a : slot.inverted_b) = true;
   }
 
   void invert(const Instruction& in) {
@@ -1614,11 +1617,15 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     if constexpr (std::is_same_v<T, float>) {
       auto& layer = *device_kfac.at({in.pipeline, in.layer, in.linear});
       auto& slot = kfac_slot(in);
-      const bool newest = in.step == schedule.num_steps - 1;
+      // As the CPU path picks them (see precondition): pipelined, every step of the window
+      // preconditions with the previous refresh's inverses.
+      const bool newest = in.step == schedule.num_steps - 1 && !schedule.kfac_pipelined_refresh;
       const bool previous_a = !newest && slot.inverted_a;
       const bool previous_b = !newest && slot.inverted_b;
       if (!layer.has_inverse(true, previous_a) || !layer.has_inverse(false, previous_b)) return;
-      if (newest) refreshed_this_step = true;
+      if (schedule.kfac_pipelined_refresh ? in.step == 0 && current_round > 0 : newest) {
+        refreshed_this_step = true;
+      }
       if (in.piece_end != sched::kPieceUnits) return;
       const std::string weight = linear_weight_name(in.layer, in.linear);
       auto* w = find_param(weight);
@@ -1715,8 +1722,14 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     return buffer;
   }
 
-  // On a device the inverses a refresh replaced live in the device layers (downloaded here);
-  // on the CPU in the slots.
+  // The CPU path's extras of a Linear (what a device layer keeps itself).
+  static device::KfacLayerExtras host_extras(const KfacSlot& slot) {
+    return {slot.previous_a_inverse, slot.previous_b_inverse,      slot.previous_a_sum,
+            slot.previous_b_sum,     slot.previous_a_microbatches, slot.previous_b_microbatches};
+  }
+
+  // On a device the inverses a refresh replaced and the set-aside sums live in the device
+  // layers (downloaded here); on the CPU in the slots.
   std::vector<ckpt::TensorRecord> kfac_progress_records(std::string_view prefix) const {
     std::vector<ckpt::TensorRecord> records;
     for (const auto& [key, slot] : kfac_slots) {
@@ -1724,19 +1737,15 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       const std::int64_t counters[] = {slot.done_a, slot.done_b, slot.inverted_a ? 1 : 0,
                                        slot.inverted_b ? 1 : 0};
       records.push_back(ckpt::make_i64_record(base + ".counters", {4}, counters));
-      if (runtime) {
-        const auto extras = device_kfac.at(key)->extras_to_host();
-        add_matrix(records, base + ".A_prev_inv", extras.previous_a_inverse);
-        add_matrix(records, base + ".B_prev_inv", extras.previous_b_inverse);
-      } else {
-        add_matrix(records, base + ".A_prev_inv", slot.previous_a_inverse);
-        add_matrix(records, base + ".B_prev_inv", slot.previous_b_inverse);
-      }
-      if (slot.previous_a_microbatches != 0 || slot.previous_b_microbatches != 0) {
+      const auto extras = runtime ? device_kfac.at(key)->extras_to_host() : host_extras(slot);
+      add_matrix(records, base + ".A_prev_inv", extras.previous_a_inverse);
+      add_matrix(records, base + ".B_prev_inv", extras.previous_b_inverse);
+      if (extras.set_aside_a_microbatches != 0 || extras.set_aside_b_microbatches != 0) {
         // Pipelined refresh: the previous refresh's sums its wrapped inversion has yet to read.
-        add_matrix(records, base + ".A_prev_sum", slot.previous_a_sum);
-        add_matrix(records, base + ".B_prev_sum", slot.previous_b_sum);
-        const std::int64_t counts[] = {slot.previous_a_microbatches, slot.previous_b_microbatches};
+        add_matrix(records, base + ".A_prev_sum", extras.set_aside_a_sum);
+        add_matrix(records, base + ".B_prev_sum", extras.set_aside_b_sum);
+        const std::int64_t counts[] = {extras.set_aside_a_microbatches,
+                                       extras.set_aside_b_microbatches};
         records.push_back(ckpt::make_i64_record(base + ".prev_counts", {2}, counts));
       }
     }
@@ -1781,26 +1790,35 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
             Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
                 values.data(), dim, dim));
       };
-      auto previous_a = read_matrix(base + ".A_prev_inv", layer.d_in);
-      auto previous_b = read_matrix(base + ".B_prev_inv", layer.d_out);
-      if (runtime) {
-        restored_extras[key] = {std::move(previous_a), std::move(previous_b)};
-      } else {
-        slot.previous_a_inverse = std::move(previous_a);
-        slot.previous_b_inverse = std::move(previous_b);
-      }
-      slot.previous_a_microbatches = slot.previous_b_microbatches = 0;
+      device::KfacLayerExtras extras;
+      extras.previous_a_inverse = read_matrix(base + ".A_prev_inv", layer.d_in);
+      extras.previous_b_inverse = read_matrix(base + ".B_prev_inv", layer.d_out);
       if (file.tensors.count(base + ".prev_counts") != 0) {
         const std::int64_t two[] = {2};
         const auto counts = ckpt::read_i64(file, base + ".prev_counts", two);
         if (counts[0] < 0 || counts[1] < 0) {
           throw std::runtime_error("K-FAC progress '" + base + ".prev_counts' is negative");
         }
-        slot.previous_a_microbatches = counts[0];
-        slot.previous_b_microbatches = counts[1];
-        slot.previous_a_sum = read_matrix(base + ".A_prev_sum", layer.d_in);
-        slot.previous_b_sum = read_matrix(base + ".B_prev_sum", layer.d_out);
+        extras.set_aside_a_microbatches = counts[0];
+        extras.set_aside_b_microbatches = counts[1];
+        extras.set_aside_a_sum = read_matrix(base + ".A_prev_sum", layer.d_in);
+        extras.set_aside_b_sum = read_matrix(base + ".B_prev_sum", layer.d_out);
       }
+      try {
+        device::check_extras(extras, layer.d_in, layer.d_out, base);
+      } catch (const std::invalid_argument& error) {
+        throw std::runtime_error(error.what());
+      }
+      if (runtime) {
+        restored_extras[key] = std::move(extras);
+        continue;
+      }
+      slot.previous_a_inverse = std::move(extras.previous_a_inverse);
+      slot.previous_b_inverse = std::move(extras.previous_b_inverse);
+      slot.previous_a_sum = std::move(extras.set_aside_a_sum);
+      slot.previous_b_sum = std::move(extras.set_aside_b_sum);
+      slot.previous_a_microbatches = extras.set_aside_a_microbatches;
+      slot.previous_b_microbatches = extras.set_aside_b_microbatches;
     }
     std::map<CaptureKey, Captured> restored_a, restored_b;
     for (const bool is_b : {false, true}) {
@@ -1845,6 +1863,21 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       slot.done_a = slot.done_b = 0;
       slot.inverted_a = slot.inverted_b = false;
       if (!schedule.kfac_pipelined_refresh) continue;
+      if (runtime) {
+        // The same on the device layer (its second accumulator).
+        auto& layer = *device_kfac.at(key);
+        for (const bool is_a : {true, false}) {
+          if (layer.pending_microbatches(is_a) == 0) continue;
+          if (layer.set_aside_microbatches(is_a) != 0) {
+            throw std::runtime_error(
+                "pipelined K-FAC refresh: the factor sums of two earlier refreshes are both "
+                "unfinalized at a window's start (an inversion of the previous refresh is "
+                "missing)");
+          }
+          layer.set_aside(is_a);
+        }
+        continue;
+      }
       // Sums the previous refresh's inversion has not finalized yet (it runs in this window):
       // set aside, and this window accumulates into fresh ones.
       auto& layer = kfac_states.at(key.pipeline).at({key.layer, key.linear});

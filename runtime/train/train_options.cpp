@@ -128,9 +128,6 @@ void validate_options(const TrainOptions& o) {
       bad("--device " + o.device + " --kfac needs --data-parallel 1 (the curvature sync " +
           "between replicas is not on the device yet)");
     }
-    if (o.kfac.enabled && o.kfac.pipelined_refresh == "on") {
-      bad("--device " + o.device + ": --kfac-pipelined-refresh on runs on the CPU only so far");
-    }
   } else if (o.precision != "fp32" && o.precision != "fp64") {
     bad("--precision must be fp32 or fp64, got '" + o.precision + "'");
   }

@@ -55,6 +55,30 @@ inline sched::Schedule device_test_schedule(sched::ScheduleKind kind, int worker
   return pipefisher::run_pipefisher(schedule, sim::UniformCostModel(costs), options).schedule;
 }
 
+// A pipelined K-FAC refresh (--kfac-pipelined-refresh on): 1F1B on 4 workers with inversions
+// long against the gaps, so that the pass runs a refresh's inversions in the next window. With
+// `split` (the plan of ExecutorKfac.PipelinedRefreshEqualsSequential) some are the rest of a
+// chain of pieces begun in the refresh's own window; without, every task is whole.
+inline sched::Schedule device_test_pipelined_schedule(int layers, bool split) {
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.workers = 4;
+  params.microbatches = 4;
+  params.num_layers = layers;
+  sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
+  costs.curvature_a_s = costs.curvature_b_s = 0.05;
+  costs.invert_a_s = costs.invert_b_s = 1.0;
+  costs.precondition_s = 0.02;
+  costs.curvature_sync_s = 0.05;
+  pipefisher::KfacOptions options;
+  options.pipelined_refresh = true;
+  options.split = split;
+  // Whole tasks: k fixed at the pipelined plan's 2 (the plain refresh needs 3).
+  if (!split) options.refresh_steps = 2;
+  return pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), options)
+      .schedule;
+}
+
 struct DeviceRun {
   std::map<std::string, std::vector<float>> values;  // every parameter (the tied copy once)
   std::vector<StepResult> steps;

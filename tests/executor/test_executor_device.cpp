@@ -271,6 +271,122 @@ TEST(HostDevicePath, DataParallelBucketsThroughADeviceCommunicatorEqualTheCpuPat
   }
 }
 
+// A pipelined K-FAC refresh on the device path: the window's start sets the previous refresh's
+// unfinalized sums aside in the device layers, its inversions run in this window finalize them,
+// and every step of a window preconditions with the previous refresh's inverses. With every
+// task whole: equal to the CPU path bit for bit over three refreshes and a step. With divided
+// tasks (inversions wrapped whole and as the last piece of a chain begun in the refresh's own
+// window, k automatic): the device runs a divided inversion whole at its last piece (no device
+// InverseChain yet), which differs from the CPU's chain by fp32 rounding only.
+void expect_pipelined_refresh_matches_the_cpu(bool split) {
+  const auto config = device_test_config(4);
+  const auto schedule = testing::device_test_pipelined_schedule(4, split);
+  ASSERT_TRUE(schedule.kfac_pipelined_refresh);
+  int wrapped = 0, continued = 0;  // wrapped inversions; those that end a chain of pieces
+  for (const auto& stream : schedule.streams) {
+    for (const auto& in : stream) {
+      wrapped += sched::is_wrapped(in) ? 1 : 0;
+      continued += sched::is_wrapped(in) && in.piece_begin > 0 ? 1 : 0;
+    }
+  }
+  EXPECT_GT(wrapped, continued);
+  if (split) {
+    EXPECT_GT(continued, 0);
+  }
+  const std::int64_t steps = 3 * schedule.num_steps + 1;
+  const auto cpu = run_schedule(nullptr, config, schedule, "adamw", steps, false);
+  const auto device = run_schedule(std::make_shared<device::HostDeviceRuntime>(), config, schedule,
+                                   "adamw", steps, false);
+  ASSERT_EQ(device.values.size(), cpu.values.size());
+  if (split) {
+    // The attention key bias is left out: its gradient is zero in exact arithmetic (softmax
+    // ignores a shift of each query's scores), so it follows rounding noise alone.
+    for (const auto& [name, values] : cpu.values) {
+      if (name.find("attention.self.key.bias") != std::string::npos) continue;
+      const auto& actual = device.values.at(name);
+      double scale = 1e-3, diff = 0.0;
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        scale = std::max(scale, std::abs(double{values[i]}));
+        diff = std::max(diff, std::abs(double{actual[i]} - values[i]));
+      }
+      EXPECT_LT(diff / scale, 1e-4) << name;
+    }
+  } else {
+    for (const auto& [name, values] : cpu.values) {
+      ASSERT_TRUE(device.values.contains(name)) << name;
+      const auto& actual = device.values.at(name);
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        ASSERT_EQ(actual[i], values[i]) << name << "[" << i << "]";
+      }
+    }
+  }
+  ASSERT_EQ(device.steps.size(), cpu.steps.size());
+  int refreshes = 0;
+  for (std::size_t s = 0; s < cpu.steps.size(); ++s) {
+    if (!split) {
+      EXPECT_EQ(device.steps[s].mlm_loss, cpu.steps[s].mlm_loss) << "step " << s;
+      EXPECT_EQ(device.steps[s].nsp_loss, cpu.steps[s].nsp_loss) << "step " << s;
+    }
+    EXPECT_EQ(device.steps[s].kfac_refresh, cpu.steps[s].kfac_refresh) << "step " << s;
+    refreshes += device.steps[s].kfac_refresh ? 1 : 0;
+  }
+  // Each of the three refreshes completed serves from the next window's first step on.
+  EXPECT_EQ(refreshes, 3);
+}
+
+TEST(HostDevicePath, PipelinedKfacRefreshEqualsTheCpuPathBitForBit) {
+  expect_pipelined_refresh_matches_the_cpu(false);
+}
+
+TEST(HostDevicePath, PipelinedKfacRefreshWithChainsAcrossWindowsTracksTheCpuPath) {
+  expect_pipelined_refresh_matches_the_cpu(true);
+}
+
+// A device layer's second accumulator: sums set aside while the window accumulates anew, saved
+// through the extras, restored into a fresh layer, and finalized there into the same factor as
+// in the original; a second set-aside, or finalizing none, is a logic error.
+TEST(HostDevicePath, SetAsideSumsRoundTripThroughTheExtras) {
+  device::HostDeviceRuntime runtime;
+  const auto original = runtime.make_kfac_layer(nullptr, 3, 2, "layer 0 query");
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 0, 2};  // 4 tokens x 3
+  const std::vector<float> g = {1, -1, 2, 0, 3, 1, -2, 2};            // 4 tokens x 2
+  original->accumulate(true, {a.data(), 4, 3}, 1.0F, 0, kfac::kPieceUnits);
+  original->accumulate(false, {g.data(), 4, 2}, 0.5F, 0, kfac::kPieceUnits);
+  original->set_aside(true);
+  original->set_aside(false);
+  EXPECT_EQ(original->set_aside_microbatches(true), 1);
+  EXPECT_EQ(original->pending_microbatches(true), 0);
+  EXPECT_THROW(original->set_aside(true), std::logic_error);
+  original->accumulate(true, {a.data() + 3, 3, 3}, 1.0F, 0, kfac::kPieceUnits);  // the window's
+  const auto extras = original->extras_to_host();
+  EXPECT_EQ(extras.set_aside_a_microbatches, 1);
+  EXPECT_EQ(extras.set_aside_b_sum.rows(), 2);
+
+  const auto restored = runtime.make_kfac_layer(nullptr, 3, 2, "layer 0 query");
+  restored->load(original->to_host());
+  restored->load_extras(extras);
+  for (auto* layer : {original.get(), restored.get()}) {
+    layer->finalize_set_aside(true, 0.0F);
+    layer->finalize_set_aside(false, 0.0F);
+    EXPECT_THROW(layer->finalize_set_aside(true, 0.0F), std::logic_error);
+    EXPECT_EQ(layer->pending_microbatches(true), 1);  // the window's accumulation untouched
+  }
+  const auto x = original->to_host(), y = restored->to_host();
+  EXPECT_EQ(x.a.value, y.a.value);
+  EXPECT_EQ(x.b.value, y.b.value);
+  EXPECT_EQ(x.a.sum, y.a.sum);
+  EXPECT_GT(x.a.value.norm(), 0.0F);
+  // A count without its sum is refused naming the layer.
+  auto bad = extras;
+  bad.set_aside_a_sum = Eigen::MatrixXf();
+  try {
+    restored->load_extras(bad);
+    ADD_FAILURE() << "a set-aside count without its sum was accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("layer 0 query"), std::string::npos) << error.what();
+  }
+}
+
 TEST(HostDevicePath, LambWithinTheGradientNormsRounding) {
   const auto config = device_test_config(4);
   const auto schedule = device_test_schedule(sched::ScheduleKind::kOneFOneB, 2, 1, 4, false);

@@ -1,6 +1,7 @@
 #include "runtime/device/cuda/cuda_device_runtime.h"
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
@@ -97,17 +98,50 @@ class CudaKfacLayer final : public DeviceKfacLayer {
   }
   kfac::KfacLayerState to_host() const override { return layer_.to_host(); }
   void load(const kfac::KfacLayerState& state) override { layer_.load(state); }
+  void set_aside(bool a) override {
+    auto& held = a ? set_aside_a_ : set_aside_b_;
+    if (held.microbatches != 0 || held.accumulating) {
+      throw std::logic_error("K-FAC " + name_ + ": the factor sums of two earlier refreshes are " +
+                             "both unfinalized (" + (a ? "A" : "B") + ")");
+    }
+    layer_.exchange_accumulator(a, held);  // the layer gets the idle one
+  }
+  std::int64_t set_aside_microbatches(bool a) const override {
+    return (a ? set_aside_a_ : set_aside_b_).microbatches;
+  }
+  void finalize_set_aside(bool a, float running_average) override {
+    auto& held = a ? set_aside_a_ : set_aside_b_;
+    if (held.microbatches == 0) {
+      throw std::logic_error("K-FAC " + name_ + ": no set-aside " + (a ? "A" : "B") +
+                             " sums to finalize");
+    }
+    layer_.exchange_accumulator(a, held);
+    finalize(a, running_average);
+    layer_.exchange_accumulator(a, held);  // the window's accumulation back; `held` idle again
+  }
   KfacLayerExtras extras_to_host() const override {
     KfacLayerExtras extras;
     if (has_previous_a_) extras.previous_a_inverse = download(previous_a_, layer_.d_in());
     if (has_previous_b_) extras.previous_b_inverse = download(previous_b_, layer_.d_out());
+    if (set_aside_a_.microbatches > 0) {
+      extras.set_aside_a_sum = download(set_aside_a_.sum, layer_.d_in());
+      extras.set_aside_a_microbatches = set_aside_a_.microbatches;
+    }
+    if (set_aside_b_.microbatches > 0) {
+      extras.set_aside_b_sum = download(set_aside_b_.sum, layer_.d_out());
+      extras.set_aside_b_microbatches = set_aside_b_.microbatches;
+    }
     return extras;
   }
   void load_extras(const KfacLayerExtras& extras) override {
-    check_extra_matrix(extras.previous_a_inverse, layer_.d_in(), name_, "the previous A inverse");
-    check_extra_matrix(extras.previous_b_inverse, layer_.d_out(), name_, "the previous B inverse");
+    check_extras(extras, layer_.d_in(), layer_.d_out(), name_);
     has_previous_a_ = upload(previous_a_, extras.previous_a_inverse);
     has_previous_b_ = upload(previous_b_, extras.previous_b_inverse);
+    for (const bool a : {true, false}) {
+      auto& held = a ? set_aside_a_ : set_aside_b_;
+      held.accumulating = upload(held.sum, a ? extras.set_aside_a_sum : extras.set_aside_b_sum);
+      held.microbatches = a ? extras.set_aside_a_microbatches : extras.set_aside_b_microbatches;
+    }
   }
 
  private:
@@ -147,6 +181,8 @@ class CudaKfacLayer final : public DeviceKfacLayer {
   kfac::cuda::KfacLayerCuda layer_;
   tensor::Tensor previous_a_, previous_b_;
   bool has_previous_a_ = false, has_previous_b_ = false;
+  // A pipelined refresh's set-aside sums (idle: not accumulating, no micro-batches).
+  kfac::cuda::KfacLayerCuda::Accumulator set_aside_a_, set_aside_b_;
   std::string name_;
 };
 
