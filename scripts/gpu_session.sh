@@ -106,6 +106,9 @@ PY
     # The pipelined refresh on the GPU (the pass keeps it where it shortens the refresh).
     train mini_gpu_kfac_pipelined "${small[@]}" --device cuda --precision fp32 --kfac \
       --kfac-pipelined-refresh on --steps 8 || status=1
+    # The curvature sync on the GPU: K-FAC with two data-parallel replicas.
+    train mini_gpu_kfac_dp2 "${small[@]}" --device cuda --precision fp32 --kfac \
+      --data-parallel 2 --steps 8 || status=1
     # Checkpoints on the GPU: K-FAC placed from one profile, 3 steps + save + resume to 6 vs 6
     # straight; per-step losses side by side and whether the files are byte-identical (the GPU's
     # kernels may sum in another order run to run: then the losses differ by rounding only).

@@ -180,6 +180,22 @@ void KfacLayerCuda::exchange_accumulator(bool a, Accumulator& other) {
   std::swap(factor.microbatches, other.microbatches);
 }
 
+std::span<float> KfacLayerCuda::sync_piece(bool a, int unit_begin, int unit_end) {
+  check_piece_units(unit_begin, unit_end, "sync_piece");
+  DeviceFactor& factor = a ? a_ : b_;
+  if (!factor.accumulating) {
+    throw std::logic_error(std::string("sync_piece: ") + name_ + ": factor " + (a ? "A" : "B") +
+                           " has no accumulated curvature to sync");
+  }
+  const ItemRange columns = piece_items(factor.dim, unit_begin, unit_end);
+  return {factor.sum.data<float>() + columns.begin * factor.dim,
+          static_cast<std::size_t>(columns.size() * factor.dim)};
+}
+
+void KfacLayerCuda::set_microbatches(bool a, std::int64_t count) {
+  (a ? a_ : b_).microbatches = count;
+}
+
 KfacLayerState KfacLayerCuda::to_host() const {
   KfacLayerState host(a_.dim, b_.dim);
   const auto copy = [&](const DeviceFactor& from, FactorState& to) {

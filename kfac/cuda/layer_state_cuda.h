@@ -5,6 +5,7 @@
 // device memory, computed by a KfacCuda on its stream. Counters and errors are the CPU's; to_host
 // and load give the CPU's KfacLayerState, so KfacState's checkpoint records serve both devices.
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -67,6 +68,13 @@ class KfacLayerCuda {
   // Swaps the factor's accumulator (A or B) with `other`, whose sum is first given a dim x dim
   // buffer if it has none (device memory moves, nothing is copied).
   void exchange_accumulator(bool a, Accumulator& other);
+
+  // The columns of the factor's sum (A or B) that a curvature-sync piece [unit_begin, unit_end)
+  // all-reduces (kfac::sync_piece's range, here in device memory). Throws std::logic_error
+  // when the factor is not accumulating.
+  std::span<float> sync_piece(bool a, int unit_begin, int unit_end);
+  // The factor's synced micro-batch count.
+  void set_microbatches(bool a, std::int64_t count);
 
   // The state as the CPU keeps it (downloads; waits for the stream), and back.
   KfacLayerState to_host() const;

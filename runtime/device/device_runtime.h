@@ -10,6 +10,7 @@
 // on the CPU has no DeviceRuntime at all, so it executes exactly as before.
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -77,6 +78,15 @@ class DeviceKfacLayer {
   virtual void set_aside(bool a) = 0;
   virtual std::int64_t set_aside_microbatches(bool a) const = 0;
   virtual void finalize_set_aside(bool a, float running_average) = 0;
+  // A curvature sync between replicas (or Chimera's pipelines): the part of the factor's sums
+  // (the window's, or with `set_aside` the ones set aside) that the sync piece [unit_begin,
+  // unit_end) all-reduces, in device memory: kfac::sync_piece's columns of the d x d
+  // column-major sum, so that pieces cover it once and their element-wise sums give the whole
+  // sum's bits. Valid until the sums are finalized or set aside; written by the caller in
+  // stream order. Throws std::logic_error when the factor holds no sums.
+  virtual std::span<float> sync_piece(bool a, bool set_aside, int unit_begin, int unit_end) = 0;
+  // The synced micro-batch count of those sums (what finalize divides by).
+  virtual void set_microbatches(bool a, bool set_aside, std::int64_t count) = 0;
   // grad_w (d_out x d_in, row-major) and grad_b (may be null), device memory, in place.
   virtual void precondition(bool previous_a, bool previous_b, float* grad_w, float* grad_b) = 0;
   // The state as the CPU keeps it (waits for the device), for statistics and checkpoints.

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "kfac/layer_state.h"
+#include "kfac/pieces.h"
 #include "kfac/precondition.h"
 #include "runtime/device/stream_timeline.h"
 
@@ -103,6 +104,24 @@ class HostKfacLayer final : public DeviceKfacLayer {
     finalize(a, running_average);
     std::swap(factor.sum, sum);  // the window's accumulation back; the set-aside is released
     std::swap(factor.microbatches, count);
+  }
+  std::span<float> sync_piece(bool a, bool set_aside, int unit_begin, int unit_end) override {
+    if (!set_aside) return kfac::sync_piece(a ? layer_.a : layer_.b, unit_begin, unit_end);
+    Eigen::MatrixXf& sum = a ? set_aside_a_sum_ : set_aside_b_sum_;
+    if (sum.size() == 0) {
+      throw std::logic_error("K-FAC " + name_ + ": no set-aside " + (a ? "A" : "B") +
+                             " sums to sync");
+    }
+    const std::int64_t d = sum.rows();
+    const kfac::ItemRange columns = kfac::piece_items(d, unit_begin, unit_end);
+    return {sum.data() + columns.begin * d, static_cast<std::size_t>(columns.size() * d)};
+  }
+  void set_microbatches(bool a, bool set_aside, std::int64_t count) override {
+    if (set_aside) {
+      (a ? set_aside_a_microbatches_ : set_aside_b_microbatches_) = count;
+    } else {
+      (a ? layer_.a : layer_.b).microbatches = count;
+    }
   }
   KfacLayerExtras extras_to_host() const override {
     return {previous_a_,

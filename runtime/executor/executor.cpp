@@ -1366,16 +1366,15 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   }
 
   void curvature_sync(const Instruction& in) {
-    if (runtime) {
-      throw std::runtime_error(
-          "curvature sync between data-parallel replicas is not implemented on a device yet (run "
-          "K-FAC with --data-parallel 1 there)");
-    }
     std::vector<int> group = data_parallel_group(self);
     if (in.peer >= 0) {
       for (int member : data_parallel_group(in.peer)) group.push_back(member);
     }
     std::sort(group.begin(), group.end());
+    if (runtime) {
+      sync_sums_on_device(in, group);
+      return;
+    }
     auto& layer = kfac_layer(in);
     // The previous refresh's sync run in this window (pipelined, sched::is_wrapped): it reduces
     // the sums set aside at the window's start (begin_round), which its wrapped inversion then
@@ -1428,6 +1427,36 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       for (auto* factor : {&layer.a, &layer.b}) {
         factor->sum = Eigen::MatrixXf();
         factor->microbatches = 0;
+      }
+    }
+  }
+
+  // The same on a device: each piece's range of the device sums (the set-aside ones for a
+  // wrapped sync) all-reduced as the data-parallel gradients are (a device communicator in
+  // place on its stream after the compute stream's curvature; otherwise staged through host
+  // memory), the counts on the host with the last piece. The members add in rank order as on
+  // the CPU path, so the bits are the CPU path's. (Sharded K-FAC state is refused on a device.)
+  void sync_sums_on_device(const Instruction& in, const std::vector<int>& group) {
+    if constexpr (std::is_same_v<T, float>) {
+      auto& layer = *device_kfac.at({in.pipeline, in.layer, in.linear});
+      const bool set_aside = sched::is_wrapped(in);
+      const bool last_piece = in.piece_end == sched::kPieceUnits;
+      for (const bool a : {true, false}) {
+        std::span<float> range;
+        try {
+          range = layer.sync_piece(a, set_aside, in.piece_begin, in.piece_end);
+        } catch (const std::logic_error&) {
+          throw std::runtime_error(set_aside ? "curvature sync of the previous refresh "
+                                               "(pipelined) without its set-aside factor sums"
+                                             : "curvature sync before any curvature of this "
+                                               "refresh");
+        }
+        if (!range.empty()) reduce_gradients(range, group);
+        if (!last_piece) continue;
+        std::array<double, 1> count = {static_cast<double>(
+            set_aside ? layer.set_aside_microbatches(a) : layer.pending_microbatches(a))};
+        comm.all_reduce_sum(std::span<double>(count), group, deadline());
+        layer.set_microbatches(a, set_aside, static_cast<std::int64_t>(count[0]));
       }
     }
   }

@@ -124,10 +124,6 @@ void validate_options(const TrainOptions& o) {
       bad("--precision on --device " + o.device + " must be fp32, tf32 or bf16 (fp64 runs on " +
           "the CPU only), got '" + o.precision + "'");
     }
-    if (o.kfac.enabled && o.data_parallel > 1) {
-      bad("--device " + o.device + " --kfac needs --data-parallel 1 (the curvature sync " +
-          "between replicas is not on the device yet)");
-    }
   } else if (o.precision != "fp32" && o.precision != "fp64") {
     bad("--precision must be fp32 or fp64, got '" + o.precision + "'");
   }

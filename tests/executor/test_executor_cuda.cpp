@@ -109,6 +109,39 @@ TEST_F(ExecutorCuda, KfacInTheBubblesMatchesTheCpu) {
   EXPECT_EQ(gpu.transient_bytes, cpu.transient_bytes);  // the open refresh's captures
 }
 
+// The curvature sync on the GPU: 1F1B p = 2 x DP = 2 (four workers sharing the GPU, the factor
+// sums' pieces staged through host memory) and Chimera (the sync between its two pipelines).
+TEST_F(ExecutorCuda, KfacCurvatureSyncsMatchTheCpu) {
+  const auto config = device_test_config(4);
+  for (const auto kind : {sched::ScheduleKind::kOneFOneB, sched::ScheduleKind::kChimera}) {
+    SCOPED_TRACE(std::string(sched::to_string(kind)));
+    sched::ScheduleParams params;
+    params.kind = kind;
+    params.workers = kind == sched::ScheduleKind::kChimera ? 4 : 2;
+    params.microbatches = 4;
+    params.num_layers = 4;
+    params.data_parallel = kind == sched::ScheduleKind::kChimera ? 1 : 2;
+    sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
+    costs.curvature_a_s = costs.curvature_b_s = costs.curvature_sync_s = 0.05;
+    costs.invert_a_s = costs.invert_b_s = 0.2;
+    costs.precondition_s = 0.02;
+    pipefisher::KfacOptions options;
+    options.refresh_steps = 2;
+    const auto schedule =
+        pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), options)
+            .schedule;
+    const std::int64_t steps = 2 * schedule.num_steps + 1;
+    const auto cpu = run_schedule(nullptr, config, schedule, "sgd", steps, false);
+    const auto gpu = run_schedule(gpu_, config, schedule, "sgd", steps, false);
+    EXPECT_LT(max_relative_difference(gpu, cpu), 1e-3);
+    ASSERT_EQ(gpu.steps.size(), cpu.steps.size());
+    for (std::size_t s = 0; s < cpu.steps.size(); ++s) {
+      EXPECT_EQ(gpu.steps[s].kfac_refresh, cpu.steps[s].kfac_refresh) << "step " << s;
+      EXPECT_NEAR(gpu.steps[s].loss(), cpu.steps[s].loss(), 1e-3 * cpu.steps[s].loss());
+    }
+  }
+}
+
 TEST_F(ExecutorCuda, InstructionTimesComeFromTheDevice) {
   const auto config = device_test_config(4);
   const auto schedule = device_test_schedule(sched::ScheduleKind::kOneFOneB, 2, 1, 4, true);

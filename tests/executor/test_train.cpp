@@ -21,6 +21,7 @@
 #include "sim/cli/compile_command.h"
 #include "sim/measured_cost_model.h"
 #include "sim/simulator.h"
+#include "tests/executor/host_device_launch.h"
 
 namespace pf::train {
 namespace {
@@ -257,11 +258,53 @@ TEST_F(TrainTest, DeviceChoicesAreCheckedBeforeAnyWork) {
   o.eval_data = "synthetic";
   o.eval_every = 2;
   EXPECT_NO_THROW(validate_options(o));
+  // And K-FAC with data parallelism (the curvature sync on the device).
   o = small_run();
   o.device = "cuda";
   o.kfac.enabled = true;
   o.data_parallel = 2;
-  expect_refused(o, "--data-parallel 1");
+  EXPECT_NO_THROW(validate_options(o));
+}
+
+// pipefisher_train --device cuda --kfac --data-parallel 2, on the device path over the CPU
+// backend (HostDeviceLaunch): the curvature sync all-reduces the device layers' sums, and every
+// step's loss equals the CPU path's (the gradient norm within its rounding).
+TEST_F(TrainTest, KfacWithDataParallelOnTheDevicePathEqualsTheCpuPath) {
+  auto cpu = small_run();
+  cpu.optimizer = "adamw";
+  cpu.kfac.enabled = true;
+  cpu.kfac.refresh_steps = 2;
+  cpu.data_parallel = 2;
+  cpu.steps = 5;
+  cpu.metrics = (dir_ / "cpu.jsonl").string();
+  std::ostringstream out;
+  ASSERT_EQ(run_training(cpu, out), 0);
+  auto on_device = cpu;
+  on_device.metrics = (dir_ / "device.jsonl").string();
+  testing::HostDeviceLaunch device;
+  ASSERT_EQ(run_training(on_device, out, device), 0);
+  const auto lines = [](const std::string& path) {
+    std::vector<nlohmann::json> result;
+    std::istringstream text(read(path));
+    std::string line;
+    while (std::getline(text, line)) {
+      auto record = nlohmann::json::parse(line);
+      if (record.value("kind", std::string("step")) == "step") result.push_back(std::move(record));
+    }
+    return result;
+  };
+  const auto a = lines(cpu.metrics), b = lines(on_device.metrics);
+  ASSERT_EQ(a.size(), 5U);
+  ASSERT_EQ(b.size(), a.size());
+  int refreshes = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].at("loss"), b[i].at("loss")) << "step " << i + 1;
+    // The norm is summed per tensor in float on a device, in double on the CPU.
+    const double norm = a[i].at("grad_norm").get<double>();
+    EXPECT_NEAR(b[i].at("grad_norm").get<double>(), norm, 1e-6 * norm) << "step " << i + 1;
+    refreshes += b[i].value("kfac_refresh", false) ? 1 : 0;
+  }
+  EXPECT_GE(refreshes, 1);
 }
 
 // The self-profile on a device path: the schedule's chunks timed by stream marks, the K-FAC

@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kfac/cuda/layer_state_cuda.h"
+#include "kfac/pieces.h"
 #include "runtime/optim/cuda/fused_optimizers.h"
 
 namespace pf::device::cuda {
@@ -118,6 +119,27 @@ class CudaKfacLayer final : public DeviceKfacLayer {
     layer_.exchange_accumulator(a, held);
     finalize(a, running_average);
     layer_.exchange_accumulator(a, held);  // the window's accumulation back; `held` idle again
+  }
+  std::span<float> sync_piece(bool a, bool set_aside, int unit_begin, int unit_end) override {
+    if (!set_aside) return layer_.sync_piece(a, unit_begin, unit_end);
+    auto& held = a ? set_aside_a_ : set_aside_b_;
+    if (!held.accumulating) {
+      throw std::logic_error("K-FAC " + name_ + ": no set-aside " + (a ? "A" : "B") +
+                             " sums to sync");
+    }
+    kfac::check_piece_units(unit_begin, unit_end, "sync_piece");  // no throw while swapped
+    // The set-aside buffer in the layer for the call; its device memory stays where it is.
+    layer_.exchange_accumulator(a, held);
+    const auto range = layer_.sync_piece(a, unit_begin, unit_end);
+    layer_.exchange_accumulator(a, held);
+    return range;
+  }
+  void set_microbatches(bool a, bool set_aside, std::int64_t count) override {
+    if (set_aside) {
+      (a ? set_aside_a_ : set_aside_b_).microbatches = count;
+    } else {
+      layer_.set_microbatches(a, count);
+    }
   }
   KfacLayerExtras extras_to_host() const override {
     KfacLayerExtras extras;
