@@ -2,16 +2,24 @@
 // file for `pipefisher_sim calibrate` (sim/calibration.h): dense GEMMs of several shapes (the
 // Linear layers', their weight gradients', K-FAC's), the attention's batched products,
 // element-wise passes (GELU, LayerNorm, residual add) and Cholesky inverses of K-FAC factors.
-// Every figure is the median of --repeats timed runs after one warm-up, timed by the process's
-// CPU clock (--clock cpu, the default: with one thread it is the kernel's own time, which the
-// other programs sharing this machine's cores do not inflate) or the wall clock (--clock wall).
+// Every figure is the median of --repeats timed samples, timed by the process's CPU clock
+// (--clock cpu, the default: with one thread it is the kernel's own time, which the other
+// programs sharing this machine's cores do not inflate) or the wall clock (--clock wall).
+// Round-robin: every case is set up first; each repeat then visits every case once in turn (one
+// untimed run to bring its data into the caches, then the timed sample), so that a swing of the
+// machine's load hits all shapes alike instead of the few timed while it lasted. Each record
+// carries its samples' spread ((75th - 25th percentile) / median), so that noisy records can be
+// seen and left out (`calibrate --max-spread`); the file carries the load average before and after
+// and this machine's cache levels (/sys/devices/system/cpu/cpu0/cache; `calibrate --cache-levels`).
 // Records alternate between "shape_set": "a" and "b", so that `calibrate --hold-out shape_set=b`
 // fits on half the shapes and reports the other half's error.
 //
 //   bench_sim_calibrate [--out FILE.json] [--threads 1] [--repeats 5] [--max-order 2048]
-//                       [--clock cpu|wall]
+//                       [--clock cpu|wall] [--sequential]
+//   (--sequential: the previous order, each case's samples back to back)
 //   bench_sim_calibrate --smoke     (small shapes, for the test suite)
 #include <omp.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include <algorithm>
@@ -22,6 +30,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,6 +54,7 @@ struct Settings {
   int max_order = 2048;
   bool smoke = false;
   bool cpu_clock = true;
+  bool sequential = false;
 };
 
 double now_seconds(bool cpu_clock) {
@@ -57,22 +67,17 @@ double now_seconds(bool cpu_clock) {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
-// Median over `repeats` samples after one warm-up. A sample runs the kernel enough times back
-// to back to take about a millisecond (small kernels would otherwise be timed at the clock's and
-// the scheduler's granularity) and reports the time per run.
-double median_seconds(int repeats, bool cpu_clock, const std::function<void()>& run) {
-  const double warm_start = now_seconds(cpu_clock);
-  run();  // warm-up: first-touch pages, caches
-  const double warm = std::max(now_seconds(cpu_clock) - warm_start, 1e-7);
-  const int inner = static_cast<int>(std::clamp(1e-3 / warm, 1.0, 1000.0));
-  std::vector<double> times;
-  for (int r = 0; r < repeats; ++r) {
-    const double start = now_seconds(cpu_clock);
-    for (int i = 0; i < inner; ++i) run();
-    times.push_back((now_seconds(cpu_clock) - start) / inner);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+// A sample runs the kernel enough times back to back to take about a millisecond (small kernels
+// would otherwise be timed at the clock's and the scheduler's granularity) and reports the time
+// per run.
+int runs_per_sample(double one_run_seconds) {
+  return static_cast<int>(std::clamp(1e-3 / std::max(one_run_seconds, 1e-7), 1.0, 1000.0));
+}
+
+double sample_seconds(bool cpu_clock, int inner, const std::function<void()>& run) {
+  const double start = now_seconds(cpu_clock);
+  for (int i = 0; i < inner; ++i) run();
+  return (now_seconds(cpu_clock) - start) / inner;
 }
 
 std::vector<float> filled(std::int64_t n, float value = 0.01f) {
@@ -80,23 +85,97 @@ std::vector<float> filled(std::int64_t n, float value = 0.01f) {
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = value * static_cast<float>(i % 97) - 0.4f;
   return v;
 }
+using Buffer = std::shared_ptr<std::vector<float>>;
+Buffer buffer(std::int64_t n, float value = 0.01f) {
+  return std::make_shared<std::vector<float>>(filled(n, value));
+}
 
+// The cases are set up first (each owns its buffers) and timed afterwards, round-robin or one
+// after another.
 class Recorder {
  public:
-  Recorder(int repeats, bool cpu_clock) : repeats_(repeats), cpu_clock_(cpu_clock) {}
-  void add(nlohmann::json record, const std::function<void()>& run) {
-    record["seconds"] = median_seconds(repeats_, cpu_clock_, run);
-    record["shape_set"] = records_.size() % 2 == 0 ? "a" : "b";
-    std::cerr << record.dump() << "\n";
-    records_.push_back(std::move(record));
+  Recorder(int repeats, bool cpu_clock, bool sequential)
+      : repeats_(repeats), cpu_clock_(cpu_clock), sequential_(sequential) {}
+  void add(nlohmann::json record, std::function<void()> run) {
+    record["shape_set"] = cases_.size() % 2 == 0 ? "a" : "b";
+    cases_.push_back({std::move(record), std::move(run), 1, 0.0, {}});
+  }
+  void run() {
+    for (Case& c : cases_) {  // warm-up: first-touch pages, caches; sizes the samples
+      const double start = now_seconds(cpu_clock_);
+      c.run();
+      c.one_run = now_seconds(cpu_clock_) - start;
+      c.inner = runs_per_sample(c.one_run);
+    }
+    if (sequential_) {
+      for (Case& c : cases_) {
+        for (int r = 0; r < repeats_; ++r)
+          c.samples.push_back(sample_seconds(cpu_clock_, c.inner, c.run));
+      }
+    } else {
+      for (int r = 0; r < repeats_; ++r) {
+        for (Case& c : cases_) {
+          // One untimed run first: the other cases ran since and evicted this one's data (a run
+          // this long is not helped by it).
+          if (c.one_run < 2e-2) c.run();
+          c.samples.push_back(sample_seconds(cpu_clock_, c.inner, c.run));
+        }
+      }
+    }
+    for (Case& c : cases_) {
+      std::vector<double> t = c.samples;
+      std::sort(t.begin(), t.end());
+      const auto at = [&](double q) {
+        return t[static_cast<std::size_t>(q * static_cast<double>(t.size() - 1) + 0.5)];
+      };
+      c.record["seconds"] = t[t.size() / 2];
+      c.record["spread"] = (at(0.75) - at(0.25)) / t[t.size() / 2];
+      std::cerr << c.record.dump() << "\n";
+      records_.push_back(c.record);
+    }
   }
   const nlohmann::json& records() const { return records_; }
 
  private:
+  struct Case {
+    nlohmann::json record;
+    std::function<void()> run;
+    int inner;
+    double one_run;
+    std::vector<double> samples;
+  };
   int repeats_;
   bool cpu_clock_;
+  bool sequential_;
+  std::vector<Case> cases_;
   nlohmann::json records_ = nlohmann::json::array();
 };
+
+// This machine's data and unified caches, innermost first, from sysfs (empty where it has none).
+nlohmann::json cache_levels() {
+  nlohmann::json levels = nlohmann::json::array();
+  for (int index = 0; index < 16; ++index) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index);
+    std::ifstream level_file(dir + "/level"), type_file(dir + "/type"), size_file(dir + "/size");
+    if (!level_file || !type_file || !size_file) break;
+    int level = 0;
+    std::string type, size;
+    level_file >> level;
+    type_file >> type;
+    size_file >> size;
+    if (type == "Instruction" || size.empty()) continue;
+    double bytes = std::atof(size.c_str());
+    if (size.back() == 'K') bytes *= 1024.0;
+    if (size.back() == 'M') bytes *= 1024.0 * 1024.0;
+    if (bytes > 0.0) levels.push_back({{"level", level}, {"bytes", bytes}});
+  }
+  return levels;
+}
+
+double load_average() {
+  double load[1] = {0.0};
+  return getloadavg(load, 1) == 1 ? load[0] : -1.0;
+}
 
 void time_gemms(Recorder& rec, bool smoke) {
   // (m, n, k): c[m x n] = a[m x k] b[k x n]. BERT-mini (T = 1024 tokens, H = 256, I = 1024) and
@@ -110,12 +189,13 @@ void time_gemms(Recorder& rec, bool smoke) {
       {2048, 768, 768},  {768, 768, 2048}, {1024, 1024, 1024}, {2048, 2048, 512}, {4096, 64, 256}};
   if (smoke) shapes = {{32, 32, 32}, {64, 48, 80}};
   for (const auto& [m, n, k] : shapes) {
-    auto a = filled(m * k), b = filled(k * n), c = filled(m * n);
-    rec.add({{"operation", "gemm"}, {"m", m}, {"n", n}, {"k", k}, {"precision", "fp32"}}, [&] {
-      kernels::gemm<float>(ConstMatrixView<float>{a.data(), m, k}, Transpose::kNo,
-                           ConstMatrixView<float>{b.data(), k, n}, Transpose::kNo,
-                           MatrixView<float>{c.data(), m, n});
-    });
+    auto a = buffer(m * k), b = buffer(k * n), c = buffer(m * n);
+    rec.add({{"operation", "gemm"}, {"m", m}, {"n", n}, {"k", k}, {"precision", "fp32"}},
+            [a, b, c, m, n, k] {
+              kernels::gemm<float>(ConstMatrixView<float>{a->data(), m, k}, Transpose::kNo,
+                                   ConstMatrixView<float>{b->data(), k, n}, Transpose::kNo,
+                                   MatrixView<float>{c->data(), m, n});
+            });
   }
 }
 
@@ -125,18 +205,18 @@ void time_attention(Recorder& rec, bool smoke) {
       {32, 128, 64}, {64, 128, 32}, {128, 128, 64}, {32, 256, 64}};
   if (smoke) shapes = {{4, 16, 8}};
   for (const auto& [batch, s, d] : shapes) {
-    auto q = filled(batch * s * d), k = filled(batch * s * d), c = filled(batch * s * s);
+    auto q = buffer(batch * s * d), k = buffer(batch * s * d), c = buffer(batch * s * s);
     rec.add({{"operation", "attention"},
              {"batch", batch},
              {"m", s},
              {"n", s},
              {"k", d},
              {"precision", "fp32"}},
-            [&] {
-              kernels::batched_gemm<float>(batch, ConstMatrixView<float>{q.data(), s, d}, s * d,
-                                           Transpose::kNo, ConstMatrixView<float>{k.data(), s, d},
+            [q, k, c, batch, s, d] {
+              kernels::batched_gemm<float>(batch, ConstMatrixView<float>{q->data(), s, d}, s * d,
+                                           Transpose::kNo, ConstMatrixView<float>{k->data(), s, d},
                                            s * d, Transpose::kYes,
-                                           MatrixView<float>{c.data(), s, s}, s * s);
+                                           MatrixView<float>{c->data(), s, s}, s * s);
             });
   }
 }
@@ -147,9 +227,9 @@ void time_memory(Recorder& rec, bool smoke) {
   const std::int64_t cols = 256;
   for (std::int64_t r : rows) {
     const double n = static_cast<double>(r * cols);
-    auto x = filled(r * cols), y = filled(r * cols), z = filled(r * cols);
-    const ConstMatrixView<float> cx{x.data(), r, cols}, cy{y.data(), r, cols};
-    const MatrixView<float> out{z.data(), r, cols};
+    auto x = buffer(r * cols), y = buffer(r * cols), z = buffer(r * cols);
+    const ConstMatrixView<float> cx{x->data(), r, cols}, cy{y->data(), r, cols};
+    const MatrixView<float> out{z->data(), r, cols};
     // Bytes moved and per-element arithmetic (sim/bert_kernels.cpp counts the same): GELU reads
     // x, writes y, 4 FLOPs and an erf per element; an add reads two, writes one, 1 FLOP;
     // LayerNorm reads x, writes y, 8 FLOPs (the per-row statistics' bytes are negligible);
@@ -169,18 +249,36 @@ void time_memory(Recorder& rec, bool smoke) {
       return entry;
     };
     rec.add(record("gelu", 8, {.flops = 4, .error_functions = 1}),
-            [&] { kernels::gelu_forward<float>(cx, out); });
-    rec.add(record("add", 12, {.flops = 1}), [&] { kernels::add<float>(cx, cy, out); });
-    std::vector<float> gamma(static_cast<std::size_t>(cols), 1.0f), beta(gamma.size(), 0.0f);
-    std::vector<float> mean(static_cast<std::size_t>(r)), rstd(mean.size());
-    rec.add(record("layernorm", 8, {.flops = 8}), [&] {
-      kernels::layernorm_forward<float>(cx, gamma.data(), beta.data(), 1e-12f, out, mean.data(),
-                                        rstd.data());
+            [x, z, cx, out] { kernels::gelu_forward<float>(cx, out); });
+    rec.add(record("add", 12, {.flops = 1}),
+            [x, y, z, cx, cy, out] { kernels::add<float>(cx, cy, out); });
+    auto gamma = buffer(cols, 0.0f), beta = buffer(cols, 0.0f), mean = buffer(r), rstd = buffer(r);
+    rec.add(record("layernorm", 8, {.flops = 8}), [x, z, cx, out, gamma, beta, mean, rstd] {
+      kernels::layernorm_forward<float>(cx, gamma->data(), beta->data(), 1e-12f, out, mean->data(),
+                                        rstd->data());
     });
     rec.add(record("softmax", 8, {.flops = 4, .exponentials = 1}),
-            [&] { kernels::masked_softmax_forward<float>(out, 0.125f, nullptr); });
+            [z, out] { kernels::masked_softmax_forward<float>(out, 0.125f, nullptr); });
     rec.add(record("dropout", 8, {.flops = 2, .random_numbers = 1}),
-            [&] { kernels::dropout_forward<float>(cx, out, 0.1f, 42); });
+            [x, z, cx, out] { kernels::dropout_forward<float>(cx, out, 0.1f, 42); });
+  }
+}
+
+// The residual add at more working sets (192 KiB ... 96 MiB, several between 6 and 24 MiB, where
+// this machine's bandwidth falls out of its shared L3): the element-wise bandwidth through the
+// cache levels, in both shape sets. After the inverses, so that the records before keep their
+// shape sets.
+void time_bandwidth(Recorder& rec, bool smoke) {
+  std::vector<std::int64_t> rows = {64, 128, 512, 2048, 3072, 5120, 6144, 8192, 32768};
+  if (smoke) rows = {8};
+  const std::int64_t cols = 256;
+  for (std::int64_t r : rows) {
+    const double n = static_cast<double>(r * cols);
+    auto x = buffer(r * cols), y = buffer(r * cols), z = buffer(r * cols);
+    const ConstMatrixView<float> cx{x->data(), r, cols}, cy{y->data(), r, cols};
+    const MatrixView<float> out{z->data(), r, cols};
+    rec.add({{"operation", "memory"}, {"name", "add"}, {"bytes", 12.0 * n}, {"flops", n}},
+            [x, y, z, cx, cy, out] { kernels::add<float>(cx, cy, out); });
   }
 }
 
@@ -191,9 +289,10 @@ void time_inverses(Recorder& rec, int max_order, bool smoke) {
     if (d > max_order) continue;
     // A K-FAC-like factor: a^T a / rows of random activations, positive definite.
     const Eigen::MatrixXf a = Eigen::MatrixXf::Random(2 * d, d);
-    const Eigen::MatrixXf factor = (a.transpose() * a) / static_cast<float>(2 * d);
-    rec.add({{"operation", "cholesky_inverse"}, {"order", d}}, [&] {
-      const auto result = kfac::damped_inverse(factor, 1e-3f, kfac::InverseMethod::kCholesky);
+    auto factor =
+        std::make_shared<const Eigen::MatrixXf>((a.transpose() * a) / static_cast<float>(2 * d));
+    rec.add({{"operation", "cholesky_inverse"}, {"order", d}}, [factor] {
+      const auto result = kfac::damped_inverse(*factor, 1e-3f, kfac::InverseMethod::kCholesky);
       if (result.fell_back_to_eigen) throw std::runtime_error("Cholesky fell back to eigen");
     });
   }
@@ -202,7 +301,8 @@ void time_inverses(Recorder& rec, int max_order, bool smoke) {
 int usage(const char* what) {
   std::fprintf(stderr,
                "bench_sim_calibrate: %s\nusage: bench_sim_calibrate [--out FILE.json] "
-               "[--threads N] [--repeats N] [--max-order D] [--clock cpu|wall] [--smoke]\n",
+               "[--threads N] [--repeats N] [--max-order D] [--clock cpu|wall] [--sequential] "
+               "[--smoke]\n",
                what);
   return 2;
 }
@@ -223,6 +323,8 @@ int main(int argc, char** argv) {
     };
     if (arg == "--smoke") {
       s.smoke = true;
+    } else if (arg == "--sequential") {
+      s.sequential = true;
     } else if (arg == "--out") {
       const char* v = value();
       if (v == nullptr) return usage("--out needs a file name");
@@ -247,12 +349,15 @@ int main(int argc, char** argv) {
   omp_set_num_threads(s.threads);
   Eigen::setNbThreads(s.threads);
   if (s.cpu_clock && s.threads != 1) return usage("--clock cpu needs --threads 1");
-  Recorder rec(s.repeats, s.cpu_clock);
+  Recorder rec(s.repeats, s.cpu_clock, s.sequential);
+  const double load_before = load_average();
   try {
     time_gemms(rec, s.smoke);
     time_attention(rec, s.smoke);
     time_memory(rec, s.smoke);
     time_inverses(rec, s.max_order, s.smoke);
+    time_bandwidth(rec, s.smoke);
+    rec.run();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_sim_calibrate: %s\n", e.what());
     return 1;
@@ -261,9 +366,12 @@ int main(int argc, char** argv) {
       {"format_version", 1},
       {"description", "This machine's CPU kernels (kernels/ops.h, kfac/inverse.h), fp32, " +
                           std::to_string(s.threads) + " thread(s), median of " +
-                          std::to_string(s.repeats) + " runs after a warm-up, " +
+                          std::to_string(s.repeats) + " samples after a warm-up (" +
+                          (s.sequential ? "one case after another" : "round-robin") + "), " +
                           (s.cpu_clock ? "process CPU time" : "wall time") +
                           "; written by bench_sim_calibrate."},
+      {"load_average", {{"before", load_before}, {"after", load_average()}}},
+      {"caches", cache_levels()},
       {"defaults", {{"precision", "fp32"}}},
       {"measurements", rec.records()}};
   if (s.out.empty()) {

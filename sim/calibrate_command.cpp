@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/json_fields.h"
 #include "sim/calibration.h"
 
 namespace pf::cli {
@@ -52,12 +53,52 @@ CLI::App* add_calibrate_command(CLI::App& app, CalibrateOptions& options) {
                       "FIELD=VALUE: leave records with that field out of the fit (still "
                       "reported); repeatable");
   command->add_flag("--no-fit", options.no_fit, "Only report the device's error");
+  command->add_flag("--cache-levels", options.cache_levels,
+                    "Price element-wise bandwidth by the cache levels the measurements file "
+                    "records ('caches'), fitting a bandwidth per level");
+  command
+      ->add_option("--max-spread", options.max_spread,
+                   "Leave out records whose samples' spread ('spread': interquartile range / "
+                   "median) exceeds this")
+      ->check(CLI::PositiveNumber);
   return command;
 }
 
 int run_calibrate_command(const CalibrateOptions& options, std::ostream& out) {
-  const sim::DeviceSpec start = sim::resolve_device(options.device);
+  sim::DeviceSpec start = sim::resolve_device(options.device);
+  if (options.cache_levels) {
+    std::ifstream in(options.measurements);
+    if (!in) throw std::invalid_argument("cannot open measurements file " + options.measurements);
+    nlohmann::json json;
+    try {
+      json = json_fields::parse_bounded(in, options.measurements);
+    } catch (const nlohmann::json::exception& e) {
+      throw std::invalid_argument(options.measurements + ": not valid JSON: " + e.what());
+    }
+    const auto caches = json.find("caches");
+    if (caches == json.end() || !caches->is_array() || caches->empty()) {
+      throw std::invalid_argument("--cache-levels: " + options.measurements +
+                                  " records no cache levels (field 'caches')");
+    }
+    start.caches = sim::cache_levels_from_json(*caches, options.measurements + ": field 'caches'");
+    start.validate(options.measurements + ": field 'caches'");
+  }
   auto measurements = sim::measurements_from_json_file(options.measurements, start);
+  if (options.max_spread > 0.0) {
+    std::vector<sim::Measurement> kept;
+    for (auto& m : measurements) {
+      const auto spread = m.record.find("spread");
+      if (spread != m.record.end() && spread->is_number() &&
+          spread->get<double>() > options.max_spread) {
+        out << "left out (spread " << format("%.3f", spread->get<double>()) << "): " << m.label
+            << "\n";
+      } else {
+        kept.push_back(std::move(m));
+      }
+    }
+    if (kept.empty()) throw std::invalid_argument("--max-spread: every record is left out");
+    measurements = std::move(kept);
+  }
   for (const auto& rule : options.hold_outs) sim::hold_out(measurements, rule);
   sim::DeviceSpec device = start;
   if (!options.no_fit) {
@@ -76,11 +117,17 @@ int run_calibrate_command(const CalibrateOptions& options, std::ostream& out) {
   const auto rows = sim::residuals(device, measurements);
   out << "\ndevice '" << device.name << "' against " << options.measurements << "\n";
   out << "record                                   measured ms  predicted ms   error\n";
-  for (const auto& r : rows) {
-    char line[200];
-    std::snprintf(line, sizeof line, "%-40s %11.4f %13.4f %+7.1f%%%s\n", r.label.c_str(),
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    // The samples' spread where the record gives it (bench_sim_calibrate): a noisy record.
+    const auto spread = measurements[i].record.find("spread");
+    const std::string noise = spread != measurements[i].record.end() && spread->is_number()
+                                  ? format("  spread %.2f", spread->get<double>())
+                                  : "";
+    char line[240];
+    std::snprintf(line, sizeof line, "%-40s %11.4f %13.4f %+7.1f%%%s%s\n", r.label.c_str(),
                   r.measured_s * 1e3, r.predicted_s * 1e3, 100.0 * r.relative_error,
-                  r.held_out ? "  (held out)" : "");
+                  r.held_out ? "  (held out)" : "", noise.c_str());
     out << line;
   }
   std::map<std::pair<std::string, bool>, ErrorSummary> summaries;

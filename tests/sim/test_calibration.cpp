@@ -589,5 +589,277 @@ TEST(SimCalibration, DeviceJsonRoundTripsTheClasses) {
   EXPECT_NE(error_of([&] { device_from_json(bad, "bad"); }).find("tensor"), std::string::npos);
 }
 
+// A device with three cache levels (32 KiB, 1 MiB, 32 MiB) and a blocked Cholesky.
+DeviceSpec structured_device() {
+  DeviceSpec d = simple_device();
+  d.caches = {{1, 32768.0, 4e11}, {2, 1048576.0, 2e11}, {3, 33554432.0, 1.5e11}};
+  d.classes[static_cast<std::size_t>(OpClass::kFactorization)].block_size = 128;
+  return d;
+}
+
+TEST(SimKernelCosts, CacheLevelsPriceEachShareOfTheWorkingSetAtItsLevel) {
+  DeviceSpec d = structured_device();
+  // Inside L1: its bandwidth; inside L2: its; past L3: part from each level, the rest from
+  // memory (memory_bandwidth x efficiency(memory) = 100 GB/s).
+  EXPECT_DOUBLE_EQ(kernel_seconds(d, memory_kernel(16384.0)), 16384.0 / 4e11);
+  const double w = 4.0 * 1048576.0;  // 4 MiB: 32 KiB from L1, 1 MiB - 32 KiB from L2, rest L3
+  EXPECT_NEAR(kernel_seconds(d, memory_kernel(w)),
+              32768.0 / 4e11 + (1048576.0 - 32768.0) / 2e11 + (w - 1048576.0) / 1.5e11, 1e-15);
+  const double big = 4.0 * 33554432.0;
+  EXPECT_NEAR(kernel_seconds(d, memory_kernel(big)),
+              32768.0 / 4e11 + (1048576.0 - 32768.0) / 2e11 + (33554432.0 - 1048576.0) / 1.5e11 +
+                  (big - 33554432.0) / 1e11,
+              1e-15);
+  // The usable fraction shrinks every level; the share exponent sharpens the fall past one.
+  d.cache_usable_fraction = 0.5;
+  EXPECT_DOUBLE_EQ(kernel_seconds(d, memory_kernel(16384.0)), 16384.0 / 4e11);
+  EXPECT_NEAR(kernel_seconds(d, memory_kernel(32768.0)), 16384.0 / 4e11 + 16384.0 / 2e11, 1e-15);
+  d.cache_usable_fraction = 1.0;
+  d.cache_share_exponent = 2.0;
+  // 64 KiB: L1 holds (1/2)^2 = 1/4 of it.
+  EXPECT_NEAR(kernel_seconds(d, memory_kernel(65536.0)), 16384.0 / 4e11 + 49152.0 / 2e11, 1e-15);
+  // An unknown level bandwidth is the next level's.
+  d.cache_share_exponent = 1.0;
+  d.caches[1].bandwidth = 0.0;
+  EXPECT_DOUBLE_EQ(d.cache_bandwidth(1), 1.5e11);
+  d.caches[2].bandwidth = 0.0;
+  EXPECT_DOUBLE_EQ(d.cache_bandwidth(1), 1e11);
+  // Without levels, the memory class's bandwidth and curve as before.
+  const DeviceSpec flat = simple_device();
+  EXPECT_DOUBLE_EQ(kernel_seconds(flat, memory_kernel(1e8)), 1e8 / 1e11);
+}
+
+TEST(SimKernelCosts, BlockedCholeskyHasTheUnblockedFlopsInItsBlocks) {
+  for (double d : {128.0, 1000.0, 3072.0}) {
+    const Kernels blocked = blocked_cholesky_inverse_kernels(d, 128);
+    double potrf = 0.0, solves = 0.0, products = 0.0;
+    int syncs = 0;
+    for (const Kernel& k : blocked) {
+      if (k.op_class == OpClass::kFactorization) potrf += k.flops;
+      if (k.op_class == OpClass::kTriangularSolve) solves += k.flops;
+      if (k.op_class == OpClass::kGemm) products += k.flops;
+      if (k.op_class == OpClass::kFactorization || k.op_class == OpClass::kTriangularSolve) {
+        EXPECT_LE(k.size, 128.0);  // a block, not the whole order
+      }
+      syncs += k.host_sync ? 1 : 0;
+    }
+    EXPECT_EQ(syncs, 1);
+    // The two solves against the identity are d^3 each; the factorization d^3 / 3 up to its
+    // lower-order terms; together the unblocked model's 7/3 d^3.
+    EXPECT_NEAR((potrf + solves + products) / (7.0 / 3.0 * d * d * d), 1.0, 0.03) << d;
+    if (d >= 1000.0) {
+      EXPECT_GT(products, 0.5 * (potrf + solves + products)) << d;
+    }
+  }
+  // Eigen's panel width: d / 8 rounded down to 16s, in [8, block size].
+  auto first_panel = [](double d, double block) {
+    return blocked_cholesky_inverse_kernels(d, block)[1].size;
+  };
+  EXPECT_EQ(first_panel(128, 128), 16.0);
+  EXPECT_EQ(first_panel(512, 128), 64.0);
+  EXPECT_EQ(first_panel(3072, 128), 128.0);
+  EXPECT_EQ(first_panel(3072, 256), 256.0);
+  EXPECT_EQ(first_panel(40, 128), 8.0);
+  // The device decides: block_size 0 keeps the two-kernel model.
+  EXPECT_EQ(inversion_kernels(simple_device(), 1024).size(), inversion_kernels(1024).size());
+  EXPECT_EQ(inversion_kernels(structured_device(), 1024).size(),
+            blocked_cholesky_inverse_kernels(1024, 128).size());
+}
+
+TEST(SimKernelCosts, CacheLevelsAndBlockedCholeskyMoveOnlyTheirClass) {
+  // Fast memory, so that the inverse's blocks stay compute-bound; the triangular solves with a
+  // rate of their own (unset, they take the gemm class's).
+  DeviceSpec base = structured_device();
+  base.memory_bandwidth = 1e13;
+  base.caches = {{1, 32768.0, 4e13}, {2, 1048576.0, 2e13}, {3, 33554432.0, 1.5e13}};
+  base.classes[static_cast<std::size_t>(OpClass::kTriangularSolve)].efficiency = 0.5;
+  const Kernels inverse = inversion_kernels(base, 1024);
+  const Kernel gemm = gemm_kernel(Precision::kFp32, 1024, 1024, 1024, 4.0);
+  const Kernel in_l2 = memory_kernel(512.0 * 1024.0);
+  const Kernel in_l3 = memory_kernel(8.0 * 1048576.0);
+  const Kernel in_memory = elementwise_kernel(1e9, per_element(1e8, {.flops = 1}));
+  Kernel attention = gemm;
+  attention.op_class = OpClass::kAttention;
+  auto of_class = [&](const DeviceSpec& d, OpClass c) {
+    double seconds = 0.0;
+    for (const Kernel& k : inverse) {
+      if (k.op_class == c) seconds += kernel_seconds(d, k) * k.count;
+    }
+    return seconds;
+  };
+  auto all = [&](const DeviceSpec& d) {
+    return std::array<double, 9>{kernel_seconds(d, gemm),
+                                 kernel_seconds(d, attention),
+                                 kernel_seconds(d, in_l2),
+                                 kernel_seconds(d, in_l3),
+                                 kernel_seconds(d, in_memory),
+                                 of_class(d, OpClass::kFactorization),
+                                 of_class(d, OpClass::kTriangularSolve),
+                                 of_class(d, OpClass::kGemm),
+                                 of_class(d, OpClass::kMemory)};
+  };
+  auto rate = [](DeviceSpec& d, OpClass c) -> ClassRate& {
+    return d.classes[static_cast<std::size_t>(c)];
+  };
+  struct Change {
+    const char* what;
+    std::function<void(DeviceSpec&)> apply;
+    std::vector<int> moved;  // indices into all()
+  };
+  const std::vector<Change> changes = {
+      // Each level moves the element-wise kernels whose working sets it holds part of (the
+      // inverse's identity and symmetrization are some MiB), nothing else.
+      {"L2 bandwidth", [](DeviceSpec& d) { d.caches[1].bandwidth = 2e12; }, {2, 3, 4, 8}},
+      {"L3 bandwidth", [](DeviceSpec& d) { d.caches[2].bandwidth = 1e12; }, {3, 4, 8}},
+      {"memory efficiency",
+       [&](DeviceSpec& d) { rate(d, OpClass::kMemory).efficiency = 0.1; },
+       {4}},
+      {"usable fraction", [](DeviceSpec& d) { d.cache_usable_fraction = 0.05; }, {2, 3, 4, 8}},
+      {"share exponent", [](DeviceSpec& d) { d.cache_share_exponent = 8.0; }, {2, 3, 4, 8}},
+      {"factorization",
+       [&](DeviceSpec& d) { rate(d, OpClass::kFactorization).efficiency = 0.05; },
+       {5}},
+      {"triangular solve",
+       [&](DeviceSpec& d) { rate(d, OpClass::kTriangularSolve).efficiency = 0.05; },
+       {6}},
+      {"gemm", [&](DeviceSpec& d) { rate(d, OpClass::kGemm).efficiency = 0.1; }, {0, 7}},
+  };
+  const auto before = all(base);
+  for (const Change& change : changes) {
+    DeviceSpec changed = base;
+    change.apply(changed);
+    const auto after = all(changed);
+    for (int o = 0; o < static_cast<int>(before.size()); ++o) {
+      const bool moves =
+          std::find(change.moved.begin(), change.moved.end(), o) != change.moved.end();
+      if (moves) {
+        EXPECT_GT(after[o], before[o] * (1.0 + 1e-6)) << change.what << " op " << o;
+      } else {
+        EXPECT_DOUBLE_EQ(after[o], before[o]) << change.what << " op " << o;
+      }
+    }
+  }
+}
+
+// Element-wise records at working sets from L1 to 8x L3, and Cholesky inverses.
+nlohmann::json synthetic_structured_records() {
+  nlohmann::json records = nlohmann::json::array();
+  for (double small : {8.0, 32.0, 128.0, 512.0, 2048.0}) {
+    records.push_back(
+        {{"operation", "gemm"}, {"m", small}, {"n", 1024}, {"k", 1024}, {"seconds", 1.0}});
+  }
+  for (double bytes = 16384.0; bytes <= 3e8; bytes *= 2.0) {
+    records.push_back({{"operation", "memory"}, {"bytes", bytes}, {"seconds", 1.0}});
+  }
+  for (double d : {128.0, 256.0, 512.0, 1024.0, 2048.0, 3072.0}) {
+    records.push_back({{"operation", "cholesky_inverse"}, {"order", d}, {"seconds", 1.0}});
+  }
+  return {{"format_version", 1}, {"measurements", records}};
+}
+
+TEST(SimCalibration, FitRecoversCacheLevelsAndBlockedCholeskyFromSyntheticDurations) {
+  DeviceSpec truth = structured_device();
+  auto rate = [&](OpClass c) -> ClassRate& { return truth.classes[static_cast<std::size_t>(c)]; };
+  rate(OpClass::kGemm).efficiency = 0.7;
+  rate(OpClass::kGemm).half_efficiency_size = 48;
+  rate(OpClass::kGemm).size_exponent = 1.0;
+  rate(OpClass::kMemory).efficiency = 0.2;  // 20 GB/s from memory
+  truth.caches[0].bandwidth = 3e11;
+  truth.caches[1].bandwidth = 1.2e11;
+  truth.caches[2].bandwidth = 6e10;
+  truth.cache_usable_fraction = 0.6;
+  truth.cache_share_exponent = 3.0;
+  rate(OpClass::kFactorization).efficiency = 0.05;
+  rate(OpClass::kTriangularSolve).efficiency = 0.2;
+  auto measurements = measurements_from_json(synthetic_structured_records(), "synthetic", truth);
+  for (auto& m : measurements) m.seconds = predict(truth, m);
+
+  DeviceSpec start = simple_device();  // the same levels and block size, no rates
+  start.caches = truth.caches;
+  for (auto& level : start.caches) level.bandwidth = 0.0;
+  start.classes[static_cast<std::size_t>(OpClass::kFactorization)].block_size = 128;
+  const auto parameters = parameters_of(measurements, start);
+  auto has = [&](FitParameter::Kind kind, int index) {
+    return std::any_of(parameters.begin(), parameters.end(),
+                       [&](const FitParameter& p) { return p.kind == kind && p.index == index; });
+  };
+  EXPECT_TRUE(has(FitParameter::Kind::kCacheBandwidth, 0));
+  EXPECT_TRUE(has(FitParameter::Kind::kCacheBandwidth, 2));
+  EXPECT_TRUE(has(FitParameter::Kind::kCacheUsableFraction, 0));
+  EXPECT_TRUE(has(FitParameter::Kind::kEfficiency, static_cast<int>(OpClass::kTriangularSolve)));
+  EXPECT_FALSE(has(FitParameter::Kind::kCacheSlowdown, static_cast<int>(OpClass::kMemory)));
+  EXPECT_FALSE(
+      has(FitParameter::Kind::kHalfEfficiencySize, static_cast<int>(OpClass::kFactorization)));
+
+  FitOptions options;
+  options.max_evaluations = 60000;
+  options.restarts = 6;
+  const FitResult fit = fit_device(start, measurements, options);
+  EXPECT_LT(fit.rms_log_error, 2e-3);
+  auto near = [](double value, double want, const char* what) {
+    EXPECT_NEAR(value / want, 1.0, 0.05) << what << ": " << value << " vs " << want;
+  };
+  near(fit.device.cache_bandwidth(0), 3e11, "L1 bandwidth");
+  near(fit.device.cache_bandwidth(1), 1.2e11, "L2 bandwidth");
+  near(fit.device.cache_bandwidth(2), 6e10, "L3 bandwidth");
+  near(fit.device.efficiency(OpClass::kMemory), 0.2, "memory efficiency");
+  near(fit.device.cache_usable_fraction, 0.6, "usable fraction");
+  near(fit.device.cache_share_exponent, 3.0, "share exponent");
+  near(fit.device.efficiency(OpClass::kFactorization), 0.05, "factorization efficiency");
+  near(fit.device.efficiency(OpClass::kTriangularSolve), 0.2, "triangular solve efficiency");
+  near(fit.device.gemm_efficiency(Precision::kFp32), 0.7, "gemm efficiency");
+  for (const auto& r : residuals(fit.device, measurements)) {
+    EXPECT_NEAR(r.relative_error, 0.0, 0.01) << r.label;
+  }
+}
+
+TEST(SimCalibration, DeviceJsonRoundTripsCacheLevelsAndBlockSize) {
+  DeviceSpec d = structured_device();
+  d.caches[0].bandwidth = 0.0;  // unknown: not written
+  d.cache_usable_fraction = 0.4;
+  d.cache_share_exponent = 2.5;
+  const nlohmann::json json = device_to_json(d);
+  EXPECT_FALSE(json["caches"][0].contains("bandwidth"));
+  const DeviceSpec back = device_from_json(json, "round trip");
+  ASSERT_EQ(back.caches.size(), 3u);
+  EXPECT_EQ(back.caches[2].level, 3);
+  EXPECT_DOUBLE_EQ(back.caches[1].bytes, 1048576.0);
+  EXPECT_DOUBLE_EQ(back.caches[2].bandwidth, 1.5e11);
+  EXPECT_DOUBLE_EQ(back.cache_usable_fraction, 0.4);
+  EXPECT_DOUBLE_EQ(back.cache_share_exponent, 2.5);
+  EXPECT_DOUBLE_EQ(back.classes[static_cast<std::size_t>(OpClass::kFactorization)].block_size,
+                   128.0);
+  // Files without them read as before (no levels, no blocks).
+  const DeviceSpec plain = device_from_json(device_to_json(simple_device()), "plain");
+  EXPECT_TRUE(plain.caches.empty());
+  EXPECT_FALSE(device_to_json(simple_device()).contains("caches"));
+  auto error = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json bad = json;
+    edit(bad);
+    return error_of([&] { device_from_json(bad, "bad"); });
+  };
+  EXPECT_NE(error([](nlohmann::json& j) { j["caches"][1]["bytes"] = 1024; }).find("caches[1]"),
+            std::string::npos);
+  EXPECT_NE(error([](nlohmann::json& j) { j["caches"][0]["ways"] = 8; }).find("ways"),
+            std::string::npos);
+  EXPECT_NE(error([](nlohmann::json& j) { j["caches"] = 3; }).find("caches"), std::string::npos);
+  EXPECT_NE(error([](nlohmann::json& j) {
+              j["cache_usable_fraction"] = 1.5;
+            }).find("cache_usable_fraction"),
+            std::string::npos);
+  EXPECT_NE(error([](nlohmann::json& j) {
+              j["cache_share_exponent"] = 0.5;
+            }).find("cache_share_exponent"),
+            std::string::npos);
+  EXPECT_NE(error([](nlohmann::json& j) {
+              j["classes"]["factorization"]["block_size"] = 1.5;
+            }).find("block_size"),
+            std::string::npos);
+  EXPECT_NE(error([](nlohmann::json& j) {
+              j["classes"]["gemm"]["block_size"] = 64;
+            }).find("classes.gemm.block_size"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace pf::sim
