@@ -10,7 +10,7 @@
 // machine's load hits all shapes alike instead of the few timed while it lasted. Each record
 // carries its samples' spread ((75th - 25th percentile) / median), so that noisy records can be
 // seen and left out (`calibrate --max-spread`); the file carries the load average before and after
-// and this machine's cache levels (/sys/devices/system/cpu/cpu0/cache; `calibrate --cache-levels`).
+// and this machine's cache levels (/sys/devices/system/cpu/cpu0/cache), for the reader.
 // Records alternate between "shape_set": "a" and "b", so that `calibrate --hold-out shape_set=b`
 // fits on half the shapes and reports the other half's error.
 //

@@ -35,8 +35,8 @@ AnalyticCostModel::AnalyticCostModel(Workload workload, DeviceSpec device,
     auto& k = kfac_[static_cast<std::size_t>(i)];
     k.curvature_a = price(device_, curvature_kernels(products, T, d.in, e));
     k.curvature_b = price(device_, curvature_kernels(products, T, d.out, e));
-    k.invert_a = price(device_, inversion_kernels(device_, d.in));
-    k.invert_b = price(device_, inversion_kernels(device_, d.out));
+    k.invert_a = price(device_, inversion_kernels(d.in));
+    k.invert_b = price(device_, inversion_kernels(d.out));
     k.precondition = price(device_, precondition_kernels(products, d.in, d.out));
   }
 }

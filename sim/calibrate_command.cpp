@@ -11,7 +11,6 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "common/json_fields.h"
 #include "sim/calibration.h"
 
 namespace pf::cli {
@@ -53,36 +52,16 @@ CLI::App* add_calibrate_command(CLI::App& app, CalibrateOptions& options) {
                       "FIELD=VALUE: leave records with that field out of the fit (still "
                       "reported); repeatable");
   command->add_flag("--no-fit", options.no_fit, "Only report the device's error");
-  command->add_flag("--cache-levels", options.cache_levels,
-                    "Price element-wise bandwidth by the cache levels the measurements file "
-                    "records ('caches'), fitting a bandwidth per level");
   command
       ->add_option("--max-spread", options.max_spread,
                    "Leave out records whose samples' spread ('spread': interquartile range / "
-                   "median) exceeds this")
+                   "median, bench_sim_calibrate) exceeds this")
       ->check(CLI::PositiveNumber);
   return command;
 }
 
 int run_calibrate_command(const CalibrateOptions& options, std::ostream& out) {
-  sim::DeviceSpec start = sim::resolve_device(options.device);
-  if (options.cache_levels) {
-    std::ifstream in(options.measurements);
-    if (!in) throw std::invalid_argument("cannot open measurements file " + options.measurements);
-    nlohmann::json json;
-    try {
-      json = json_fields::parse_bounded(in, options.measurements);
-    } catch (const nlohmann::json::exception& e) {
-      throw std::invalid_argument(options.measurements + ": not valid JSON: " + e.what());
-    }
-    const auto caches = json.find("caches");
-    if (caches == json.end() || !caches->is_array() || caches->empty()) {
-      throw std::invalid_argument("--cache-levels: " + options.measurements +
-                                  " records no cache levels (field 'caches')");
-    }
-    start.caches = sim::cache_levels_from_json(*caches, options.measurements + ": field 'caches'");
-    start.validate(options.measurements + ": field 'caches'");
-  }
+  const sim::DeviceSpec start = sim::resolve_device(options.device);
   auto measurements = sim::measurements_from_json_file(options.measurements, start);
   if (options.max_spread > 0.0) {
     std::vector<sim::Measurement> kept;
@@ -90,13 +69,16 @@ int run_calibrate_command(const CalibrateOptions& options, std::ostream& out) {
       const auto spread = m.record.find("spread");
       if (spread != m.record.end() && spread->is_number() &&
           spread->get<double>() > options.max_spread) {
-        out << "left out (spread " << format("%.3f", spread->get<double>()) << "): " << m.label
+        out << "left out (spread " << format("%.2f", spread->get<double>()) << "): " << m.label
             << "\n";
       } else {
         kept.push_back(std::move(m));
       }
     }
-    if (kept.empty()) throw std::invalid_argument("--max-spread: every record is left out");
+    if (kept.empty()) {
+      throw std::invalid_argument("--max-spread " + format("%g", options.max_spread) +
+                                  ": every record of " + options.measurements + " is left out");
+    }
     measurements = std::move(kept);
   }
   for (const auto& rule : options.hold_outs) sim::hold_out(measurements, rule);

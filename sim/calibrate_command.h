@@ -21,10 +21,8 @@ struct CalibrateOptions {
   std::string report;                  // --report FILE.json: residuals
   std::vector<std::string> hold_outs;  // --hold-out FIELD=VALUE
   bool no_fit = false;
-  // --cache-levels: the start device takes the cache levels the measurements file records
-  // ("caches", bench_sim_calibrate), so the element-wise bandwidth is fitted per level.
-  bool cache_levels = false;
-  // --max-spread F: records whose samples' spread ("spread") exceeds F are left out (listed).
+  // --max-spread F: records whose samples' spread ("spread", bench_sim_calibrate) exceeds F are
+  // left out of the fit and the report (listed).
   double max_spread = 0.0;  // 0: keep all
 };
 

@@ -208,8 +208,8 @@ Measurement parse_record(const nlohmann::json& record, const std::string& where,
       }
     } else if (op == "layer_inversion") {
       for (const auto& d : linears) {
-        append(m.timed, inversion_kernels(device, d.in));
-        append(m.timed, inversion_kernels(device, d.out));
+        append(m.timed, inversion_kernels(d.in));
+        append(m.timed, inversion_kernels(d.out));
       }
     } else if (op == "layer_precondition") {
       for (const auto& d : linears) append(m.timed, precondition_kernels(products, d.in, d.out));
@@ -268,9 +268,8 @@ Measurement parse_record(const nlohmann::json& record, const std::string& where,
   } else if (op == "cholesky_inverse" || op == "eigen_inverse") {
     const double order = r.number("order");
     for (int i = 0; i < count; ++i) {
-      append(m.timed, inversion_kernels(device, order,
-                                        op == "cholesky_inverse" ? KfacInversion::kCholesky
-                                                                 : KfacInversion::kEigen));
+      append(m.timed, inversion_kernels(order, op == "cholesky_inverse" ? KfacInversion::kCholesky
+                                                                        : KfacInversion::kEigen));
     }
     m.label = op + " d=" + compact(order);
   } else {
@@ -287,8 +286,7 @@ std::string as_text(const nlohmann::json& value) {
 
 bool is_efficiency(const FitParameter& p) {
   return p.kind == FitParameter::Kind::kEfficiency ||
-         p.kind == FitParameter::Kind::kGemmPrecisionEfficiency ||
-         p.kind == FitParameter::Kind::kCacheUsableFraction;
+         p.kind == FitParameter::Kind::kGemmPrecisionEfficiency;
 }
 
 // Range of a positive parameter's logarithm: times in seconds (up to e^5), sizes (1e-4 ... 1e13
@@ -304,10 +302,6 @@ std::pair<double, double> log_range(const FitParameter& p) {
       return {std::log(0.25), std::log(p.index == static_cast<int>(OpClass::kMemory) ? 8.0 : 2.0)};
     case FitParameter::Kind::kCacheSlowdown:  // of slowdown - 1
       return {std::log(1e-3), std::log(1e3)};
-    case FitParameter::Kind::kCacheBandwidth:  // bytes/s
-      return {std::log(1e6), std::log(1e15)};
-    case FitParameter::Kind::kCacheShareExponent:  // of exponent - 1
-      return {std::log(1e-3), std::log(15.0)};
     default:
       return {-40.0, 5.0};
   }
@@ -318,16 +312,12 @@ std::pair<double, double> log_range(const FitParameter& p) {
 bool is_curve(const FitParameter& p) {
   return p.kind == FitParameter::Kind::kHalfEfficiencySize ||
          p.kind == FitParameter::Kind::kSizeExponent ||
-         p.kind == FitParameter::Kind::kCacheSlowdown ||
-         p.kind == FitParameter::Kind::kCacheShareExponent;
+         p.kind == FitParameter::Kind::kCacheSlowdown;
 }
 
-// The slowdown beyond the caches and the share exponent are >= 1: fitted as log(value - 1).
+// The slowdown beyond the caches is >= 1: it is fitted as log(slowdown - 1).
 double offset(const FitParameter& p) {
-  return p.kind == FitParameter::Kind::kCacheSlowdown ||
-                 p.kind == FitParameter::Kind::kCacheShareExponent
-             ? 1.0
-             : 0.0;
+  return p.kind == FitParameter::Kind::kCacheSlowdown ? 1.0 : 0.0;
 }
 
 double to_free(const FitParameter& p, double value) {
@@ -357,9 +347,6 @@ double from_free(const FitParameter& p, double x) {
 // operation and a curve where it barely acts (half efficiency at size
 // 0.01, half bandwidth at 100 GB).
 double start_value(const FitParameter& p, double value) {
-  // A fraction at 1 sits where its logistic is flat: start inside.
-  if (p.kind == FitParameter::Kind::kCacheUsableFraction) return std::min(value, 0.75);
-  if (p.kind == FitParameter::Kind::kCacheShareExponent) return std::max(value, 2.0);
   if (is_efficiency(p) || value > 0.0) return value;
   switch (p.kind) {
     case FitParameter::Kind::kHalfEfficiencySize:  // where the curve barely acts
@@ -579,12 +566,6 @@ std::string FitParameter::name() const {
     case Kind::kElementWork:
       if (index == kExpAndErfTogether) return "classes.memory.exponential_s=error_function_s";
       return "classes.memory." + std::string(kElementWorkFields[static_cast<std::size_t>(index)]);
-    case Kind::kCacheBandwidth:
-      return "caches[" + std::to_string(index) + "].bandwidth";
-    case Kind::kCacheUsableFraction:
-      return "cache_usable_fraction";
-    case Kind::kCacheShareExponent:
-      return "cache_share_exponent";
   }
   return "";
 }
@@ -609,14 +590,6 @@ double FitParameter::get(const DeviceSpec& device) const {
       return device.classes[static_cast<std::size_t>(OpClass::kMemory)].beyond_cache_slowdown;
     case Kind::kElementWork:
       return element_work_rate(device.classes[static_cast<std::size_t>(OpClass::kMemory)], index);
-    case Kind::kCacheBandwidth:
-      return static_cast<std::size_t>(index) < device.caches.size()
-                 ? device.cache_bandwidth(static_cast<std::size_t>(index))
-                 : 0.0;
-    case Kind::kCacheUsableFraction:
-      return device.cache_usable_fraction;
-    case Kind::kCacheShareExponent:
-      return device.cache_share_exponent;
   }
   return 0.0;
 }
@@ -657,36 +630,11 @@ void FitParameter::set(DeviceSpec& device, double value) const {
       }
       break;
     }
-    case Kind::kCacheBandwidth:
-      if (i < device.caches.size()) device.caches[i].bandwidth = value;
-      break;
-    case Kind::kCacheUsableFraction:
-      device.cache_usable_fraction = value;
-      break;
-    case Kind::kCacheShareExponent:
-      device.cache_share_exponent = value;
-      break;
   }
 }
 
-bool is_elementwise_record(const Measurement& m) {
-  return m.before.empty() && !m.timed.empty() &&
-         std::all_of(m.timed.begin(), m.timed.end(),
-                     [](const Kernel& k) { return k.op_class == OpClass::kMemory; });
-}
-
 std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurements) {
-  return parameters_of(measurements, DeviceSpec{});
-}
-
-std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurements,
-                                        const DeviceSpec& start) {
-  const bool cache_levels = !start.caches.empty();
-  const bool blocked =
-      start.classes[static_cast<std::size_t>(OpClass::kFactorization)].block_size > 0.0;
-  std::vector<bool> fitted_levels(start.caches.size(), false);
   std::array<bool, kNumOpClasses> classes{};
-  std::array<int, kNumOpClasses> records_of_class{};  // fitted records with kernels of the class
   std::array<bool, 4> precisions{};
   std::array<std::set<double>, kNumOpClasses> sizes;
   bool backward = false, any = false;
@@ -704,13 +652,6 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
       erfs += k.error_functions;
     }
     exp_apart_from_erf = exp_apart_from_erf || ((exps > 0.0) != (erfs > 0.0));
-    std::array<bool, kNumOpClasses> in_record{};
-    for (const auto* list : {&m.before, &m.timed}) {
-      for (const Kernel& k : *list) in_record[static_cast<std::size_t>(k.op_class)] = true;
-    }
-    for (int c = 0; c < kNumOpClasses; ++c) {
-      records_of_class[static_cast<std::size_t>(c)] += in_record[static_cast<std::size_t>(c)];
-    }
     for (const auto* list : {&m.before, &m.timed}) {
       for (const Kernel& k : *list) {
         classes[static_cast<std::size_t>(k.op_class)] = true;
@@ -718,16 +659,6 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
         const double size = k.op_class == OpClass::kMemory ? k.bytes : k.size;
         if (size > 0.0) sizes[static_cast<std::size_t>(k.op_class)].insert(size);
         if (k.op_class == OpClass::kMemory) {
-          // The level this working set mostly runs in: larger than the level inside it, at most
-          // twice this one; only records of element-wise work alone place levels (the small
-          // element-wise steps inside a factorization or a layer barely weigh on its time).
-          for (std::size_t i = 0;
-               i < start.caches.size() && k.bytes > 0.0 && is_elementwise_record(m); ++i) {
-            const double inside = i == 0 ? 0.0 : start.caches[i - 1].bytes;
-            if (k.bytes > inside && k.bytes <= 2.0 * start.caches[i].bytes) {
-              fitted_levels[i] = true;
-            }
-          }
           element_work[0] = element_work[0] || k.flops > 0.0;
           element_work[1] = element_work[1] || k.exponentials > 0.0;
           element_work[2] = element_work[2] || k.error_functions > 0.0;
@@ -743,11 +674,8 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
   for (int c = 0; c < kNumOpClasses; ++c) {
     if (!classes[static_cast<std::size_t>(c)]) continue;
     // No record times a triangular solve apart from its factorization: it keeps the fp32
-    // product rate it inherits, and the factorization's parameters absorb the rest. A blocked
-    // Cholesky has triangular blocks of its own: their rate is fitted.
-    if (c == static_cast<int>(OpClass::kTriangularSolve) && !blocked) continue;
-    const bool matrix_class = c == static_cast<int>(OpClass::kFactorization) ||
-                              c == static_cast<int>(OpClass::kTriangularSolve);
+    // product rate it inherits, and the factorization's parameters absorb the rest.
+    if (c == static_cast<int>(OpClass::kTriangularSolve)) continue;
     if (c == static_cast<int>(OpClass::kGemm)) {
       for (int p = 0; p < 4; ++p) {
         if (precisions[static_cast<std::size_t>(p)]) {
@@ -757,20 +685,8 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
     } else {
       out.push_back({Kind::kEfficiency, c});
     }
-    // Two records and two unknowns fit any two times exactly: a class timed by two records
-    // keeps its latency (0 unless the start device sets one) and fits its efficiency only.
-    if (records_of_class[static_cast<std::size_t>(c)] > 2) out.push_back({Kind::kLatency, c});
-    const bool enough_sizes =
-        static_cast<int>(sizes[static_cast<std::size_t>(c)].size()) >= kMinSizesForCurve;
-    if (c == static_cast<int>(OpClass::kMemory) && cache_levels) {
-      for (std::size_t i = 0; i < fitted_levels.size(); ++i) {
-        if (fitted_levels[i]) out.push_back({Kind::kCacheBandwidth, static_cast<int>(i)});
-      }
-      if (enough_sizes) {
-        out.push_back({Kind::kCacheUsableFraction, 0});
-        out.push_back({Kind::kCacheShareExponent, 0});
-      }
-    } else if (enough_sizes && !(matrix_class && blocked)) {
+    out.push_back({Kind::kLatency, c});
+    if (static_cast<int>(sizes[static_cast<std::size_t>(c)].size()) >= kMinSizesForCurve) {
       out.push_back({Kind::kHalfEfficiencySize, c});
       out.push_back({Kind::kSizeExponent, c});
       if (c == static_cast<int>(OpClass::kMemory)) out.push_back({Kind::kCacheSlowdown, c});
@@ -912,7 +828,7 @@ bool is_shape_term(const FitParameter& p) {
 FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& measurements,
                      const FitOptions& options) {
   FitResult result;
-  result.parameters = parameters_of(measurements, start);
+  result.parameters = parameters_of(measurements);
   if (result.parameters.empty()) {
     throw std::invalid_argument("calibrate: no measurement left to fit (all held out)");
   }
@@ -955,35 +871,6 @@ FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& me
         p.set(acting, 2.0);
       } else if (p.kind == FitParameter::Kind::kElementWork) {
         p.set(acting, 8.0 / (acting.memory_bandwidth * acting.efficiency(OpClass::kMemory)));
-      }
-    }
-    // Cache levels: the flat stage had only bandwidths to price the element-wise arithmetic
-    // with, and slowed them to it (and its per-kernel latency took the small kernels' time).
-    // Start each fitted level at the fastest bandwidth an element-wise record reached, memory at
-    // the bandwidth of the largest working set, without a latency.
-    double fastest = 0.0, largest_bytes = 0.0, largest_bandwidth = 0.0;
-    for (const Measurement* m : fitted) {
-      if (!is_elementwise_record(*m)) continue;
-      const double bytes = total_bytes(m->timed), bandwidth = bytes / m->seconds;
-      fastest = std::max(fastest, bandwidth);
-      if (bytes > largest_bytes) {
-        largest_bytes = bytes;
-        largest_bandwidth = bandwidth;
-      }
-    }
-    if (!acting.caches.empty() && fastest > 0.0) {
-      for (const auto& p : result.parameters) {
-        if (p.kind == FitParameter::Kind::kCacheBandwidth) p.set(acting, fastest);
-        if (p.index == static_cast<int>(OpClass::kMemory)) {
-          if (p.kind == FitParameter::Kind::kEfficiency) {
-            p.set(acting, std::clamp(largest_bandwidth / acting.memory_bandwidth, 1e-3, 1.0));
-          }
-          if (p.kind == FitParameter::Kind::kLatency) p.set(acting, 1e-9);
-        }
-        if (p.kind == FitParameter::Kind::kElementWork) p.set(acting, 8.0 / fastest);
-        // Most of each level usable, a fall past it steeper than the even split.
-        if (p.kind == FitParameter::Kind::kCacheUsableFraction) p.set(acting, 0.75);
-        if (p.kind == FitParameter::Kind::kCacheShareExponent) p.set(acting, 4.0);
       }
     }
     for (const DeviceSpec& from : {best.device, acting}) {

@@ -102,15 +102,12 @@ struct FitParameter {
     kGemmPrecisionEfficiency,
     kLaunch,
     kBackwardLaunch,
-    kHalfEfficiencySize,   // ClassRate::half_efficiency_size of class `index`
-    kSizeExponent,         // ClassRate::size_exponent of class `index`
-    kCacheSlowdown,        // the memory class's beyond_cache_slowdown
-    kElementWork,          // the memory class's element_flop_s (index 0), exponential_s (1),
-                           // error_function_s (2), random_number_s (3), or exponential_s and
-                           // error_function_s as one value (kExpAndErfTogether)
-    kCacheBandwidth,       // DeviceSpec::caches[index].bandwidth
-    kCacheUsableFraction,  // DeviceSpec::cache_usable_fraction
-    kCacheShareExponent    // DeviceSpec::cache_share_exponent
+    kHalfEfficiencySize,  // ClassRate::half_efficiency_size of class `index`
+    kSizeExponent,        // ClassRate::size_exponent of class `index`
+    kCacheSlowdown,       // the memory class's beyond_cache_slowdown
+    kElementWork          // the memory class's element_flop_s (index 0), exponential_s (1),
+                          // error_function_s (2), random_number_s (3), or exponential_s and
+                          // error_function_s as one value (kExpAndErfTogether)
   };
   Kind kind = Kind::kLaunch;
   int index = 0;  // OpClass or Precision
@@ -131,8 +128,7 @@ struct FitResult {
   int evaluations = 0;
 };
 
-// The parameters the fitted records depend on: the efficiency and latency (when more than two
-// fitted records use the class: two records would fit both exactly) of every class their
+// The parameters the fitted records depend on: the efficiency and latency of every class their
 // kernels use (per precision for gemm; not triangular_solve, which no record times apart from its
 // factorization: it keeps the fp32 gemm rate), the launch overhead, and the backward launch
 // overhead when a record times backward work. A class's efficiency curve in the kernel size
@@ -142,19 +138,8 @@ struct FitResult {
 // error_function_s, random_number_s) when a fitted element-wise kernel does that work;
 // exponential_s and error_function_s as one value unless some record times exp work without
 // erf work or the reverse (layer records always do both: they cannot tell the two apart).
-//
-// With the start device's cache levels (DeviceSpec::caches) the memory class's single cache curve
-// is not fitted; instead the bandwidth of each level that some fitted element-wise kernel mostly
-// runs in (its working set larger than the level inside it, at most twice this one), and the
-// usable fraction of the caches and the share exponent (when the element-wise kernels have at
-// least kMinSizesForCurve distinct sizes). With a blocked Cholesky
-// (classes.factorization.block_size > 0) the triangular-solve class is fitted too (its blocks are
-// kernels of their own) and neither matrix class gets a size curve (their kernels' sizes are the
-// block widths, not the orders).
 inline constexpr int kMinSizesForCurve = 4;
 std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurements);
-std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurements,
-                                        const DeviceSpec& start);
 
 // Minimizes the sum over records not held out of log(predicted / measured)^2 over
 // `parameters_of` (efficiencies in (0, 1], times >= 0), starting from `start`, by Nelder-Mead

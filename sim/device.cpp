@@ -1,6 +1,5 @@
 #include "sim/device.h"
 
-#include <algorithm>
 #include <array>
 #include <cmath>
 #include <fstream>
@@ -108,29 +107,6 @@ double DeviceSpec::size_factor(OpClass op_class, double size) const {
   return curve;
 }
 
-double DeviceSpec::cache_bandwidth(std::size_t i) const {
-  // From the outermost level in: an unknown bandwidth is the next level's.
-  double bandwidth = memory_bandwidth * efficiency(OpClass::kMemory);
-  for (std::size_t level = caches.size(); level-- > i;) {
-    if (caches[level].bandwidth > 0.0) bandwidth = caches[level].bandwidth;
-  }
-  return bandwidth;
-}
-
-double DeviceSpec::elementwise_seconds_per_byte(double bytes) const {
-  const double memory = memory_bandwidth * efficiency(OpClass::kMemory);
-  if (caches.empty()) return 1.0 / (memory * size_factor(OpClass::kMemory, bytes));
-  if (!(bytes > 0.0)) return 1.0 / cache_bandwidth(0);
-  double seconds = 0.0, held = 0.0;  // held: share of the working set inside levels <= i
-  for (std::size_t i = 0; i < caches.size(); ++i) {
-    const double share = std::pow(std::min(1.0, cache_usable_fraction * caches[i].bytes / bytes),
-                                  cache_share_exponent);
-    if (share > held) seconds += (share - held) / cache_bandwidth(i);
-    held = std::max(held, share);
-  }
-  return seconds + (1.0 - held) / memory;
-}
-
 double DeviceSpec::gemm_efficiency(Precision precision) const {
   const double set = gemm_efficiency_by_precision[static_cast<std::size_t>(precision)];
   return set > 0.0 ? set : efficiency(OpClass::kGemm);
@@ -214,36 +190,10 @@ void DeviceSpec::validate(std::string_view source) const {
     check(rate.exponential_s, (field + ".exponential_s").c_str(), true);
     check(rate.error_function_s, (field + ".error_function_s").c_str(), true);
     check(rate.random_number_s, (field + ".random_number_s").c_str(), true);
-    check(rate.block_size, (field + ".block_size").c_str(), true);
-    if (rate.block_size > 0.0 &&
-        (rate.block_size != std::floor(rate.block_size) || rate.block_size > 65536.0)) {
-      throw std::invalid_argument(std::string(source) + ": field '" + field +
-                                  ".block_size' = " + std::to_string(rate.block_size) +
-                                  " (an integer number of columns in [1, 65536], or 0)");
-    }
   }
   for (std::size_t p = 0; p < kPrecisionNames.size(); ++p) {
     fraction(gemm_efficiency_by_precision[p],
              "classes.gemm.by_precision." + std::string(kPrecisionNames[p]));
-  }
-  for (std::size_t i = 0; i < caches.size(); ++i) {
-    const std::string field = "caches[" + std::to_string(i) + "]";
-    check(caches[i].bytes, (field + ".bytes").c_str(), false);
-    check(caches[i].bandwidth, (field + ".bandwidth").c_str(), true);
-    if (i > 0 && !(caches[i].bytes > caches[i - 1].bytes)) {
-      throw std::invalid_argument(std::string(source) + ": field '" + field +
-                                  ".bytes' = " + std::to_string(caches[i].bytes) +
-                                  " (levels go innermost first: each larger than the one before)");
-    }
-  }
-  if (!(cache_usable_fraction > 0.0) || cache_usable_fraction > 1.0) {
-    throw std::invalid_argument(std::string(source) + ": field 'cache_usable_fraction' = " +
-                                std::to_string(cache_usable_fraction) + " (a fraction in (0, 1])");
-  }
-  if (!(cache_share_exponent >= 1.0) || !std::isfinite(cache_share_exponent)) {
-    throw std::invalid_argument(std::string(source) + ": field 'cache_share_exponent' = " +
-                                std::to_string(cache_share_exponent) +
-                                " (must be finite and >= 1)");
   }
   check(launch_overhead_s, "launch_overhead_s", true);
   if (backward_launch_overhead_s >= 0.0 || !std::isfinite(backward_launch_overhead_s)) {
@@ -329,11 +279,9 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
                                     value.dump());
       }
       const bool memory = op_class == OpClass::kMemory;
-      const bool factorization = op_class == OpClass::kFactorization;
       for (const auto& [field, ignored] : value.items()) {
         (void)ignored;
         if (field != "efficiency" && field != "latency_s" &&
-            !(field == "block_size" && factorization) &&
             !(field == "by_precision" && op_class == OpClass::kGemm) &&
             field != "half_efficiency_size" && field != "size_exponent" &&
             !(field == "size_measure" && op_class == OpClass::kGemm) &&
@@ -344,7 +292,7 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
               where + ": unknown field '" + path + "." + field +
               "' (allowed: efficiency, latency_s" +
               (op_class == OpClass::kGemm ? ", by_precision, size_measure" : "") +
-              ", half_efficiency_size, size_exponent" + (factorization ? ", block_size" : "") +
+              ", half_efficiency_size, size_exponent" +
               (memory ? ", beyond_cache_slowdown, element_flop_s, exponential_s, "
                         "error_function_s, random_number_s"
                       : "") +
@@ -376,7 +324,6 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
           number(value, "error_function_s", path + ".error_function_s", false, special_function_s);
       rate.random_number_s =
           number(value, "random_number_s", path + ".random_number_s", false, 0.0);
-      rate.block_size = number(value, "block_size", path + ".block_size", false, 0.0);
       const auto by_precision = value.find("by_precision");
       if (by_precision != value.end()) {
         if (!by_precision->is_object()) {
@@ -412,12 +359,6 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
   d.host_latency_s = number(json, "host_latency_s", "host_latency_s", false, 0.0);
   d.backward_launch_overhead_s =
       number(json, "backward_launch_overhead_s", "backward_launch_overhead_s", false, -1.0);
-  if (const auto caches = json.find("caches"); caches != json.end()) {
-    d.caches = cache_levels_from_json(*caches, where + ": field 'caches'");
-  }
-  d.cache_usable_fraction =
-      number(json, "cache_usable_fraction", "cache_usable_fraction", false, 1.0);
-  d.cache_share_exponent = number(json, "cache_share_exponent", "cache_share_exponent", false, 1.0);
   d.validate(where);
   return d;
 }
@@ -453,11 +394,6 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
     json["host_bandwidth"] = d.host_bandwidth;
     json["host_latency_s"] = d.host_latency_s;
   }
-  if (!d.caches.empty()) {
-    json["caches"] = cache_levels_to_json(d.caches);
-    json["cache_usable_fraction"] = d.cache_usable_fraction;
-    json["cache_share_exponent"] = d.cache_share_exponent;
-  }
   nlohmann::json classes = nlohmann::json::object();
   for (int i = 0; i < kNumOpClasses; ++i) {
     const auto op_class = static_cast<OpClass>(i);
@@ -475,7 +411,6 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
     if (rate.exponential_s > 0.0) entry["exponential_s"] = rate.exponential_s;
     if (rate.error_function_s > 0.0) entry["error_function_s"] = rate.error_function_s;
     if (rate.random_number_s > 0.0) entry["random_number_s"] = rate.random_number_s;
-    if (rate.block_size > 0.0) entry["block_size"] = rate.block_size;
     if (op_class == OpClass::kGemm) {
       nlohmann::json by_precision = nlohmann::json::object();
       for (std::size_t p = 0; p < kPrecisionNames.size(); ++p) {
@@ -488,65 +423,6 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
     classes[std::string(to_string(op_class))] = entry;
   }
   json["classes"] = classes;
-  return json;
-}
-
-std::vector<CacheLevel> cache_levels_from_json(const nlohmann::json& json,
-                                               const std::string& where) {
-  if (!json.is_array()) {
-    throw std::invalid_argument(where + " must be an array of {level, bytes, bandwidth}, got " +
-                                json.dump());
-  }
-  if (json.size() > 8) {
-    throw std::invalid_argument(where + " lists " + std::to_string(json.size()) +
-                                " levels (at most 8)");
-  }
-  std::vector<CacheLevel> levels;
-  for (std::size_t i = 0; i < json.size(); ++i) {
-    const auto& entry = json[i];
-    const std::string path = where + "[" + std::to_string(i) + "]";
-    if (!entry.is_object()) throw std::invalid_argument(path + " must be an object");
-    for (const auto& [key, ignored] : entry.items()) {
-      (void)ignored;
-      if (key != "level" && key != "bytes" && key != "bandwidth") {
-        throw std::invalid_argument(path + ": unknown field '" + key +
-                                    "' (allowed: level, bytes, bandwidth)");
-      }
-    }
-    auto read = [&](const char* field, bool required) {
-      const auto it = entry.find(field);
-      if (it == entry.end()) {
-        if (required) throw std::invalid_argument(path + ": missing field '" + field + "'");
-        return 0.0;
-      }
-      if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < 0.0) {
-        throw std::invalid_argument(path + ".'" + field + "' = " + it->dump() +
-                                    " (must be a finite number >= 0)");
-      }
-      return it->get<double>();
-    };
-    CacheLevel level;
-    const double number = read("level", false);
-    if (number != std::floor(number) || number > 16) {
-      throw std::invalid_argument(path + ".'level' = " + entry.at("level").dump() +
-                                  " (an integer in [0, 16])");
-    }
-    level.level = static_cast<int>(number);
-    level.bytes = read("bytes", true);
-    if (!(level.bytes > 0.0)) throw std::invalid_argument(path + ".'bytes' must be > 0");
-    level.bandwidth = read("bandwidth", false);
-    levels.push_back(level);
-  }
-  return levels;
-}
-
-nlohmann::json cache_levels_to_json(const std::vector<CacheLevel>& levels) {
-  nlohmann::json json = nlohmann::json::array();
-  for (const CacheLevel& level : levels) {
-    nlohmann::json entry = {{"level", level.level}, {"bytes", level.bytes}};
-    if (level.bandwidth > 0.0) entry["bandwidth"] = level.bandwidth;
-    json.push_back(entry);
-  }
   return json;
 }
 

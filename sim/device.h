@@ -82,20 +82,6 @@ struct ClassRate {
   double error_function_s = 0.0;
   double random_number_s = 0.0;
   SizeMeasure size_measure = SizeMeasure::kSmallest;
-  // factorization class only: > 0 prices a Cholesky inverse by its blocked structure
-  // (kfac_kernels.h, blocked_cholesky_inverse_kernels) with triangular-solve blocks of this many
-  // columns and the factorization's panels chosen as Eigen's LLT chooses them, capped at it; its
-  // trailing updates are gemm kernels. 0: one factorization and one triangular-solve kernel.
-  double block_size = 0.0;
-};
-
-// One level of the caches (innermost first; /sys/devices/system/cpu/cpu0/cache on Linux): its
-// capacity in bytes and the bandwidth an element-wise kernel achieves on data it holds
-// (bytes/s; 0: not known, the next level's, ending at memory_bandwidth x efficiency(memory)).
-struct CacheLevel {
-  int level = 0;
-  double bytes = 0.0;
-  double bandwidth = 0.0;
 };
 
 struct DeviceSpec {
@@ -123,22 +109,6 @@ struct DeviceSpec {
   // The same for backward kernels; < 0: launch_overhead_s. (Eager frameworks dispatch the
   // forward from Python and the backward from a C++ autograd engine.)
   double backward_launch_overhead_s = -1.0;
-  // The cache levels (innermost first, growing capacities). When given, the bandwidth term of an
-  // element-wise (memory-class) kernel moving `bytes` (its working set) is
-  //   bytes x sum over levels i of (s_i - s_{i-1}) / B_i  +  bytes x (1 - s_L) / B_memory
-  // with s_i = min(1, cache_usable_fraction x capacity_i / bytes) the share of the working set
-  // level i and the ones inside it hold (s_0 = 0), B_i its bandwidth and B_memory =
-  // memory_bandwidth x efficiency(memory): a working set that fits a level runs at its bandwidth,
-  // a larger one part from each level. The memory class's single cache curve
-  // (beyond_cache_slowdown) is not used then. cache_usable_fraction (0, 1]: the share of each
-  // level the kernel gets (caches shared with other cores and processes).
-  // cache_share_exponent q >= 1 sharpens the fall past a level: s_i = min(1, fraction x
-  // capacity_i / bytes)^q (1: a working set twice a level's size gets half its bytes from it; a
-  // larger q approaches least-recently-used replacement, where a stream past the capacity gets
-  // almost none).
-  std::vector<CacheLevel> caches;
-  double cache_usable_fraction = 1.0;
-  double cache_share_exponent = 1.0;
 
   // Efficiency and latency of a class after the defaults above.
   double efficiency(OpClass op_class) const;
@@ -147,11 +117,6 @@ struct DeviceSpec {
   // The class's shape factor in (0, 1] for a kernel of size s (ClassRate); 1 without a curve or
   // for s <= 0 (size unknown).
   double size_factor(OpClass op_class, double size) const;
-  // Seconds per byte of an element-wise kernel's bandwidth term for a working set of `bytes`
-  // (the cache levels above, or the memory class's bandwidth and cache curve without them).
-  double elementwise_seconds_per_byte(double bytes) const;
-  // Bandwidth of cache level i after the defaults above (bytes/s).
-  double cache_bandwidth(std::size_t i) const;
   double backward_launch_s() const {
     return backward_launch_overhead_s < 0.0 ? launch_overhead_s : backward_launch_overhead_s;
   }
@@ -172,15 +137,13 @@ std::vector<std::string> device_preset_names();
 //  "matmul_efficiency": E, "memory_bandwidth": B, "link_bandwidth": B, "link_latency_s": S,
 //  optional: "launch_overhead_s": S, "backward_launch_overhead_s": S,
 //            "host_bandwidth": B, "host_latency_s": S (PCIe to host memory),
-//            "caches": [{"level": 1, "bytes": 32768, "bandwidth": B}, ...],
-//            "cache_usable_fraction": F, "cache_share_exponent": Q,
 //            "classes": {"gemm": {"efficiency": E, "latency_s": S, "by_precision": {"bf16": E},
 //                                 "half_efficiency_size": D, "size_exponent": P},
 //                        "attention": {...},
 //                        "memory": {..., "beyond_cache_slowdown": K, "element_flop_s": S,
 //                                   "exponential_s": S, "error_function_s": S,
 //                                   "random_number_s": S},
-//                        "factorization": {..., "block_size": 128}, "triangular_solve": {...},
+//                        "factorization": {...}, "triangular_solve": {...},
 //                        "eigendecomposition": {...}}}
 // fp32 is required; the other precisions are optional (absent = unsupported). Files without the
 // optional fields price every product at matmul_efficiency with no latencies (the first model).
@@ -189,11 +152,6 @@ std::vector<std::string> device_preset_names();
 DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source);
 DeviceSpec device_from_json_file(const std::filesystem::path& path);
 nlohmann::json device_to_json(const DeviceSpec& device);
-// The "caches" array of a device or measurements file (innermost first; `where` names it in
-// errors), and back.
-std::vector<CacheLevel> cache_levels_from_json(const nlohmann::json& json,
-                                               const std::string& where);
-nlohmann::json cache_levels_to_json(const std::vector<CacheLevel>& levels);
 // A preset name or a path to a JSON file.
 DeviceSpec resolve_device(std::string_view name_or_path);
 

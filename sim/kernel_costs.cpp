@@ -80,15 +80,13 @@ double kernel_seconds(const DeviceSpec& device, const Kernel& kernel) {
         kernel.flops / (peak * efficiency *
                         device.size_factor(kernel.op_class, mean ? kernel.mean_size : kernel.size));
   }
-  // The memory class's cache curve or cache levels apply to element-wise kernels only, so that a
-  // change of them moves only that class (a product's bytes are mostly reused from caches anyway).
+  // The memory class's cache curve applies to element-wise kernels only, so that a change of it
+  // moves only that class (a product's bytes are mostly reused from caches anyway).
+  const double cache = kernel.op_class == OpClass::kMemory
+                           ? device.size_factor(OpClass::kMemory, kernel.bytes)
+                           : 1.0;
   const double memory =
-      kernel.op_class == OpClass::kMemory
-          ? (device.caches.empty()
-                 ? kernel.bytes / (device.memory_bandwidth * device.efficiency(OpClass::kMemory) *
-                                   device.size_factor(OpClass::kMemory, kernel.bytes))
-                 : kernel.bytes * device.elementwise_seconds_per_byte(kernel.bytes))
-          : kernel.bytes / (device.memory_bandwidth * device.efficiency(OpClass::kMemory));
+      kernel.bytes / (device.memory_bandwidth * device.efficiency(OpClass::kMemory) * cache);
   const double panels = is_matrix_function(kernel.op_class)
                             ? std::max(1.0, std::ceil(kernel.size / kPanelColumns))
                             : 1.0;

@@ -1,7 +1,6 @@
 #include "sim/kfac_kernels.h"
 
 #include <algorithm>
-#include <cmath>
 
 namespace pf::sim {
 namespace {
@@ -30,45 +29,7 @@ Kernels curvature_kernels(Precision product_precision, double rows, double order
           elementwise_kernel(3.0 * 4.0 * order * order, per_element(order * order, {.flops = 3}))};
 }
 
-Kernels blocked_cholesky_inverse_kernels(double order, double block_size) {
-  const double d = order, matrix = 4.0 * d * d, b = std::max(1.0, std::floor(block_size));
-  // Eigen's LLT panel width: d / 8 rounded down to a multiple of 16, in [8, block_size].
-  const double panel = std::max(1.0, std::min(std::max(8.0, std::floor(d / 8.0 / 16.0) * 16.0), b));
-  Kernels kernels = {elementwise_kernel(2.0 * 4.0 * d, per_element(d, {.flops = 1}))};
-  for (double k = 0.0; k < d; k += panel) {
-    const double w = std::min(panel, d - k), r = d - k - w;
-    Kernel diagonal = matrix_function(OpClass::kFactorization, w * w * w / 3.0, w, 8.0 * w * w);
-    diagonal.host_sync = r <= 0.0;  // the info flag after the last panel
-    kernels.push_back(diagonal);
-    if (r <= 0.0) continue;
-    kernels.push_back(
-        matrix_function(OpClass::kTriangularSolve, r * w * w, w, 4.0 * (2.0 * r * w + w * w)));
-    Kernel update = gemm_kernel(Precision::kFp32, r, r, w, 4.0);
-    update.flops = r * r * w;  // the lower half only
-    kernels.push_back(update);
-  }
-  kernels.push_back(memory_kernel(matrix));  // the identity to solve against
-  for (int solve = 0; solve < 2; ++solve) {
-    for (double k = 0.0; k < d; k += b) {
-      const double w = std::min(b, d - k), r = d - k - w;
-      kernels.push_back(
-          matrix_function(OpClass::kTriangularSolve, w * w * d, w, 4.0 * (w * w + 2.0 * w * d)));
-      if (r > 0.0) kernels.push_back(gemm_kernel(Precision::kFp32, r, d, w, 4.0));
-    }
-  }
-  kernels.push_back(memory_kernel(2.0 * matrix));  // symmetrize
-  return kernels;
-}
-
-Kernels inversion_kernels(const DeviceSpec& device, double order, KfacInversion method) {
-  return inversion_kernels(
-      order, method, device.classes[static_cast<std::size_t>(OpClass::kFactorization)].block_size);
-}
-
-Kernels inversion_kernels(double order, KfacInversion method, double block_size) {
-  if (method == KfacInversion::kCholesky && block_size > 0.0) {
-    return blocked_cholesky_inverse_kernels(order, block_size);
-  }
+Kernels inversion_kernels(double order, KfacInversion method) {
   const double d = order, matrix = 4.0 * d * d;
   if (method == KfacInversion::kEigen) {
     Kernel rebuild = gemm_kernel(Precision::kFp32, d, d, d, 4.0);

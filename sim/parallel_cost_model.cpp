@@ -56,8 +56,8 @@ ParallelCostModel::ParallelCostModel(ParallelWorkload workload, ClusterSpec clus
     auto& k = kfac_[static_cast<std::size_t>(i)];
     k.curvature_a = price(device, curvature_kernels(products, T, d.in, e));
     k.curvature_b = price(device, curvature_kernels(products, T, d.out, e));
-    k.invert_a = price(device, inversion_kernels(device, d.in));
-    k.invert_b = price(device, inversion_kernels(device, d.out));
+    k.invert_a = price(device, inversion_kernels(d.in));
+    k.invert_b = price(device, inversion_kernels(d.out));
     k.precondition = price(device, precondition_kernels(products, d.in, d.out));
   }
 }

@@ -34,8 +34,6 @@
 #include "scheduler/torch_csv.h"
 #include "sim/calibration.h"
 #include "sim/device.h"
-#include "sim/kernel_costs.h"
-#include "sim/kfac_kernels.h"
 #include "sim/measured_cost_model.h"
 #include "traces/chrome_trace.h"
 
@@ -193,12 +191,6 @@ void run_device(std::span<const std::uint8_t>, const std::string& path) {
     } catch (const std::invalid_argument&) {  // a precision the device lacks: documented
     }
   }
-  // Price what its optional terms shape: element-wise kernels through the cache levels, and a
-  // Cholesky inverse (blocked when the file sets a block size).
-  for (const double bytes : {0.0, 4096.0, 1e6, 1e9}) {
-    (void)sim::kernel_seconds(device, sim::memory_kernel(bytes));
-  }
-  (void)sim::price(device, sim::inversion_kernels(device, 512.0));
 }
 
 void run_profile(std::span<const std::uint8_t>, const std::string& path) {

@@ -180,13 +180,6 @@ void write_model_and_simulator(CorpusWriter& out) {
 
   out.json("device", "h100.json", sim::device_to_json(sim::device_preset("h100")));
   out.json("device", "v100.json", sim::device_to_json(sim::device_preset("v100")));
-  // A device with cache levels and a blocked Cholesky (the calibrated CPU's shape).
-  sim::DeviceSpec levels = sim::device_preset("a100");
-  levels.caches = {{1, 32768.0, 4e11}, {2, 1048576.0, 0.0}, {3, 33554432.0, 6e10}};
-  levels.cache_usable_fraction = 0.5;
-  levels.cache_share_exponent = 4.0;
-  levels.classes[static_cast<std::size_t>(sim::OpClass::kFactorization)].block_size = 256;
-  out.json("device", "cache-levels-blocked-cholesky.json", sim::device_to_json(levels));
   nlohmann::json device = sim::device_to_json(sim::device_preset("a100"));
   device["name"] = 42;
   out.json("device", "name-not-a-string.json", device);

@@ -505,6 +505,46 @@ TEST(SimCommand, CalibrateFitsWritesADeviceAndReports) {
   EXPECT_THROW(run_calibrate_command(bad, out), std::invalid_argument);
 }
 
+// --max-spread leaves out the records whose samples scattered (bench_sim_calibrate's "spread")
+// and lists them; the report shows every record's spread.
+TEST(SimCommand, CalibrateLeavesOutNoisyRecords) {
+  nlohmann::json records = nlohmann::json::array();
+  for (int i = 0; i < 6; ++i) {
+    const double n = 128.0 * (i + 1);
+    records.push_back({{"operation", "gemm"},
+                       {"m", n},
+                       {"n", n},
+                       {"k", n},
+                       {"seconds", 2.0 * n * n * n / 3e10},
+                       {"spread", i == 4 ? 0.6 : 0.05}});
+  }
+  const fs::path file = scratch("noisy_measurements.json");
+  {
+    std::ofstream f(file);
+    f << nlohmann::json{{"format_version", 1}, {"measurements", records}}.dump();
+  }
+  CalibrateOptions options;
+  options.measurements = file.string();
+  options.device = "v100";
+  options.max_spread = 0.3;
+  std::ostringstream out;
+  ASSERT_EQ(run_calibrate_command(options, out), 0);
+  EXPECT_NE(out.str().find("left out (spread 0.60): gemm 640x640x640"), std::string::npos)
+      << out.str();
+  EXPECT_NE(out.str().find("to 5 records"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("spread 0.05"), std::string::npos) << out.str();
+  options.max_spread = 0.01;
+  const std::string error = [&] {
+    try {
+      run_calibrate_command(options, out);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  }();
+  EXPECT_NE(error.find("every record"), std::string::npos) << error;
+}
+
 TEST(SimCommand, BadInputGivesClearErrors) {
   auto error_of = [](CompileCommandOptions compile, SimCommandOptions options) -> std::string {
     std::ostringstream out;
