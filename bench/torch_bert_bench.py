@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch side of the BERT training-step benchmark, and the side-by-side comparison.
 
 Forward + backward of BertForPreTraining (written like Hugging Face's, with torch.nn modules:
@@ -7,11 +7,12 @@ per second. With --cpp PATH it alternates runs of our bench_model and of PyTorch
 times, and prints both medians and the ratio: the machine is shared and noisy, so only a ratio
 measured side by side means something.
 
-  /usr/bin/python3 bench/torch_bert_bench.py --preset mini --threads 2 \
+  scripts/setup.sh --with-torch     # PyTorch from PyPI (MKL, oneDNN) in .venv-torch/
+  .venv-torch/bin/python bench/torch_bert_bench.py --preset mini --threads 2 \
       --cpp build/release/bench/bench_model --repeats 5
 
-Run with Debian's python3 (it has torch); check that libblas.so.3 points at OpenBLAS:
-update-alternatives --display libblas.so.3-x86_64-linux-gnu
+The first line printed names the torch version and whether MKL and oneDNN serve it: compare
+against PyPI's build (the baseline a user would pick), not a distribution's OpenBLAS build.
 """
 import argparse
 import json
@@ -42,9 +43,9 @@ def parse_args():
 
 
 ARGS = parse_args()
-# OpenBLAS reads its thread count when it loads: set it before importing torch.
-os.environ["OPENBLAS_NUM_THREADS"] = str(ARGS.threads)
-os.environ["OMP_NUM_THREADS"] = str(ARGS.threads)
+# The BLAS libraries read their thread counts when they load: set them before importing torch.
+for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ[variable] = str(ARGS.threads)
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -149,7 +150,8 @@ def main():
     model.train()
     batch = make_batch(ARGS.batch, ARGS.seq, ARGS.predictions, 30522, torch.Generator().manual_seed(7))
     print(f"BERT-{ARGS.preset}, batch {ARGS.batch}, sequence {ARGS.seq}, {ARGS.predictions} predictions, "
-          f"{ARGS.threads} threads; torch {torch.__version__}", flush=True)
+          f"{ARGS.threads} threads; torch {torch.__version__} (MKL {torch.backends.mkl.is_available()}, "
+          f"oneDNN {torch.backends.mkldnn.is_available()})", flush=True)
     ours, theirs = [], []
     for repeat in range(ARGS.repeats):
         if ARGS.cpp:
