@@ -34,11 +34,19 @@ void upload(kernels::cuda::CudaBackend& backend, tensor::Tensor& matrix,
 
 }  // namespace
 
-DeviceFactor::DeviceFactor(kernels::cuda::CudaBackend& backend, std::int64_t dim_)
-    : dim(dim_),
-      sum(tensor::Tensor::zeros(backend, {dim_, dim_}, tensor::DType::kF32)),
-      value(tensor::Tensor::zeros(backend, {dim_, dim_}, tensor::DType::kF32)),
-      inverse(tensor::Tensor::zeros(backend, {dim_, dim_}, tensor::DType::kF32)) {}
+DeviceFactor::DeviceFactor(std::int64_t dim_) : dim(dim_) {}
+
+namespace {
+// A dim x dim buffer for `matrix` unless it has one (contents undefined).
+void ensure(kernels::cuda::CudaBackend& backend, tensor::Tensor& matrix, std::int64_t dim) {
+  if (matrix.numel() != dim * dim) {
+    matrix = tensor::Tensor::empty(backend, {dim, dim}, tensor::DType::kF32);
+  }
+}
+bool present(const tensor::Tensor& matrix) {
+  return matrix.numel() > 0;
+}
+}  // namespace
 
 namespace {
 std::int64_t positive(std::int64_t dim, std::int64_t d_in, std::int64_t d_out) {
@@ -55,8 +63,8 @@ KfacLayerCuda::KfacLayerCuda(KfacCuda& kfac, std::int64_t d_in, std::int64_t d_o
     : kfac_(&kfac),
       backend_(&kfac.backend()),
       name_(std::move(name)),
-      a_(kfac.backend(), positive(d_in, d_in, d_out)),
-      b_(kfac.backend(), positive(d_out, d_in, d_out)) {}
+      a_(positive(d_in, d_in, d_out)),
+      b_(positive(d_out, d_in, d_out)) {}
 
 void KfacLayerCuda::accumulate(DeviceFactor& factor, kernels::ConstMatrixView<float> x, float scale,
                                int unit_begin, int unit_end, const char* which) {
@@ -73,6 +81,7 @@ void KfacLayerCuda::accumulate(DeviceFactor& factor, kernels::ConstMatrixView<fl
   }
   const ItemRange rows = piece_items(tokens, unit_begin, unit_end);
   if (!factor.accumulating) {
+    ensure(*backend_, factor.sum, factor.dim);
     CUDA_CHECK(
         cudaMemsetAsync(factor.sum.raw_data(), 0, matrix_bytes(factor.dim), kfac_->ops().stream()));
     factor.accumulating = true;
@@ -107,11 +116,18 @@ void KfacLayerCuda::finalize(DeviceFactor& factor, float running_average, const 
                                 ": running_average must lie in [0, 1), got " +
                                 std::to_string(running_average));
   }
+  const bool blends = running_average != 0.0F && factor.refreshes > 0;
+  if (blends && !present(factor.value)) {
+    throw std::logic_error(std::string("finalize_") + which + ": " + name_ +
+                           ": a running average without the factor's value on the device "
+                           "(offloaded and not prefetched)");
+  }
   float* mean = factor.sum.data<float>();
   kfac_->blend(mean, mean, factor.dim, 1.0F / static_cast<float>(factor.microbatches), 0.0F);
   kfac_->fill_upper_from_lower(mean, factor.dim);
-  if (running_average == 0.0F || factor.refreshes == 0) {
-    std::swap(factor.value, factor.sum);  // the old value's memory becomes the next accumulator
+  if (!blends) {
+    // The old value's memory (if any) becomes the next accumulator.
+    std::swap(factor.value, factor.sum);
   } else {
     kfac_->blend(factor.value.data<float>(), mean, factor.dim, running_average,
                  1.0F - running_average);
@@ -132,6 +148,11 @@ FactorDamping KfacLayerCuda::damping(float lambda, bool pi_adjusted) {
   if (a_.refreshes == 0 || b_.refreshes == 0) {
     throw std::logic_error("layer_damping: " + name_ + ": both factors must be finalized first");
   }
+  if (!present(a_.value) || !present(b_.value)) {
+    throw std::logic_error("layer_damping: " + name_ +
+                           ": a factor's value is not on the device (offloaded and not "
+                           "prefetched)");
+  }
   return kfac_->factored_damping(a_.value.data<float>(), a_.dim, b_.value.data<float>(), b_.dim,
                                  lambda, pi_adjusted);
 }
@@ -142,6 +163,12 @@ DeviceInverseResult KfacLayerCuda::invert(DeviceFactor& factor, float damping, I
     throw std::logic_error(std::string("invert_") + which + ": " + name_ +
                            ": the factor was never finalized");
   }
+  if (!present(factor.value)) {
+    throw std::logic_error(std::string("invert_") + which + ": " + name_ +
+                           ": the factor's value is not on the device (offloaded and not "
+                           "prefetched)");
+  }
+  ensure(*backend_, factor.inverse, factor.dim);
   const auto result = kfac_->damped_inverse(factor.value.data<float>(), factor.dim, damping, method,
                                             factor.inverse.data<float>(), name_ + " " + which);
   factor.inverted = true;
@@ -160,9 +187,9 @@ DeviceInverseResult KfacLayerCuda::invert_b(float damping, InverseMethod method)
 
 void KfacLayerCuda::precondition(const float* grad_w, const float* grad_b, float* out_w,
                                  float* out_b) {
-  if (!a_.inverted || !b_.inverted) {
+  if (!a_.inverted || !b_.inverted || !present(a_.inverse) || !present(b_.inverse)) {
     throw std::logic_error("precondition_layer: " + name_ +
-                           ": both inverses must be computed first");
+                           ": both inverses must be computed (and on the device) first");
   }
   kfac_->precondition(a_.inverse.data<float>(), b_.inverse.data<float>(), grad_w, grad_b, b_.dim,
                       a_.dim, out_w, out_b);
@@ -196,14 +223,44 @@ void KfacLayerCuda::set_microbatches(bool a, std::int64_t count) {
   (a ? a_ : b_).microbatches = count;
 }
 
+tensor::Tensor KfacLayerCuda::detach(bool a, bool inverse) {
+  DeviceFactor& factor = a ? a_ : b_;
+  return std::exchange(inverse ? factor.inverse : factor.value, tensor::Tensor());
+}
+
+tensor::Tensor KfacLayerCuda::attach(bool a, bool inverse, tensor::Tensor matrix) {
+  DeviceFactor& factor = a ? a_ : b_;
+  if (matrix.numel() != factor.dim * factor.dim || matrix.dtype() != tensor::DType::kF32) {
+    throw std::invalid_argument("KfacLayerCuda::attach: " + name_ + ": a " +
+                                std::to_string(matrix.numel()) + "-element matrix as " +
+                                (a ? "A" : "B") + "'s (" + std::to_string(factor.dim) + " x " +
+                                std::to_string(factor.dim) + " floats)");
+  }
+  if (inverse) factor.inverted = true;
+  return std::exchange(inverse ? factor.inverse : factor.value, std::move(matrix));
+}
+
+std::int64_t KfacLayerCuda::device_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto* factor : {&a_, &b_}) {
+    for (const auto* matrix : {&factor->sum, &factor->value, &factor->inverse}) {
+      bytes += static_cast<std::int64_t>(matrix->nbytes());
+    }
+  }
+  return bytes;
+}
+
 KfacLayerState KfacLayerCuda::to_host() const {
   KfacLayerState host(a_.dim, b_.dim);
   const auto copy = [&](const DeviceFactor& from, FactorState& to) {
     if (from.accumulating) to.sum = download(*backend_, from.sum, from.dim);
     to.microbatches = from.microbatches;
-    if (from.refreshes > 0) to.value = download(*backend_, from.value, from.dim);
+    if (from.refreshes > 0 && present(from.value)) {
+      to.value = download(*backend_, from.value, from.dim);
+    }
     to.refreshes = from.refreshes;
-    if (from.inverted) to.inverse = download(*backend_, from.inverse, from.dim);
+    if (from.inverted && present(from.inverse))
+      to.inverse = download(*backend_, from.inverse, from.dim);
     to.damping = from.damping;
     to.inverted_refresh = from.inverted_refresh;
     to.cholesky_fallbacks = from.cholesky_fallbacks;
@@ -222,12 +279,25 @@ void KfacLayerCuda::load(const KfacLayerState& host) {
   }
   const auto copy = [&](const FactorState& from, DeviceFactor& to) {
     to.accumulating = from.sum.size() > 0;
-    if (to.accumulating) upload(*backend_, to.sum, from.sum, to.dim, "sum");
+    if (to.accumulating) {
+      ensure(*backend_, to.sum, to.dim);
+      upload(*backend_, to.sum, from.sum, to.dim, "sum");
+    }
     to.microbatches = from.microbatches;
-    if (from.value.size() > 0) upload(*backend_, to.value, from.value, to.dim, "value");
+    if (from.value.size() > 0) {
+      ensure(*backend_, to.value, to.dim);
+      upload(*backend_, to.value, from.value, to.dim, "value");
+    } else {
+      to.value = tensor::Tensor();
+    }
     to.refreshes = from.value.size() > 0 ? from.refreshes : 0;
     to.inverted = from.inverse.size() > 0;
-    if (to.inverted) upload(*backend_, to.inverse, from.inverse, to.dim, "inverse");
+    if (to.inverted) {
+      ensure(*backend_, to.inverse, to.dim);
+      upload(*backend_, to.inverse, from.inverse, to.dim, "inverse");
+    } else {
+      to.inverse = tensor::Tensor();
+    }
     to.damping = from.damping;
     to.inverted_refresh = from.inverted_refresh;
     to.cholesky_fallbacks = from.cholesky_fallbacks;

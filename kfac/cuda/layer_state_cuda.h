@@ -17,11 +17,14 @@
 
 namespace pf::kfac::cuda {
 
-// One Kronecker factor (dim x dim, column-major like Eigen's) and its counters.
+// One Kronecker factor (dim x dim, column-major like Eigen's) and its counters. The matrices are
+// allocated when first written and kept (a finalize without a running average swaps the sum's
+// and the value's buffers); K-FAC offload detaches and attaches value and inverse, so either
+// may be absent (numel 0) while its flag says it was computed.
 struct DeviceFactor {
-  DeviceFactor(kernels::cuda::CudaBackend& backend, std::int64_t dim);
+  explicit DeviceFactor(std::int64_t dim);
   std::int64_t dim = 0;
-  tensor::Tensor sum, value, inverse;  // allocated once; valid as the flags below say
+  tensor::Tensor sum, value, inverse;  // valid as the flags below say, when allocated
   bool accumulating = false;           // sum holds the refresh in progress (lower triangle)
   std::int64_t microbatches = 0;
   std::int64_t refreshes = 0;  // value is valid when > 0
@@ -76,7 +79,17 @@ class KfacLayerCuda {
   // The factor's synced micro-batch count.
   void set_microbatches(bool a, std::int64_t count);
 
-  // The state as the CPU keeps it (downloads; waits for the stream), and back.
+  // K-FAC offload: a factor's value or inverse buffer out of the layer (empty when it holds
+  // none; work issued so far may still read it) and into it (dim x dim floats of this backend,
+  // written in stream order; returns the buffer it replaces). An attached inverse counts as
+  // computed. attach throws std::invalid_argument for another size.
+  tensor::Tensor detach(bool a, bool inverse);
+  tensor::Tensor attach(bool a, bool inverse, tensor::Tensor matrix);
+  // Bytes of device memory held (sums, values, inverses).
+  std::int64_t device_bytes() const;
+
+  // The state as the CPU keeps it (downloads; waits for the stream), and back. A detached
+  // matrix is absent from it, as from the CPU path's state of an offloaded Linear.
   KfacLayerState to_host() const;
   // Throws std::invalid_argument when the dimensions differ.
   void load(const KfacLayerState& host);

@@ -8,12 +8,14 @@
 //   - an in-process exchange for device-to-device messages between workers sharing the device.
 // The CPU keeps its own path (each worker owns a CpuBackend; host clocks; Eigen K-FAC): a run
 // on the CPU has no DeviceRuntime at all, so it executes exactly as before.
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "kernels/backend_ops.h"
 #include "kernels/matrix_view.h"
@@ -27,6 +29,7 @@
 #include "runtime/optim/optimizer.h"
 #include "runtime/optim/sgd.h"
 #include "runtime/tensor/backend.h"
+#include "runtime/tensor/tensor.h"
 
 namespace pf::device {
 
@@ -47,6 +50,54 @@ class TimingMark {
   TimingMark& operator=(const TimingMark&) = delete;
   virtual void record(tensor::Stream& stream) = 0;
   virtual double seconds_since(const TimingMark& earlier) const = 0;
+};
+
+// Page-locked ("pinned") host memory from DeviceRuntime::allocate_pinned_host: copies between it
+// and device memory run asynchronously on a stream at the host link's full rate (cudaHostAlloc
+// on a GPU; ordinary host memory on the CPU backend, whose copies are memcpy's). Freed with its
+// owner; move-only. An empty buffer holds nothing.
+class PinnedHostBuffer {
+ public:
+  using Free = void (*)(void*);
+  PinnedHostBuffer() = default;
+  PinnedHostBuffer(void* data, std::size_t bytes, Free free) noexcept
+      : data_(data), bytes_(bytes), free_(free) {}
+  ~PinnedHostBuffer() { reset(); }
+  PinnedHostBuffer(PinnedHostBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)),
+        bytes_(std::exchange(other.bytes_, 0)),
+        free_(std::exchange(other.free_, nullptr)) {}
+  PinnedHostBuffer& operator=(PinnedHostBuffer&& other) noexcept {
+    if (this != &other) {
+      reset();
+      data_ = std::exchange(other.data_, nullptr);
+      bytes_ = std::exchange(other.bytes_, 0);
+      free_ = std::exchange(other.free_, nullptr);
+    }
+    return *this;
+  }
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  bool empty() const { return data_ == nullptr; }
+  void reset() noexcept {
+    if (data_ != nullptr && free_ != nullptr) free_(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+    free_ = nullptr;
+  }
+  friend void swap(PinnedHostBuffer& x, PinnedHostBuffer& y) noexcept {
+    std::swap(x.data_, y.data_);
+    std::swap(x.bytes_, y.bytes_);
+    std::swap(x.free_, y.free_);
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  Free free_ = nullptr;
 };
 
 // One preconditioned Linear's K-FAC state on the device (kfac/layer_state.h's life cycle), plus
@@ -98,6 +149,28 @@ class DeviceKfacLayer {
   // matrix that is neither empty nor of the factor's size, or a set-aside count without its sum.
   virtual KfacLayerExtras extras_to_host() const = 0;
   virtual void load_extras(const KfacLayerExtras& extras) = 0;
+
+  // K-FAC offload (docs/offload.md) moves a factor's value, its inverse and the inverse the last
+  // inversion replaced between device and host memory; the executor makes the copies (on its
+  // copy stream) and the layer lends or takes the device buffers.
+  enum class Matrix : std::uint8_t { kValue, kInverse, kPreviousInverse };
+  // Detaches the matrix's device buffer (d x d floats, column-major, of the runtime's backend)
+  // and returns it; an empty tensor when the layer holds none. Work issued so far on the
+  // layer's stream may still read it: the caller orders its reuse after that work. The
+  // factor's counters stay (refreshes, damping), so what reads the matrix later (finalize with
+  // a running average, damping, inversion, preconditioning) needs it attached again first, and
+  // throws std::logic_error naming the layer otherwise; an inversion with its inverse detached
+  // replaces no previous inverse (none is kept).
+  virtual tensor::Tensor detach(bool a, Matrix which) = 0;
+  // Gives the layer `matrix` (d x d floats on the runtime's backend, written by the caller in
+  // stream order before the layer's stream reads it) as that matrix, and returns the buffer it
+  // replaces (empty if none), which work issued so far may still read. An inverse attached
+  // counts as computed (kInverse: the last inversion's; kPreviousInverse: the one it replaced).
+  // Throws std::invalid_argument for a matrix of another size.
+  virtual tensor::Tensor attach(bool a, Matrix which, tensor::Tensor matrix) = 0;
+  // Bytes of device memory the layer holds: sums (set-aside ones too), values, inverses and
+  // the inverses they replaced.
+  virtual std::int64_t device_bytes() const = 0;
 };
 
 // The optimizer a run asked for ("lamb", "adamw", "sgd") with its options.
@@ -131,6 +204,9 @@ class DeviceRuntime {
                                                            const std::string& name) = 0;
   // Messages between the workers of this process.
   virtual MessageExchange& exchange() = 0;
+  // `bytes` of pinned host memory (K-FAC offload's host copies). Throws std::runtime_error
+  // naming the size when it cannot be had.
+  virtual PinnedHostBuffer allocate_pinned_host(std::size_t bytes) = 0;
 };
 
 // nullptr for the CPU (the executor's own path). For cuda:N, the CUDA runtime on device N.

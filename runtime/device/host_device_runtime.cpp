@@ -1,5 +1,7 @@
 #include "runtime/device/host_device_runtime.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -17,8 +19,8 @@ namespace {
 // replaced (what the CPU path's KfacSlot keeps as previous_*_inverse).
 class HostKfacLayer final : public DeviceKfacLayer {
  public:
-  HostKfacLayer(std::int64_t d_in, std::int64_t d_out, std::string name)
-      : layer_(d_in, d_out), name_(std::move(name)) {}
+  HostKfacLayer(tensor::Backend& backend, std::int64_t d_in, std::int64_t d_out, std::string name)
+      : backend_(&backend), layer_(d_in, d_out), name_(std::move(name)) {}
 
   void accumulate(bool a, kernels::ConstMatrixView<float> x, float scale, int unit_begin,
                   int unit_end) override {
@@ -37,6 +39,10 @@ class HostKfacLayer final : public DeviceKfacLayer {
     return (a ? layer_.a : layer_.b).microbatches;
   }
   void finalize(bool a, float running_average) override {
+    const auto& factor = a ? layer_.a : layer_.b;
+    if (running_average != 0.0F && factor.refreshes > 0 && factor.value.size() == 0) {
+      missing(a, "value", "finalize with a running average");
+    }
     if (a) {
       kfac::finalize_a(layer_, running_average);
     } else {
@@ -44,9 +50,15 @@ class HostKfacLayer final : public DeviceKfacLayer {
     }
   }
   kfac::FactorDamping damping(float lambda, bool pi_adjusted) override {
+    for (const bool a : {true, false}) {
+      const auto& factor = a ? layer_.a : layer_.b;
+      if (factor.refreshes > 0 && factor.value.size() == 0) missing(a, "value", "damping");
+    }
     return kfac::layer_damping(layer_, lambda, pi_adjusted);
   }
   void invert(bool a, float damping, kfac::InverseMethod method) override {
+    const auto& factor = a ? layer_.a : layer_.b;
+    if (factor.refreshes > 0 && factor.value.size() == 0) missing(a, "value", "inversion");
     (a ? previous_a_ : previous_b_) = (a ? layer_.a : layer_.b).inverse;
     if (a) {
       kfac::invert_a(layer_, damping, method);
@@ -62,6 +74,10 @@ class HostKfacLayer final : public DeviceKfacLayer {
   void precondition(bool previous_a, bool previous_b, float* grad_w, float* grad_b) override {
     const Eigen::MatrixXf& a_inv = previous_a ? previous_a_ : layer_.a.inverse;
     const Eigen::MatrixXf& b_inv = previous_b ? previous_b_ : layer_.b.inverse;
+    if (a_inv.size() == 0)
+      missing(true, previous_a ? "previous inverse" : "inverse", "precondition");
+    if (b_inv.size() == 0)
+      missing(false, previous_b ? "previous inverse" : "inverse", "precondition");
     kfac::precondition(a_inv, b_inv, grad_w, grad_b, layer_.d_out, layer_.d_in, grad_w, grad_b);
   }
   kfac::KfacLayerState to_host() const override { return layer_; }
@@ -140,8 +156,59 @@ class HostKfacLayer final : public DeviceKfacLayer {
     set_aside_a_microbatches_ = extras.set_aside_a_microbatches;
     set_aside_b_microbatches_ = extras.set_aside_b_microbatches;
   }
+  // The matrices are Eigen's (the CPU's K-FAC functions run on them): a detached one is copied
+  // into a tensor of the backend, an attached one out of it (the CPU backend's copies have run
+  // when they return, so the tensor holds its contents by then).
+  tensor::Tensor detach(bool a, Matrix which) override {
+    Eigen::MatrixXf& matrix = matrix_of(a, which);
+    if (matrix.size() == 0) return {};
+    auto buffer =
+        tensor::Tensor::empty(*backend_, {matrix.rows(), matrix.cols()}, tensor::DType::kF32);
+    std::memcpy(buffer.raw_data(), matrix.data(), buffer.nbytes());
+    matrix = Eigen::MatrixXf();
+    return buffer;
+  }
+  tensor::Tensor attach(bool a, Matrix which, tensor::Tensor matrix) override {
+    const std::int64_t d = a ? layer_.d_in : layer_.d_out;
+    if (matrix.numel() != d * d || matrix.dtype() != tensor::DType::kF32) {
+      throw std::invalid_argument("K-FAC " + name_ + ": a " + std::to_string(matrix.numel()) +
+                                  "-element matrix attached as " + (a ? "A" : "B") + "'s (" +
+                                  std::to_string(d) + " x " + std::to_string(d) + " floats)");
+    }
+    auto replaced = detach(a, which);
+    Eigen::MatrixXf& into = matrix_of(a, which);
+    into.resize(d, d);
+    std::memcpy(into.data(), matrix.raw_data(), matrix.nbytes());
+    return replaced;
+  }
+  std::int64_t device_bytes() const override {
+    std::int64_t floats =
+        previous_a_.size() + previous_b_.size() + set_aside_a_sum_.size() + set_aside_b_sum_.size();
+    for (const auto* factor : {&layer_.a, &layer_.b}) {
+      floats += factor->sum.size() + factor->value.size() + factor->inverse.size();
+    }
+    return floats * static_cast<std::int64_t>(sizeof(float));
+  }
 
  private:
+  Eigen::MatrixXf& matrix_of(bool a, Matrix which) {
+    auto& factor = a ? layer_.a : layer_.b;
+    switch (which) {
+      case Matrix::kValue:
+        return factor.value;
+      case Matrix::kInverse:
+        return factor.inverse;
+      case Matrix::kPreviousInverse:
+        break;
+    }
+    return a ? previous_a_ : previous_b_;
+  }
+  [[noreturn]] void missing(bool a, const char* matrix, const char* what) const {
+    throw std::logic_error("K-FAC " + name_ + ": " + what + " without factor " + (a ? "A" : "B") +
+                           "'s " + matrix + " on the device (offloaded and not prefetched)");
+  }
+
+  tensor::Backend* backend_;
   kfac::KfacLayerState layer_;
   Eigen::MatrixXf previous_a_, previous_b_;
   Eigen::MatrixXf set_aside_a_sum_, set_aside_b_sum_;
@@ -171,7 +238,18 @@ std::unique_ptr<DeviceKfacLayer> HostDeviceRuntime::make_kfac_layer(tensor::Stre
                                                                     std::int64_t d_in,
                                                                     std::int64_t d_out,
                                                                     const std::string& name) {
-  return std::make_unique<HostKfacLayer>(d_in, d_out, name);
+  return std::make_unique<HostKfacLayer>(backend_, d_in, d_out, name);
+}
+
+PinnedHostBuffer HostDeviceRuntime::allocate_pinned_host(std::size_t bytes) {
+  if (bytes == 0) return {};
+  // 64-byte aligned, as the backend's allocations (aligned_alloc wants a multiple of it).
+  void* data = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  if (data == nullptr) {
+    throw std::runtime_error("pinned host memory: cannot allocate " + std::to_string(bytes) +
+                             " bytes");
+  }
+  return PinnedHostBuffer(data, bytes, [](void* pointer) { std::free(pointer); });
 }
 
 }  // namespace pf::device

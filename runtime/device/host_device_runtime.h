@@ -23,6 +23,8 @@ class HostDeviceRuntime final : public DeviceRuntime {
                                                    std::int64_t d_out,
                                                    const std::string& name) override;
   MessageExchange& exchange() override { return exchange_; }
+  // Ordinary host memory (the CPU backend's copies are memcpy's, with nothing to pin for).
+  PinnedHostBuffer allocate_pinned_host(std::size_t bytes) override;
 
  private:
   tensor::CpuBackend backend_;

@@ -21,6 +21,7 @@
 #include "runtime/device/buffer_pool.h"
 #include "runtime/device/stream_timeline.h"
 #include "runtime/executor/host_kfac_state.h"
+#include "runtime/executor/pinned_kfac_state.h"
 #include "runtime/tensor/cpu_backend.h"
 #include "runtime/tensor/tensor.h"
 #include "scheduler/grid.h"
@@ -104,6 +105,9 @@ struct KfacSlot {
   bool broadcasts_gradient = false;  // ... and its preconditioned-gradient broadcasts
   // Offloaded to host memory (the stream holds its offload copies; docs/offload.md).
   bool offloaded = false;
+  // Device path: the copy stream's prefetch of this Linear's matrices, which the compute stream
+  // waits for before the first instruction that reads them (null: none outstanding).
+  std::shared_ptr<tensor::Event> prefetched;
   // A pipelined refresh (Schedule::kfac_pipelined_refresh): the previous refresh's factor sums,
   // set aside at the window's start while its inversion (run in this window) has not finalized
   // them; this window's curvature accumulates into the layer's own sums meanwhile (the second
@@ -187,6 +191,11 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   };
   std::vector<Retired> retired;
   std::unique_ptr<device::BufferPool> pool;  // message and capture buffers, reused (device path)
+  // K-FAC offload on a device: the copy stream (host <-> device copies, ordered with the compute
+  // stream by events) and the device buffers of offloaded matrices, reused within a step and
+  // freed at its end (between steps an offloaded Linear holds no device memory).
+  std::unique_ptr<tensor::Stream> copy_stream;
+  std::unique_ptr<device::BufferPool> staging;
 
   struct Slot {
     int pipeline = 0, chunk = 0;
@@ -223,8 +232,9 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   std::map<int, kfac::KfacState> kfac_states;  // per pipeline
   std::map<FactorKey, KfacSlot> kfac_slots;
   std::map<FactorKey, std::unique_ptr<device::DeviceKfacLayer>> device_kfac;  // device path
-  std::map<FactorKey, HostKfacState> host_kfac;   // offloaded Linears' host copies (CPU path)
-  kernels::BackendOps<T>* capture_ops = nullptr;  // the capturing chunk's ops (device copies)
+  std::map<FactorKey, HostKfacState> host_kfac;      // offloaded Linears' host copies (CPU path)
+  std::map<FactorKey, PinnedKfacState> pinned_kfac;  // ... in pinned memory (device path)
+  kernels::BackendOps<T>* capture_ops = nullptr;     // the capturing chunk's ops (device copies)
   tensor::Tensor last_input_device;
   std::set<CaptureKey> wanted_a, wanted_b;
   std::map<CaptureKey, Captured> captures;
@@ -437,7 +447,9 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     if (!runtime) return;
     compute_stream->synchronize();
     comm_stream->synchronize();
+    if (copy_stream) copy_stream->synchronize();
     reclaim_retired(true);
+    if (staging) staging->clear();
   }
 
   // --- K-FAC preparation: what to capture and how many curvature tasks a round holds.
@@ -497,7 +509,15 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
               "executor: K-FAC offload with sharded K-FAC state (--kfac-sharding) is not "
               "supported: offload keeps each replica's whole state in its host memory");
         }
-        host_kfac.try_emplace(key);
+        if (runtime) {
+          pinned_kfac.try_emplace(key);
+        } else {
+          host_kfac.try_emplace(key);
+        }
+      }
+      if (runtime && !pinned_kfac.empty()) {
+        copy_stream = runtime->backend().create_stream();
+        staging = std::make_unique<device::BufferPool>(runtime->backend());
       }
     }
   }
@@ -1520,6 +1540,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     if (in.piece_end != sched::kPieceUnits) return;
     auto& layer = *device_kfac.at({in.pipeline, in.layer, in.linear});
     auto& slot = kfac_slot(in);
+    await_prefetch(slot);
     const bool is_a = in.kind == OpKind::kInvertA;
     const bool wrapped = sched::is_wrapped(in);
     for (const bool a_factor : {true, false}) {
@@ -1656,6 +1677,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         refreshed_this_step = true;
       }
       if (in.piece_end != sched::kPieceUnits) return;
+      await_prefetch(slot);
       const std::string weight = linear_weight_name(in.layer, in.linear);
       auto* w = find_param(weight);
       auto* b = find_param(bias_name_of(weight));
@@ -1926,6 +1948,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       }
     }
     for (auto& [key, host] : host_kfac) host.begin_round();
+    for (auto& [key, host] : pinned_kfac) host.begin_round();
   }
 
   // --- K-FAC offload (docs/offload.md): the copies between the live state and host memory.
@@ -1939,8 +1962,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
 
   void offload_copy(const Instruction& in) {
     if (runtime) {
-      throw std::runtime_error("K-FAC offload (--kfac-offload) is not implemented on device " +
-                               tensor::to_string(runtime->device()) + " yet");
+      offload_copy_on_device(in);
+      return;
     }
     auto& layer = kfac_layer(in);
     auto& slot = kfac_slot(in);
@@ -1982,11 +2005,99 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
   }
 
+  // The same on a device (the CPU path's choices, step by step): the copies run on the copy
+  // stream; a prefetch's consumer waits for it (await_prefetch), a write-back waits for the
+  // compute stream's work so far, and the device buffers go back to staging once the work that
+  // reads them has run.
+  OffloadStreams offload_streams() {
+    return {runtime.get(), compute_stream.get(), copy_stream.get(), staging.get()};
+  }
+  PinnedKfacState& pinned_state(const Instruction& in) {
+    const auto it = pinned_kfac.find({in.pipeline, in.layer, in.linear});
+    if (it == pinned_kfac.end()) {
+      throw std::runtime_error("offload copy for a Linear this worker does not offload");
+    }
+    return it->second;
+  }
+  void mark_prefetched(KfacSlot& slot) {
+    if (!slot.prefetched) slot.prefetched = backend().create_event();
+    slot.prefetched->record(*copy_stream);
+  }
+  // The compute stream waits for the Linear's outstanding prefetch (before reading its
+  // matrices); nothing to wait for without one.
+  void await_prefetch(KfacSlot& slot) {
+    if (!slot.prefetched) return;
+    compute_stream->wait(*slot.prefetched);
+    slot.prefetched.reset();
+  }
+
+  void offload_copy_on_device(const Instruction& in) {
+    using Matrix = device::DeviceKfacLayer::Matrix;
+    const FactorKey key{in.pipeline, in.layer, in.linear};
+    auto& layer = *device_kfac.at(key);
+    auto& slot = kfac_slot(in);
+    auto& host = pinned_state(in);
+    const auto on = offload_streams();
+    const auto& dims = kfac_states.at(in.pipeline).at({in.layer, in.linear});
+    switch (in.kind) {
+      case OpKind::kPrefetchFactors:
+        host.prefetch_factors(on, layer, dims.d_in, dims.d_out);
+        mark_prefetched(slot);
+        break;
+      case OpKind::kWriteBackState: {
+        const bool new_a = slot.inverted_a && !host.written_back(true);
+        const bool new_b = slot.inverted_b && !host.written_back(false);
+        if (!new_a && !new_b) throw std::runtime_error("write-back without a new inverse");
+        if (current_span) {
+          // The span holds the copies, not the copy stream's wait for the inversion.
+          const auto computed = backend().create_event();
+          computed->record(*compute_stream);
+          copy_stream->wait(*computed);
+          timeline->restart(*current_span, *copy_stream);
+        }
+        host.write_back(on, layer, new_a, new_b);
+        break;
+      }
+      default: {  // prefetch_inverses: what this step's preconditioning reads
+        const bool newest = in.step == schedule.num_steps - 1;
+        for (const bool is_a : {true, false}) {
+          const bool inverted = is_a ? slot.inverted_a : slot.inverted_b;
+          const bool written = host.written_back(is_a);
+          const std::int64_t d = is_a ? dims.d_in : dims.d_out;
+          if (newest) {
+            if (written || !inverted) {
+              host.prefetch_inverse(on, layer, is_a, false, d, Matrix::kInverse);
+            }
+          } else if (inverted) {
+            host.prefetch_inverse(on, layer, is_a, written, d, Matrix::kPreviousInverse);
+          } else {
+            host.prefetch_inverse(on, layer, is_a, false, d, Matrix::kInverse);
+          }
+        }
+        mark_prefetched(slot);
+        break;
+      }
+    }
+  }
+
   // After an offloaded Linear's preconditioning: its prefetched inverses leave the device. The
   // refresh's new inverses stay until their write-back.
   void release_inverses(const Instruction& in) {
     auto& slot = kfac_slot(in);
-    if (!slot.offloaded || runtime) return;
+    if (!slot.offloaded) return;
+    if (runtime) {
+      using Matrix = device::DeviceKfacLayer::Matrix;
+      auto& layer = *device_kfac.at({in.pipeline, in.layer, in.linear});
+      const auto& host = pinned_state(in);
+      const auto on = offload_streams();
+      for (const bool is_a : {true, false}) {
+        release_staging(on, layer.detach(is_a, Matrix::kPreviousInverse), *compute_stream);
+        if (!((is_a ? slot.inverted_a : slot.inverted_b) && !host.written_back(is_a))) {
+          release_staging(on, layer.detach(is_a, Matrix::kInverse), *compute_stream);
+        }
+      }
+      return;
+    }
     auto& layer = kfac_layer(in);
     const auto& host = host_state(in);
     slot.previous_a_inverse = Eigen::MatrixXf();
@@ -2011,7 +2122,9 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     tensor::Stream* timed_stream = nullptr;
     if (recording && runtime) {
       const bool on_comm = in.kind == OpKind::kSendActivation || in.kind == OpKind::kSendGradient;
-      timed_stream = on_comm ? comm_stream.get() : compute_stream.get();
+      timed_stream = on_comm                                           ? comm_stream.get()
+                     : sched::is_kfac_transfer(in.kind) && copy_stream ? copy_stream.get()
+                                                                       : compute_stream.get();
       current_span = timeline->begin(*timed_stream);
     }
     switch (in.kind) {
@@ -2248,6 +2361,10 @@ void Worker<T>::load_kfac_progress(const ckpt::SafetensorsFile& file, std::strin
 template <typename T>
 std::int64_t Worker<T>::kfac_state_bytes() const {
   std::int64_t bytes = 0;
+  if (impl_->runtime) {  // the device layers' memory
+    for (const auto& [key, layer] : impl_->device_kfac) bytes += layer->device_bytes();
+    return bytes;
+  }
   for (const auto& [pipeline, state] : impl_->kfac_states) {
     for (const auto& [key, layer] : state.layers()) {
       for (const auto* factor : {&layer.a, &layer.b}) {
@@ -2262,6 +2379,7 @@ template <typename T>
 std::int64_t Worker<T>::kfac_host_bytes() const {
   std::int64_t bytes = 0;
   for (const auto& [key, host] : impl_->host_kfac) bytes += host.bytes();
+  for (const auto& [key, host] : impl_->pinned_kfac) bytes += host.bytes();
   return bytes;
 }
 template <typename T>

@@ -146,8 +146,10 @@ struct RunSetup {
   // buffers itself on its own stream, ordered with the worker's streams by events, and
   // gradient reductions are device all-reduces with no host wait (runtime/comm/
   // device_communicator.h). K-FAC runs on device::DeviceKfacLayer (divided
-  // inversion and preconditioning tasks run whole at their last piece); instruction times come
-  // from timing marks on the streams; make_optimizer is not used, device_optimizer is.
+  // inversion and preconditioning tasks run whole at their last piece); K-FAC offload copies
+  // (--kfac-offload) run on a copy stream per worker between the device layers and pinned host
+  // memory (runtime/executor/pinned_kfac_state.h); instruction times come from timing marks on
+  // the streams; make_optimizer is not used, device_optimizer is.
   std::shared_ptr<device::DeviceRuntime> device;
   device::OptimizerChoice device_optimizer;
 };
@@ -195,10 +197,13 @@ class Worker {
 
   TransientMemory transient_memory() const;
   // Bytes of K-FAC state this rank holds: factor accumulators, values and inverses of every
-  // preconditioned Linear (kfac::state_cost's memory_bytes between refreshes).
+  // preconditioned Linear (kfac::state_cost's memory_bytes between refreshes). On a device the
+  // device memory its K-FAC layers hold (accumulators, values, inverses, the inverses a refresh
+  // replaced and set-aside sums, as allocated).
   std::int64_t kfac_state_bytes() const;
   // Bytes of K-FAC state this rank keeps in host memory for its offloaded Linears
-  // (--kfac-offload; the schedule's offload copies); 0 without offload.
+  // (--kfac-offload; the schedule's offload copies; pinned memory on a device); 0 without
+  // offload.
   std::int64_t kfac_host_bytes() const;
   // Payload bytes this rank sent in K-FAC collectives (curvature sync, broadcasts) so far, as
   // counted by the communicator (comm::Communicator::payload_bytes_sent); -1 where it counts

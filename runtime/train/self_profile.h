@@ -27,9 +27,15 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
                               int steps = 3,
                               const std::shared_ptr<device::DeviceRuntime>& device = nullptr);
 
-// The host link of the CPU backend's K-FAC offload (--kfac-offload): the rate of a memcpy
+// The host link of K-FAC offload (--kfac-offload). On the CPU (no device): the rate of a memcpy
 // between two host buffers of `bytes` (the copies runtime/executor/host_kfac_state.h makes),
-// the median of a few, no latency.
-sim::LinkProfile measure_host_copy(std::size_t bytes = std::size_t{16} << 20);
+// the median of a few, no latency. On a device: measure_device_host_link.
+sim::LinkProfile measure_host_copy(std::size_t bytes = std::size_t{16} << 20,
+                                   const std::shared_ptr<device::DeviceRuntime>& device = nullptr);
+// The device's host link as the executor's device path uses it: copies of `bytes` between the
+// runtime's pinned host memory and device memory on a stream, each waited for; the latency is
+// a 4 KiB copy's time, the bandwidth the rest of a `bytes` copy's (the slower direction's
+// median of five each).
+sim::LinkProfile measure_device_host_link(device::DeviceRuntime& device, std::size_t bytes);
 
 }  // namespace pf::train

@@ -159,11 +159,6 @@ void validate_options(const TrainOptions& o) {
       bad("--kfac-offload: checkpoints of offloaded K-FAC state are not written yet; run without "
           "--checkpoint-dir");
     }
-    if (on_cuda) {
-      bad("--kfac-offload on --device " + o.device +
-          " is not implemented yet (pinned host "
-          "memory and copy-stream transfers); it runs on the CPU");
-    }
   }
   if (o.threads_per_worker < 1) bad("--threads-per-worker must be >= 1");
   if (!(o.wait_timeout_s > 0)) bad("--wait-timeout must be > 0 seconds");

@@ -508,7 +508,8 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     }
     if (offload_options.mode != pipefisher::OffloadMode::kNone) {
       // The offload pass sizes each Linear's state (fp32 A, B and their inverses) and prices its
-      // copies on the host link: a memcpy here (the CPU backend's offload copies).
+      // copies on the host link: a memcpy on the CPU (its offload copies), copies between
+      // pinned host memory and the device on a device.
       for (auto& entry : profile.kfac) {
         if (entry.bytes > 0.0 || !entry.linear) continue;
         const auto& dims = kfac_command.linear_dims[static_cast<std::size_t>(*entry.linear)];
@@ -516,7 +517,9 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
                       (static_cast<double>(dims.d_in) * static_cast<double>(dims.d_in) +
                        static_cast<double>(dims.d_out) * static_cast<double>(dims.d_out));
       }
-      if (!(profile.host_link.bandwidth > 0.0)) profile.host_link = measure_host_copy();
+      if (!(profile.host_link.bandwidth > 0.0)) {
+        profile.host_link = measure_host_copy(std::size_t{16} << 20, context.device);
+      }
     }
     const sim::MeasuredCostModel measured(profile, source);
     auto pass = pipefisher::run_pipefisher(context.schedule, measured,

@@ -86,6 +86,8 @@ struct DeviceRun {
   std::size_t pending_messages = 0;
   std::size_t exchange_pending = 0;
   std::size_t transient_bytes = 0;
+  std::vector<std::int64_t> kfac_state_bytes;  // per rank (Worker::kfac_state_bytes)
+  std::vector<std::int64_t> kfac_host_bytes;   // per rank (Worker::kfac_host_bytes)
 };
 
 // The batches every device test trains on.
@@ -125,10 +127,13 @@ inline DeviceRun run_schedule(const std::shared_ptr<device::DeviceRuntime>& runt
                               const model::BertConfig& config, const sched::Schedule& schedule,
                               const std::string& optimizer, std::int64_t steps,
                               bool record_events = true,
-                              std::int64_t dp_bucket_bytes = ExecutorOptions{}.dp_bucket_bytes) {
+                              std::int64_t dp_bucket_bytes = ExecutorOptions{}.dp_bucket_bytes,
+                              float kfac_running_average = 0.0F) {
   auto batches = device_test_batches(config);
-  ThreadedExecutor<float> executor(device_test_setup(runtime, config, schedule, optimizer, batches,
-                                                     record_events, dp_bucket_bytes));
+  auto setup = device_test_setup(runtime, config, schedule, optimizer, batches, record_events,
+                                 dp_bucket_bytes);
+  setup.options.kfac.running_average = kfac_running_average;
+  ThreadedExecutor<float> executor(setup);
   DeviceRun run;
   executor.run(0, steps, [&](const StepResult& r) { run.steps.push_back(r); });
   run.events = executor.take_events();
@@ -137,6 +142,8 @@ inline DeviceRun run_schedule(const std::shared_ptr<device::DeviceRuntime>& runt
   const auto tied = model::tied_parameter_names();
   for (int r = 0; r < executor.num_ranks(); ++r) {
     run.transient_bytes += executor.worker(r).transient_memory().total();
+    run.kfac_state_bytes.push_back(executor.worker(r).kfac_state_bytes());
+    run.kfac_host_bytes.push_back(executor.worker(r).kfac_host_bytes());
     for (auto* chunk : executor.worker(r).chunks()) {
       for (const auto& p : chunk->parameters()) {
         if (p.name == tied.second || run.values.contains(p.name)) continue;

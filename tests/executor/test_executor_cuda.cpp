@@ -3,10 +3,13 @@
 // events) against one worker on the same GPU, and against the CPU path; K-FAC in the bubbles on
 // the device; instruction times from CUDA events. Skipped without a CUDA device. Written without
 // a GPU: the tolerances are estimates that have never been measured.
+#include <cstring>
+
 #include <gtest/gtest.h>
 
 #include "runtime/device/device_runtime.h"
 #include "tests/executor/device_run.h"
+#include "tests/executor/offload_plan.h"
 
 namespace pf::exec {
 namespace {
@@ -107,6 +110,36 @@ TEST_F(ExecutorCuda, KfacInTheBubblesMatchesTheCpu) {
     EXPECT_EQ(gpu.steps[s].kfac_refresh, cpu.steps[s].kfac_refresh) << "step " << s;
   }
   EXPECT_EQ(gpu.transient_bytes, cpu.transient_bytes);  // the open refresh's captures
+}
+
+// K-FAC offload on the GPU: factors and inverses in pinned host memory, copies on each worker's
+// copy stream ordered by events; the parameters equal the run without offload bit for bit (the
+// copies are exact, the kernels the same), the host holds 1.5x the plan's bytes and the device
+// layers that much less.
+TEST_F(ExecutorCuda, KfacOffloadEqualsNoOffloadBitForBit) {
+  const auto config = device_test_config(4);
+  for (const auto& c : {testing::OffloadCase{"OneFOneBHost", sched::ScheduleKind::kOneFOneB, 2, 1,
+                                             2, false, pipefisher::OffloadMode::kHost},
+                        testing::OffloadCase{"ChimeraHost", sched::ScheduleKind::kChimera, 2, 1, 1,
+                                             false, pipefisher::OffloadMode::kHost}}) {
+    const auto plans = testing::plan_offload_run(c, config);
+    const std::int64_t steps = 3 * plans.without.num_steps;
+    const auto without = run_schedule(gpu_, config, plans.without, "sgd", steps);
+    const auto with = run_schedule(gpu_, config, plans.with, "sgd", steps);
+    ASSERT_EQ(with.values.size(), without.values.size()) << c.name;
+    for (const auto& [name, values] : without.values) {
+      const auto& got = with.values.at(name);
+      EXPECT_EQ(std::memcmp(got.data(), values.data(), values.size() * sizeof(float)), 0)
+          << c.name << ": " << name;
+    }
+    for (std::size_t r = 0; r < with.kfac_host_bytes.size(); ++r) {
+      const auto offloaded = static_cast<std::int64_t>(
+          plans.plan.workers[r % static_cast<std::size_t>(c.workers)].offloaded_bytes);
+      EXPECT_EQ(with.kfac_host_bytes[r], offloaded + offloaded / 2) << c.name << " rank " << r;
+      EXPECT_EQ(without.kfac_state_bytes[r] - with.kfac_state_bytes[r], offloaded + offloaded / 2)
+          << c.name << " rank " << r;
+    }
+  }
 }
 
 // The curvature sync on the GPU: 1F1B p = 2 x DP = 2 (four workers sharing the GPU, the factor

@@ -264,6 +264,72 @@ TEST_F(TrainTest, DeviceChoicesAreCheckedBeforeAnyWork) {
   o.kfac.enabled = true;
   o.data_parallel = 2;
   EXPECT_NO_THROW(validate_options(o));
+  // And K-FAC offload (pinned host memory, copies on a copy stream).
+  o = small_run();
+  o.device = "cuda";
+  o.kfac.enabled = true;
+  o.kfac.offload = "host";
+  EXPECT_NO_THROW(validate_options(o));
+}
+
+// pipefisher_train --device cuda --kfac --kfac-offload host on the device path over the CPU
+// backend (HostDeviceLaunch): the offload pass prices its copies on the device's host link
+// (measure_device_host_link), the executor moves the state through pinned host memory, and
+// every step's loss equals the CPU path's offload run and the device run without offload.
+TEST_F(TrainTest, KfacOffloadOnTheDevicePathEqualsTheCpuPath) {
+  auto cpu = small_run();
+  cpu.optimizer = "adamw";
+  cpu.kfac.enabled = true;
+  cpu.kfac.refresh_steps = 2;
+  cpu.kfac.offload = "host";
+  cpu.steps = 5;
+  cpu.metrics = (dir_ / "cpu.jsonl").string();
+  std::ostringstream out;
+  ASSERT_EQ(run_training(cpu, out), 0);
+  EXPECT_NE(out.str().find("K-FAC offload (host): "), std::string::npos) << out.str();
+  auto on_device = cpu;
+  on_device.metrics = (dir_ / "device.jsonl").string();
+  testing::HostDeviceLaunch device;
+  std::ostringstream device_out;
+  ASSERT_EQ(run_training(on_device, device_out, device), 0);
+  EXPECT_NE(device_out.str().find("K-FAC offload (host): "), std::string::npos) << device_out.str();
+  auto kept = on_device;
+  kept.kfac.offload = "none";
+  kept.metrics = (dir_ / "kept.jsonl").string();
+  ASSERT_EQ(run_training(kept, out, device), 0);
+  const auto lines = [](const std::string& path) {
+    std::vector<nlohmann::json> result;
+    std::istringstream text(read(path));
+    std::string line;
+    while (std::getline(text, line)) {
+      auto record = nlohmann::json::parse(line);
+      if (record.value("kind", std::string("step")) == "step") result.push_back(std::move(record));
+    }
+    return result;
+  };
+  const auto a = lines(cpu.metrics), b = lines(on_device.metrics), c = lines(kept.metrics);
+  ASSERT_EQ(a.size(), 5U);
+  ASSERT_EQ(b.size(), a.size());
+  ASSERT_EQ(c.size(), a.size());
+  int refreshes = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i].at("loss"), a[i].at("loss")) << "step " << i + 1;
+    EXPECT_EQ(b[i].at("loss"), c[i].at("loss")) << "step " << i + 1;
+    refreshes += b[i].value("kfac_refresh", false) ? 1 : 0;
+  }
+  EXPECT_GE(refreshes, 1);
+}
+
+// The device's host link as the offload pass prices it: pinned <-> device copies on a stream
+// (here the CPU backend's memcpy's through HostDeviceRuntime).
+TEST(DeviceHostLink, IsMeasuredThroughPinnedMemory) {
+  device::HostDeviceRuntime runtime;
+  const auto link = measure_device_host_link(runtime, std::size_t{1} << 20);
+  EXPECT_GT(link.bandwidth, 0.0);
+  EXPECT_GE(link.latency_s, 0.0);
+  const auto through_train =
+      measure_host_copy(std::size_t{1} << 20, std::make_shared<device::HostDeviceRuntime>());
+  EXPECT_GT(through_train.bandwidth, 0.0);
 }
 
 // pipefisher_train --device cuda --kfac --data-parallel 2, on the device path over the CPU

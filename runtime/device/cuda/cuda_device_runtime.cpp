@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kfac/cuda/layer_state_cuda.h"
@@ -73,8 +74,10 @@ class CudaKfacLayer final : public DeviceKfacLayer {
     const auto& factor = a ? layer_.a() : layer_.b();
     auto& previous = a ? previous_a_ : previous_b_;
     bool& has_previous = a ? has_previous_a_ : has_previous_b_;
-    has_previous = factor.inverted;
-    if (factor.inverted) {
+    // An inverse detached by K-FAC offload is replaced by none (the executor brings the one a
+    // refresh's earlier steps need from host memory).
+    has_previous = factor.inverted && factor.inverse.numel() > 0;
+    if (has_previous) {
       if (!previous.defined() || previous.numel() == 0) {
         previous =
             tensor::Tensor::empty(kfac_.backend(), {factor.dim, factor.dim}, tensor::DType::kF32);
@@ -90,7 +93,8 @@ class CudaKfacLayer final : public DeviceKfacLayer {
   }
   bool has_inverse(bool a, bool previous) const override {
     if (previous) return a ? has_previous_a_ : has_previous_b_;
-    return (a ? layer_.a() : layer_.b()).inverted;
+    const auto& factor = a ? layer_.a() : layer_.b();
+    return factor.inverted && factor.inverse.numel() > 0;
   }
   void precondition(bool previous_a, bool previous_b, float* grad_w, float* grad_b) override {
     const float* a_inv = previous_a ? previous_a_.data<float>() : layer_.a().inverse.data<float>();
@@ -140,6 +144,32 @@ class CudaKfacLayer final : public DeviceKfacLayer {
     } else {
       layer_.set_microbatches(a, count);
     }
+  }
+  tensor::Tensor detach(bool a, Matrix which) override {
+    if (which != Matrix::kPreviousInverse) return layer_.detach(a, which == Matrix::kInverse);
+    (a ? has_previous_a_ : has_previous_b_) = false;
+    return std::exchange(a ? previous_a_ : previous_b_, tensor::Tensor());
+  }
+  tensor::Tensor attach(bool a, Matrix which, tensor::Tensor matrix) override {
+    if (which != Matrix::kPreviousInverse) {
+      return layer_.attach(a, which == Matrix::kInverse, std::move(matrix));
+    }
+    const std::int64_t d = a ? layer_.d_in() : layer_.d_out();
+    if (matrix.numel() != d * d || matrix.dtype() != tensor::DType::kF32) {
+      throw std::invalid_argument("K-FAC " + name_ + ": a " + std::to_string(matrix.numel()) +
+                                  "-element matrix attached as " + (a ? "A" : "B") +
+                                  "'s previous inverse (" + std::to_string(d) + " x " +
+                                  std::to_string(d) + " floats)");
+    }
+    (a ? has_previous_a_ : has_previous_b_) = true;
+    return std::exchange(a ? previous_a_ : previous_b_, std::move(matrix));
+  }
+  std::int64_t device_bytes() const override {
+    std::int64_t bytes = layer_.device_bytes();
+    for (const auto* matrix : {&previous_a_, &previous_b_, &set_aside_a_.sum, &set_aside_b_.sum}) {
+      bytes += static_cast<std::int64_t>(matrix->nbytes());
+    }
+    return bytes;
   }
   KfacLayerExtras extras_to_host() const override {
     KfacLayerExtras extras;
@@ -223,6 +253,19 @@ CudaDeviceRuntime::CudaDeviceRuntime(int index, kernels::GemmPrecision precision
                                  " present: cuda:0.." + std::to_string(count - 1) + ")");
   }
   backend_ = std::make_unique<CudaBackend>(index);
+}
+
+PinnedHostBuffer CudaDeviceRuntime::allocate_pinned_host(std::size_t bytes) {
+  if (bytes == 0) return {};
+  void* data = nullptr;
+  try {
+    CUDA_CHECK(cudaHostAlloc(&data, bytes, cudaHostAllocDefault));
+  } catch (const std::runtime_error& error) {
+    throw std::runtime_error("pinned host memory of " + std::to_string(bytes) +
+                             " bytes (K-FAC offload): " + error.what());
+  }
+  // cudaFreeHost's error cannot be reported from a destructor; it fails only for a bad pointer.
+  return PinnedHostBuffer(data, bytes, [](void* pointer) { (void)cudaFreeHost(pointer); });
 }
 
 void CudaDeviceRuntime::bind_thread() {

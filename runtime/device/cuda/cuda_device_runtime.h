@@ -29,6 +29,8 @@ class CudaDeviceRuntime final : public DeviceRuntime {
                                                    std::int64_t d_out,
                                                    const std::string& name) override;
   MessageExchange& exchange() override { return exchange_; }
+  // cudaHostAlloc (page-locked: cudaMemcpyAsync from and to it is asynchronous).
+  PinnedHostBuffer allocate_pinned_host(std::size_t bytes) override;
 
  private:
   int index_;

@@ -1,0 +1,103 @@
+#include "runtime/executor/pinned_kfac_state.h"
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace pf::exec {
+namespace {
+
+using Matrix = device::DeviceKfacLayer::Matrix;
+
+// A pinned buffer is freed or replaced only once the copy stream has run the copies that may
+// read or write it.
+void drop_host(const OffloadStreams& on, device::PinnedHostBuffer& host) {
+  if (host.empty()) return;
+  on.copy->synchronize();
+  host.reset();
+}
+
+// Device buffer -> pinned host buffer on the copy stream (the host buffer allocated once); the
+// device buffer goes back to staging after the copy. An empty one empties the host's.
+void copy_out(const OffloadStreams& on, tensor::Tensor device, device::PinnedHostBuffer& host) {
+  if (device.numel() == 0) {
+    drop_host(on, host);
+    return;
+  }
+  const std::size_t bytes = device.nbytes();
+  if (host.bytes() != bytes) {
+    drop_host(on, host);
+    host = on.runtime->allocate_pinned_host(bytes);
+  }
+  on.runtime->backend().copy(host.data(), device.raw_data(), bytes, tensor::CopyKind::kDeviceToHost,
+                             on.copy);
+  release_staging(on, std::move(device), *on.copy);
+}
+
+// Pinned host buffer -> a staging buffer on the copy stream, attached to the layer as `which`
+// (the buffer it replaces goes back after the compute stream's work so far); none on the host
+// drops the layer's matrix.
+void copy_in(const OffloadStreams& on, device::DeviceKfacLayer& layer, bool a, Matrix which,
+             const device::PinnedHostBuffer& host, std::int64_t d) {
+  if (host.empty()) {
+    release_staging(on, layer.detach(a, which), *on.compute);
+    return;
+  }
+  const std::size_t bytes = static_cast<std::size_t>(d * d) * sizeof(float);
+  if (host.bytes() != bytes) {
+    throw std::logic_error("K-FAC offload: host copy of " + std::to_string(host.bytes()) +
+                           " bytes for a " + std::to_string(d) + " x " + std::to_string(d) +
+                           " factor");
+  }
+  auto buffer = on.staging->acquire({d, d}, tensor::DType::kF32);
+  on.runtime->backend().copy(buffer.raw_data(), host.data(), bytes, tensor::CopyKind::kHostToDevice,
+                             on.copy);
+  release_staging(on, layer.attach(a, which, std::move(buffer)), *on.compute);
+}
+
+}  // namespace
+
+void release_staging(const OffloadStreams& on, tensor::Tensor buffer, tensor::Stream& last_use) {
+  if (buffer.numel() == 0) return;
+  on.staging->release(std::move(buffer), last_use);
+}
+
+void PinnedKfacState::write_back(const OffloadStreams& on, device::DeviceKfacLayer& layer,
+                                 bool new_a, bool new_b) {
+  // The copies read what the compute stream's work so far (the inversion) wrote.
+  const auto computed = on.runtime->backend().create_event();
+  computed->record(*on.compute);
+  on.copy->wait(*computed);
+  for (const bool is_a : {true, false}) {
+    Factor& host = is_a ? a_ : b_;
+    copy_out(on, layer.detach(is_a, Matrix::kValue), host.value);
+    if (!(is_a ? new_a : new_b)) continue;
+    swap(host.previous_inverse, host.inverse);
+    copy_out(on, layer.detach(is_a, Matrix::kInverse), host.inverse);
+    (is_a ? written_a_ : written_b_) = true;
+  }
+}
+
+void PinnedKfacState::prefetch_factors(const OffloadStreams& on, device::DeviceKfacLayer& layer,
+                                       std::int64_t d_in, std::int64_t d_out) const {
+  copy_in(on, layer, true, Matrix::kValue, a_.value, d_in);
+  copy_in(on, layer, false, Matrix::kValue, b_.value, d_out);
+}
+
+void PinnedKfacState::prefetch_inverse(const OffloadStreams& on, device::DeviceKfacLayer& layer,
+                                       bool a, bool previous, std::int64_t d, Matrix into) const {
+  const Factor& host = a ? a_ : b_;
+  copy_in(on, layer, a, into, previous ? host.previous_inverse : host.inverse, d);
+}
+
+std::int64_t PinnedKfacState::bytes() const {
+  std::int64_t bytes = 0;
+  for (const Factor* f : {&a_, &b_}) {
+    for (const auto* buffer : {&f->value, &f->inverse, &f->previous_inverse}) {
+      bytes += static_cast<std::int64_t>(buffer->bytes());
+    }
+  }
+  return bytes;
+}
+
+}  // namespace pf::exec
