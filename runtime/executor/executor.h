@@ -181,14 +181,21 @@ class Worker {
   // Per pipeline (Chimera holds two replicas). On a device: a host copy of the device layers,
   // refreshed by each call (statistics; changes to it do not reach the device).
   kfac::KfacState& kfac_state(int pipeline);
+  // kfac_state(pipeline) with each offloaded Linear's value and newest inverse filled in from
+  // host memory where the live state holds none (--kfac-offload): the state a run without
+  // offload holds. What checkpoints and K-FAC statistics read.
+  kfac::KfacState kfac_state_with_offloaded(int pipeline);
   // Restores the pipeline's K-FAC state from KfacState records (kfac::KfacState::load_state,
-  // which throws naming a bad record); on a device into its K-FAC layers. Nothing to do for a
-  // pipeline this worker holds no preconditioned Linear of.
+  // which throws naming a bad record); on a device into its K-FAC layers. An offloaded Linear's
+  // value and inverse then move to host memory, as between two refreshes (load_kfac_progress
+  // restores where they were inside one). Nothing to do for a pipeline this worker holds no
+  // preconditioned Linear of.
   void load_kfac_state(int pipeline, const ckpt::SafetensorsFile& file, std::string_view prefix);
   // K-FAC work in progress inside a round, for checkpoints taken between two of its steps: per
   // Linear the curvature tasks done, whether it was inverted and the inverses before that, and
   // the captured inputs and output gradients whose curvature tasks have not run yet (on a
-  // device: downloaded, and uploaded again by load). Records
+  // device: downloaded, and uploaded again by load), and for an offloaded Linear where its
+  // state is (host copies, written-back flags, the matrices on the device). Records
   // "<prefix>.slot.<pipeline>.<layer>.<linear>.*" and "<prefix>.capture.*"; they describe this
   // worker's stream, so only a run of the same schedule restores them. load throws
   // std::runtime_error naming a record that is missing, mis-shaped or out of range.

@@ -55,6 +55,30 @@ void HostKfacState::prefetch_inverse(bool a, bool previous, std::int64_t d,
   copy_in(previous ? host.previous_inverse : host.inverse, d, into);
 }
 
+OffloadedFactor HostKfacState::to_host(bool a, std::int64_t d) const {
+  const Factor& host = a ? a_ : b_;
+  OffloadedFactor factor;
+  copy_in(host.value, d, factor.value);
+  copy_in(host.inverse, d, factor.inverse);
+  copy_in(host.previous_inverse, d, factor.previous_inverse);
+  return factor;
+}
+
+void HostKfacState::load(bool a, std::int64_t d, const OffloadedFactor& factor, bool written) {
+  for (const Eigen::MatrixXf* matrix : {&factor.value, &factor.inverse, &factor.previous_inverse}) {
+    if (matrix->size() != 0 && (matrix->rows() != d || matrix->cols() != d)) {
+      throw std::invalid_argument("K-FAC offload: a " + std::to_string(matrix->rows()) + " x " +
+                                  std::to_string(matrix->cols()) + " host matrix for a " +
+                                  std::to_string(d) + " x " + std::to_string(d) + " factor");
+    }
+  }
+  Factor& host = a ? a_ : b_;
+  copy_out(factor.value, host.value);
+  copy_out(factor.inverse, host.inverse);
+  copy_out(factor.previous_inverse, host.previous_inverse);
+  (a ? written_a_ : written_b_) = written;
+}
+
 std::int64_t HostKfacState::bytes() const {
   std::int64_t floats = 0;
   for (const Factor* f : {&a_, &b_}) {

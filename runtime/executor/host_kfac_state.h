@@ -16,6 +16,12 @@
 
 namespace pf::exec {
 
+// One factor's matrices in host memory as Eigen matrices (d x d, or empty: none held), for
+// checkpoints of offloaded state: HostKfacState and PinnedKfacState give and take them.
+struct OffloadedFactor {
+  Eigen::MatrixXf value, inverse, previous_inverse;
+};
+
 class HostKfacState {
  public:
   // device -> host after an inversion: both factor values, and the new inverse of each factor
@@ -35,6 +41,11 @@ class HostKfacState {
   bool written_back(bool a) const { return a ? written_a_ : written_b_; }
   void begin_round() { written_a_ = written_b_ = false; }
   std::int64_t bytes() const;  // host memory held
+
+  // Checkpoints: one factor's host copies (d x d) out, and back in with its written-back flag.
+  // load throws std::invalid_argument for a matrix that is neither empty nor d x d.
+  OffloadedFactor to_host(bool a, std::int64_t d) const;
+  void load(bool a, std::int64_t d, const OffloadedFactor& factor, bool written);
 
  private:
   struct Factor {

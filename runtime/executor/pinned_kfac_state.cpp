@@ -1,5 +1,6 @@
 #include "runtime/executor/pinned_kfac_state.h"
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -88,6 +89,49 @@ void PinnedKfacState::prefetch_inverse(const OffloadStreams& on, device::DeviceK
                                        bool a, bool previous, std::int64_t d, Matrix into) const {
   const Factor& host = a ? a_ : b_;
   copy_in(on, layer, a, into, previous ? host.previous_inverse : host.inverse, d);
+}
+
+OffloadedFactor PinnedKfacState::to_host(const OffloadStreams& on, bool a, std::int64_t d) const {
+  on.copy->synchronize();
+  const Factor& host = a ? a_ : b_;
+  const auto matrix = [d](const device::PinnedHostBuffer& from) {
+    if (from.empty()) return Eigen::MatrixXf();
+    if (from.bytes() != static_cast<std::size_t>(d * d) * sizeof(float)) {
+      throw std::logic_error("K-FAC offload: pinned copy of " + std::to_string(from.bytes()) +
+                             " bytes for a " + std::to_string(d) + " x " + std::to_string(d) +
+                             " factor");
+    }
+    Eigen::MatrixXf to(d, d);
+    std::memcpy(to.data(), from.data(), from.bytes());
+    return to;
+  };
+  return {matrix(host.value), matrix(host.inverse), matrix(host.previous_inverse)};
+}
+
+void PinnedKfacState::load(const OffloadStreams& on, bool a, std::int64_t d,
+                           const OffloadedFactor& factor, bool written) {
+  for (const Eigen::MatrixXf* matrix : {&factor.value, &factor.inverse, &factor.previous_inverse}) {
+    if (matrix->size() != 0 && (matrix->rows() != d || matrix->cols() != d)) {
+      throw std::invalid_argument("K-FAC offload: a " + std::to_string(matrix->rows()) + " x " +
+                                  std::to_string(matrix->cols()) + " host matrix for a " +
+                                  std::to_string(d) + " x " + std::to_string(d) + " factor");
+    }
+  }
+  on.copy->synchronize();  // no copy reads or writes the buffers replaced here
+  Factor& host = a ? a_ : b_;
+  const auto fill = [&](const Eigen::MatrixXf& from, device::PinnedHostBuffer& to) {
+    if (from.size() == 0) {
+      to.reset();
+      return;
+    }
+    const std::size_t bytes = static_cast<std::size_t>(from.size()) * sizeof(float);
+    if (to.bytes() != bytes) to = on.runtime->allocate_pinned_host(bytes);
+    std::memcpy(to.data(), from.data(), bytes);
+  };
+  fill(factor.value, host.value);
+  fill(factor.inverse, host.inverse);
+  fill(factor.previous_inverse, host.previous_inverse);
+  (a ? written_a_ : written_b_) = written;
 }
 
 std::int64_t PinnedKfacState::bytes() const {

@@ -14,6 +14,7 @@
 
 #include "runtime/device/buffer_pool.h"
 #include "runtime/device/device_runtime.h"
+#include "runtime/executor/host_kfac_state.h"
 #include "runtime/tensor/backend.h"
 
 namespace pf::exec {
@@ -49,6 +50,12 @@ class PinnedKfacState {
   bool written_back(bool a) const { return a ? written_a_ : written_b_; }
   void begin_round() { written_a_ = written_b_ = false; }
   std::int64_t bytes() const;  // pinned host memory held
+
+  // Checkpoints (HostKfacState's): after the copy stream's work so far. load throws
+  // std::invalid_argument for a matrix that is neither empty nor d x d.
+  OffloadedFactor to_host(const OffloadStreams& on, bool a, std::int64_t d) const;
+  void load(const OffloadStreams& on, bool a, std::int64_t d, const OffloadedFactor& factor,
+            bool written);
 
  private:
   struct Factor {

@@ -261,7 +261,7 @@ ckpt::CheckpointPart collect_part(exec::Worker<T>& worker, const sched::Schedule
   if (schedule_has_kfac(schedule)) {
     std::map<std::string, ckpt::TensorRecord> kfac;
     for (int p = 0; p < schedule.placement.num_pipelines; ++p) {
-      const auto& state = worker.kfac_state(p);
+      const auto state = worker.kfac_state_with_offloaded(p);
       if (state.layers().empty()) continue;
       if (rank < workers && p == 0) merge_records(kfac, state.state_records(kKfacPrefix));
       merge_records(kfac, state.state_records(exact_kfac_prefix(rank, p)));

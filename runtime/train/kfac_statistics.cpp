@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <list>
 #include <map>
 #include <tuple>
 #include <vector>
@@ -19,9 +20,13 @@ nlohmann::json kfac_statistics(exec::ThreadedExecutor<float>& executor) {
   // Each Linear once, from a replica that holds its factors: with the state sharded across the
   // data-parallel replicas (--kfac-sharding) only the owner's group refreshes them.
   std::map<std::tuple<int, int, int>, const kfac::KfacLayerState*> held;
+  // With offloaded Linears' matrices from host memory (--kfac-offload); kept while `held` points
+  // into them.
+  std::list<kfac::KfacState> states;
   for (int rank = 0; rank < executor.num_ranks(); ++rank) {
     for (int pipeline = 0; pipeline < pipelines; ++pipeline) {
-      for (const auto& [key, layer] : executor.worker(rank).kfac_state(pipeline).layers()) {
+      states.push_back(executor.worker(rank).kfac_state_with_offloaded(pipeline));
+      for (const auto& [key, layer] : states.back().layers()) {
         auto& slot = held[{pipeline, key.layer, static_cast<int>(key.linear)}];
         if (slot == nullptr || (slot->a.refreshes == 0 && layer.a.refreshes > 0)) slot = &layer;
       }

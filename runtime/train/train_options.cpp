@@ -154,11 +154,6 @@ void validate_options(const TrainOptions& o) {
     if (o.kfac.offload == "auto" && !(o.kfac.device_memory_budget_mib > 0)) {
       bad("--kfac-offload auto needs --device-memory-budget (MiB per device, > 0)");
     }
-    // The offloaded state lives outside the workers' K-FAC state that checkpoints record.
-    if (!o.checkpoint_dir.empty()) {
-      bad("--kfac-offload: checkpoints of offloaded K-FAC state are not written yet; run without "
-          "--checkpoint-dir");
-    }
   }
   if (o.threads_per_worker < 1) bad("--threads-per-worker must be >= 1");
   if (!(o.wait_timeout_s > 0)) bad("--wait-timeout must be > 0 seconds");

@@ -25,6 +25,7 @@
 #include "sim/cli/compile_command.h"
 #include "tests/executor/device_run.h"
 #include "tests/executor/host_device_launch.h"
+#include "tests/executor/offload_plan.h"
 
 namespace pf::train {
 namespace {
@@ -355,6 +356,228 @@ TEST_F(CheckpointingTest, PipelinedKfacRefreshResumesAfterAnyStepOnTheDevicePath
   // no save between two steps holds set-aside sums (their records round-trip in
   // HostDevicePath.SetAsideSumsRoundTripThroughTheExtras); the saves at window boundaries
   // restore sums that the resumed window's start sets aside.
+}
+
+// pipefisher_train --kfac-offload host --checkpoint-dir: saved one step into a refresh and
+// resumed (the checkpoint's schedule, with its offload copies), bit-identical to the straight
+// run, on the CPU path and on the device path (HostDeviceLaunch: pinned host memory).
+TEST_F(CheckpointingTest, ResumeIsBitIdenticalWithKfacOffloadMidRefresh) {
+  for (const bool on_device : {false, true}) {
+    SCOPED_TRACE(on_device ? "device path" : "CPU path");
+    auto o = small_run(on_device ? "offload-device" : "offload");
+    o.optimizer = "adamw";
+    o.kfac.enabled = true;
+    o.kfac.refresh_steps = 2;
+    o.kfac.offload = "host";
+    o.kfac_profile = kfac_profile(o);
+    testing::HostDeviceLaunch device;
+    run_split_and_straight(o, 3, on_device ? &device : nullptr);
+    const auto state = nlohmann::json::parse(
+        read_file(fs::path(o.checkpoint_dir) / "step-00000003" / "state.json"));
+    EXPECT_EQ(state.at("state").at("kfac").at("round_phase"), 1);
+    const auto kfac =
+        ckpt::load_safetensors(fs::path(o.checkpoint_dir) / "step-00000003" / "kfac.safetensors");
+    bool offload_records = false;
+    for (const auto& [name, record] : kfac.tensors) {
+      offload_records |= name.find(".offload.A_value") != std::string::npos;
+    }
+    EXPECT_TRUE(offload_records) << "no host copies in the checkpoint";
+    expect_identical(o, 3);
+  }
+}
+
+// K-FAC offload (--kfac-offload): checkpoints hold the whole K-FAC state (each offloaded
+// Linear's matrices from host memory where the live state has none) and, as progress records,
+// where it was (host copies, written-back flags, the matrices on the device). Saved after every
+// step of three refreshes and resumed in a fresh executor, on the CPU path and on the device path
+// (HostDeviceRuntime, pinned host memory): every resumed run ends with the straight run's
+// weights, optimizer and K-FAC state, bit for bit; the straight run's whole K-FAC state is the
+// state of the same run without offload; and at a refresh boundary the state moves between runs
+// with and without offload.
+class OffloadCheckpoints : public ::testing::TestWithParam<exec::testing::OffloadCase> {};
+
+TEST_P(OffloadCheckpoints, ResumeAfterAnyStepEqualsTheStraightRun) {
+  const auto c = GetParam();
+  const auto config = exec::testing::device_test_config(4);
+  const auto plans = exec::testing::plan_offload_run(c, config);
+  ASSERT_GT(plans.plan.offloaded_linears(), 0);
+  const std::int64_t k = plans.with.num_steps;
+  const std::int64_t steps = 3 * k;
+  const nlohmann::json identity = {{"test", "K-FAC offload checkpoints"}};
+  for (const bool on_device : {false, true}) {
+    SCOPED_TRACE(on_device ? "device path" : "CPU path");
+    const auto make_runtime = [&]() -> std::shared_ptr<device::DeviceRuntime> {
+      if (!on_device) return nullptr;
+      return std::make_shared<device::HostDeviceRuntime>();
+    };
+    // First `split` steps of `first`, saved, then restored into a fresh executor of `second`.
+    const auto run = [&](const sched::Schedule& first, const sched::Schedule& second,
+                         std::int64_t split) {
+      auto batches = exec::testing::device_test_batches(config);
+      auto setup =
+          exec::testing::device_test_setup(make_runtime(), config, first, "adamw", batches, false);
+      setup.options.kfac.running_average = c.running_average;
+      auto executor = std::make_unique<exec::ThreadedExecutor<float>>(setup);
+      if (split > 0) {
+        executor->run(0, split);
+        const auto saved = collect_checkpoint(*executor, split, identity, nullptr);
+        auto fresh_batches = exec::testing::device_test_batches(config);
+        setup.batches = &fresh_batches;
+        setup.schedule = second;
+        setup.device = make_runtime();
+        executor = std::make_unique<exec::ThreadedExecutor<float>>(setup);
+        restore_checkpoint(*executor, saved);
+        executor->run(split, steps);
+        return collect_checkpoint(*executor, steps, identity, nullptr);
+      }
+      executor->run(0, steps);
+      return collect_checkpoint(*executor, steps, identity, nullptr);
+    };
+    const auto same = [](const std::vector<ckpt::TensorRecord>& a,
+                         const std::vector<ckpt::TensorRecord>& b, const std::string& what,
+                         bool whole_state_only) {
+      std::vector<const ckpt::TensorRecord*> x, y;
+      for (const auto* records : {&a, &b}) {
+        for (const auto& record : *records) {
+          // The progress records say where the state is (offload copies): not the state.
+          if (whole_state_only && record.name.find(".progress.") != std::string::npos) continue;
+          (records == &a ? x : y).push_back(&record);
+        }
+      }
+      ASSERT_EQ(x.size(), y.size()) << what;
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        EXPECT_EQ(x[i]->name, y[i]->name) << what;
+        EXPECT_TRUE(x[i]->data == y[i]->data) << what << ": " << x[i]->name << " differs";
+      }
+    };
+    const auto straight = run(plans.with, plans.with, 0);
+    const auto without = run(plans.without, plans.without, 0);
+    same(straight.weights, without.weights, "weights with and without offload", false);
+    same(straight.kfac, without.kfac, "K-FAC state with and without offload", true);
+    bool offload_records = false;
+    for (const auto& record : straight.kfac) {
+      offload_records |= record.name.find(".offload.A_prev_inv") != std::string::npos;
+    }
+    EXPECT_TRUE(offload_records) << "no host copies in the checkpoint";
+    for (std::int64_t split = 1; split < steps; ++split) {
+      SCOPED_TRACE("saved after step " + std::to_string(split));
+      const auto resumed = run(plans.with, plans.with, split);
+      same(resumed.weights, straight.weights, "weights", false);
+      same(resumed.optimizer, straight.optimizer, "optimizer state", false);
+      same(resumed.kfac, straight.kfac, "K-FAC state", false);
+    }
+    // At a refresh boundary the state moves to a run without offload, and back.
+    const auto to_kept = run(plans.with, plans.without, k);
+    same(to_kept.weights, without.weights, "offload -> kept: weights", false);
+    same(to_kept.kfac, without.kfac, "offload -> kept: K-FAC state", false);
+    const auto to_offload = run(plans.without, plans.with, k);
+    same(to_offload.weights, straight.weights, "kept -> offload: weights", false);
+    same(to_offload.kfac, straight.kfac, "kept -> offload: K-FAC state", true);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, OffloadCheckpoints,
+    ::testing::Values(exec::testing::OffloadCase{"OneFOneBRunningAverage",
+                                                 sched::ScheduleKind::kOneFOneB, 2, 1, 2, false,
+                                                 pipefisher::OffloadMode::kHost, 0.5F},
+                      exec::testing::OffloadCase{"ChimeraHost", sched::ScheduleKind::kChimera, 2, 1,
+                                                 1, false, pipefisher::OffloadMode::kHost},
+                      exec::testing::OffloadCase{"GPipeDataParallelAuto",
+                                                 sched::ScheduleKind::kGPipe, 2, 2, 3, false,
+                                                 pipefisher::OffloadMode::kAuto}),
+    [](const ::testing::TestParamInfo<exec::testing::OffloadCase>& param_info) {
+      return param_info.param.name;
+    });
+
+// A checkpoint of offloaded state that does not fit the run: the record of where an offloaded
+// Linear's state was missing, its flags out of range, a host copy of the wrong shape, a new
+// inverse lost. Each is refused naming the record, before anything runs.
+TEST(OffloadCheckpointErrors, BadOffloadRecordsAreRefusedNamingTheRecord) {
+  const auto config = exec::testing::device_test_config(4);
+  const auto plans =
+      exec::testing::plan_offload_run({"OneFOneBHost", sched::ScheduleKind::kOneFOneB, 2, 1, 2,
+                                       false, pipefisher::OffloadMode::kHost},
+                                      config);
+  const nlohmann::json identity = {{"test", "bad offload records"}};
+  for (const bool on_device : {false, true}) {
+    SCOPED_TRACE(on_device ? "device path" : "CPU path");
+    const auto runtime = [&]() -> std::shared_ptr<device::DeviceRuntime> {
+      if (!on_device) return nullptr;
+      return std::make_shared<device::HostDeviceRuntime>();
+    };
+    auto batches = exec::testing::device_test_batches(config);
+    auto setup =
+        exec::testing::device_test_setup(runtime(), config, plans.with, "adamw", batches, false);
+    exec::ThreadedExecutor<float> executor(setup);
+    executor.run(0, plans.with.num_steps + 1);  // a refresh done, one step into the next
+    const auto saved = collect_checkpoint(executor, plans.with.num_steps + 1, identity, nullptr);
+    std::string flags_name;
+    for (const auto& record : saved.kfac) {
+      const auto at = record.name.rfind(".offload");
+      if (at != std::string::npos && at + 8 == record.name.size()) {
+        flags_name = record.name;
+        break;
+      }
+    }
+    ASSERT_FALSE(flags_name.empty());
+    const auto expect_refused = [&](const ckpt::TrainingCheckpoint& bad, const std::string& name,
+                                    const std::string& fragment) {
+      auto fresh_batches = exec::testing::device_test_batches(config);
+      auto fresh_setup = setup;
+      fresh_setup.batches = &fresh_batches;
+      fresh_setup.device = runtime();
+      exec::ThreadedExecutor<float> fresh(fresh_setup);
+      try {
+        restore_checkpoint(fresh, bad);
+        ADD_FAILURE() << "accepted a checkpoint with a bad " << name;
+      } catch (const std::runtime_error& error) {
+        const std::string text = error.what();
+        EXPECT_NE(text.find(name), std::string::npos) << text;
+        EXPECT_NE(text.find(fragment), std::string::npos) << text;
+      }
+    };
+    {
+      auto bad = saved;
+      std::erase_if(bad.kfac, [&](const auto& record) { return record.name == flags_name; });
+      expect_refused(bad, flags_name, "holds no record of where its state was");
+    }
+    {
+      auto bad = saved;
+      for (auto& record : bad.kfac) {
+        if (record.name != flags_name) continue;
+        const std::int64_t flags[] = {1, 1, 2, 0, 0, 0};
+        record = ckpt::make_i64_record(flags_name, {6}, flags);
+      }
+      expect_refused(bad, flags_name, "where a flag (0 or 1) belongs");
+    }
+    {
+      auto bad = saved;
+      const std::string value = flags_name + ".A_value";
+      bool found = false;
+      for (auto& record : bad.kfac) {
+        if (record.name != value) continue;
+        found = true;
+        const std::vector<float> small(4, 1.0F);
+        record = ckpt::make_f32_record(value, {2, 2}, small);
+      }
+      ASSERT_TRUE(found) << value;
+      expect_refused(bad, value, "");
+    }
+    {
+      // A live matrix flagged present but missing from the file.
+      auto bad = saved;
+      for (auto& record : bad.kfac) {
+        if (record.name != flags_name) continue;
+        const std::int64_t flags[] = {1, 1, 1, 1, 0, 0};
+        record = ckpt::make_i64_record(flags_name, {6}, flags);
+      }
+      std::erase_if(bad.kfac, [&](const auto& record) {
+        return record.name == flags_name + ".A_live_value";
+      });
+      expect_refused(bad, flags_name + ".A_live_value", "missing");
+    }
+  }
 }
 
 // K-FAC state sharded across two data-parallel replicas: each rank saves the state it owns and
