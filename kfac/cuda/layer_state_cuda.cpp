@@ -240,6 +240,13 @@ tensor::Tensor KfacLayerCuda::attach(bool a, bool inverse, tensor::Tensor matrix
   return std::exchange(inverse ? factor.inverse : factor.value, std::move(matrix));
 }
 
+tensor::Tensor KfacLayerCuda::drop_sum(bool a) {
+  DeviceFactor& factor = a ? a_ : b_;
+  factor.accumulating = false;
+  factor.microbatches = 0;
+  return std::exchange(factor.sum, tensor::Tensor());
+}
+
 std::int64_t KfacLayerCuda::device_bytes() const {
   std::int64_t bytes = 0;
   for (const auto* factor : {&a_, &b_}) {

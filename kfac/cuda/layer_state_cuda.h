@@ -85,6 +85,9 @@ class KfacLayerCuda {
   // computed. attach throws std::invalid_argument for another size.
   tensor::Tensor detach(bool a, bool inverse);
   tensor::Tensor attach(bool a, bool inverse, tensor::Tensor matrix);
+  // Sharded K-FAC state: the factor's sums leave the layer (it no longer accumulates); returns
+  // their buffer (work issued so far may still read it).
+  tensor::Tensor drop_sum(bool a);
   // Bytes of device memory held (sums, values, inverses).
   std::int64_t device_bytes() const;
 

@@ -171,6 +171,11 @@ class DeviceKfacLayer {
   // Bytes of device memory the layer holds: sums (set-aside ones too), values, inverses and
   // the inverses they replaced.
   virtual std::int64_t device_bytes() const = 0;
+  // K-FAC state sharded across data-parallel replicas (kfac/state_placement.h): a replica that
+  // does not hold the factors drops its sums (`set_aside`: the ones set aside) once the curvature
+  // sync has read them; the holders finalize theirs. Returns the device buffer, if the layer
+  // gives one back (work issued so far may still read it).
+  virtual tensor::Tensor drop_sums(bool a, bool set_aside) = 0;
 };
 
 // The optimizer a run asked for ("lamb", "adamw", "sgd") with its options.

@@ -181,6 +181,17 @@ class HostKfacLayer final : public DeviceKfacLayer {
     std::memcpy(into.data(), matrix.raw_data(), matrix.nbytes());
     return replaced;
   }
+  tensor::Tensor drop_sums(bool a, bool set_aside) override {
+    if (set_aside) {
+      (a ? set_aside_a_sum_ : set_aside_b_sum_) = Eigen::MatrixXf();
+      (a ? set_aside_a_microbatches_ : set_aside_b_microbatches_) = 0;
+    } else {
+      auto& factor = a ? layer_.a : layer_.b;
+      factor.sum = Eigen::MatrixXf();
+      factor.microbatches = 0;
+    }
+    return {};
+  }
   std::int64_t device_bytes() const override {
     std::int64_t floats =
         previous_a_.size() + previous_b_.size() + set_aside_a_sum_.size() + set_aside_b_sum_.size();

@@ -538,11 +538,6 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       slot.placement = plan.layers[i++];
       const bool sharded =
           slot.placement.factor_count < replicas || slot.placement.inverse_count < replicas;
-      if (sharded && runtime) {
-        throw std::invalid_argument("executor: --kfac-sharding " + kfac::to_string(placement) +
-                                    " runs on the CPU path only so far (use replicate with a "
-                                    "device)");
-      }
       if (sharded && schedule.placement.num_pipelines > 1) {
         throw std::invalid_argument("executor: --kfac-sharding " + kfac::to_string(placement) +
                                     " needs a schedule with one pipeline (use replicate)");
@@ -1455,7 +1450,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   // wrapped sync) all-reduced as the data-parallel gradients are (a device communicator in
   // place on its stream after the compute stream's curvature; otherwise staged through host
   // memory), the counts on the host with the last piece. The members add in rank order as on
-  // the CPU path, so the bits are the CPU path's. (Sharded K-FAC state is refused on a device.)
+  // the CPU path, so the bits are the CPU path's; a replica that does not hold the factors
+  // (sharded) drops its sums after the last piece.
   void sync_sums_on_device(const Instruction& in, const std::vector<int>& group) {
     if constexpr (std::is_same_v<T, float>) {
       auto& layer = *device_kfac.at({in.pipeline, in.layer, in.linear});
@@ -1478,6 +1474,10 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         comm.all_reduce_sum(std::span<double>(count), group, deadline());
         layer.set_microbatches(a, set_aside, static_cast<std::int64_t>(count[0]));
       }
+      // Sharded factors: only their holders keep (and invert) the synced sums.
+      if (last_piece && !kfac_slot(in).placement.holds_factors(replica)) {
+        for (const bool a : {true, false}) retire(layer.drop_sums(a, set_aside));
+      }
     }
   }
 
@@ -1492,8 +1492,12 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     auto& slot = kfac_slot(in);
     const auto group = slot.placement.inverse_broadcast_group();
     if (std::find(group.begin(), group.end(), replica) == group.end()) return;
-    auto& layer = kfac_layer(in);
     const bool owner = replica == slot.placement.owner;
+    if (runtime) {
+      broadcast_inverses_on_device(in, slot, owner, replica_ranks(group));
+      return;
+    }
+    auto& layer = kfac_layer(in);
     for (const bool is_a : {true, false}) {
       auto& factor = is_a ? layer.a : layer.b;
       const std::int64_t d = is_a ? layer.d_in : layer.d_out;
@@ -1511,6 +1515,70 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
   }
 
+  // The same on a device: the owner's inverse buffers broadcast in place (a device communicator)
+  // or staged through host memory; a receiver keeps the inverse it had as the previous one (the
+  // refresh's earlier steps precondition with it) and takes the owner's as its new inverse.
+  void broadcast_inverses_on_device(const Instruction& in, KfacSlot& slot, bool owner,
+                                    const std::vector<int>& ranks) {
+    using Matrix = device::DeviceKfacLayer::Matrix;
+    auto& layer = *device_kfac.at({in.pipeline, in.layer, in.linear});
+    const auto [d_in, d_out] = dims_of({in.pipeline, in.layer, in.linear});
+    const int root = rank_of(slot.placement.owner, self);
+    for (const bool is_a : {true, false}) {
+      const std::int64_t d = is_a ? d_in : d_out;
+      if (owner) {
+        if (!layer.has_inverse(is_a, false)) {
+          throw std::runtime_error("inverse broadcast before the owner's inversion");
+        }
+        auto inverse = layer.detach(is_a, Matrix::kInverse);
+        broadcast_on_device(std::span<float>(inverse.template data<float>(),
+                                             static_cast<std::size_t>(inverse.numel())),
+                            root, ranks);
+        retire(layer.attach(is_a, Matrix::kInverse, std::move(inverse)));
+        continue;
+      }
+      auto current = layer.detach(is_a, Matrix::kInverse);
+      if (current.numel() > 0) {
+        retire(layer.attach(is_a, Matrix::kPreviousInverse, std::move(current)));
+      } else {
+        retire(layer.detach(is_a, Matrix::kPreviousInverse));
+      }
+      auto received = tensor::Tensor::empty(backend(), {d, d}, tensor::DType::kF32);
+      broadcast_on_device(
+          std::span<float>(received.template data<float>(), static_cast<std::size_t>(d * d)), root,
+          ranks);
+      retire(layer.attach(is_a, Matrix::kInverse, std::move(received)));
+      (is_a ? slot.inverted_a : slot.inverted_b) = true;
+    }
+  }
+
+  // A broadcast of device memory from `root` to `ranks`: in place through a device communicator
+  // (after the compute stream's work on it; it returns once complete), else staged through host
+  // memory on the compute stream.
+  template <typename U>
+  void broadcast_on_device(std::span<U> data, int root, const std::vector<int>& ranks) {
+    const WaitTimer timer(*this);
+    if (device_comm) {
+      const auto produced = backend().create_event();
+      produced->record(*compute_stream);
+      device_comm->wait_on_device(*produced);
+      comm.broadcast(std::as_writable_bytes(data), root, ranks, deadline());
+      return;
+    }
+    std::vector<U> host(data.size());
+    if (rank == root) {
+      backend().copy(host.data(), data.data(), data.size_bytes(), tensor::CopyKind::kDeviceToHost,
+                     compute_stream.get());
+      compute_stream->synchronize();
+    }
+    comm.broadcast(std::as_writable_bytes(std::span<U>(host)), root, ranks, deadline());
+    if (rank != root) {
+      backend().copy(data.data(), host.data(), data.size_bytes(), tensor::CopyKind::kHostToDevice,
+                     compute_stream.get());
+      compute_stream->synchronize();  // `host` goes out of scope
+    }
+  }
+
   // The owner's preconditioned gradient (weight, bias) to the replicas without inverses.
   void broadcast_gradient(const Instruction& in) {
     auto& slot = kfac_slot(in);
@@ -1519,14 +1587,13 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     const std::string weight = linear_weight_name(in.layer, in.linear);
     for (auto* view : {find_param(weight), find_param(bias_name_of(weight))}) {
       if (view == nullptr) continue;
-      const WaitTimer timer(*this);
-      if (device_comm) {
-        // Device gradients: the broadcast reads (root) or overwrites them after the compute
-        // stream's work on them; it returns once complete, so later work sees the result.
-        const auto produced = backend().create_event();
-        produced->record(*compute_stream);
-        device_comm->wait_on_device(*produced);
+      if (runtime) {
+        // Device gradients: read (root) or overwritten after the compute stream's work on them.
+        broadcast_on_device(std::span<T>(view->grad, view->size),
+                            rank_of(slot.placement.owner, self), replica_ranks(group));
+        continue;
       }
+      const WaitTimer timer(*this);
       comm.broadcast(std::as_writable_bytes(std::span<T>(view->grad, view->size)),
                      rank_of(slot.placement.owner, self), replica_ranks(group), deadline());
     }
@@ -1540,6 +1607,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     if (in.piece_end != sched::kPieceUnits) return;
     auto& layer = *device_kfac.at({in.pipeline, in.layer, in.linear});
     auto& slot = kfac_slot(in);
+    if (!slot.placement.holds_factors(replica)) return;  // the owner's group inverts
     await_prefetch(slot);
     const bool is_a = in.kind == OpKind::kInvertA;
     const bool wrapped = sched::is_wrapped(in);
@@ -1672,6 +1740,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       const bool newest = in.step == schedule.num_steps - 1 && !schedule.kfac_pipelined_refresh;
       const bool previous_a = !newest && slot.inverted_a;
       const bool previous_b = !newest && slot.inverted_b;
+      // Sharded inverses: the owner's preconditioned gradient arrives by broadcast.
+      if (!slot.placement.holds_inverses(replica)) return;
       if (!layer.has_inverse(true, previous_a) || !layer.has_inverse(false, previous_b)) return;
       if (schedule.kfac_pipelined_refresh ? in.step == 0 && current_round > 0 : newest) {
         refreshed_this_step = true;

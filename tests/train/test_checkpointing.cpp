@@ -613,6 +613,30 @@ TEST_F(CheckpointingTest, ShardedKfacResumesOnItsOwnLayoutOnly) {
   }
 }
 
+// The same on the device path (HostDeviceLaunch): sharded device K-FAC layers saved in the middle
+// of a refresh resume bit for bit, and save what the CPU path saves.
+TEST_F(CheckpointingTest, ShardedKfacResumesOnItsOwnLayoutOnTheDevicePath) {
+  auto o = small_run("kfac-sharded-device");
+  o.optimizer = "adamw";
+  o.data_parallel = 2;
+  o.kfac.enabled = true;
+  o.kfac.refresh_steps = 2;
+  o.kfac.sharding = "shard";
+  o.kfac_profile = kfac_profile(o);
+  testing::HostDeviceLaunch device;
+  run_split_and_straight(o, 3, &device);
+  expect_identical(o, 3);
+  auto cpu = o;
+  cpu.checkpoint_dir += "-cpu";
+  cpu.metrics = cpu.checkpoint_dir + ".jsonl";
+  std::ostringstream out;
+  ASSERT_EQ(run_training(cpu, out), 0);
+  const auto a = latest(o.checkpoint_dir), b = latest(cpu.checkpoint_dir);
+  EXPECT_TRUE(read_file(a / "kfac.safetensors") == read_file(b / "kfac.safetensors"))
+      << "the device path's K-FAC state differs from the CPU path's";
+  EXPECT_TRUE(read_file(a / "model.safetensors") == read_file(b / "model.safetensors"));
+}
+
 // Weights and optimizer state of two runs on other layouts: equal up to the summation order of
 // micro-batch gradients, which differs between schedules. The attention key bias is left out:
 // its gradient is zero in exact arithmetic (softmax ignores a shift of each query's scores), so

@@ -164,6 +164,13 @@ class CudaKfacLayer final : public DeviceKfacLayer {
     (a ? has_previous_a_ : has_previous_b_) = true;
     return std::exchange(a ? previous_a_ : previous_b_, std::move(matrix));
   }
+  tensor::Tensor drop_sums(bool a, bool set_aside) override {
+    if (!set_aside) return layer_.drop_sum(a);
+    auto& held = a ? set_aside_a_ : set_aside_b_;
+    held.accumulating = false;
+    held.microbatches = 0;
+    return std::exchange(held.sum, tensor::Tensor());
+  }
   std::int64_t device_bytes() const override {
     std::int64_t bytes = layer_.device_bytes();
     for (const auto* matrix : {&previous_a_, &previous_b_, &set_aside_a_.sum, &set_aside_b_.sum}) {
