@@ -109,6 +109,17 @@ PY
     # The curvature sync on the GPU: K-FAC with two data-parallel replicas.
     train mini_gpu_kfac_dp2 "${small[@]}" --device cuda --precision fp32 --kfac \
       --data-parallel 2 --steps 8 || status=1
+    # K-FAC offload on the GPU (pinned host memory, copies on a copy stream per worker):
+    # BERT-mini with every Linear offloaded, and BERT-Large bf16 1F1B p = 4 against the
+    # large_1f1b_p4_kfac run above (step time, K-FAC state per rank in the summary).
+    train mini_gpu_kfac_offload "${small[@]}" --device cuda --precision fp32 --kfac \
+      --kfac-offload host --steps 8 || status=1
+    train large_1f1b_p4_kfac_offload "${common[@]}" --model large --device cuda --precision bf16 \
+      --schedule 1f1b --stages 4 --microbatches 8 --micro-batch-size 8 --steps 10 --kfac \
+      --kfac-offload host --trace "$OUT/trace_large_p4_kfac_offload.json" || status=1
+    # K-FAC state sharded across two data-parallel replicas on the GPU.
+    train mini_gpu_kfac_dp2_shard "${small[@]}" --device cuda --precision fp32 --kfac \
+      --data-parallel 2 --kfac-sharding shard --steps 8 || status=1
     # Checkpoints on the GPU: K-FAC placed from one profile, 3 steps + save + resume to 6 vs 6
     # straight; per-step losses side by side and whether the files are byte-identical (the GPU's
     # kernels may sum in another order run to run: then the losses differ by rounding only).
