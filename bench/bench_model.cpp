@@ -1,7 +1,9 @@
 // Forward + backward of one BERT pretraining batch (sequence 128, 20 masked positions, NSP),
 // dropout on, fp32, as a training step does it (gradients accumulate; no optimizer). Reports
 // sequences per second (items_per_second). Threads: --threads=N (default 2) sets OpenMP and
-// Eigen.
+// Eigen. bias_backward/...: the bias gradient's column sum (kernels::bias_backward) at the step's
+// largest shapes (the FFN's 4096x1024 and the MLM decoder's 640x30522) against Eigen's
+// colwise().sum() of the same row-major matrix (eigen_colwise:1, what bias_backward did before).
 #include <omp.h>
 
 #include <cstdlib>
@@ -12,6 +14,8 @@
 #include <benchmark/benchmark.h>
 #include <Eigen/Core>
 
+#include "kernels/cpu/eigen_maps.h"
+#include "kernels/ops.h"
 #include "runtime/model/bert_chunk.h"
 #include "runtime/tensor/cpu_backend.h"
 
@@ -48,8 +52,39 @@ void BM_TrainStepMini(benchmark::State& state) {
   train_step(state, "mini");
 }
 
+void BM_BiasBackward(benchmark::State& state) {
+  const std::int64_t rows = state.range(0);
+  const std::int64_t cols = state.range(1);
+  const bool eigen_colwise = state.range(2) != 0;
+  std::vector<float> dy(static_cast<std::size_t>(rows * cols));
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = static_cast<float>(i % 97) * 0.01F - 0.5F;
+  std::vector<float> dbias(static_cast<std::size_t>(cols), 0.0F);
+  const pf::kernels::ConstMatrixView<float> view(dy.data(), rows, cols);
+  for (auto _ : state) {
+    if (eigen_colwise) {
+      Eigen::Map<Eigen::Matrix<float, 1, Eigen::Dynamic>> db(dbias.data(), cols);
+      db += pf::kernels::cpu::map(view).colwise().sum();
+    } else {
+      pf::kernels::bias_backward<float>(view, dbias.data());
+    }
+    benchmark::DoNotOptimize(dbias.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * rows * cols *
+                          static_cast<std::int64_t>(sizeof(float)));
+}
+
 }  // namespace
 
+BENCHMARK(BM_BiasBackward)
+    ->Name("bias_backward")
+    ->ArgNames({"rows", "cols", "eigen_colwise"})
+    ->Args({4096, 1024, 0})
+    ->Args({4096, 1024, 1})
+    ->Args({640, 30522, 0})
+    ->Args({640, 30522, 1})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 BENCHMARK(BM_TrainStepTiny)
     ->Name("train_step/tiny")
     ->ArgName("batch")

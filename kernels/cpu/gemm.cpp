@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "kernels/cpu/eigen_maps.h"
 #include "kernels/ops.h"
@@ -131,10 +132,38 @@ void bias_add(MatrixView<T> y, const T* bias) {
   cpu::map(y).rowwise() += b;
 }
 
+// Column sums of dy, added to dbias. Rows are added one after another (contiguous, vectorised)
+// into a partial sum per chunk of kChunkRows rows, and each chunk's partial sum is added to
+// dbias. Eigen's colwise().sum() on a row-major matrix walks the rows once per column packet,
+// 9x slower on a 4096x1024 dy (bench_model's bias_backward). Each thread takes a contiguous
+// range of columns; the split does not change any column's order of additions, so the result is
+// the same for any number of threads.
 template <typename T>
 void bias_backward(ConstMatrixView<T> dy, T* dbias) {
-  Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>> db(dbias, dy.cols);
-  db += cpu::map(dy).colwise().sum();
+  constexpr std::int64_t kChunkRows = 256;
+  if (dy.rows == 0 || dy.cols == 0) return;
+  const int threads =
+      cpu::worth_parallel(dy.size()) && !omp_in_parallel() ? omp_get_max_threads() : 1;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    const std::int64_t parts = omp_get_num_threads();
+    const std::int64_t per = ((dy.cols + parts - 1) / parts + 15) / 16 * 16;
+    const std::int64_t first = omp_get_thread_num() * per;
+    const std::int64_t cols = std::min(per, dy.cols - first);
+    if (cols > 0) {
+      std::vector<T> storage(static_cast<std::size_t>(cols));
+      auto partial = cpu::array(storage.data(), cols);
+      auto db = cpu::array(dbias + first, cols);
+      for (std::int64_t start = 0; start < dy.rows; start += kChunkRows) {
+        const std::int64_t end = std::min(dy.rows, start + kChunkRows);
+        partial = cpu::array(dy.row(start) + first, cols);
+        for (std::int64_t i = start + 1; i < end; ++i) {
+          partial += cpu::array(dy.row(i) + first, cols);
+        }
+        db += partial;
+      }
+    }
+  }
 }
 
 #define PF_INSTANTIATE(T)                                                                      \

@@ -90,6 +90,34 @@ TEST(Gemm, ThreadedRowSplitMatchesTheDefinition) {
   omp_set_num_threads(saved);
 }
 
+TEST(Bias, BackwardAddsColumnSumsTheSameForAnyThreadCount) {
+  // Rows span several 256-row chunks, columns a few 16-wide blocks plus a remainder, and the
+  // view is strided (ld > cols); large enough for the threaded path. The float sums are
+  // compared bit for bit between 1 and 3 threads, and against double sums.
+  const std::int64_t rows = 700, cols = 75, ld = 80;
+  std::mt19937_64 rng(23);
+  const Vec source = random_vector(static_cast<std::size_t>(rows * ld), rng);
+  std::vector<float> dy(source.begin(), source.end());
+  const ConstMatrixView<float> dy_view(dy.data(), rows, cols, ld);
+  const int saved = omp_get_max_threads();
+  std::vector<std::vector<float>> results;
+  for (int threads : {1, 3}) {
+    omp_set_num_threads(threads);
+    std::vector<float> dbias(static_cast<std::size_t>(cols), 0.5F);
+    bias_backward<float>(dy_view, dbias.data());
+    results.push_back(dbias);
+  }
+  omp_set_num_threads(saved);
+  EXPECT_EQ(results[0], results[1]);
+  for (std::int64_t j = 0; j < cols; ++j) {
+    double expected = 0.5;
+    for (std::int64_t i = 0; i < rows; ++i) {
+      expected += static_cast<double>(dy[static_cast<std::size_t>(i * ld + j)]);
+    }
+    EXPECT_NEAR(results[0][static_cast<std::size_t>(j)], expected, 1e-4) << "column " << j;
+  }
+}
+
 TEST(Gemm, RejectsMismatchedShapes) {
   Vec a(6), b(6), c(4);
   EXPECT_THROW(
