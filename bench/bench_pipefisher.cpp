@@ -232,10 +232,10 @@ int print_zero_bubble_figures(int microbatches_per_stage) {
 // pf::pipefisher::pieces_sweep_cases(), or the one named (costs/device/model/mb/D/schedule).
 int print_pieces_sweep(const char* only) {
   std::printf(
-      "| costs | device | model | mb | D | schedule | bound | with release times | k split "
-      "(whole) | util before | util after split (whole) | overhead split (whole) | PipeFisher's "
-      "| pieces | after flush split (whole) |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
-      "---|---|---|\n");
+      "| costs | device | model | mb | D | schedule | bound | with release times | in usable gaps "
+      "| k split (whole) | util before | util after split (whole) | overhead split (whole) | "
+      "PipeFisher's | pieces | after flush split (whole) |\n|---|---|---|---|---|---|---|---|---|"
+      "---|---|---|---|---|---|---|\n");
   std::vector<pf::pipefisher::SweepResult> results;
   for (const auto& config : pf::pipefisher::pieces_sweep_cases()) {
     if (only != nullptr && config.name() != only) continue;
@@ -251,11 +251,11 @@ int print_pieces_sweep(const char* only) {
     const auto& s = r.split;
     const auto& w = r.whole;
     std::printf(
-        "| %s | %s | %s | %d | %d | %s | %d | %d | %d%s (%d%s) | %.1f%% | %.1f%% (%.1f%%) | "
+        "| %s | %s | %s | %d | %d | %s | %d | %d | %d | %d%s (%d%s) | %.1f%% | %.1f%% (%.1f%%) | "
         "%+.1f%% (%+.1f%%) | %+.1f%% | %d in %d | %.2f (%.2f) ms |\n",
         config.costs.c_str(), config.device.c_str(), config.model.c_str(), config.micro_batch,
-        config.stages, schedule.c_str(), s.refresh_bound, s.release_bound, s.refresh_steps,
-        s.capped ? ", capped" : "", w.refresh_steps, w.capped ? ", capped" : "",
+        config.stages, schedule.c_str(), s.refresh_bound, s.release_bound, s.usable_bound,
+        s.refresh_steps, s.capped ? ", capped" : "", w.refresh_steps, w.capped ? ", capped" : "",
         100 * s.utilization_before, 100 * s.utilization_after, 100 * w.utilization_after,
         100 * s.step_time_overhead, 100 * w.step_time_overhead, 100 * r.pipefisher_overhead,
         s.pieces, s.divided_tasks, 1e3 * s.after_flush_s, 1e3 * w.after_flush_s);
@@ -263,10 +263,10 @@ int print_pieces_sweep(const char* only) {
   }
   // By cost model and schedule: the criteria's counts and the mean utilization and overheads.
   std::printf(
-      "\n| costs | schedule | configurations | k at bound | at bound with release times | k <= "
-      "bound + 1 | split off: k at its bound | util before | util after split (whole) | "
-      "overhead split (whole) | PipeFisher's | overhead <= PipeFisher's |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "\n| costs | schedule | configurations | k at bound | at bound with release times | at bound "
+      "in usable gaps | k <= bound + 1 | split off: k at its bound | util before | util after "
+      "split (whole) | overhead split (whole) | PipeFisher's | overhead <= PipeFisher's |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const char* costs : {"analytic", "measured"}) {
     for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
                       ScheduleKind::kChimera}) {
@@ -286,22 +286,23 @@ int print_pieces_sweep(const char* only) {
       const double n = static_cast<double>(group.size());
       const auto g = pf::pipefisher::summarize(group);
       std::printf(
-          "| %s | %s | %d | %d | %d | %d | %d | %.1f%% | %.1f%% (%.1f%%) | %+.1f%% (%+.1f%%) | "
-          "%+.1f%% | %d |\n",
+          "| %s | %s | %d | %d | %d | %d | %d | %d | %.1f%% | %.1f%% (%.1f%%) | %+.1f%% (%+.1f%%) "
+          "| %+.1f%% | %d |\n",
           costs, std::string(pf::sched::to_string(kind)).c_str(), g.configurations, g.at_bound,
-          g.at_release_bound, g.within_one, g.whole_at_bound, 100 * before / n, 100 * after / n,
-          100 * after_whole / n, 100 * overhead / n, 100 * overhead_whole / n, 100 * own / n,
-          g.not_costlier);
+          g.at_release_bound, g.at_usable_bound, g.within_one, g.whole_at_bound, 100 * before / n,
+          100 * after / n, 100 * after_whole / n, 100 * overhead / n, 100 * overhead_whole / n,
+          100 * own / n, g.not_costlier);
     }
   }
   const auto sum = pf::pipefisher::summarize(results);
   std::printf(
       "\nconfigurations %d; refused %d (split off: %d); k at the bound %d (split off: %d); k at "
-      "the bound with release times %d; k <= bound + 1 %d; k > bound + 1 %d; capped below the "
-      "bound (bound > --kfac-max-refresh) %d; overhead <= PipeFisher's %d\n",
+      "the bound with release times %d; k at usable_bound %d/%d; k <= bound + 1 %d; k > bound "
+      "+ 1 %d; capped below the bound (bound > --kfac-max-refresh) %d; overhead <= PipeFisher's "
+      "%d; schedules the validator refused %d\n",
       sum.configurations, sum.refused, sum.whole_refused, sum.at_bound, sum.whole_at_bound,
-      sum.at_release_bound, sum.within_one, sum.above_bound_plus_one, sum.capped_below_bound,
-      sum.not_costlier);
+      sum.at_release_bound, sum.at_usable_bound, sum.configurations, sum.within_one,
+      sum.above_bound_plus_one, sum.capped_below_bound, sum.not_costlier, sum.invalid);
   return 0;
 }
 
@@ -312,9 +313,9 @@ int print_pipelined_sweep(const char* only) {
   pf::pipefisher::KfacOptions options;
   options.pipelined_refresh = true;
   std::printf(
-      "| costs | device | model | mb | D | schedule | bound | k off | k on | pipelined | tasks "
-      "in the next window | overhead | PipeFisher's |\n|---|---|---|---|---|---|---|---|---|---|"
-      "---|---|---|\n");
+      "| costs | device | model | mb | D | schedule | bound | in usable gaps | k off | k on | "
+      "pipelined | tasks in the next window | overhead | PipeFisher's |\n|---|---|---|---|---|---|"
+      "---|---|---|---|---|---|---|---|\n");
   std::vector<pf::pipefisher::SweepResult> results;
   for (const auto& config : pf::pipefisher::pieces_sweep_cases()) {
     if (only != nullptr && config.name() != only) continue;
@@ -328,18 +329,21 @@ int print_pipelined_sweep(const char* only) {
       continue;
     }
     const auto& s = r.split;
-    std::printf("| %s | %s | %s | %d | %d | %s | %d | %d | %d%s | %s | %d | %+.1f%% | %+.1f%% |\n",
-                config.costs.c_str(), config.device.c_str(), config.model.c_str(),
-                config.micro_batch, config.stages, schedule.c_str(), s.refresh_bound,
-                s.plain_refresh_steps, s.refresh_steps, s.capped ? ", capped" : "",
-                s.pipelined_refresh ? "yes" : "no", s.wrapped_tasks, 100 * s.step_time_overhead,
-                100 * r.pipefisher_overhead);
+    std::printf(
+        "| %s | %s | %s | %d | %d | %s | %d | %d | %d | %d%s | %s | %d | %+.1f%% | "
+        "%+.1f%% |%s%s\n",
+        config.costs.c_str(), config.device.c_str(), config.model.c_str(), config.micro_batch,
+        config.stages, schedule.c_str(), s.refresh_bound, s.usable_bound, s.plain_refresh_steps,
+        s.refresh_steps, s.capped ? ", capped" : "", s.pipelined_refresh ? "yes" : "no",
+        s.wrapped_tasks, 100 * s.step_time_overhead, 100 * r.pipefisher_overhead,
+        r.invalid.empty() ? "" : " invalid: ", r.invalid.c_str());
     std::fflush(stdout);
   }
   std::printf(
-      "\n| schedule | configurations | k at bound: off | on | k <= bound + 1: off | on | "
-      "pipelined plans | with work in the next window | overhead on | PipeFisher's | overhead "
-      "<= PipeFisher's |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "\n| schedule | configurations | k at bound: off | on | k <= bound + 1: off | on | k at the "
+      "bound in usable gaps | pipelined plans | with work in the next window | overhead on | "
+      "PipeFisher's | overhead <= PipeFisher's |\n|---|---|---|---|---|---|---|---|---|---|---|"
+      "---|\n");
   const auto row = [&](const std::string& name, const auto& in_group) {
     std::vector<pf::pipefisher::SweepResult> group;
     double overhead = 0, own = 0;
@@ -352,10 +356,10 @@ int print_pipelined_sweep(const char* only) {
     if (group.empty()) return;
     const double n = static_cast<double>(group.size());
     const auto g = pf::pipefisher::summarize(group);
-    std::printf("| %s | %d | %d | %d | %d | %d | %d | %d | %+.1f%% | %+.1f%% | %d |\n",
+    std::printf("| %s | %d | %d | %d | %d | %d | %d | %d | %d | %+.1f%% | %+.1f%% | %d |\n",
                 name.c_str(), g.configurations, g.plain_at_bound, g.at_bound, g.plain_within_one,
-                g.within_one, g.pipelined_plans, g.wrapping_plans, 100 * overhead / n,
-                100 * own / n, g.not_costlier);
+                g.within_one, g.at_usable_bound, g.pipelined_plans, g.wrapping_plans,
+                100 * overhead / n, 100 * own / n, g.not_costlier);
   };
   for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
                     ScheduleKind::kChimera}) {
@@ -363,6 +367,14 @@ int print_pipelined_sweep(const char* only) {
         [&](const pf::pipefisher::SweepResult& r) { return r.config.kind == kind; });
   }
   row("all", [](const pf::pipefisher::SweepResult&) { return true; });
+  const auto sum = pf::pipefisher::summarize(results);
+  std::printf(
+      "\nconfigurations %d; refused %d; k at the bound %d (off: %d); k at usable_bound %d/%d; "
+      "k <= bound + 1 %d (off: %d); k > bound + 1 %d; pipelined plans %d, %d with work in the "
+      "next window; schedules the validator refused %d\n",
+      sum.configurations, sum.refused, sum.at_bound, sum.plain_at_bound, sum.at_usable_bound,
+      sum.configurations, sum.within_one, sum.plain_within_one, sum.above_bound_plus_one,
+      sum.pipelined_plans, sum.wrapping_plans, sum.invalid);
   return 0;
 }
 

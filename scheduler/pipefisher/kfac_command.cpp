@@ -185,6 +185,9 @@ std::string format_kfac_report(const KfacReport& report) {
     if (report.release_bound > 0) {
       text += format(", with release times %.0f", report.release_bound);
     }
+    if (report.usable_bound > 0) {
+      text += format(", in usable gaps %.0f", report.usable_bound);
+    }
     text += ")";
   } else {
     text += " (no k holds all the work)";

@@ -184,11 +184,39 @@ class WorkerBubbles {
 
   void reserve(std::size_t bubble, double start, double need) {
     set_cursor(bubble, start + need);
-    // Its twin is the same idle time in the other window: it loses as much room.
+    // Its twin is the same idle time in the other window: it loses as much room, less what was
+    // held back in it for this work (a step-0 twin's held head, hold_heads).
     const int twin = bubbles_[bubble].twin;
     if (twin >= 0) {
       const auto t = static_cast<std::size_t>(twin);
-      set_cursor(t, std::min(bubbles_[t].end, cursor_[t] + need));
+      double taken = need;
+      if (!held_.empty()) {
+        const double from_hold = std::min(taken, held_[t]);
+        held_[t] -= from_hold;
+        taken -= from_hold;
+      }
+      if (taken > 0.0) set_cursor(t, std::min(bubbles_[t].end, cursor_[t] + taken));
+    }
+  }
+
+  // Holds back the head of the step-0 bubbles whose wrap-step twin ends by `deadline` from the
+  // window's own items (their cursor moves past it), up to `amount` seconds from `from` on, in
+  // time order, no more per bubble than its twin can hold: the wrap-step items placed in the
+  // twins later take that room first (reserve). Before any reservation.
+  void hold_heads(double amount, double deadline, double from) {
+    for (std::size_t i = 0; i < bubbles_.size() && amount > 0.0; ++i) {
+      const Bubble& b = bubbles_[i];
+      if (b.step != 0 || b.twin < 0 || b.end <= from) continue;
+      const auto t = static_cast<std::size_t>(b.twin);
+      if (bubbles_[t].end > deadline) continue;
+      const double shared = std::min(b.end - b.start, bubbles_[t].end - cursor_[t]);
+      const double begin = std::max(b.start, from) - b.start;  // free of the others before it
+      const double head = std::min(amount, shared - begin);
+      if (head <= 0.0) continue;
+      if (held_.empty()) held_.assign(bubbles_.size(), 0.0);
+      held_[i] = begin + head;
+      amount -= head;
+      set_cursor(i, b.start + held_[i]);
     }
   }
 
@@ -220,6 +248,7 @@ class WorkerBubbles {
 
   const std::vector<Bubble>& bubbles_;
   std::vector<double> cursor_;
+  std::vector<double> held_;  // per step-0 bubble: its head still held (hold_heads); or empty
   RoomTree tree_;
   std::vector<std::size_t> step_begin_;  // first bubble index of each step (and num_steps)
   // Per step: (free room, bubble index) of its bubbles, in that order (best-fit only).
@@ -448,7 +477,7 @@ std::vector<PiecePlacement> cut_into_common_windows(std::vector<WorkerBubbles>& 
 }  // namespace
 
 PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
-                PackingPolicy policy, double safety_margin) {
+                PackingPolicy policy, double safety_margin, const std::vector<double>& wrap_hold) {
   if (policy == PackingPolicy::kBestOfBoth) {
     throw std::invalid_argument("pack: choose first_fit or best_fit (best_of_both runs both)");
   }
@@ -457,6 +486,16 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
                                 std::to_string(safety_margin));
   }
   check_problem(problem, items);
+  if (!wrap_hold.empty() && wrap_hold.size() != problem.bubbles.size()) {
+    throw std::invalid_argument("pack: wrap_hold has " + std::to_string(wrap_hold.size()) +
+                                " workers, bubbles has " + std::to_string(problem.bubbles.size()));
+  }
+  for (std::size_t w = 0; w < wrap_hold.size(); ++w) {
+    if (!(wrap_hold[w] >= 0.0) || !std::isfinite(wrap_hold[w])) {
+      throw std::invalid_argument("pack: wrap_hold of worker " + std::to_string(w) + " is " +
+                                  std::to_string(wrap_hold[w]) + " (seconds >= 0)");
+    }
+  }
   const int wrap = problem.wrap_step;
   // The window's last step: spilled work goes to its flush at the latest (the wrap step is the
   // next window's).
@@ -465,6 +504,27 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
   workers.reserve(problem.bubbles.size());
   for (const auto& bubbles : problem.bubbles) {
     workers.emplace_back(bubbles, problem.num_steps, policy == PackingPolicy::kBestFit, wrap);
+  }
+  if (wrap >= 0 && !wrap_hold.empty()) {
+    // Per worker: the latest deadline of its wrappable items (no twin ending later can hold
+    // any), and the earliest release of its other items (the room before it is not theirs).
+    std::vector<double> deadline(workers.size(), -kInfinity);
+    std::vector<double> from(workers.size(), kInfinity);
+    for (const PackItem& item : items) {
+      for (int w : item.workers) {
+        const auto v = static_cast<std::size_t>(w);
+        if (item.wrappable) {
+          deadline[v] = std::max(deadline[v], item.wrap_deadline);
+        } else {
+          from[v] = std::min(from[v], item.release);
+        }
+      }
+    }
+    for (std::size_t w = 0; w < workers.size(); ++w) {
+      if (wrap_hold[w] > 0.0 && deadline[w] > -kInfinity && from[w] < kInfinity) {
+        workers[w].hold_heads(wrap_hold[w], deadline[w], from[w]);
+      }
+    }
   }
   std::vector<std::vector<double>> flush = problem.flush_start;
   // Per state key (one Linear on one worker): the first step-0 bubble its window's work uses,

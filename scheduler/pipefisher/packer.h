@@ -105,9 +105,19 @@ struct PackResult {
 // fits nowhere spills to the flush of its bound step or of the last step (spill_early: of the
 // first step ending after its release); an item whose predecessor spilled goes into the bubbles
 // of the steps after that flush, or spills too.
+// `wrap_hold` (a pipelined refresh, PackProblem::wrap_step; empty: none): per worker, seconds
+// of step-0 room held back from the window's own items for the previous refresh's wrapped work.
+// Step-0 items come first in the order (curvature before inversions) and would otherwise fill
+// the step-0 bubbles whose wrap-step twins the wrappable items need. The hold takes the head
+// (earliest part, where the wrapped work runs in the stream) of the step-0 bubbles whose twin
+// ends by the worker's latest wrap deadline, in time order, from the earliest release of the
+// worker's other items on (the room before it is theirs anyway), no more per bubble than its
+// twin holds; a wrap-step item uses the held room of its twin first.
 // Throws std::invalid_argument on malformed input (unsorted or overlapping bubbles, bad worker
-// or predecessor indices, negative durations); kBestOfBoth is not accepted here.
+// or predecessor indices, negative durations, a hold per worker of another size or negative);
+// kBestOfBoth is not accepted here.
 PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
-                PackingPolicy policy, double safety_margin);
+                PackingPolicy policy, double safety_margin,
+                const std::vector<double>& wrap_hold = {});
 
 }  // namespace pf::pipefisher

@@ -1,6 +1,7 @@
 #include "scheduler/pipefisher/pass.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -252,6 +253,10 @@ bool fits_under_no_k(const KfacTask& task, const KfacOptions& options, double ta
                             options.safety_margin);
 }
 
+// A pipelined plan is packed again with more of step 0 held for the wrapped work at most this
+// many times (make_plan).
+constexpr int kWrapHoldRounds = 4;
+
 // `items`: a buffer reused from plan to plan (its contents are replaced): at p = 64, m = 1024 the
 // items of one plan take ~60 MB, and a fresh buffer per plan cost as much in page faults as
 // building the items.
@@ -346,10 +351,42 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
     }
     items.push_back(std::move(item));
   }
+  const auto after_flush = [&](const PackResult& packed) {
+    double seconds = 0.0;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      seconds += packed.placements[i].spilled_s * static_cast<double>(items[i].workers.size());
+    }
+    return seconds;
+  };
   plan.packed = pack(plan.bubbles().problem, items, policy, options.safety_margin);
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    plan.total_after_flush_s +=
-        plan.packed.placements[i].spilled_s * static_cast<double>(items[i].workers.size());
+  plan.total_after_flush_s = after_flush(plan.packed);
+  if (plan.pipelined) {
+    // The window's step-0 items (curvature, preconditions) come first in the order and fill the
+    // step-0 bubbles, whose wrap-step twins the wrapped work then finds full: it spills. Hold
+    // the head of step-0 room back for it (pack's wrap_hold), as much more per worker as spilled
+    // of it, while that lowers the spilled items, then the work after a flush (the hold takes
+    // room from the window's own work, which may spill instead).
+    std::vector<double> hold(plan.bubbles().problem.bubbles.size(), 0.0);
+    for (int round = 0; round < kWrapHoldRounds; ++round) {
+      bool more = false;
+      for (std::size_t i = 0; i < items.size(); ++i) {
+        const double spilled = plan.packed.placements[i].spilled_s;
+        if (!items[i].wrappable || !(spilled > 0.0)) continue;
+        for (int w : items[i].workers) {
+          hold[static_cast<std::size_t>(w)] += spilled * (1.0 + options.safety_margin);
+        }
+        more = true;
+      }
+      if (!more) break;
+      PackResult held = pack(plan.bubbles().problem, items, policy, options.safety_margin, hold);
+      const double held_after_flush = after_flush(held);
+      if (std::make_pair(held.spilled_items, held_after_flush) >=
+          std::make_pair(plan.packed.spilled_items, plan.total_after_flush_s)) {
+        break;
+      }
+      plan.packed = std::move(held);
+      plan.total_after_flush_s = held_after_flush;
+    }
   }
   std::vector<bool> unavoidable(items.size(), false);
   for (std::size_t i = 0; i < items.size(); ++i) {
@@ -653,6 +690,97 @@ int release_lower_bound(const sched::Schedule& base, const KfacWork& work, const
           map.problem.num_steps - 1 + static_cast<int>(std::ceil(pending / usable_steady - 1e-9));
     }
     bound = std::max(bound, finished_step + 1);
+  }
+  return bound;
+}
+
+// The bound in usable gaps: the work/bubble bound with only the idle time that can hold K-FAC
+// pieces, and every piece paying the per-task overhead. Per worker, of a steady step's gaps only
+// those that hold the smallest piece the pass cuts of the worker's work count (a piece's cost
+// includes its overhead; an indivisible task is one piece). Three lower bounds on k, the largest
+// wins, the max over workers:
+// - the work over the usable idle time;
+// - the work beyond each task's own overhead over the usable idle time less one overhead per
+//   usable gap (every gap that holds work holds a piece that pays it);
+// - the work plus the overheads of the pieces each task needs at least (no piece costs more than
+//   the longest usable gap holds, gap / (1 + margin): a task of d seconds is at least
+//   ceil((d - o) / (gap / (1 + margin) - o)) pieces, each past its first paying o again) over the
+//   usable idle time.
+// With every_step curvature the step's own curvature is taken from each step's room first, as in
+// the work/bubble bound. Every usable gap counts for every task (releases aside: release_bound),
+// and the last piece of a task, which may be shorter than a minimum piece, uses only the gaps
+// that hold one. >= refresh_bound; -1 where the work/bubble bound is impossible or a worker with
+// work has no usable idle time left for it.
+int usable_lower_bound(const sched::Schedule& base, const KfacWork& work, const BubbleMap& map,
+                       const LongestBubbles& longest, const KfacOptions& options,
+                       double task_overhead_s) {
+  const double margin = 1.0 + options.safety_margin;
+  const bool every_step = options.curvature == CurvatureSource::kEveryStep;
+  const auto workers = static_cast<std::size_t>(base.num_workers());
+  struct Held {
+    double seconds;  // the whole task
+    bool divisible;
+    bool repeated;  // every_step curvature: in every step
+  };
+  std::vector<std::vector<Held>> held(workers);
+  std::vector<double> smallest(workers, std::numeric_limits<double>::infinity());
+  for (const KfacTask& task : work.tasks) {
+    if (is_per_step(task.kind())) continue;
+    if (fits_under_no_k(task, options, task_overhead_s, longest)) continue;
+    const bool cut = divisible(task, options, task_overhead_s);
+    const double piece =
+        cut ? std::min(task.duration_s, min_piece_seconds(task, options, task_overhead_s))
+            : task.duration_s;
+    for (int w : task.workers) {
+      const auto v = static_cast<std::size_t>(w);
+      held[v].push_back(Held{task.duration_s, cut,
+                             every_step && (task.kind() == OpKind::kCurvatureA ||
+                                            task.kind() == OpKind::kCurvatureB)});
+      smallest[v] = std::min(smallest[v], piece * margin);
+    }
+  }
+  int bound = 1;
+  for (std::size_t w = 0; w < workers; ++w) {
+    if (held[w].empty()) continue;
+    // A steady step's usable idle time: [0] whole, [1] less an overhead per gap, [2] whole.
+    std::array<double, 3> room{0.0, 0.0, 0.0};
+    double largest = 0.0;
+    for (const Bubble& b : map.problem.bubbles[w]) {
+      if (b.step != 1 || b.end - b.start < smallest[w]) continue;
+      room[0] += b.end - b.start;
+      room[1] += std::max(0.0, b.end - b.start - task_overhead_s * margin);
+      largest = std::max(largest, b.end - b.start);
+    }
+    room[2] = room[0];
+    // The work against each: [0] whole, [1] beyond each task's own overhead, [2] whole with the
+    // overheads of the fewest pieces; per step (every_step curvature) and the rest.
+    std::array<double, 3> per_step{0.0, 0.0, 0.0}, rest{0.0, 0.0, 0.0};
+    const double longest_piece = largest / margin;  // the most a piece may cost
+    for (const Held& task : held[w]) {
+      auto& sum = task.repeated ? per_step : rest;
+      double pieces = 1.0;
+      if (task.divisible && task.seconds > longest_piece) {
+        pieces =
+            longest_piece > task_overhead_s
+                ? std::ceil((task.seconds - task_overhead_s) / (longest_piece - task_overhead_s) -
+                            1e-9)
+                : std::numeric_limits<double>::infinity();
+      }
+      sum[0] += task.seconds * margin;
+      sum[1] += std::max(0.0, task.seconds - task_overhead_s) * margin;
+      sum[2] += (task.seconds + (pieces - 1.0) * task_overhead_s) * margin;
+    }
+    for (std::size_t part = 0; part < room.size(); ++part) {
+      const double left = room[part] - per_step[part];
+      const double need = rest[part];
+      if (need <= 0.0) {
+        if (left < 0.0) return -1;
+        continue;
+      }
+      if (!(left > 0.0) || !std::isfinite(need)) return -1;
+      const double steps = std::ceil(need / left - 1e-9);
+      bound = std::max(bound, static_cast<int>(std::min(steps, 1e9)));
+    }
   }
   return bound;
 }
@@ -989,6 +1117,10 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
                                 ? release_lower_bound(base, *one_step_work, timeline, steady,
                                                       longest, options, task_overhead_s)
                                 : -1;
+  const int usable_bound =
+      bound.impossible.empty()
+          ? usable_lower_bound(base, *one_step_work, steady, longest, options, task_overhead_s)
+          : -1;
 
   std::vector<PackingPolicy> policies;
   if (options.policy != PackingPolicy::kBestFit) policies.push_back(PackingPolicy::kFirstFit);
@@ -1052,6 +1184,7 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
   result.report = make_report(base, costs, options, *chosen, result.before, result.after);
   result.report.refresh_bound = bound.impossible.empty() ? bound.steps : -1;
   result.report.release_bound = release_bound;
+  result.report.usable_bound = usable_bound;
   for (const Plan& plan : plans) {
     if (plan.pipelined != chosen->pipelined) continue;
     (plan.policy == PackingPolicy::kFirstFit ? result.report.first_fit_refresh_steps

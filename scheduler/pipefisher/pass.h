@@ -40,6 +40,14 @@ struct KfacReport {
   // (worker 0 of GPipe/1F1B gets its curvature B only after its last backward) it is
   // refresh_bound + 1. -1 with every_step curvature or where no k can hold the work.
   int release_bound = -1;
+  // The bound in usable gaps: the work/bubble bound with only the idle time that can hold K-FAC
+  // pieces (a steady step's gaps that hold the smallest piece the pass cuts of the worker's work)
+  // and each piece paying the per-task overhead (a usable gap does at most its length less one
+  // overhead of work; a task longer than the longest usable gap is that many pieces at least,
+  // each past the first paying the overhead again); >= refresh_bound. Up to it k is the cost of
+  // splitting, above it the packer's. -1 where refresh_bound is, or where a worker with work has
+  // no usable gap.
+  int usable_bound = -1;
   // With --kfac-move-w on (split-backward schedules): how far the Ws were moved (forwards /
   // backwards passed, kDeferAllTheWay: as late as they may go), 0 where unmoved won.
   int weights_deferred = 0;

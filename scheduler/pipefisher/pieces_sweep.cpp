@@ -2,10 +2,12 @@
 
 #include <exception>
 #include <optional>
+#include <stdexcept>
 
 #include "runtime/model/bert_config.h"
 #include "scheduler/compile.h"
 #include "scheduler/pipefisher/timeline.h"
+#include "scheduler/validate.h"
 #include "sim/analytic_cost_model.h"
 #include "sim/measured_cost_model.h"
 
@@ -158,7 +160,13 @@ SweepResult run_sweep_case(const SweepCase& config, const KfacOptions& options) 
   KfacOptions whole = options;
   whole.split = false;
   try {
-    result.split = run_pipefisher(base, costs, split).report;
+    const PassResult pass = run_pipefisher(base, costs, split);
+    result.split = pass.report;
+    try {
+      sched::validate(pass.schedule);
+    } catch (const std::invalid_argument& error) {
+      result.invalid = error.what();
+    }
     result.pipefisher_overhead = pipefisher_own_overhead(costs, base, result.split.refresh_steps);
   } catch (const std::exception& error) {
     result.refused = error.what();
@@ -186,6 +194,8 @@ SweepSummary summarize(const std::vector<SweepResult>& results) {
       ++summary.whole_at_bound;
     }
     if (k == r.split.release_bound) ++summary.at_release_bound;
+    if (k == r.split.usable_bound) ++summary.at_usable_bound;
+    if (!r.invalid.empty()) ++summary.invalid;
     if (k <= r.split.refresh_bound + 1) ++summary.within_one;
     if (k > r.split.refresh_bound + 1) ++summary.above_bound_plus_one;
     if (r.capped_below_bound()) ++summary.capped_below_bound;

@@ -32,6 +32,7 @@ struct SweepResult {
   SweepCase config;
   std::string refused;  // the pass's error, or empty
   KfacReport split;     // --kfac-split on (default options)
+  std::string invalid;  // the validator's error on the split pass's schedule, or empty
   std::string whole_refused;
   KfacReport whole;  // --kfac-split off
   // PipeFisher's own step-time overhead: the base schedule over split.refresh_steps steps with
@@ -56,6 +57,8 @@ struct SweepSummary {
   int at_bound = 0;          // k == refresh_bound
   int whole_at_bound = 0;    // the same for the indivisible pass
   int at_release_bound = 0;  // k == release_bound (the bound with the work's release times)
+  int at_usable_bound = 0;   // k == usable_bound (the bound in the gaps that hold a piece)
+  int invalid = 0;           // schedules the validator refused (SweepResult::invalid)
   int within_one = 0;        // k <= refresh_bound + 1
   int above_bound_plus_one = 0;
   int capped_below_bound = 0;  // bound > --kfac-max-refresh: k is the cap

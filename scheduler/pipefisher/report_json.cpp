@@ -20,6 +20,7 @@ nlohmann::json to_json(const KfacReport& report) {
   return {{"refresh_steps", report.refresh_steps},
           {"refresh_bound", report.refresh_bound},
           {"release_bound", report.release_bound},
+          {"usable_bound", report.usable_bound},
           {"weights_deferred", report.weights_deferred},
           {"pipelined_refresh", report.pipelined_refresh},
           {"wrapped_tasks", report.wrapped_tasks},

@@ -16,6 +16,13 @@ inline void check_case(const SweepResult& r) {
   // The search starts at the bound: k below it would mean the bound is not one.
   EXPECT_GE(s.refresh_steps, r.capped_below_bound() ? 1 : s.refresh_bound);
   EXPECT_GE(s.release_bound, s.refresh_bound - 1);
+  // The bound in usable gaps counts less idle time and more overhead than the work/bubble bound.
+  if (s.usable_bound > 0) {
+    EXPECT_GE(s.usable_bound, s.refresh_bound);
+  }
+  // Every schedule the pass emits (pipelined ones with work in the next window included) is one
+  // the validator accepts.
+  EXPECT_EQ(r.invalid, "");
   EXPECT_GE(s.utilization_after, s.utilization_before);
   EXPECT_GT(s.idle_filled, 0.0);
   EXPECT_LE(s.idle_filled, 1.0);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <random>
+#include <stdexcept>
 
 #include "scheduler/pipefisher/packer.h"
 
@@ -127,6 +128,62 @@ TEST(Packer, CollectiveFindsCommonWindow) {
   ASSERT_FALSE(result.placements[0].spilled);
   EXPECT_DOUBLE_EQ(result.placements[0].start, 5.0);
   EXPECT_EQ(result.placements[0].bubbles, (std::vector<int>{1, 1}));
+}
+
+TEST(Packer, WrapHoldKeepsStepZeroRoomForWrappedWork) {
+  // A pipelined refresh of one step: step 0 has bubble A [0, 2) and B [3, 5); the wrap step
+  // (the next window's step 0) has A's twin [10, 12), the same idle time. The window's own item
+  // (curvature, say) comes first and takes A; the wrappable one (an inversion released at 4.5)
+  // then finds no room in step 0 nor in A's twin, and spills. Holding A's head for it moves the
+  // own item to B and the wrappable one into the twin: nothing spills.
+  PackProblem problem = one_worker({{0, 0.0, 2.0, 0}, {0, 3.0, 5.0, 1}, {1, 10.0, 12.0, 2}}, 2);
+  problem.wrap_step = 1;
+  problem.bubbles[0][0].twin = 2;
+  problem.bubbles[0][2].twin = 0;
+  PackItem wrapped = item(2.0, 4.5);
+  wrapped.wrappable = true;
+  wrapped.wrap_deadline = 20.0;
+  const std::vector<PackItem> items = {item(2.0), wrapped};
+  for (PackingPolicy policy : {PackingPolicy::kFirstFit, PackingPolicy::kBestFit}) {
+    const auto greedy = pack(problem, items, policy, 0.0);
+    EXPECT_EQ(greedy.placements[0].bubbles[0], 0);
+    EXPECT_TRUE(greedy.placements[1].spilled);
+    EXPECT_EQ(greedy.spilled_items, 1);
+
+    const auto held = pack(problem, items, policy, 0.0, {2.0});
+    ASSERT_FALSE(held.placements[0].spilled);
+    EXPECT_EQ(held.placements[0].bubbles[0], 1);
+    EXPECT_DOUBLE_EQ(held.placements[0].start, 3.0);
+    ASSERT_FALSE(held.placements[1].spilled);
+    EXPECT_EQ(held.placements[1].step, 1);
+    EXPECT_EQ(held.placements[1].bubbles[0], 2);
+    EXPECT_EQ(held.spilled_items, 0);
+
+    // A twin ending after the wrappable work's deadline holds nothing for it: no hold there.
+    PackProblem late = problem;
+    late.bubbles[0][2] = {1, 30.0, 32.0, 2};
+    late.bubbles[0][2].twin = 0;
+    const auto not_held = pack(late, items, policy, 0.0, {2.0});
+    EXPECT_EQ(not_held.placements[0].bubbles[0], 0);
+    EXPECT_TRUE(not_held.placements[1].spilled);
+  }
+  // The held room is counted once: with 1.0 of A held, own items use A's rest after it, and a
+  // wrapped item of 1.0 in the twin takes the held part only, not A's rest again.
+  PackItem short_wrapped = wrapped;
+  short_wrapped.duration = 1.0;
+  const auto shared = pack(problem, {item(2.0), item(0.5), short_wrapped, item(0.5)},
+                           PackingPolicy::kFirstFit, 0.0, {1.0});
+  EXPECT_EQ(shared.placements[0].bubbles[0], 1);
+  EXPECT_DOUBLE_EQ(shared.placements[1].start, 1.0);  // after the held head
+  ASSERT_FALSE(shared.placements[2].spilled);
+  EXPECT_EQ(shared.placements[2].bubbles[0], 2);
+  ASSERT_FALSE(shared.placements[3].spilled);
+  EXPECT_EQ(shared.placements[3].bubbles[0], 0);
+  EXPECT_DOUBLE_EQ(shared.placements[3].start, 1.5);
+  EXPECT_EQ(shared.spilled_items, 0);
+  EXPECT_THROW(pack(problem, items, PackingPolicy::kFirstFit, 0.0, {1.0, 1.0}),
+               std::invalid_argument);
+  EXPECT_THROW(pack(problem, items, PackingPolicy::kFirstFit, 0.0, {-1.0}), std::invalid_argument);
 }
 
 TEST(Packer, RejectsMalformedInput) {

@@ -11,6 +11,7 @@
 
 #include "runtime/model/bert_config.h"
 #include "scheduler/compile.h"
+#include "scheduler/pipefisher/kfac_command.h"
 #include "scheduler/pipefisher/pass.h"
 #include "scheduler/pipefisher/report_json.h"
 #include "scheduler/schedule_json.h"
@@ -114,6 +115,49 @@ TEST(PipeFisherPieces, InversionLongerThanEveryGapIsCutAndKReachesTheBound) {
     EXPECT_GT(indivisible.report.after_flush_s, 0.0);
     EXPECT_GT(indivisible.report.step_time_overhead, result.report.step_time_overhead);
   }
+}
+
+TEST(PipeFisherPieces, UsableBoundCountsOnlyGapsThatHoldAPieceEachPayingTheOverhead) {
+  // GPipe, 4 workers, 8 micro-batches, forward 1, backward 2: each worker idles 9 per steady
+  // step, in one gap (workers 0 and 3: 9) or two (worker 1: 6 and 3, worker 2: 3 and 6). Per
+  // refresh each worker has two Linears' curvature (0.64 in all) and four inversions of 12:
+  // 48.64 * 1.05 (margin) / 9 = 5.7, the work/bubble bound 6.
+  const auto base = compiled(ScheduleKind::kGPipe, 4, 8);
+  // Splitting free (no per-task overhead): every gap holds a piece and loses nothing to it, and
+  // the bound in usable gaps is the work/bubble bound.
+  const auto free =
+      run_pipefisher(base, sim::UniformCostModel(long_inversions(0.0)), two_linears());
+  EXPECT_EQ(free.report.refresh_bound, 6);
+  EXPECT_EQ(free.report.usable_bound, 6);
+  // An overhead of 0.6 in each task: each gap does at most its length less 0.63 (with the
+  // margin) of the tasks' work beyond their own overhead (4 * 11.4 * 1.05 = 47.9): workers 1 and
+  // 2 have 9 - 2 * 0.63 = 7.74 a step for it, 6.2 steps. (An inversion of 12 is two pieces at
+  // least, no piece being longer than the longest gap, 9: 51.1 + 4 * 0.63 over 9 is 6 steps.)
+  // The bound in usable gaps is 7, and k with it.
+  const auto costly =
+      run_pipefisher(base, sim::UniformCostModel(long_inversions(0.6)), two_linears());
+  EXPECT_EQ(costly.report.refresh_bound, 6);
+  EXPECT_EQ(costly.report.usable_bound, 7);
+  EXPECT_GE(costly.report.refresh_steps, costly.report.usable_bound);
+  EXPECT_EQ(to_json(costly.report).at("usable_bound"), costly.report.usable_bound);
+  EXPECT_NE(format_kfac_report(costly.report)
+                .find("in usable gaps " + std::to_string(costly.report.usable_bound) + ")"),
+            std::string::npos)
+      << format_kfac_report(costly.report);
+  // Curvature of 3 per micro-batch and no piece under 5 overheads (3): no piece of any task fits
+  // a gap of 3 with the margin, so workers 1 and 2 have only their gap of 6 a step for
+  // 32 * 3 + 4 * 12 = 144 (* 1.05) of work, and in it each inversion is three pieces at least
+  // (11.4 of work in pieces of at most 6 / 1.05 - 0.6 = 5.1), two overheads more each:
+  // (144 + 8 * 0.6) * 1.05 / 6 = 26.04, 27 steps, against the work/bubble bound's
+  // 151.2 / 9 = 17.
+  sim::UniformCosts long_curvature = long_inversions(0.6);
+  long_curvature.curvature_a_s = long_curvature.curvature_b_s = 3.0;
+  KfacOptions five = two_linears();
+  five.min_piece_overheads = 5.0;
+  const auto short_gaps = run_pipefisher(base, sim::UniformCostModel(long_curvature), five);
+  EXPECT_EQ(short_gaps.report.refresh_bound, 17);
+  EXPECT_EQ(short_gaps.report.usable_bound, 27);
+  EXPECT_GE(short_gaps.report.refresh_steps, short_gaps.report.usable_bound);
 }
 
 TEST(PipeFisherPieces, BrokenChainIsRefusedWithAClearMessage) {
