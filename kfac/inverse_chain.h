@@ -58,6 +58,10 @@ class InverseChain {
   bool finished() const { return next_unit_ == kPieceUnits; }
   int next_unit() const { return next_unit_; }
   float damping() const { return damping_; }
+  // The factor the chain was built from (a checkpoint between two pieces saves it, with
+  // next_unit() and damping(): a new chain on them, run up to next_unit(), is this one bit for
+  // bit, since a piece runs whole steps).
+  const Eigen::MatrixXf& factor() const { return factor_; }
   // The inverse, once finished (std::logic_error before). Leaves the chain empty.
   InverseResult take();
   // Bytes held by the chain between pieces (the factor copy, L and the inverse).

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -1858,6 +1860,17 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       const std::int64_t counters[] = {slot.done_a, slot.done_b, slot.inverted_a ? 1 : 0,
                                        slot.inverted_b ? 1 : 0};
       records.push_back(ckpt::make_i64_record(base + ".counters", {4}, counters));
+      // A divided inversion whose pieces straddle the checkpoint (CPU path; a device runs an
+      // inversion whole at its last piece): its factor, damping and progress, to rebuild it.
+      for (const bool a : {true, false}) {
+        const auto& chain = a ? slot.chain_a : slot.chain_b;
+        if (!chain) continue;
+        const std::string name = base + (a ? ".A_chain" : ".B_chain");
+        add_matrix(records, name + "_factor", chain->factor());
+        const std::int64_t progress[] = {chain->next_unit(),
+                                         std::bit_cast<std::uint32_t>(chain->damping())};
+        records.push_back(ckpt::make_i64_record(name, {2}, progress));
+      }
       const auto extras = runtime ? device_kfac.at(key)->extras_to_host() : host_extras(slot);
       add_matrix(records, base + ".A_prev_inv", extras.previous_a_inverse);
       add_matrix(records, base + ".B_prev_inv", extras.previous_b_inverse);
@@ -1905,6 +1918,31 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       slot.inverted_a = counters[2] != 0;
       slot.inverted_b = counters[3] != 0;
       const auto& layer = kfac_states.at(key.pipeline).at({key.layer, key.linear});
+      for (const bool a : {true, false}) {
+        auto& chain = a ? slot.chain_a : slot.chain_b;
+        chain.reset();
+        const std::string name = base + (a ? ".A_chain" : ".B_chain");
+        if (file.tensors.count(name) == 0 || runtime) continue;  // a device inverts whole
+        const std::int64_t two[] = {2};
+        const auto progress = ckpt::read_i64(file, name, two);
+        if (progress[0] <= 0 || progress[0] >= kfac::kPieceUnits || progress[1] < 0 ||
+            progress[1] > std::numeric_limits<std::uint32_t>::max()) {
+          throw std::runtime_error("K-FAC progress '" + name + "' is not a chain in progress");
+        }
+        const float damping = std::bit_cast<float>(static_cast<std::uint32_t>(progress[1]));
+        const std::int64_t dim = a ? layer.d_in : layer.d_out;
+        const std::int64_t factor_shape[] = {dim, dim};
+        const auto values = ckpt::read_f32(file, name + "_factor", factor_shape);
+        const Eigen::MatrixXf factor =
+            Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+                values.data(), dim, dim);
+        try {
+          chain = std::make_shared<kfac::InverseChain>(factor, damping);
+          chain->run(0, static_cast<int>(progress[0]));
+        } catch (const std::exception& error) {
+          throw std::runtime_error("K-FAC progress '" + name + "': " + error.what());
+        }
+      }
       const auto read_matrix = [&](const std::string& name, std::int64_t dim) {
         if (file.tensors.count(name) == 0) return Eigen::MatrixXf();
         const std::int64_t matrix_shape[] = {dim, dim};

@@ -386,6 +386,32 @@ TEST_F(CheckpointingTest, ResumeIsBitIdenticalWithKfacOffloadMidRefresh) {
   }
 }
 
+// A divided inversion (a Cholesky chain, kfac/inverse_chain.h) whose pieces straddle the
+// checkpoint: under this measured profile the pass runs worker 1's query A inversion in pieces
+// over both steps of a 2-step refresh, and a checkpoint after step 3 falls between them. The
+// chain (its factor, damping and progress) is saved and rebuilt, so the resumed run ends with
+// the straight run's bits; with and without offload. (It failed with "inversion piece ...
+// without the chain's first piece" before the chain was saved.)
+TEST_F(CheckpointingTest, ResumeInsideADividedInversionIsBitIdentical) {
+  for (const std::string offload : {"none", "host"}) {
+    SCOPED_TRACE("--kfac-offload " + offload);
+    auto o = small_run("chain-" + offload);
+    o.optimizer = "adamw";
+    o.kfac.enabled = true;
+    o.kfac.refresh_steps = 2;
+    o.kfac.offload = offload;
+    o.kfac_profile = "tests/fixtures/profile_inversion_across_steps.json";
+    run_split_and_straight(o, 3);
+    const auto kfac =
+        ckpt::load_safetensors(fs::path(o.checkpoint_dir) / "step-00000003" / "kfac.safetensors");
+    int chains = 0;
+    for (const auto& [name, record] : kfac.tensors) chains += name.ends_with("_chain") ? 1 : 0;
+    EXPECT_GE(chains, 1) << "no inversion in progress at the checkpoint: the profile no longer "
+                            "makes the pass divide an inversion across the window's steps";
+    expect_identical(o, 3);
+  }
+}
+
 // K-FAC offload (--kfac-offload): checkpoints hold the whole K-FAC state (each offloaded
 // Linear's matrices from host memory where the live state has none) and, as progress records,
 // where it was (host copies, written-back flags, the matrices on the device). Saved after every
