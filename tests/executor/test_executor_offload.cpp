@@ -15,6 +15,7 @@
 #include "scheduler/pipefisher/offload_pass.h"
 #include "scheduler/pipefisher/pass.h"
 #include "sim/uniform_cost_model.h"
+#include "tests/executor/offload_plan.h"
 #include "tests/model/model_test_util.h"
 
 namespace pf::exec {
@@ -25,46 +26,6 @@ model::BertConfig test_config() {
   model::BertConfig config = model::testing::tiny_test_config();
   config.vocab_size = 29;
   return config;
-}
-
-// Uniform times, and each Linear's K-FAC state at its real size (fp32 A, B, A^-1, B^-1), so that
-// the plan's offloaded bytes are what the workers stop holding.
-class TestCosts final : public sim::CostModel {
- public:
-  TestCosts(const model::BertConfig& config, sim::UniformCosts costs)
-      : config_(config), uniform_(costs) {}
-  double duration(const sched::Schedule& s, int w, const sched::Instruction& in) const override {
-    return uniform_.duration(s, w, in);
-  }
-  double activation_bytes(const sched::Schedule& s, int p, int c) const override {
-    return uniform_.activation_bytes(s, p, c);
-  }
-  double static_bytes(const sched::Schedule& s, int p, int c) const override {
-    return uniform_.static_bytes(s, p, c);
-  }
-  double kfac_bytes(const sched::Schedule&, int, sched::LinearKind linear) const override {
-    const double h = static_cast<double>(config_.hidden_size);
-    const double i = static_cast<double>(config_.intermediate_size);
-    const double d_in = linear == sched::LinearKind::kFfnOut ? i : h;
-    const double d_out = linear == sched::LinearKind::kFfnIn ? i : h;
-    return 2.0 * 4.0 * (d_in * d_in + d_out * d_out);
-  }
-
- private:
-  model::BertConfig config_;
-  sim::UniformCostModel uniform_;
-};
-
-sim::UniformCosts unit_costs(bool long_tasks) {
-  sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
-  costs.curvature_a_s = costs.curvature_b_s = long_tasks ? 0.7 : 0.05;
-  costs.invert_a_s = costs.invert_b_s = long_tasks ? 3.0 : 0.2;
-  costs.precondition_s = long_tasks ? 1.5 : 0.02;
-  costs.curvature_sync_s = 0.05;
-  costs.static_bytes = 1e4;
-  costs.activation_bytes = 1e3;
-  costs.host_bandwidth = 1e8;
-  return costs;
 }
 
 struct RunResult {
@@ -106,46 +67,16 @@ RunResult run(const sched::Schedule& schedule, float running_average, std::int64
   return out;
 }
 
-struct OffloadCase {
-  std::string name;
-  sched::ScheduleKind kind;
-  int workers;
-  int data_parallel;
-  int refresh_steps;
-  float running_average;
-  bool long_tasks;
-  pipefisher::OffloadMode mode;
-};
-
-class OffloadEquivalence : public testing::TestWithParam<OffloadCase> {};
+class OffloadEquivalence : public ::testing::TestWithParam<testing::OffloadCase> {};
 
 TEST_P(OffloadEquivalence, SameParametersBitForBitAndLessDeviceState) {
   const auto c = GetParam();
-  const auto config = test_config();
-  sched::ScheduleParams params;
-  params.kind = c.kind;
-  params.workers = c.workers;
-  params.microbatches = 4;
-  params.num_layers = config.num_layers;
-  params.data_parallel = c.data_parallel;
-  const TestCosts costs(config, unit_costs(c.long_tasks));
-  pipefisher::KfacOptions kfac;
-  kfac.refresh_steps = c.refresh_steps;
-  const auto pass = pipefisher::run_pipefisher(sched::compile(params), costs, kfac);
-  double budget = 0.0;
-  if (c.mode == pipefisher::OffloadMode::kAuto) {
-    // Room for the memory without K-FAC and about half of one worker's K-FAC state.
-    double other = 0.0, state = 0.0;
-    for (const auto& w : pass.before.workers) other = std::max(other, w.peak_memory_bytes);
-    for (const auto& w : pass.after.workers) state = std::max(state, w.peak_memory_bytes - other);
-    budget = other + 0.5 * state;
-  }
-  const auto offload = pipefisher::run_offload_pass(pass, costs, {c.mode, budget});
+  const auto offload = testing::plan_offload_run(c, test_config());
   ASSERT_GT(offload.plan.offloaded_linears(), 0);
-  const int k = pass.schedule.num_steps;
+  const int k = offload.without.num_steps;
   const std::int64_t steps = 3 * k;  // three whole refreshes
-  const RunResult without = run(pass.schedule, c.running_average, steps);
-  const RunResult with = run(offload.schedule, c.running_average, steps);
+  const RunResult without = run(offload.without, c.running_average, steps);
+  const RunResult with = run(offload.with, c.running_average, steps);
   EXPECT_EQ(with.refreshes, without.refreshes);
   EXPECT_EQ(with.refreshes, 3);
   ASSERT_EQ(with.parameters.size(), without.parameters.size());
@@ -172,16 +103,18 @@ TEST_P(OffloadEquivalence, SameParametersBitForBitAndLessDeviceState) {
 
 INSTANTIATE_TEST_SUITE_P(
     Schedules, OffloadEquivalence,
-    testing::Values(OffloadCase{"OneFOneBHost", sched::ScheduleKind::kOneFOneB, 2, 1, 2, 0.0F,
-                                false, pipefisher::OffloadMode::kHost},
-                    OffloadCase{"OneFOneBRunningAverageDividedTasks",
-                                sched::ScheduleKind::kOneFOneB, 2, 1, 0, 0.9F, true,
-                                pipefisher::OffloadMode::kHost},
-                    OffloadCase{"GPipeDataParallelAuto", sched::ScheduleKind::kGPipe, 2, 2, 3, 0.0F,
-                                false, pipefisher::OffloadMode::kAuto},
-                    OffloadCase{"ChimeraHost", sched::ScheduleKind::kChimera, 2, 1, 1, 0.5F, false,
-                                pipefisher::OffloadMode::kHost}),
-    [](const testing::TestParamInfo<OffloadCase>& param_info) { return param_info.param.name; });
+    ::testing::Values(testing::OffloadCase{"OneFOneBHost", sched::ScheduleKind::kOneFOneB, 2, 1, 2,
+                                           false, pipefisher::OffloadMode::kHost, 0.0F},
+                      testing::OffloadCase{"OneFOneBRunningAverageDividedTasks",
+                                           sched::ScheduleKind::kOneFOneB, 2, 1, 0, true,
+                                           pipefisher::OffloadMode::kHost, 0.9F},
+                      testing::OffloadCase{"GPipeDataParallelAuto", sched::ScheduleKind::kGPipe, 2,
+                                           2, 3, false, pipefisher::OffloadMode::kAuto, 0.0F},
+                      testing::OffloadCase{"ChimeraHost", sched::ScheduleKind::kChimera, 2, 1, 1,
+                                           false, pipefisher::OffloadMode::kHost, 0.5F}),
+    [](const ::testing::TestParamInfo<testing::OffloadCase>& param_info) {
+      return param_info.param.name;
+    });
 
 TEST(OffloadExecutor, ShardedStateWithOffloadCopiesIsRefused) {
   // A hand-made schedule: the sharded pass's schedule with an offload copy added.
@@ -192,7 +125,7 @@ TEST(OffloadExecutor, ShardedStateWithOffloadCopiesIsRefused) {
   params.microbatches = 4;
   params.num_layers = config.num_layers;
   params.data_parallel = 2;
-  const TestCosts costs(config, unit_costs(false));
+  const testing::SizedCosts costs(config, testing::offload_unit_costs(false));
   pipefisher::KfacOptions kfac;
   kfac.refresh_steps = 1;
   kfac.state_placement = kfac::uniform_placement({kfac::Placement::kShard, 0});
