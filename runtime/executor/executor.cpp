@@ -1918,6 +1918,14 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       slot.inverted_a = counters[2] != 0;
       slot.inverted_b = counters[3] != 0;
       const auto& layer = kfac_states.at(key.pipeline).at({key.layer, key.linear});
+      const auto read_matrix = [&](const std::string& name, std::int64_t dim) {
+        if (file.tensors.count(name) == 0) return Eigen::MatrixXf();
+        const std::int64_t matrix_shape[] = {dim, dim};
+        const auto values = ckpt::read_f32(file, name, matrix_shape);
+        return Eigen::MatrixXf(
+            Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
+                values.data(), dim, dim));
+      };
       for (const bool a : {true, false}) {
         auto& chain = a ? slot.chain_a : slot.chain_b;
         chain.reset();
@@ -1930,12 +1938,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
           throw std::runtime_error("K-FAC progress '" + name + "' is not a chain in progress");
         }
         const float damping = std::bit_cast<float>(static_cast<std::uint32_t>(progress[1]));
-        const std::int64_t dim = a ? layer.d_in : layer.d_out;
-        const std::int64_t factor_shape[] = {dim, dim};
-        const auto values = ckpt::read_f32(file, name + "_factor", factor_shape);
-        const Eigen::MatrixXf factor =
-            Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
-                values.data(), dim, dim);
+        const Eigen::MatrixXf factor = read_matrix(name + "_factor", a ? layer.d_in : layer.d_out);
         try {
           chain = std::make_shared<kfac::InverseChain>(factor, damping);
           chain->run(0, static_cast<int>(progress[0]));
@@ -1943,14 +1946,6 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
           throw std::runtime_error("K-FAC progress '" + name + "': " + error.what());
         }
       }
-      const auto read_matrix = [&](const std::string& name, std::int64_t dim) {
-        if (file.tensors.count(name) == 0) return Eigen::MatrixXf();
-        const std::int64_t matrix_shape[] = {dim, dim};
-        const auto values = ckpt::read_f32(file, name, matrix_shape);
-        return Eigen::MatrixXf(
-            Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
-                values.data(), dim, dim));
-      };
       device::KfacLayerExtras extras;
       extras.previous_a_inverse = read_matrix(base + ".A_prev_inv", layer.d_in);
       extras.previous_b_inverse = read_matrix(base + ".B_prev_inv", layer.d_out);
