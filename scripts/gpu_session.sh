@@ -19,8 +19,11 @@
 #          detected" or success, and if it runs, the 2-rank tests); pipefisher_train --device
 #          cuda under mpirun -np 1 (NCCL path) against the threaded run, and -np 2 on one GPU
 #          (one error line, exit 2)
-#   scripts/gpu_session.sh [build|test|bench|train|nccl|all]...   (default: all)
-# Exit status 1 when a step failed; every step still runs.
+#   offload K-FAC offload against none on BERT-Large bf16 from one profile: losses side by side
+#   scripts/gpu_session.sh [build|test|bench|train|offload|nccl|all]...   (default: all)
+# Exit status 1 when a step failed; every step still runs. A lease is short: PF_GPU_DEADLINE
+# (seconds since the epoch) skips the training runs that would start after it, and each run is
+# stopped after PF_GPU_RUN_TIMEOUT seconds (default 150) or at the deadline, whichever is first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-/tmp/pf_gpu}
@@ -43,7 +46,8 @@ if want test; then
   scripts/gpu_check.sh test 2>&1 | tee -a "$OUT/session.log" || status=1
   for t in build/gpu/tests/executor/test_executor_device build/gpu/tests/device/test_device; do
     echo "== $t" | tee -a "$OUT/tests.log"
-    "$t" 2>&1 | tee -a "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure"
+    timeout "${PF_GPU_TEST_TIMEOUT:-180}" "$t" 2>&1 | tee -a "$OUT/tests.log" |
+      grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   done
 fi
@@ -56,8 +60,17 @@ fi
 train() {  # train NAME ARGS...: one pipefisher_train run, its log, its exit status
   local name=$1
   shift
+  local limit=${PF_GPU_RUN_TIMEOUT:-150}
+  if [[ -n "${PF_GPU_DEADLINE:-}" ]]; then
+    local left=$((PF_GPU_DEADLINE - $(date +%s)))
+    if ((left < 15)); then
+      note "train $name: skipped, the lease's deadline is near"
+      return 1
+    fi
+    ((left < limit)) && limit=$left
+  fi
   echo "\$ pipefisher_train $*" >"$OUT/train_$name.log"
-  "$bin" "$@" >>"$OUT/train_$name.log" 2>&1
+  timeout "$limit" "$bin" "$@" >>"$OUT/train_$name.log" 2>&1
   local rc=$?
   note "train $name: exit $rc (log: train_$name.log)"
   tail -n 4 "$OUT/train_$name.log" | tee -a "$OUT/session.log"
@@ -157,11 +170,55 @@ PY
     [[ $rc -eq 2 ]] || status=1
   fi
 fi
+if want offload; then
+  # K-FAC offload against none on BERT-Large bf16 (1F1B, p = 4 on the one GPU), both placed from
+  # one profile (a self-profiled placement differs run to run): the per-step losses side by side
+  # (the GPU's kernels are deterministic, so they should match bit for bit), step time and memory.
+  if [[ -x $bin ]]; then
+    large=(--data synthetic --seq-len 128 --seed 1 --log-every 1 --model large --device cuda
+      --precision bf16 --schedule 1f1b --stages 4 --microbatches 8 --micro-batch-size 8 --kfac)
+    rm -f "$OUT"/metrics_offload_*.jsonl
+    train offload_profile "${large[@]}" --steps 2 --profile-out "$OUT/profile_offload.json" ||
+      status=1
+    train offload_none "${large[@]}" --steps 8 --kfac-profile "$OUT/profile_offload.json" \
+      --metrics "$OUT/metrics_offload_none.jsonl" || status=1
+    train offload_host "${large[@]}" --steps 8 --kfac-profile "$OUT/profile_offload.json" \
+      --kfac-offload host --metrics "$OUT/metrics_offload_host.jsonl" || status=1
+    python3 - "$OUT/metrics_offload_none.jsonl" "$OUT/metrics_offload_host.jsonl" <<'PY' | tee -a "$OUT/session.log"
+import json, os, sys
+if not all(os.path.exists(p) for p in sys.argv[1:]):
+    sys.exit("no metrics to compare (a run failed, see its log)")
+rows = [[json.loads(l) for l in open(p) if '"loss"' in l] for p in sys.argv[1:]]
+print("step  no offload  offload     rel diff")
+for a, b in zip(*rows):
+    print(f"{a['step']:4d}  {a['loss']:.6f}  {b['loss']:.6f}  {abs(b['loss'] - a['loss']) / a['loss']:.2e}")
+PY
+  fi
+fi
+
 if want nccl; then
   nccl_test=build/gpu/tests/mpi/test_nccl_comm
   mpirun=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
   if ! command -v mpirun >/dev/null 2>&1; then
     note "nccl: no mpirun on this machine (install OpenMPI: scripts/setup.sh), nothing run"
+    status=1
+  elif ! {
+    # mpirun itself crashed on one image (a segfault in PMIx's pmix_preg_base_generate_ppn):
+    # try it on `true` plain, then with PMIx settings known to avoid PMIx crashes, and keep the
+    # first that works (nccl_mpirun.log says which).
+    mpi_ok=""
+    for variant in "" "PMIX_MCA_preg=native" "PMIX_MCA_gds=hash" "PMIX_MCA_preg=native PMIX_MCA_gds=hash"; do
+      if env $variant timeout 30 "${mpirun[@]}" -np 1 true >>"$OUT/nccl_mpirun.log" 2>&1; then
+        mpi_ok=yes
+        for setting in $variant; do export "${setting?}"; done
+        note "nccl: mpirun works with '${variant:-no extra settings}'"
+        break
+      fi
+      echo "== mpirun -np 1 true failed with '${variant}'" >>"$OUT/nccl_mpirun.log"
+    done
+    [[ -n $mpi_ok ]]
+  }; then
+    note "nccl: mpirun fails on this machine whatever the PMIx settings (log: nccl_mpirun.log)"
     status=1
   elif [[ ! -x $nccl_test ]]; then
     note "nccl: $nccl_test is not built (no NCCL found at configure time? see build.log)"

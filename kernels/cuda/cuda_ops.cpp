@@ -63,7 +63,9 @@ CudaOps::CudaOps(CudaBackend& backend, tensor::Stream* stream, GemmPrecision pre
       precision_(precision),
       flags_(backend, stream_),
       pointers_(backend, stream_),
-      partials_(backend, stream_) {
+      partials_(backend, stream_),
+      reduce_partials_(backend, stream_),
+      scatter_(backend, stream_) {
   cublas_.set_stream(stream_);
   flags_.ensure(kFlagsBytes);
 }
@@ -352,7 +354,8 @@ void CudaOps::embedding_backward(ConstMatrixView<float> dout, const std::int64_t
   require(dtable.cols == dout.cols, "cuda::embedding_backward",
           "table width differs from grad width");
   check_indices(ids, dout.rows, dtable.rows, "embedding_backward", "id");
-  cuda::scatter_add_rows(dout, ids, dtable, skip_id, stream_);
+  const std::size_t bytes = cuda::scatter_add_rows_workspace(dout.rows, dtable.rows);
+  cuda::scatter_add_rows(dout, ids, dtable, skip_id, scatter_.ensure(bytes), bytes, stream_);
 }
 
 void CudaOps::gather_rows(ConstMatrixView<float> in, const std::int64_t* index,
@@ -404,7 +407,9 @@ double CudaOps::reduce(const float* x, std::int64_t count, bool squares) {
   auto* base = static_cast<unsigned char*>(flags_.ensure(kFlagsBytes));
   auto* result = reinterpret_cast<double*>(base + kResultOffset);
   CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), stream_));
-  cuda::sum(x, count, squares, result, stream_);
+  auto* partials = static_cast<double*>(reduce_partials_.ensure(
+      sizeof(double) * static_cast<std::size_t>(cuda::kMaxReductionBlocks)));
+  cuda::sum(x, count, squares, result, partials, stream_);
   double host = 0.0;
   CUDA_CHECK(cudaMemcpyAsync(&host, result, sizeof(host), cudaMemcpyDeviceToHost, stream_));
   synchronize();

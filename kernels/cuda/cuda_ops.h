@@ -124,8 +124,10 @@ class CudaOps final : public BackendOps<float> {
   CublasHandle cublas_;
   // Small fixed block: [0] bad-row flag (u64), [8] non-finite flag (u32), [16] two doubles.
   DeviceScratch flags_;
-  DeviceScratch pointers_;  // attention pointer arrays
-  DeviceScratch partials_;  // column-sum partials, cross-entropy rows
+  DeviceScratch pointers_;         // attention pointer arrays
+  DeviceScratch partials_;         // column-sum partials, cross-entropy rows
+  DeviceScratch reduce_partials_;  // the blocks' partial sums of reduce()
+  DeviceScratch scatter_;          // embedding backward's sort by id
 };
 
 }  // namespace pf::kernels::cuda

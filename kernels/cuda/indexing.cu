@@ -1,5 +1,11 @@
 // Index checks, row gather / scatter-add (embeddings, masked positions) and the pointer arrays
 // of the batched attention products.
+#include <algorithm>
+#include <cub/device/device_radix_sort.cuh>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_cuda.h"
@@ -34,19 +40,75 @@ __global__ void gather_rows_kernel(const float* table, std::int64_t ldt, std::in
   }
 }
 
-__global__ void scatter_add_rows_kernel(const float* dout, std::int64_t ldd,
-                                        const std::int64_t* ids, float* dtable, std::int64_t ldt,
-                                        std::int64_t table_rows, std::int64_t rows,
-                                        std::int64_t cols, std::int64_t skip_id) {
-  const std::int64_t count = rows * cols;
-  for (std::int64_t index = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       index < count; index += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t r = index / cols;
-    const std::int64_t c = index % cols;
+// Sort keys: the id, or `table_rows` (sorted last, skipped) for a row that adds nothing.
+__global__ void scatter_keys_kernel(const std::int64_t* ids, std::int64_t rows,
+                                    std::int64_t table_rows, std::int64_t skip_id, unsigned* keys,
+                                    int* order) {
+  for (std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
+       r += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t id = ids[r];
-    if (id < 0 || id >= table_rows || id == skip_id) continue;
-    atomicAdd(dtable + id * ldt + c, dout[r * ldd + c]);
+    const bool adds = id >= 0 && id < table_rows && id != skip_id;
+    keys[r] = static_cast<unsigned>(adds ? id : table_rows);
+    order[r] = static_cast<int>(r);
   }
+}
+
+// Block per sorted position; the first position of each id's run adds the run's rows into its
+// table row, column by column, in row order (the CPU's order).
+__global__ void scatter_runs_kernel(const float* dout, std::int64_t ldd, const unsigned* keys,
+                                    const int* order, std::int64_t rows, unsigned skipped,
+                                    float* dtable, std::int64_t ldt, std::int64_t cols) {
+  for (std::int64_t start = blockIdx.x; start < rows; start += gridDim.x) {
+    const unsigned key = keys[start];
+    if (key == skipped || (start > 0 && keys[start - 1] == key)) continue;
+    float* row = dtable + static_cast<std::int64_t>(key) * ldt;
+    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      float total = row[c];
+      for (std::int64_t j = start; j < rows && keys[j] == key; ++j) {
+        total += dout[static_cast<std::int64_t>(order[j]) * ldd + c];
+      }
+      row[c] = total;
+    }
+  }
+}
+
+// Where the sort's arrays sit in the workspace (256-byte aligned), and its own scratch.
+struct ScatterWorkspace {
+  std::size_t keys_in, keys_out, order_in, order_out, sort, sort_bytes, total;
+};
+
+std::size_t align_up(std::size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+int key_bits(std::int64_t table_rows) {  // enough bits for the ids and the skip key
+  int bits = 1;
+  while (bits < 32 && (std::int64_t{1} << bits) <= table_rows) ++bits;
+  return bits;
+}
+
+ScatterWorkspace scatter_workspace(std::int64_t rows, std::int64_t table_rows) {
+  if (rows > std::numeric_limits<int>::max() ||
+      table_rows >= static_cast<std::int64_t>(std::numeric_limits<unsigned>::max())) {
+    throw std::invalid_argument("cuda::scatter_add_rows: " + std::to_string(rows) + " rows into " +
+                                std::to_string(table_rows) +
+                                " table rows (at most 2^31 - 1 rows and 2^32 - 1 table rows)");
+  }
+  std::size_t sort_bytes = 0;
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, static_cast<const unsigned*>(nullptr), static_cast<unsigned*>(nullptr),
+      static_cast<const int*>(nullptr), static_cast<int*>(nullptr), static_cast<int>(rows), 0,
+      key_bits(table_rows)));
+  const std::size_t array = align_up(static_cast<std::size_t>(rows) * 4);
+  ScatterWorkspace w{};
+  w.keys_in = 0;
+  w.keys_out = array;
+  w.order_in = 2 * array;
+  w.order_out = 3 * array;
+  w.sort = 4 * array;
+  w.sort_bytes = sort_bytes;
+  w.total = w.sort + align_up(sort_bytes);
+  return w;
 }
 
 __global__ void attention_pointers_kernel(float* qkv, std::int64_t ld_qkv, float* ctx,
@@ -84,11 +146,36 @@ void gather_rows(ConstMatrixView<float> table, const std::int64_t* ids, MatrixVi
   CUDA_CHECK(cudaGetLastError());
 }
 
+std::size_t scatter_add_rows_workspace(std::int64_t rows, std::int64_t table_rows) {
+  return scatter_workspace(rows, table_rows).total;
+}
+
 void scatter_add_rows(ConstMatrixView<float> dout, const std::int64_t* ids,
-                      MatrixView<float> dtable, std::int64_t skip_id, cudaStream_t stream) {
+                      MatrixView<float> dtable, std::int64_t skip_id, void* workspace,
+                      std::size_t workspace_bytes, cudaStream_t stream) {
   if (dout.size() == 0) return;
-  scatter_add_rows_kernel<<<grid_for(dout.size()), kThreads, 0, stream>>>(
-      dout.data, dout.ld, ids, dtable.data, dtable.ld, dtable.rows, dout.rows, dout.cols, skip_id);
+  const auto w = scatter_workspace(dout.rows, dtable.rows);
+  if (workspace_bytes < w.total) {
+    throw std::invalid_argument("cuda::scatter_add_rows: a workspace of " +
+                                std::to_string(workspace_bytes) + " bytes, " +
+                                std::to_string(w.total) + " needed");
+  }
+  auto* base = static_cast<unsigned char*>(workspace);
+  auto* keys_in = reinterpret_cast<unsigned*>(base + w.keys_in);
+  auto* keys_out = reinterpret_cast<unsigned*>(base + w.keys_out);
+  auto* order_in = reinterpret_cast<int*>(base + w.order_in);
+  auto* order_out = reinterpret_cast<int*>(base + w.order_out);
+  scatter_keys_kernel<<<grid_for(dout.rows), kThreads, 0, stream>>>(ids, dout.rows, dtable.rows,
+                                                                    skip_id, keys_in, order_in);
+  CUDA_CHECK(cudaGetLastError());
+  std::size_t sort_bytes = w.sort_bytes;
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(base + w.sort, sort_bytes, keys_in, keys_out, order_in,
+                                             order_out, static_cast<int>(dout.rows), 0,
+                                             key_bits(dtable.rows), stream));
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(dout.rows, 65535));
+  scatter_runs_kernel<<<blocks, kThreads, 0, stream>>>(
+      dout.data, dout.ld, keys_out, order_out, dout.rows, static_cast<unsigned>(dtable.rows),
+      dtable.data, dtable.ld, dout.cols);
   CUDA_CHECK(cudaGetLastError());
 }
 

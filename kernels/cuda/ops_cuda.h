@@ -5,6 +5,7 @@
 // C++17: this header is compiled by nvcc.
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/matrix_view.h"
@@ -74,9 +75,15 @@ void check_indices(const std::int64_t* ids, std::int64_t rows, std::int64_t limi
 // out[r] (+)= table[ids[r]] (rows with an invalid id are left alone).
 void gather_rows(ConstMatrixView<float> table, const std::int64_t* ids, MatrixView<float> out,
                  bool accumulate_output, cudaStream_t stream);
-// dtable[ids[r]] += dout[r] except ids equal to skip_id (atomic adds).
+// dtable[ids[r]] += dout[r] except ids equal to skip_id (and invalid ids), deterministic and
+// in the CPU's order: the rows are sorted by id (a stable radix sort, so rows of one id keep
+// their order) and each table row adds its rows one after another, as the CPU's serial loop
+// does, instead of atomic adds whose order varies run to run. `workspace` holds at least
+// scatter_add_rows_workspace(dout.rows, dtable.rows) bytes.
+std::size_t scatter_add_rows_workspace(std::int64_t rows, std::int64_t table_rows);
 void scatter_add_rows(ConstMatrixView<float> dout, const std::int64_t* ids,
-                      MatrixView<float> dtable, std::int64_t skip_id, cudaStream_t stream);
+                      MatrixView<float> dtable, std::int64_t skip_id, void* workspace,
+                      std::size_t workspace_bytes, cudaStream_t stream);
 // Pointer arrays of the per-(sequence, head) matrices of attention, pair p = b * heads + h:
 // q/k/v[p] = qkv + b*seq*ld_qkv + {0, hidden, 2 hidden} + h*head_dim, ctx[p] = ctx + b*seq*ld_ctx
 // + h*head_dim, scores[p] = scores + p*seq*seq.
@@ -93,7 +100,10 @@ void fill_attention_pointers(float* qkv, std::int64_t ld_qkv, float* ctx, std::i
                              cudaStream_t stream);
 
 // --- reductions (reduce.cu); results accumulate into *result (zero it first)
-void sum(const float* x, std::int64_t count, bool squares, double* result, cudaStream_t stream);
+// partials: scratch of kMaxReductionBlocks doubles (the blocks' partial sums, added in order).
+constexpr int kMaxReductionBlocks = 1024;
+void sum(const float* x, std::int64_t count, bool squares, double* result, double* partials,
+         cudaStream_t stream);
 // *non_finite = 1 if any element is NaN or infinite (zero it first).
 void find_non_finite(const float* x, std::int64_t count, unsigned int* non_finite,
                      cudaStream_t stream);

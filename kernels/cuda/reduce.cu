@@ -1,5 +1,7 @@
-// Reductions over a contiguous array: sum and sum of squares accumulated in double (one atomic
-// add per block), and the non-finite check.
+// Reductions over a contiguous array: sum and sum of squares accumulated in double, and the
+// non-finite check. The sums are deterministic: each block's partial goes to scratch and one
+// block adds them in a fixed order (atomic adds would vary run to run in the last bits, and so
+// would a training run's gradient clipping).
 #include <cmath>
 
 #include "kernels/cuda/cuda_check.h"
@@ -9,7 +11,7 @@
 namespace pf::kernels::cuda {
 namespace {
 
-__global__ void sum_kernel(const float* x, std::int64_t count, bool squares, double* result) {
+__global__ void sum_kernel(const float* x, std::int64_t count, bool squares, double* partials) {
   __shared__ double shared[kWarpsPerBlock];
   double total = 0.0;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
@@ -22,7 +24,21 @@ __global__ void sum_kernel(const float* x, std::int64_t count, bool squares, dou
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 1; w < kWarpsPerBlock; ++w) total += shared[w];
-    atomicAdd(result, total);
+    partials[blockIdx.x] = total;
+  }
+}
+
+// *result += partials[0..count) in a fixed order (one block).
+__global__ void add_partials_kernel(const double* partials, unsigned count, double* result) {
+  __shared__ double shared[kWarpsPerBlock];
+  double total = 0.0;
+  for (unsigned i = threadIdx.x; i < count; i += blockDim.x) total += partials[i];
+  total = warp_sum(total);
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = total;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kWarpsPerBlock; ++w) total += shared[w];
+    *result += total;
   }
 }
 
@@ -37,14 +53,19 @@ __global__ void non_finite_kernel(const float* x, std::int64_t count, unsigned i
 
 unsigned reduction_grid(std::int64_t count) {
   const unsigned blocks = grid_for(count);
-  return blocks < 1024U ? blocks : 1024U;  // few atomics; each thread loops
+  const auto most = static_cast<unsigned>(kMaxReductionBlocks);
+  return blocks < most ? blocks : most;  // each thread loops
 }
 
 }  // namespace
 
-void sum(const float* x, std::int64_t count, bool squares, double* result, cudaStream_t stream) {
+void sum(const float* x, std::int64_t count, bool squares, double* result, double* partials,
+         cudaStream_t stream) {
   if (count == 0) return;
-  sum_kernel<<<reduction_grid(count), kThreads, 0, stream>>>(x, count, squares, result);
+  const unsigned blocks = reduction_grid(count);
+  sum_kernel<<<blocks, kThreads, 0, stream>>>(x, count, squares, partials);
+  CUDA_CHECK(cudaGetLastError());
+  add_partials_kernel<<<1, kThreads, 0, stream>>>(partials, blocks, result);
   CUDA_CHECK(cudaGetLastError());
 }
 

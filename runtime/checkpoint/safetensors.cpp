@@ -437,14 +437,17 @@ std::vector<std::byte> serialize_safetensors(const std::vector<TensorRecord>& re
   std::string header_text = header.dump();
   // Pad with spaces so the data starts 8-byte aligned, as the Python writer does.
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
-  std::vector<std::byte> bytes(8 + header_text.size() + offset);
+  std::vector<std::byte> bytes;
+  bytes.reserve(8 + header_text.size() + offset);
+  // The header's size as a little-endian u64 (the format's), byte by byte: also keeps GCC 12's
+  // -Wnull-dereference quiet, which misfired on a memcpy into the fresh vector (-march=znver*).
   const std::uint64_t header_size = header_text.size();
-  std::memcpy(bytes.data(), &header_size, 8);
-  std::memcpy(bytes.data() + 8, header_text.data(), header_text.size());
-  std::byte* data = bytes.data() + 8 + header_text.size();
+  for (int i = 0; i < 8; ++i)
+    bytes.push_back(static_cast<std::byte>((header_size >> (8 * i)) & 0xFFU));
+  const auto* header_bytes = reinterpret_cast<const std::byte*>(header_text.data());
+  bytes.insert(bytes.end(), header_bytes, header_bytes + header_text.size());
   for (const auto& record : records) {
-    if (!record.data.empty()) std::memcpy(data, record.data.data(), record.data.size());
-    data += record.data.size();
+    bytes.insert(bytes.end(), record.data.begin(), record.data.end());
   }
   return bytes;
 }

@@ -7,6 +7,7 @@
 // Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -179,6 +180,28 @@ TEST_F(BertCudaTest, LossesAndGradientsMatchTheCpu) {
         for (std::size_t i = 0; i < grad.size(); ++i) sum[i] += grad[i];
       }
       ASSERT_EQ(sum.size(), values.size()) << name << ", " << what;
+      const std::string key_bias = "attention.self.key.bias";
+      if (name.size() > key_bias.size() && name.ends_with(key_bias)) {
+        // Zero in exact arithmetic (a key bias shifts every score of a query's row alike, and
+        // softmax ignores that): both sides hold rounding noise, so the GPU's must be small next
+        // to the gradient of the same layer's query bias.
+        const std::string query_name =
+            name.substr(0, name.size() - key_bias.size()) + "attention.self.query.bias";
+        const auto query = std::find_if(expected.begin(), expected.end(), [&](const auto& entry) {
+          return entry.first == query_name;
+        });
+        ASSERT_NE(query, expected.end()) << query_name;
+        double scale = 0.0;
+        for (const float q : query->second)
+          scale = std::max(scale, std::abs(static_cast<double>(q)));
+        double largest = 0.0;
+        for (const float g : sum) largest = std::max(largest, std::abs(static_cast<double>(g)));
+        const double tolerance = c.precision == GemmPrecision::kFp32   ? 1e-4
+                                 : c.precision == GemmPrecision::kTf32 ? 2e-2
+                                                                       : 1e-1;
+        EXPECT_LE(largest, tolerance * scale) << name << ", " << what;
+        continue;
+      }
       if (c.precision == GemmPrecision::kFp32) {
         expect_close(sum, values, 2e-4, name + ", " + what);
       } else {

@@ -51,7 +51,8 @@ __device__ double block_sum(double value) {
   return total;
 }
 
-__global__ void square_sum_kernel(const TensorEntry* tensors, const Chunk* chunks, double* result) {
+__global__ void square_sum_kernel(const TensorEntry* tensors, const Chunk* chunks,
+                                  double* chunk_partials) {
   const Chunk chunk = chunks[blockIdx.x];
   const TensorEntry t = tensors[chunk.tensor];
   double total = 0.0;
@@ -60,7 +61,34 @@ __global__ void square_sum_kernel(const TensorEntry* tensors, const Chunk* chunk
     total += g * g;
   }
   total = block_sum(total);
-  if (threadIdx.x == 0) atomicAdd(result, total);
+  if (threadIdx.x == 0) chunk_partials[blockIdx.x] = total;
+}
+
+// *result += the partials in order: one block, each thread a fixed stride of them, then the
+// threads' totals in thread order.
+__global__ void add_partials_kernel(const double* partials, std::int64_t count, double* result) {
+  double total = 0.0;
+  for (std::int64_t i = threadIdx.x; i < count; i += blockDim.x) total += partials[i];
+  total = block_sum(total);
+  if (threadIdx.x == 0) *result += total;
+}
+
+// sums[2 t + k] += the partials of tensor t's chunks (consecutive), in chunk order: one thread
+// per chunk that begins a tensor.
+__global__ void add_tensor_partials_kernel(const Chunk* chunks, std::int64_t chunk_count,
+                                           const double* chunk_partials, double* sums) {
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (first >= chunk_count) return;
+  const int tensor = chunks[first].tensor;
+  if (first > 0 && chunks[first - 1].tensor == tensor) return;
+  double param_sq = 0.0;
+  double update_sq = 0.0;
+  for (std::int64_t c = first; c < chunk_count && chunks[c].tensor == tensor; ++c) {
+    param_sq += chunk_partials[2 * c];
+    update_sq += chunk_partials[2 * c + 1];
+  }
+  sums[2 * tensor] += param_sq;
+  sums[2 * tensor + 1] += update_sq;
 }
 
 __device__ float lamb_update(const TensorEntry& t, const LambScalars& s, float wd, std::int64_t i) {
@@ -68,7 +96,7 @@ __device__ float lamb_update(const TensorEntry& t, const LambScalars& s, float w
 }
 
 __global__ void lamb_moments_kernel(const TensorEntry* tensors, const Chunk* chunks, LambScalars s,
-                                    double* sums) {
+                                    double* chunk_partials) {
   const Chunk chunk = chunks[blockIdx.x];
   const TensorEntry t = tensors[chunk.tensor];
   const float wd = t.no_weight_decay ? 0.0F : s.weight_decay;
@@ -86,8 +114,8 @@ __global__ void lamb_moments_kernel(const TensorEntry* tensors, const Chunk* chu
   param_sq = block_sum(param_sq);
   update_sq = block_sum(update_sq);
   if (threadIdx.x == 0) {
-    atomicAdd(sums + 2 * chunk.tensor, param_sq);
-    atomicAdd(sums + 2 * chunk.tensor + 1, update_sq);
+    chunk_partials[2 * blockIdx.x] = param_sq;
+    chunk_partials[2 * blockIdx.x + 1] = update_sq;
   }
 }
 
@@ -129,16 +157,23 @@ void sgd_step(const TensorEntry* tensors, const Chunk* chunks, std::int64_t chun
 }
 
 void grad_square_sum(const TensorEntry* tensors, const Chunk* chunks, std::int64_t chunk_count,
-                     double* result, cudaStream_t stream) {
+                     double* result, double* chunk_partials, cudaStream_t stream) {
   if (chunk_count == 0) return;
-  square_sum_kernel<<<grid(chunk_count), kThreads, 0, stream>>>(tensors, chunks, result);
+  square_sum_kernel<<<grid(chunk_count), kThreads, 0, stream>>>(tensors, chunks, chunk_partials);
+  CUDA_CHECK(cudaGetLastError());
+  add_partials_kernel<<<1, kThreads, 0, stream>>>(chunk_partials, chunk_count, result);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void lamb_moments(const TensorEntry* tensors, const Chunk* chunks, std::int64_t chunk_count,
-                  LambScalars scalars, double* sums, cudaStream_t stream) {
+                  LambScalars scalars, double* sums, double* chunk_partials, cudaStream_t stream) {
   if (chunk_count == 0) return;
-  lamb_moments_kernel<<<grid(chunk_count), kThreads, 0, stream>>>(tensors, chunks, scalars, sums);
+  lamb_moments_kernel<<<grid(chunk_count), kThreads, 0, stream>>>(tensors, chunks, scalars,
+                                                                  chunk_partials);
+  CUDA_CHECK(cudaGetLastError());
+  const auto blocks = static_cast<unsigned>((chunk_count + kThreads - 1) / kThreads);
+  add_tensor_partials_kernel<<<blocks, kThreads, 0, stream>>>(chunks, chunk_count, chunk_partials,
+                                                              sums);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -37,18 +37,22 @@ struct SgdScalars {
 void sgd_step(const TensorEntry* tensors, const Chunk* chunks, std::int64_t chunk_count,
               SgdScalars scalars, cudaStream_t stream);
 
-// *result += sum of squares of every gradient (double).
+// The norms are deterministic: each chunk's partial sum goes to `chunk_partials` (scratch of
+// the given size) and the partials are added in chunk order, so a run repeats bit for bit (no
+// atomic adds, whose order varies).
+// *result += sum of squares of every gradient (double); chunk_partials: chunk_count doubles.
 void grad_square_sum(const TensorEntry* tensors, const Chunk* chunks, std::int64_t chunk_count,
-                     double* result, cudaStream_t stream);
+                     double* result, double* chunk_partials, cudaStream_t stream);
 
 struct LambScalars {
   float beta1, beta2, eps, inv_bc1, inv_bc2, grad_scale, weight_decay;
   double learning_rate;
   bool trust_ratio_without_decay;
 };
-// Moments, then sums[2 t] += ||p_t||^2, sums[2 t + 1] += ||u_t||^2.
+// Moments, then sums[2 t] += ||p_t||^2, sums[2 t + 1] += ||u_t||^2 (a tensor's chunks are
+// consecutive); chunk_partials: 2 chunk_count doubles.
 void lamb_moments(const TensorEntry* tensors, const Chunk* chunks, std::int64_t chunk_count,
-                  LambScalars scalars, double* sums, cudaStream_t stream);
+                  LambScalars scalars, double* sums, double* chunk_partials, cudaStream_t stream);
 // p -= lr * ratio_t * u.
 void lamb_apply(const TensorEntry* tensors, const Chunk* chunks, std::int64_t chunk_count,
                 LambScalars scalars, const double* sums, cudaStream_t stream);

@@ -278,17 +278,20 @@ void CudaLamb::apply_step(std::span<const View> params, float learning_rate,
     for (const auto& p : params) no_weight_decay_.push_back(p.no_weight_decay);
   }
   const auto tensors = table_.tensor_count();
-  // [0, 2 tensors): per-tensor sums; [2 tensors]: the gradient square sum.
+  // [0, 2 tensors): per-tensor sums; [2 tensors]: the gradient square sum; then the chunks'
+  // partial sums (2 per chunk), added in order by the kernels.
+  const auto chunks = table_.chunk_count();
   auto* sums = static_cast<double*>(
-      sums_.ensure(static_cast<std::size_t>(2 * tensors + 1) * sizeof(double)));
+      sums_.ensure(static_cast<std::size_t>(2 * tensors + 1 + 2 * chunks) * sizeof(double)));
+  double* chunk_partials = sums + 2 * tensors + 1;
   CUDA_CHECK(cudaMemsetAsync(sums, 0, static_cast<std::size_t>(2 * tensors + 1) * sizeof(double),
                              stream_));
   double grad_norm = 0.0;
   if (global_grad_norm.has_value()) {
     grad_norm = *global_grad_norm;
   } else {
-    cuda::grad_square_sum(entries(table_), chunk_list(table_), table_.chunk_count(),
-                          sums + 2 * tensors, stream_);
+    cuda::grad_square_sum(entries(table_), chunk_list(table_), chunks, sums + 2 * tensors,
+                          chunk_partials, stream_);
     double square_sum = 0.0;
     CUDA_CHECK(cudaMemcpyAsync(&square_sum, sums + 2 * tensors, sizeof(double),
                                cudaMemcpyDeviceToHost, stream_));
@@ -315,7 +318,7 @@ void CudaLamb::apply_step(std::span<const View> params, float learning_rate,
                             static_cast<float>(options_.weight_decay),
                             static_cast<double>(learning_rate),
                             options_.trust_ratio_without_decay};
-  lamb_moments(entries(table_), chunk_list(table_), table_.chunk_count(), scalars, sums, stream_);
+  lamb_moments(entries(table_), chunk_list(table_), chunks, scalars, sums, chunk_partials, stream_);
   sums_valid_ = true;
   lamb_apply(entries(table_), chunk_list(table_), table_.chunk_count(), scalars, sums, stream_);
 }
