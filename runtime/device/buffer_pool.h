@@ -5,7 +5,10 @@
 // stream; it is handed out again only once that event has completed. The caller must hold the
 // buffer's only reference when it releases it (message buffers, not shared capture copies).
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "runtime/tensor/backend.h"
@@ -24,6 +27,11 @@ class BufferPool {
   void release(tensor::Tensor buffer, tensor::Stream& last_use);
   // Frees every pooled buffer (call when the streams are idle or the memory is wanted).
   void clear() { free_.clear(); }
+  // Frees the pooled buffers beyond the most that were out of the pool at once since the last
+  // trim, per element count and type, and starts counting again (call when the streams are
+  // idle). A pool that also takes back buffers it did not hand out (a K-FAC layer's own) keeps
+  // only what its users took at once, so it does not grow from one use to the next.
+  void trim_to_peak_use();
   std::size_t free_buffers() const { return free_.size(); }
   std::size_t free_bytes() const;
   std::size_t reused() const { return reused_; }
@@ -33,8 +41,14 @@ class BufferPool {
     tensor::Tensor buffer;
     std::unique_ptr<tensor::Event> last_use;
   };
+  struct Use {
+    std::int64_t out = 0;   // handed out and not yet back
+    std::int64_t peak = 0;  // the most out at once since the last trim
+  };
+  using Key = std::pair<tensor::DType, std::int64_t>;
   tensor::Backend* backend_;
   std::vector<Entry> free_;
+  std::map<Key, Use> use_;
   std::size_t reused_ = 0;
 };
 

@@ -158,7 +158,12 @@ struct RunSetup {
 template <typename T>
 class Worker {
  public:
+  // The worker's clock (instruction events, traces) counts from `clock_origin`: the workers of
+  // one process share one origin so that their events line up (constructing a worker takes
+  // time: BERT-Large's chunks take seconds). Without one, the clock starts at construction
+  // (MPI ranks align theirs with a barrier before constructing).
   Worker(const RunSetup<T>& setup, comm::Communicator& comm);
+  Worker(const RunSetup<T>& setup, comm::Communicator& comm, comm::Clock::time_point clock_origin);
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -166,6 +171,7 @@ class Worker {
   int rank() const;
   int replica() const;
   int worker() const;
+  comm::Clock::time_point clock_origin() const;
 
   // Runs global steps [first_step, last_step), cut at optimizer steps: a first step inside a
   // round resumes that round after its previous step's optimizer step (restore the K-FAC

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -225,6 +226,41 @@ TEST(BufferPool, ReusesAReleasedBufferOfTheSameSizeOnceItsLastUseRan) {
   float outside[4] = {};
   pool.release(tensor::Tensor::view(outside, {4}, tensor::DType::kF32), *stream);
   EXPECT_EQ(pool.free_buffers(), 0U);
+}
+
+// What the K-FAC offload staging pool does at each step's end: it keeps, per size, as many
+// buffers as were out at once since the last trim (the next step's copies reuse them, with no
+// allocation), and frees the rest, among them buffers it never handed out (a layer's own new
+// inverse given back at a write-back), so it does not grow from step to step.
+TEST(BufferPool, TrimKeepsWhatWasOutAtOnceAndFreesTheRest) {
+  tensor::CpuBackend backend;
+  auto stream = backend.create_stream();
+  BufferPool pool(backend);
+  std::vector<tensor::Tensor> out;
+  for (int i = 0; i < 3; ++i) out.push_back(pool.acquire({4, 6}, tensor::DType::kF32));
+  for (auto& buffer : out) pool.release(std::move(buffer), *stream);
+  out.clear();
+  // Not from the pool: a layer's own buffer of the same size, and one of a size never taken.
+  pool.release(tensor::Tensor::empty(backend, {4, 6}, tensor::DType::kF32), *stream);
+  pool.release(tensor::Tensor::empty(backend, {7}, tensor::DType::kF32), *stream);
+  EXPECT_EQ(pool.free_buffers(), 5U);
+  pool.trim_to_peak_use();
+  EXPECT_EQ(pool.free_buffers(), 3U);  // three were out at once
+  EXPECT_EQ(pool.free_bytes(), 3U * 24U * sizeof(float));
+  // The next step takes one at a time: reused, nothing allocated; the trim then keeps one.
+  const auto allocations = backend.stats().allocations;
+  for (int i = 0; i < 2; ++i) pool.release(pool.acquire({24}, tensor::DType::kF32), *stream);
+  EXPECT_EQ(backend.stats().allocations, allocations);
+  EXPECT_EQ(pool.reused(), 2U);
+  pool.trim_to_peak_use();
+  EXPECT_EQ(pool.free_buffers(), 1U);
+  // A buffer still out at the trim counts for the next one.
+  auto held = pool.acquire({24}, tensor::DType::kF32);
+  pool.trim_to_peak_use();
+  EXPECT_EQ(pool.free_buffers(), 0U);
+  pool.release(std::move(held), *stream);
+  pool.trim_to_peak_use();
+  EXPECT_EQ(pool.free_buffers(), 1U);
 }
 
 TEST(HostTimingMark, ReadBeforeRecordedIsALogicError) {
