@@ -32,6 +32,20 @@ parts=("${@:-all}")
 want() { [[ " ${parts[*]} " == *" all "* || " ${parts[*]} " == *" $1 "* ]]; }
 status=0
 note() { echo "== $*" | tee -a "$OUT/session.log"; }
+# compare_losses NAME_A NAME_B METRICS_A METRICS_B: the per-step losses of two runs side by side
+# (and in session.log), with their relative difference.
+compare_losses() {
+  python3 - "$@" <<'PY' | tee -a "$OUT/session.log"
+import json, os, sys
+name_a, name_b, *paths = sys.argv[1:]
+if not all(os.path.exists(p) for p in paths):
+    sys.exit("no metrics to compare (a run failed, see its log)")
+rows = [[json.loads(l) for l in open(p) if '"loss"' in l] for p in paths]
+print(f"step  {name_a:<12}  {name_b:<12}  rel diff")
+for a, b in zip(*rows):
+    print(f"{a['step']:4d}  {a['loss']:<12.6f}  {b['loss']:<12.6f}  {abs(b['loss'] - a['loss']) / a['loss']:.2e}")
+PY
+}
 export PF_GPU_EXTRA_TARGETS="test_executor_cuda test_executor_device test_device pipefisher_train test_nccl_comm test_nccl_executor test_watchdog"
 
 if want build; then
@@ -99,13 +113,7 @@ if want train; then
       --metrics "$OUT/metrics_gpu_fp32.jsonl" || status=1
     train mini_cpu_fp32 "${small[@]}" --steps 6 --device cpu --precision fp32 \
       --metrics "$OUT/metrics_cpu_fp32.jsonl" || status=1
-    python3 - "$OUT/metrics_cpu_fp32.jsonl" "$OUT/metrics_gpu_fp32.jsonl" <<'PY' | tee -a "$OUT/session.log"
-import json, sys
-rows = [[json.loads(l) for l in open(p) if '"loss"' in l] for p in sys.argv[1:]]
-print("step  cpu loss    gpu loss    rel diff")
-for c, g in zip(*rows):
-    print(f"{c['step']:4d}  {c['loss']:.6f}  {g['loss']:.6f}  {abs(g['loss'] - c['loss']) / c['loss']:.2e}")
-PY
+    compare_losses "cpu" "gpu" "$OUT/metrics_cpu_fp32.jsonl" "$OUT/metrics_gpu_fp32.jsonl"
     # K-FAC in the bubbles on the GPU, placed by the pass from the GPU's self-profile (the
     # schedule and the K-FAC kernels timed on the device); then BERT-Large, bf16, 1F1B p = 4.
     # (With held-out evaluation on the GPU's own copy of the model every 4 steps.)
@@ -147,13 +155,7 @@ PY
       --metrics "$OUT/metrics_ckpt_split.jsonl" || status=1
     train mini_gpu_ckpt_straight "${ck[@]}" --steps 6 --checkpoint-dir "$OUT/ckpt_straight" \
       --metrics "$OUT/metrics_ckpt_straight.jsonl" || status=1
-    python3 - "$OUT/metrics_ckpt_straight.jsonl" "$OUT/metrics_ckpt_split.jsonl" <<'PY' | tee -a "$OUT/session.log"
-import json, sys
-rows = [[json.loads(l) for l in open(p) if '"loss"' in l] for p in sys.argv[1:]]
-print("step  straight    resumed     rel diff")
-for a, b in zip(*rows):
-    print(f"{a['step']:4d}  {a['loss']:.6f}  {b['loss']:.6f}  {abs(b['loss'] - a['loss']) / a['loss']:.2e}")
-PY
+    compare_losses "straight" "resumed" "$OUT/metrics_ckpt_straight.jsonl" "$OUT/metrics_ckpt_split.jsonl"
     for f in model optimizer kfac; do
       if cmp -s "$OUT/ckpt_split/step-00000006/$f.safetensors" \
         "$OUT/ckpt_straight/step-00000006/$f.safetensors"; then
@@ -184,15 +186,7 @@ if want offload; then
       --metrics "$OUT/metrics_offload_none.jsonl" || status=1
     train offload_host "${large[@]}" --steps 8 --kfac-profile "$OUT/profile_offload.json" \
       --kfac-offload host --metrics "$OUT/metrics_offload_host.jsonl" || status=1
-    python3 - "$OUT/metrics_offload_none.jsonl" "$OUT/metrics_offload_host.jsonl" <<'PY' | tee -a "$OUT/session.log"
-import json, os, sys
-if not all(os.path.exists(p) for p in sys.argv[1:]):
-    sys.exit("no metrics to compare (a run failed, see its log)")
-rows = [[json.loads(l) for l in open(p) if '"loss"' in l] for p in sys.argv[1:]]
-print("step  no offload  offload     rel diff")
-for a, b in zip(*rows):
-    print(f"{a['step']:4d}  {a['loss']:.6f}  {b['loss']:.6f}  {abs(b['loss'] - a['loss']) / a['loss']:.2e}")
-PY
+    compare_losses "no offload" "offload" "$OUT/metrics_offload_none.jsonl" "$OUT/metrics_offload_host.jsonl"
   fi
 fi
 
@@ -267,15 +261,7 @@ if want nccl; then
       [[ $rc -eq 0 ]] || status=1
       "$bin" "${tiny[@]}" --stages 1 --metrics "$OUT/metrics_threads_np1.jsonl" \
         >"$OUT/train_threads_np1.log" 2>&1 || status=1
-      python3 - "$OUT/metrics_threads_np1.jsonl" "$OUT/metrics_nccl_np1.jsonl" <<'PY' | tee -a "$OUT/session.log"
-import json, os, sys
-if not all(os.path.exists(p) for p in sys.argv[1:]):
-    sys.exit("no metrics to compare (a run failed, see its log)")
-rows = [[json.loads(l) for l in open(p) if '"loss"' in l] for p in sys.argv[1:]]
-print("step  threads loss  mpirun+nccl loss")
-for a, b in zip(*rows):
-    print(f"{a['step']:4d}  {a['loss']:.6f}      {b['loss']:.6f}")
-PY
+      compare_losses "threads" "mpirun+nccl" "$OUT/metrics_threads_np1.jsonl" "$OUT/metrics_nccl_np1.jsonl"
       # Two ranks on the one GPU: each rank needs its own GPU, one error line, exit 2.
       timeout 120 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --stages 2 \
         >"$OUT/train_nccl_np2.log" 2>&1

@@ -2830,7 +2830,8 @@ template <typename T>
 std::vector<RankKfacState> ThreadedExecutor<T>::kfac_state_per_rank() {
   std::vector<RankKfacState> out;
   for (auto& worker : impl_->workers) {
-    out.push_back({worker->kfac_state_bytes(), worker->kfac_bytes_sent()});
+    out.push_back(
+        {worker->kfac_state_bytes(), worker->kfac_bytes_sent(), worker->kfac_host_bytes()});
   }
   return out;
 }

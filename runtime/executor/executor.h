@@ -231,10 +231,12 @@ class Worker {
   std::unique_ptr<Impl> impl_;
 };
 
-// One rank's K-FAC state (Worker::kfac_state_bytes, Worker::kfac_bytes_sent).
+// One rank's K-FAC state (Worker::kfac_state_bytes, Worker::kfac_bytes_sent,
+// Worker::kfac_host_bytes).
 struct RankKfacState {
   std::int64_t state_bytes = 0;
   std::int64_t sent_bytes = -1;
+  std::int64_t host_bytes = 0;  // offloaded to host memory (--kfac-offload)
 };
 
 // What the trainer drives: all ranks' workers, wherever they run (threads of this process, or

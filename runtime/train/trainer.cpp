@@ -86,6 +86,9 @@ struct RunContext {
   kfac::StatePlacement kfac_placement;  // across the data-parallel replicas (the pass's choice)
   // The pass's model of the busiest replica's K-FAC state and bytes sent per refresh (-1: none).
   double kfac_model_bytes = -1.0, kfac_model_sent_per_refresh = -1.0;
+  // --kfac-offload: the plan's K-FAC state on the busiest worker's device without and with
+  // offload (-1: no offload).
+  double kfac_offload_device_before = -1.0, kfac_offload_device_after = -1.0;
   nlohmann::json identity;                         // what a checkpoint must share to resume
   std::optional<ckpt::TrainingCheckpoint> resume;  // --resume: the checkpoint to continue
   std::shared_ptr<device::DeviceRuntime> device;   // --device cuda; null on the CPU
@@ -350,6 +353,28 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
     }
     out << "\n";
   }
+  if (!kfac_states.empty() && context.kfac_offload_device_after >= 0.0) {
+    // What the offload left where, at the run's end (between refreshes an offloaded Linear's
+    // layer holds only its factor sums), beside the plan's worst moment.
+    std::int64_t device = 0, host = 0;
+    for (const auto& state : kfac_states) {
+      device = std::max(device, state.state_bytes);
+      host = std::max(host, state.host_bytes);
+    }
+    constexpr double kMiB = 1024.0 * 1024.0;
+    out << std::setprecision(3) << "K-FAC offload, measured at the end: at most "
+        << static_cast<double>(device) / kMiB << " MiB of K-FAC state per rank on the "
+        << (executor.setup().device ? "device" : "worker") << ", "
+        << static_cast<double>(host) / kMiB << " MiB in host memory (plan: at most "
+        << context.kfac_offload_device_after / kMiB << " MiB on the device at once, "
+        << context.kfac_offload_device_before / kMiB << " MiB without offload)\n";
+  }
+  if (const auto& device = executor.setup().device) {
+    const auto stats = device->backend().stats();
+    out << std::setprecision(3) << "device memory: peak "
+        << static_cast<double>(stats.peak_bytes_in_use) / (1024.0 * 1024.0)
+        << " MiB allocated by this process\n";
+  }
   if (!o.metrics.empty()) out << "metrics: " << o.metrics << "\n";
   if (!o.trace.empty()) out << "trace: " << o.trace << " (open in https://ui.perfetto.dev)\n";
   if (!o.profile_out.empty()) out << "profile: " << o.profile_out << "\n";
@@ -536,6 +561,13 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
            << offload.report.max_peak_memory_before / (1024.0 * 1024.0) << " -> "
            << offload.report.max_peak_memory_after / (1024.0 * 1024.0) << " MiB\n";
       if (!offload.report.warning.empty()) line << offload.report.warning << "\n";
+      context.kfac_offload_device_before = context.kfac_offload_device_after = 0.0;
+      for (const auto& worker : offload.report.workers) {
+        context.kfac_offload_device_before =
+            std::max(context.kfac_offload_device_before, worker.kfac_device_bytes_before);
+        context.kfac_offload_device_after =
+            std::max(context.kfac_offload_device_after, worker.kfac_device_bytes_after);
+      }
       offload_summary = line.str();
       pass.schedule = std::move(offload.schedule);
     }

@@ -293,6 +293,17 @@ TEST_F(TrainTest, KfacOffloadOnTheDevicePathEqualsTheCpuPath) {
   std::ostringstream device_out;
   ASSERT_EQ(run_training(on_device, device_out, device), 0);
   EXPECT_NE(device_out.str().find("K-FAC offload (host): "), std::string::npos) << device_out.str();
+  // What the offload left where, measured, beside the plan; and the device's peak allocation.
+  for (const std::string& text : {out.str(), device_out.str()}) {
+    const auto at = text.find("K-FAC offload, measured at the end: at most ");
+    ASSERT_NE(at, std::string::npos) << text;
+    const auto host = text.find(" MiB in host memory (plan: at most ", at);
+    ASSERT_NE(host, std::string::npos) << text;
+    const auto comma = text.rfind(", ", host);
+    EXPECT_GT(std::stod(text.substr(comma + 2, host - comma - 2)), 0.0) << text;
+  }
+  EXPECT_NE(device_out.str().find("device memory: peak "), std::string::npos) << device_out.str();
+  EXPECT_EQ(out.str().find("device memory: peak "), std::string::npos) << out.str();
   auto kept = on_device;
   kept.kfac.offload = "none";
   kept.metrics = (dir_ / "kept.jsonl").string();
