@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Builds the CUDA targets on a GPU machine and runs every CUDA test and benchmark, logs in $OUT
-# (default /tmp/pf_gpu). Made for the lent device machine: its image has nvcc, CMake, ninja and
-# PyTorch but not our Debian libraries, so .deb files in ./deps (apt-get download ...) are
-# unpacked into / first when present.
+# (default /tmp/pf_gpu). Made for the lent device machine: its image (Ubuntu 24.04) has nvcc,
+# CMake, ninja, PyTorch, OpenMPI, Eigen, GoogleTest, benchmark, CLI11 and nlohmann-json, but not
+# utf8proc; .deb files in ./deps (git-ignored; fetch them here with
+#   mkdir -p deps && (cd deps && apt-get download libutf8proc-dev libutf8proc2)
+# and name deps in the device call's carry) are unpacked into / first, except packages the image
+# has already.
 #   scripts/gpu_check.sh [build|test|bench|torch|all]...   (default: all; test and bench build too)
 # PF_GPU_BENCHES="bench_cuda ..." picks benchmark programs, PF_BENCH_FILTER a --benchmark_filter,
 # PF_BENCH_REPS / PF_BENCH_MIN_TIME the repetitions (5) and seconds per run (0.2),
