@@ -525,12 +525,6 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
                                           linear == sched::LinearKind::kFfnIn ? i : h});
     }
     const auto offload_options = pipefisher::to_offload_options(kfac_command);
-    if (offload_options.mode != pipefisher::OffloadMode::kNone && launch.multi_process()) {
-      // Each process would measure its own host link and could place the copies differently.
-      throw std::invalid_argument(
-          "--kfac-offload runs with the workers on threads of one process so far (not under "
-          "mpirun)");
-    }
     if (offload_options.mode != pipefisher::OffloadMode::kNone) {
       // The offload pass sizes each Linear's state (fp32 A, B and their inverses) and prices its
       // copies on the host link: a memcpy on the CPU (its offload copies), copies between
@@ -543,7 +537,22 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
                        static_cast<double>(dims.d_out) * static_cast<double>(dims.d_out));
       }
       if (!(profile.host_link.bandwidth > 0.0)) {
-        profile.host_link = measure_host_copy(std::size_t{16} << 20, context.device);
+        // Measured once, in rank 0's process, and shared: every process then places the same
+        // copies and compiles one schedule (under mpirun each would time its own link).
+        if (launch.is_root()) {
+          profile.host_link = measure_host_copy(std::size_t{16} << 20, context.device);
+        }
+        if (launch.multi_process()) {
+          const auto wait =
+              std::chrono::milliseconds(static_cast<std::int64_t>(o.wait_timeout_s * 1e3));
+          const auto shared = nlohmann::json::parse(
+              launch.share_from_root(nlohmann::json{{"bandwidth", profile.host_link.bandwidth},
+                                                    {"latency_s", profile.host_link.latency_s}}
+                                         .dump(),
+                                     wait));
+          profile.host_link.bandwidth = shared.at("bandwidth").get<double>();
+          profile.host_link.latency_s = shared.at("latency_s").get<double>();
+        }
       }
     }
     const sim::MeasuredCostModel measured(profile, source);

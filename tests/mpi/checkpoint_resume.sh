@@ -4,7 +4,8 @@
 # with -np 2 and with -np 4 (data-parallel 2, shards, K-FAC sharded across the replicas, saved in
 # the middle of a refresh); the MPI run matches the threaded one; a checkpoint of replicated
 # state moves to another layout; sharded K-FAC state on another layout and a corrupt part file
-# are refused with one error line, every process exiting.
+# are refused with one error line, every process exiting; K-FAC offload under mpirun resumes
+# bit-identically and equals threads and the run without offload.
 #   checkpoint_resume.sh <pipefisher_train> <pipefisher_data> <mpirun and its options...>
 set -uo pipefail
 train=$(realpath "$1")
@@ -106,6 +107,30 @@ grep -q '"placement": "shard"' k/step-00000003/state.json || fail "no placement 
 must "$train" "${kfac[@]}" --stages 2 --steps 6 --metrics threads.jsonl
 [[ "$(losses threads.jsonl)" == "$(losses l.jsonl)" ]] || fail "threads and MPI differ"
 echo "-np 4: resumed run bit-identical to the straight one and to threads"
+
+# K-FAC offload to host memory under mpirun (-np 2, two stages), placed from one profile (it
+# carries the host link, so every run places the same copies): saved inside a refresh and
+# resumed equals straight, byte for byte, and the losses equal the threaded run's and the run
+# without offload's (the copies are exact).
+kept=("${base[@]}" --lr-decay-steps 6 --kfac --kfac-refresh 2)
+offload=("${kept[@]}" --kfac-offload host)
+must "$train" "${offload[@]}" --stages 2 --steps 2 --profile-out offload_profile.json
+kept+=(--kfac-profile offload_profile.json)
+offload+=(--kfac-profile offload_profile.json)
+must "${mpirun[@]}" -np 2 "$train" "${offload[@]}" --stages 2 --steps 3 --checkpoint-dir o \
+  --metrics o.jsonl
+must "${mpirun[@]}" -np 2 "$train" "${offload[@]}" --stages 2 --steps 6 --checkpoint-dir o \
+  --metrics o.jsonl --resume
+must "${mpirun[@]}" -np 2 "$train" "${offload[@]}" --stages 2 --steps 6 --checkpoint-dir p \
+  --metrics p.jsonl
+same_checkpoints o p
+[[ "$(losses o.jsonl)" == "$(losses p.jsonl)" ]] || fail "offload: the resumed losses differ"
+must "$train" "${offload[@]}" --stages 2 --steps 6 --metrics offload_threads.jsonl
+[[ "$(losses offload_threads.jsonl)" == "$(losses p.jsonl)" ]] ||
+  fail "offload: threads and MPI differ"
+must "${mpirun[@]}" -np 2 "$train" "${kept[@]}" --stages 2 --steps 6 --metrics kept.jsonl
+[[ "$(losses kept.jsonl)" == "$(losses p.jsonl)" ]] || fail "offload: with and without differ"
+echo "-np 2 with K-FAC offload: resumed = straight = threads = without offload"
 
 # Sharded K-FAC state does not move to another layout: one line, every process exits.
 mkdir m && cp -r k/step-00000003 m/ && echo step-00000003 > m/latest
