@@ -7,6 +7,7 @@
 // index arrays and masks included, lives on the ops' device. Ops that return a value to the host
 // (cross_entropy_forward, sum, sum_of_squares, all_finite) wait for the device.
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "kernels/matrix_view.h"
@@ -98,6 +99,10 @@ class BackendOps {
 
   virtual T sum(const T* x, std::int64_t count) = 0;
   virtual T sum_of_squares(const T* x, std::int64_t count) = 0;
+  // The sum of squares of every element of every array, accumulated in double in array order
+  // (a training step's global gradient norm): one wait for the device for all of them, where
+  // sum_of_squares per array waits once each (hundreds of tensors in a BERT).
+  virtual double sum_of_squares_total(std::span<const std::span<const T>> arrays) = 0;
   virtual bool all_finite(const T* x, std::int64_t count) = 0;
 };
 

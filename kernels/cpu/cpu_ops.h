@@ -122,6 +122,13 @@ class CpuOps final : public BackendOps<T> {
   T sum_of_squares(const T* x, std::int64_t count) override {
     return kernels::sum_of_squares<T>(x, count);
   }
+  double sum_of_squares_total(std::span<const std::span<const T>> arrays) override {
+    double total = 0.0;  // element by element, in order: the executor's CPU path's sum
+    for (const auto array : arrays) {
+      for (const T value : array) total += static_cast<double>(value) * static_cast<double>(value);
+    }
+    return total;
+  }
   bool all_finite(const T* x, std::int64_t count) override {
     return kernels::all_finite<T>(x, count);
   }

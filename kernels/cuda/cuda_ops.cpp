@@ -424,6 +424,23 @@ float CudaOps::sum_of_squares(const float* x, std::int64_t count) {
   return static_cast<float>(reduce(x, count, true));
 }
 
+double CudaOps::sum_of_squares_total(std::span<const std::span<const float>> arrays) {
+  // Every array adds into one double on the stream, in order (deterministic), then one wait.
+  auto* base = static_cast<unsigned char*>(flags_.ensure(kFlagsBytes));
+  auto* result = reinterpret_cast<double*>(base + kResultOffset);
+  auto* partials = static_cast<double*>(reduce_partials_.ensure(
+      sizeof(double) * static_cast<std::size_t>(cuda::kMaxReductionBlocks)));
+  CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), stream_));
+  for (const auto array : arrays) {
+    cuda::sum(array.data(), static_cast<std::int64_t>(array.size()), true, result, partials,
+              stream_);
+  }
+  double host = 0.0;
+  CUDA_CHECK(cudaMemcpyAsync(&host, result, sizeof(host), cudaMemcpyDeviceToHost, stream_));
+  synchronize();
+  return host;
+}
+
 bool CudaOps::all_finite(const float* x, std::int64_t count) {
   auto* base = static_cast<unsigned char*>(flags_.ensure(kFlagsBytes));
   auto* flag = reinterpret_cast<unsigned int*>(base + kNonFiniteOffset);

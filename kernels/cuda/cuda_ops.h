@@ -106,6 +106,7 @@ class CudaOps final : public BackendOps<float> {
 
   float sum(const float* x, std::int64_t count) override;
   float sum_of_squares(const float* x, std::int64_t count) override;
+  double sum_of_squares_total(std::span<const std::span<const float>> arrays) override;
   bool all_finite(const float* x, std::int64_t count) override;
 
  private:

@@ -1281,13 +1281,15 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     tied_embedding_sum();
     double square_sum = 0.0;
     if (replica == 0 && runtime) {
-      // Per tensor on the device (each sum waits for the stream), summed in double here.
-      auto& ops = slots.front().model->ops();
+      // Every tensor's squares into one double on the device, one wait for all (a wait per
+      // tensor took ~20 ms of a BERT-Large step's 104 on an H200: 390 tensors).
+      std::vector<std::span<const T>> grads;
+      grads.reserve(unique_params.size());
       for (std::size_t index : unique_params) {
         const auto& view = param_views[index];
-        square_sum += static_cast<double>(
-            ops.sum_of_squares(view.grad, static_cast<std::int64_t>(view.size)));
+        grads.emplace_back(view.grad, view.size);
       }
+      square_sum = slots.front().model->ops().sum_of_squares_total(grads);
     } else if (replica == 0) {
       for (std::size_t index : unique_params) {
         const auto& view = param_views[index];

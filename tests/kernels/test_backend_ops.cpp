@@ -1,5 +1,8 @@
 // The ops interface on the CPU: make_ops gives CpuOps for a CPU backend, and a call through the
 // interface is the free op of kernels/ops.h.
+#include <span>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "kernels/backend_ops.h"
@@ -22,6 +25,20 @@ TEST(BackendOps, MakeOpsGivesCpuOpsForTheCpuBackend) {
   EXPECT_EQ(c, expected);
   EXPECT_EQ(c[0], 1 * 5 + 2 * 6);
   EXPECT_DOUBLE_EQ(ops->sum_of_squares(a.data(), 4), 30.0);
+}
+
+// The global gradient norm's sum: every array's squares in double, in order (the executor's
+// CPU path's sum, bit for bit), empty arrays and no arrays included.
+TEST(BackendOps, SumOfSquaresTotalAddsEveryArrayInDouble) {
+  CpuOps<float> ops;
+  const std::vector<float> a = {0.1F, -0.2F, 3.0F}, b = {}, c = {1e-4F, 7.5F};
+  double expected = 0.0;
+  for (const auto* array : {&a, &b, &c}) {
+    for (const float v : *array) expected += static_cast<double>(v) * static_cast<double>(v);
+  }
+  const std::vector<std::span<const float>> arrays = {a, b, c};
+  EXPECT_EQ(ops.sum_of_squares_total(arrays), expected);
+  EXPECT_EQ(ops.sum_of_squares_total({}), 0.0);
 }
 
 TEST(BackendOps, PrecisionNamesRoundTripAndBadNamesThrow) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -446,6 +447,18 @@ TEST_F(CudaOpsTest, ReductionsAndNonFiniteCheck) {
   const float once = gpu_->sum_of_squares(d_big, static_cast<std::int64_t>(big.size()));
   const float again = gpu_->sum_of_squares(d_big, static_cast<std::int64_t>(big.size()));
   EXPECT_EQ(std::memcmp(&once, &again, sizeof(float)), 0);
+  // Many arrays at once, one wait: the per-array sums added in double (within their rounding).
+  const std::vector<std::span<const float>> arrays = {
+      {d_x, x.size()}, {d_big, big.size()}, {d_x + 5, 0}, {d_x + 7, 1000}};
+  double per_array = 0.0;
+  for (const auto array : arrays) {
+    per_array += array.empty() ? 0.0
+                               : static_cast<double>(gpu_->sum_of_squares(
+                                     array.data(), static_cast<std::int64_t>(array.size())));
+  }
+  const double total = gpu_->sum_of_squares_total(arrays);
+  EXPECT_NEAR(total, per_array, 1e-6 * per_array);
+  EXPECT_EQ(gpu_->sum_of_squares_total(arrays), total);  // deterministic
   EXPECT_TRUE(gpu_->all_finite(d_x, static_cast<std::int64_t>(x.size())));
   for (const float bad :
        {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
