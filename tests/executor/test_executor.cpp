@@ -820,18 +820,17 @@ TEST(Executor, WorkersShareOneClockSoTheirEventsLineUp) {
     EXPECT_EQ(executor.worker(r).clock_origin(), executor.worker(0).clock_origin()) << r;
   }
   EXPECT_GE(executor.worker(0).clock_origin(), before);
-  // Every rank's first instruction starts within the run: none before the shared origin, and
-  // (1F1B) rank 3's first forward after rank 0's.
+  // Every rank's events lie after the shared origin, and every rank ran. (A forward may start
+  // before its input arrives: the receive is posted and the forward waits for it, so the ranks'
+  // first forwards need not be in pipeline order.)
   executor.run(0, 1);
-  std::map<int, double> first_forward;
+  std::set<int> ranks;
   for (const auto& e : executor.take_events()) {
     EXPECT_GE(e.start_s, 0.0);
-    if (e.instruction.kind == sched::OpKind::kForward && !first_forward.contains(e.rank)) {
-      first_forward[e.rank] = e.start_s;
-    }
+    EXPECT_LE(e.start_s, e.end_s);
+    ranks.insert(e.rank);
   }
-  ASSERT_EQ(first_forward.size(), 4U);
-  EXPECT_GT(first_forward[3], first_forward[0]);
+  EXPECT_EQ(ranks.size(), 4U);
 }
 
 }  // namespace

@@ -280,6 +280,7 @@ TEST_F(TrainTest, KfacOffloadOnTheDevicePathEqualsTheCpuPath) {
   auto cpu = small_run();
   cpu.optimizer = "adamw";
   cpu.kfac.enabled = true;
+  cpu.kfac.split = "off";  // whole tasks: a divided inversion is a chain only on the CPU
   cpu.kfac.refresh_steps = 2;
   cpu.kfac.offload = "host";
   cpu.steps = 5;
@@ -350,6 +351,7 @@ TEST_F(TrainTest, KfacWithDataParallelOnTheDevicePathEqualsTheCpuPath) {
   auto cpu = small_run();
   cpu.optimizer = "adamw";
   cpu.kfac.enabled = true;
+  cpu.kfac.split = "off";  // whole tasks: a divided inversion is a chain only on the CPU
   cpu.kfac.refresh_steps = 2;
   cpu.data_parallel = 2;
   cpu.steps = 5;
