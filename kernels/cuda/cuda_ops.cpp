@@ -403,13 +403,16 @@ void CudaOps::cross_entropy_backward(MatrixView<float> probs, const std::int64_t
 
 // --- reductions
 
-double CudaOps::reduce(const float* x, std::int64_t count, bool squares) {
+double CudaOps::reduce(std::span<const std::span<const float>> arrays, bool squares) {
   auto* base = static_cast<unsigned char*>(flags_.ensure(kFlagsBytes));
   auto* result = reinterpret_cast<double*>(base + kResultOffset);
-  CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), stream_));
   auto* partials = static_cast<double*>(reduce_partials_.ensure(
       sizeof(double) * static_cast<std::size_t>(cuda::kMaxReductionBlocks)));
-  cuda::sum(x, count, squares, result, partials, stream_);
+  CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), stream_));
+  for (const auto array : arrays) {
+    cuda::sum(array.data(), static_cast<std::int64_t>(array.size()), squares, result, partials,
+              stream_);
+  }
   double host = 0.0;
   CUDA_CHECK(cudaMemcpyAsync(&host, result, sizeof(host), cudaMemcpyDeviceToHost, stream_));
   synchronize();
@@ -417,28 +420,17 @@ double CudaOps::reduce(const float* x, std::int64_t count, bool squares) {
 }
 
 float CudaOps::sum(const float* x, std::int64_t count) {
-  return static_cast<float>(reduce(x, count, false));
+  const std::span<const float> array(x, static_cast<std::size_t>(count));
+  return static_cast<float>(reduce({&array, 1}, false));
 }
 
 float CudaOps::sum_of_squares(const float* x, std::int64_t count) {
-  return static_cast<float>(reduce(x, count, true));
+  const std::span<const float> array(x, static_cast<std::size_t>(count));
+  return static_cast<float>(reduce({&array, 1}, true));
 }
 
 double CudaOps::sum_of_squares_total(std::span<const std::span<const float>> arrays) {
-  // Every array adds into one double on the stream, in order (deterministic), then one wait.
-  auto* base = static_cast<unsigned char*>(flags_.ensure(kFlagsBytes));
-  auto* result = reinterpret_cast<double*>(base + kResultOffset);
-  auto* partials = static_cast<double*>(reduce_partials_.ensure(
-      sizeof(double) * static_cast<std::size_t>(cuda::kMaxReductionBlocks)));
-  CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), stream_));
-  for (const auto array : arrays) {
-    cuda::sum(array.data(), static_cast<std::int64_t>(array.size()), true, result, partials,
-              stream_);
-  }
-  double host = 0.0;
-  CUDA_CHECK(cudaMemcpyAsync(&host, result, sizeof(host), cudaMemcpyDeviceToHost, stream_));
-  synchronize();
-  return host;
+  return reduce(arrays, true);
 }
 
 bool CudaOps::all_finite(const float* x, std::int64_t count) {

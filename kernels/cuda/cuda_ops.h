@@ -117,7 +117,8 @@ class CudaOps final : public BackendOps<float> {
   // Row of the first bad index recorded in the flag since it was reset, or -1 (waits).
   std::int64_t read_bad_row();
   void reset_bad_row();
-  double reduce(const float* x, std::int64_t count, bool squares);
+  // Every array's sum (of squares) into one double on the stream, in order, then one wait.
+  double reduce(std::span<const std::span<const float>> arrays, bool squares);
 
   CudaBackend* backend_;
   cudaStream_t stream_;

@@ -11,35 +11,36 @@
 namespace pf::kernels::cuda {
 namespace {
 
-__global__ void sum_kernel(const float* x, std::int64_t count, bool squares, double* partials) {
+// The block's threads' values added in a fixed order (warps, then the warps in order); the
+// total is thread 0's.
+__device__ double block_total(double value) {
   __shared__ double shared[kWarpsPerBlock];
+  value = warp_sum(value);
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = value;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kWarpsPerBlock; ++w) value += shared[w];
+  }
+  return value;
+}
+
+__global__ void sum_kernel(const float* x, std::int64_t count, bool squares, double* partials) {
   double total = 0.0;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const double value = x[i];
     total += squares ? value * value : value;
   }
-  total = warp_sum(total);
-  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = total;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kWarpsPerBlock; ++w) total += shared[w];
-    partials[blockIdx.x] = total;
-  }
+  total = block_total(total);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
 // *result += partials[0..count) in a fixed order (one block).
 __global__ void add_partials_kernel(const double* partials, unsigned count, double* result) {
-  __shared__ double shared[kWarpsPerBlock];
   double total = 0.0;
   for (unsigned i = threadIdx.x; i < count; i += blockDim.x) total += partials[i];
-  total = warp_sum(total);
-  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = total;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kWarpsPerBlock; ++w) total += shared[w];
-    *result += total;
-  }
+  total = block_total(total);
+  if (threadIdx.x == 0) *result += total;
 }
 
 __global__ void non_finite_kernel(const float* x, std::int64_t count, unsigned int* non_finite) {

@@ -497,6 +497,9 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     }
     sim::Profile profile;
     std::string source = o.kfac_profile;
+    // Under mpirun, rank 0's process measures and shares (one schedule for every process).
+    const auto share_wait =
+        std::chrono::milliseconds(static_cast<std::int64_t>(o.wait_timeout_s * 1e3));
     if (!o.kfac_profile.empty()) {
       profile = sim::profile_from_json_file(o.kfac_profile);
     } else {
@@ -509,10 +512,8 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
                              profile_options, 3, context.device);
       }
       if (launch.multi_process()) {  // one profile, so that every process compiles one schedule
-        const auto wait =
-            std::chrono::milliseconds(static_cast<std::int64_t>(o.wait_timeout_s * 1e3));
         profile = sim::profile_from_json(nlohmann::json::parse(launch.share_from_root(
-                                             sim::profile_to_json(profile).dump(), wait)),
+                                             sim::profile_to_json(profile).dump(), share_wait)),
                                          "self-profile");
       }
       source = "self-profile";
@@ -543,13 +544,11 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
           profile.host_link = measure_host_copy(std::size_t{16} << 20, context.device);
         }
         if (launch.multi_process()) {
-          const auto wait =
-              std::chrono::milliseconds(static_cast<std::int64_t>(o.wait_timeout_s * 1e3));
           const auto shared = nlohmann::json::parse(
               launch.share_from_root(nlohmann::json{{"bandwidth", profile.host_link.bandwidth},
                                                     {"latency_s", profile.host_link.latency_s}}
                                          .dump(),
-                                     wait));
+                                     share_wait));
           profile.host_link.bandwidth = shared.at("bandwidth").get<double>();
           profile.host_link.latency_s = shared.at("latency_s").get<double>();
         }
