@@ -29,7 +29,7 @@ AnalyticCostModel::AnalyticCostModel(Workload workload, DeviceSpec device,
   embeddings_ = price_piece(embeddings_kernels(workload_));
   heads_ = price_piece(heads_kernels(workload_));
   const Precision products = kfac_product_precision(device_, workload_.precision);
-  const double T = workload_.tokens(), e = element_bytes(workload_.precision);
+  const double T = workload_.tokens(), e = workload_.storage_bytes();
   for (int i = 0; i < sched::kNumLinearKinds; ++i) {
     const LinearDims d = linear_dims(workload_.config, static_cast<sched::LinearKind>(i));
     auto& k = kfac_[static_cast<std::size_t>(i)];
@@ -160,7 +160,7 @@ double AnalyticCostModel::duration(const sched::Schedule& schedule, int worker,
       if (bytes <= 0.0) {
         const double params = in.chunk >= 0 ? chunk_params(schedule, in.pipeline, in.chunk)
                                             : worker_params(schedule, worker);
-        bytes = params * element_bytes(workload_.precision);
+        bytes = params * workload_.storage_bytes();
       }
       return ring_allreduce_seconds(bytes, participants, device_.link_bandwidth,
                                     device_.link_latency_s);

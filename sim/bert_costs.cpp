@@ -53,22 +53,22 @@ double encoder_layer_activation_bytes(const Workload& w) {
   // attention 11 T H + 5 a b S^2, MLP 3 T H + 4 T I, LayerNorms 4 T H (with I = 4H this is
   // T H (34 + 5 a S / H)). 32-bit elements double it (dropout masks included: an overestimate).
   const double sixteen_bit = T * (18.0 * H + 4.0 * I) + 5.0 * a * b * S * S;
-  return sixteen_bit * element_bytes(w.precision) / 2.0;
+  return sixteen_bit * w.storage_bytes() / 2.0;
 }
 
 double embeddings_activation_bytes(const Workload& w) {
-  const double T = w.tokens(), H = w.config.hidden_size, e = element_bytes(w.precision);
+  const double T = w.tokens(), H = w.config.hidden_size, e = w.storage_bytes();
   return T * H * (2.0 * e + 1.0);  // LayerNorm input and output, dropout mask
 }
 
 double heads_activation_bytes(const Workload& w) {
   const double H = w.config.hidden_size, V = w.config.vocab_size, b = w.micro_batch_size;
-  const double P = b * w.predictions(), e = element_bytes(w.precision);
+  const double P = b * w.predictions(), e = w.storage_bytes();
   return e * 4.0 * P * H + 4.0 * P * V + e * 2.0 * b * H;  // transform, fp32 logits, pooler
 }
 
 double boundary_bytes(const Workload& w) {
-  return w.tokens() * w.config.hidden_size * element_bytes(w.precision);
+  return w.tokens() * w.config.hidden_size * w.storage_bytes();
 }
 
 LinearDims linear_dims(const model::BertConfig& c, sched::LinearKind linear) {

@@ -5,6 +5,8 @@
 // b micro-batch size, S sequence length, T = b*S tokens, H hidden, I intermediate (FFN), a heads, V
 // vocabulary, P = b * predictions (masked positions the MLM head scores), e bytes per activation
 // element.
+#include <optional>
+
 #include "runtime/model/bert_config.h"
 #include "scheduler/instruction.h"
 #include "sim/device.h"
@@ -15,13 +17,20 @@ struct Workload {
   model::BertConfig config;
   int seq_len = 128;
   int micro_batch_size = 32;
-  Precision precision = Precision::kBf16;
+  Precision precision = Precision::kBf16;  // of the matrix products
+  // Precision activations, gradients and the messages between chunks are stored in; unset: the
+  // products' (2 bytes for bf16 / fp16, 4 for fp32 / tf32). pipefisher_train keeps them in fp32
+  // whatever its product precision (BertChunk<float>: bf16 and tf32 change only the cuBLAS
+  // compute type), so its bf16 runs move 4-byte elements.
+  std::optional<Precision> storage_precision;
   // MLM positions scored per sequence; <= 0 means round(S * 20 / 128) (NVIDIA's recipe: 20 at
   // S = 128, 80 at S = 512).
   int max_predictions = 0;
 
   int predictions() const;
   double tokens() const { return double{1.0} * micro_batch_size * seq_len; }
+  // Bytes of one stored activation / gradient element (e of the formulas).
+  double storage_bytes() const { return element_bytes(storage_precision.value_or(precision)); }
   // Throws std::invalid_argument naming the field (and the model's limit).
   void validate() const;
 };

@@ -51,7 +51,7 @@ void linear_backward(PieceKernels& k, Precision p, double e, double rows, double
 PieceKernels encoder_layer_kernels(const Workload& w, const LayerKernelOptions& options) {
   const auto& c = w.config;
   const double T = w.tokens(), H = c.hidden_size, I = c.intermediate_size, a = c.num_heads;
-  const double b = w.micro_batch_size, S = w.seq_len, e = element_bytes(w.precision);
+  const double b = w.micro_batch_size, S = w.seq_len, e = w.storage_bytes();
   const double N = b * a * S * S;  // attention scores
   const Precision p = w.precision;
   PieceKernels k;
@@ -137,7 +137,7 @@ PieceKernels encoder_layer_kernels(const Workload& w, const LayerKernelOptions& 
 }
 
 PieceKernels embeddings_kernels(const Workload& w) {
-  const double T = w.tokens(), H = w.config.hidden_size, e = element_bytes(w.precision);
+  const double T = w.tokens(), H = w.config.hidden_size, e = w.storage_bytes();
   PieceKernels k;
   // Word, position and type gathers, two adds, LayerNorm, dropout.
   k.forward.push_back(memory_kernel(e * T * H, 3));
@@ -158,7 +158,7 @@ PieceKernels embeddings_kernels(const Workload& w) {
 PieceKernels heads_kernels(const Workload& w) {
   const auto& c = w.config;
   const double H = c.hidden_size, V = c.vocab_size, b = w.micro_batch_size;
-  const double P = b * w.predictions(), e = element_bytes(w.precision);
+  const double P = b * w.predictions(), e = w.storage_bytes();
   const Precision p = w.precision;
   PieceKernels k;
   auto& f = k.forward;

@@ -51,6 +51,10 @@ CLI::App* add_calibrate_command(CLI::App& app, CalibrateOptions& options) {
   command->add_option("--hold-out", options.hold_outs,
                       "FIELD=VALUE: leave records with that field out of the fit (still "
                       "reported); repeatable");
+  command->add_option("--keep", options.keep,
+                      "PARAMETER: keep the start device's value instead of fitting it (a name "
+                      "the fit prints, e.g. classes.memory.latency_s; a trailing * matches a "
+                      "prefix, e.g. 'classes.memory.*'); repeatable");
   command->add_flag("--no-fit", options.no_fit, "Only report the device's error");
   command
       ->add_option("--max-spread", options.max_spread,
@@ -84,7 +88,9 @@ int run_calibrate_command(const CalibrateOptions& options, std::ostream& out) {
   for (const auto& rule : options.hold_outs) sim::hold_out(measurements, rule);
   sim::DeviceSpec device = start;
   if (!options.no_fit) {
-    const sim::FitResult fit = sim::fit_device(start, measurements);
+    sim::FitOptions fit_options;
+    fit_options.keep = options.keep;
+    const sim::FitResult fit = sim::fit_device(start, measurements, fit_options);
     device = fit.device;
     if (!options.name.empty()) device.name = options.name;
     out << "fitted " << fit.parameters.size() << " parameters to "
@@ -94,6 +100,12 @@ int run_calibrate_command(const CalibrateOptions& options, std::ostream& out) {
         << format("%.4f", fit.rms_log_error) << "):\n";
     for (const auto& p : fit.parameters) {
       out << "  " << p.name() << " = " << format("%.6g", p.get(device)) << "\n";
+    }
+    for (const auto& p : fit.kept) {
+      out << "  " << p.name() << " = " << format("%.6g", p.get(device)) << " (kept)\n";
+    }
+    for (const auto& rule : fit.unmatched_keep) {
+      out << "  --keep " << rule << ": no such parameter in these records (ignored)\n";
     }
   }
   const auto rows = sim::residuals(device, measurements);

@@ -20,6 +20,7 @@ struct CalibrateOptions {
   std::string name;                    // --name of the fitted device
   std::string report;                  // --report FILE.json: residuals
   std::vector<std::string> hold_outs;  // --hold-out FIELD=VALUE
+  std::vector<std::string> keep;       // --keep PARAMETER[*]: not fitted (the start's value)
   bool no_fit = false;
   // --max-spread F: records whose samples' spread ("spread", bench_sim_calibrate) exceeds F are
   // left out of the fit and the report (listed).

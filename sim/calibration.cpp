@@ -5,6 +5,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string_view>
@@ -19,7 +20,8 @@ namespace {
 
 constexpr const char* kOperations =
     "layer_forward, layer_backward, layer_curvature, layer_inversion, layer_precondition, "
-    "chunk_forward, chunk_backward, curvature, precondition, optimizer_step, gemm, attention, "
+    "chunk_forward, chunk_backward, chunk_forward_backward, curvature, precondition, "
+    "optimizer_step, gemm, attention, "
     "memory, cholesky_inverse, eigen_inverse";
 
 // The memory class's per-element compute terms, in FitParameter::kElementWork's index order.
@@ -88,6 +90,17 @@ class RecordReader {
       fail("precision", e.what());
     }
   }
+  // "storage_precision": what activations and gradients are stored in, when not the products'
+  // precision (pipefisher_train: fp32 with bf16 products).
+  std::optional<Precision> storage() const {
+    if (!record_.contains("storage_precision")) return std::nullopt;
+    const std::string name = text("storage_precision", nullptr);
+    try {
+      return precision_from_string(name);
+    } catch (const std::invalid_argument& e) {
+      fail("storage_precision", e.what());
+    }
+  }
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
     throw std::invalid_argument(where_ + ".'" + field + "' " + what);
   }
@@ -114,6 +127,10 @@ Workload layer_workload(const nlohmann::json& record, const RecordReader& r) {
     } catch (const std::exception& e) {
       r.fail("model", e.what());
     }
+    // Named by its shape in the labels (the config's name is the record's position).
+    w.config.name = std::to_string(w.config.num_layers) + "x" +
+                    std::to_string(w.config.hidden_size) + " V" +
+                    std::to_string(w.config.vocab_size);
   } else {
     const std::string model = r.text("model", nullptr);
     try {
@@ -126,6 +143,7 @@ Workload layer_workload(const nlohmann::json& record, const RecordReader& r) {
   w.seq_len = r.integer("seq_len", 128, 1 << 20);
   w.micro_batch_size = r.integer("micro_batch_size", 0, 1 << 20);
   w.precision = r.precision();
+  w.storage_precision = r.storage();
   try {
     w.validate();
   } catch (const std::invalid_argument& e) {
@@ -146,7 +164,7 @@ Measurement parse_record(const nlohmann::json& record, const std::string& where,
   m.operation = r.text("operation", nullptr);
   m.seconds = r.number("seconds");
   const std::string& op = m.operation;
-  if (op == "chunk_forward" || op == "chunk_backward") {
+  if (op == "chunk_forward" || op == "chunk_backward" || op == "chunk_forward_backward") {
     // A pipeline chunk as the runtime runs it: `layers` encoder layers, with the embeddings in
     // front and/or the heads behind; the analytic cost model's pieces in its issue order.
     const Workload w = layer_workload(record, r);
@@ -166,18 +184,23 @@ Measurement parse_record(const nlohmann::json& record, const std::string& where,
     if (op == "chunk_forward") {
       m.timed = std::move(forward);
     } else {
+      // chunk_backward: timed after an untimed forward; chunk_forward_backward: both timed (a
+      // harness with one pair of events around a fused forward and backward), the backward
+      // dispatched as backward work.
+      Kernels& to = op == "chunk_backward" ? m.timed : m.backward;
       const auto backward = [&](const PieceKernels& piece) {
-        append(m.timed, piece.backward_input);
-        append(m.timed, piece.backward_weight);
+        append(to, piece.backward_input);
+        append(to, piece.backward_weight);
       };
-      m.before = std::move(forward);
+      (op == "chunk_backward" ? m.before : m.timed) = std::move(forward);
       if (head) backward(back);
       for (int i = 0; i < layers; ++i) backward(layer);
       if (embeddings) backward(front);
-      m.timed_backward = true;
+      m.timed_backward = op == "chunk_backward";
     }
     m.label = op + " " + w.config.name + " b=" + std::to_string(w.micro_batch_size) + " " +
-              std::to_string(layers) + "L" + (embeddings ? "+emb" : "") + (head ? "+head" : "");
+              std::to_string(layers) + "L" + (embeddings ? "+emb" : "") + (head ? "+head" : "") +
+              " " + std::string(to_string(w.precision));
     return m;
   }
   if (op.rfind("layer_", 0) == 0) {
@@ -188,7 +211,7 @@ Measurement parse_record(const nlohmann::json& record, const std::string& where,
     m.label = op + " " + w.config.name + " b=" + std::to_string(w.micro_batch_size);
     (void)device.peak_flops(w.precision);  // throws naming the device and precision
     const Precision products = kfac_product_precision(device, w.precision);
-    const double T = w.tokens(), e = element_bytes(w.precision);
+    const double T = w.tokens(), e = w.storage_bytes();
     std::vector<LinearDims> linears;
     for (int i = 0; i < sched::kNumLinearKinds; ++i) {
       linears.push_back(linear_dims(w.config, static_cast<sched::LinearKind>(i)));
@@ -253,9 +276,8 @@ Measurement parse_record(const nlohmann::json& record, const std::string& where,
     const Precision products = kfac_product_precision(device, p);
     if (op == "curvature") {
       const double rows = r.number("rows"), order = r.number("order");
-      for (int i = 0; i < count; ++i) {
-        append(m.timed, curvature_kernels(products, rows, order, element_bytes(p)));
-      }
+      const double e = element_bytes(r.storage().value_or(p));
+      for (int i = 0; i < count; ++i) append(m.timed, curvature_kernels(products, rows, order, e));
       m.label = "curvature " + compact(rows) + "x" + compact(order);
     } else {
       const double d_in = r.number("d_in"), d_out = r.number("d_out");
@@ -487,7 +509,8 @@ std::vector<Measurement> measurements_from_json(const nlohmann::json& json,
     nlohmann::json record = defaults;
     for (const auto& [key, value] : entry.items()) record[key] = value;
     out.push_back(parse_record(record, where, device));
-    kernels += total_kernels(out.back().before) + total_kernels(out.back().timed);
+    kernels += total_kernels(out.back().before) + total_kernels(out.back().timed) +
+               total_kernels(out.back().backward);
     if (kernels > kMaxMeasurementKernels) {
       throw std::invalid_argument(where + ": the measurements so far describe " +
                                   std::to_string(kernels) + " kernels (allowed: at most " +
@@ -513,9 +536,11 @@ std::vector<Measurement> measurements_from_json_file(const std::filesystem::path
 double predict(const DeviceSpec& device, const Measurement& m) {
   const PricedKernels before = price(device, m.before);
   const PricedKernels timed = price(device, m.timed);
+  const PricedKernels backward = price(device, m.backward);
   const double launch = m.timed_backward ? device.backward_launch_s() : device.launch_overhead_s;
-  const std::array<QueuedPart, 2> parts = {QueuedPart{&before, 1, device.launch_overhead_s},
-                                           QueuedPart{&timed, 1, launch}};
+  const std::array<QueuedPart, 3> parts = {QueuedPart{&before, 1, device.launch_overhead_s},
+                                           QueuedPart{&timed, 1, launch},
+                                           QueuedPart{&backward, 1, device.backward_launch_s()}};
   return queued_seconds(parts, device.launch_overhead_s) -
          queued_seconds(before, device.launch_overhead_s);
 }
@@ -645,14 +670,19 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
   for (const auto& m : measurements) {
     if (m.held_out) continue;
     any = true;
+    // A backward launch overhead of its own only where a record times backward work alone: in a
+    // record that times a forward and its backward together (chunk_forward_backward) the two
+    // launch overheads only act as their sum, as exp and erf do in a whole layer.
     backward = backward || m.timed_backward;
     double exps = 0.0, erfs = 0.0;
-    for (const Kernel& k : m.timed) {
-      exps += k.exponentials;
-      erfs += k.error_functions;
+    for (const auto* list : {&m.timed, &m.backward}) {
+      for (const Kernel& k : *list) {
+        exps += k.exponentials;
+        erfs += k.error_functions;
+      }
     }
     exp_apart_from_erf = exp_apart_from_erf || ((exps > 0.0) != (erfs > 0.0));
-    for (const auto* list : {&m.before, &m.timed}) {
+    for (const auto* list : {&m.before, &m.timed, &m.backward}) {
       for (const Kernel& k : *list) {
         classes[static_cast<std::size_t>(k.op_class)] = true;
         // The memory class's curve is in the bytes (caches).
@@ -832,6 +862,22 @@ FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& me
   if (result.parameters.empty()) {
     throw std::invalid_argument("calibrate: no measurement left to fit (all held out)");
   }
+  for (const std::string& rule : options.keep) {
+    const bool prefix = !rule.empty() && rule.back() == '*';
+    const std::string stem = prefix ? rule.substr(0, rule.size() - 1) : rule;
+    const auto matches = [&](const FitParameter& p) {
+      const std::string name = p.name();
+      return prefix ? name.rfind(stem, 0) == 0 : name == stem;
+    };
+    const auto kept = std::stable_partition(result.parameters.begin(), result.parameters.end(),
+                                            [&](const FitParameter& p) { return !matches(p); });
+    if (kept == result.parameters.end()) result.unmatched_keep.push_back(rule);
+    result.kept.insert(result.kept.end(), kept, result.parameters.end());
+    result.parameters.erase(kept, result.parameters.end());
+  }
+  if (result.parameters.empty()) {
+    throw std::invalid_argument("calibrate: every parameter is kept: nothing to fit");
+  }
   std::vector<const Measurement*> fitted;
   for (const auto& m : measurements) {
     if (!m.held_out) fitted.push_back(&m);
@@ -853,12 +899,14 @@ FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& me
     DeviceSpec acting = best.device;
     std::array<double, kNumOpClasses> smallest{}, largest{};
     for (const Measurement* m : fitted) {
-      for (const Kernel& k : m->timed) {
-        const auto c = static_cast<std::size_t>(k.op_class);
-        const double size = k.op_class == OpClass::kMemory ? k.bytes : k.size;
-        if (size <= 0.0) continue;
-        smallest[c] = smallest[c] > 0.0 ? std::min(smallest[c], size) : size;
-        largest[c] = std::max(largest[c], size);
+      for (const auto* list : {&m->timed, &m->backward}) {
+        for (const Kernel& k : *list) {
+          const auto c = static_cast<std::size_t>(k.op_class);
+          const double size = k.op_class == OpClass::kMemory ? k.bytes : k.size;
+          if (size <= 0.0) continue;
+          smallest[c] = smallest[c] > 0.0 ? std::min(smallest[c], size) : size;
+          largest[c] = std::max(largest[c], size);
+        }
       }
     }
     for (const auto& p : result.parameters) {

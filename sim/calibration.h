@@ -17,12 +17,15 @@
 //     optional: "flops": 4e6, "exponentials": 1e6 (exp, tanh), "error_functions": 1e6 (erf),
 //               "random_numbers": 1e6},
 //    {"operation": "cholesky_inverse" | "eigen_inverse", "order": 1024, "seconds": ...},
-//    {"operation": "chunk_forward" | "chunk_backward", "model": ..., "seq_len", "micro_batch_size",
-//     "precision", "layers": 2, "embeddings": true, "head": false, "seconds": ...},
+//    {"operation": "chunk_forward" | "chunk_backward" | "chunk_forward_backward", "model": ...,
+//     "seq_len", "micro_batch_size", "precision", "layers": 2, "embeddings": true, "head": false,
+//     "seconds": ...},
 //    {"operation": "curvature", "rows": 1024, "order": 256, "precision": ...},
 //    {"operation": "precondition", "d_in": 256, "d_out": 1024, "precision": ...},
 //    {"operation": "optimizer_step", "params": 3.3e6, "seconds": ...}]}
-// "model" may also be a Hugging Face config object written into the record.
+// "model" may also be a Hugging Face config object written into the record. Records of a model
+// and of "curvature" may give "storage_precision" (what activations and gradients are stored in,
+// when not "precision", the products': pipefisher_train's bf16 runs store fp32).
 // chunk_* price a pipeline chunk as the analytic cost model does (its layers, the embeddings
 // in front, the heads behind); curvature, precondition and optimizer_step one K-FAC factor of a
 // micro-batch, one Linear's preconditioning and one optimizer step: the records
@@ -62,6 +65,9 @@ struct Measurement {
   Kernels before;
   Kernels timed;
   bool timed_backward = false;
+  // Timed too, after `timed`, dispatched as backward work (chunk_forward_backward: a forward and
+  // its backward between one pair of events).
+  Kernels backward;
   bool held_out = false;
 };
 
@@ -119,19 +125,28 @@ struct FitParameter {
 struct FitOptions {
   int max_evaluations = 20000;
   int restarts = 3;
+  // Parameters (FitParameter::name(); a trailing '*' matches every name with that prefix) kept at
+  // the start device's value instead of fitted: with few records a class's latency and
+  // efficiency, or a curve, trade against each other, and the fit has no ground to split them.
+  // A rule that matches no parameter the records fit is listed in FitResult::unmatched_keep.
+  std::vector<std::string> keep;
 };
 
 struct FitResult {
   DeviceSpec device;
-  std::vector<FitParameter> parameters;  // what was fitted
-  double rms_log_error = 0.0;            // over the fitted records
+  std::vector<FitParameter> parameters;     // what was fitted
+  std::vector<FitParameter> kept;           // what the records would fit but FitOptions::keep kept
+  std::vector<std::string> unmatched_keep;  // keep rules that matched none of them
+  double rms_log_error = 0.0;               // over the fitted records
   int evaluations = 0;
 };
 
 // The parameters the fitted records depend on: the efficiency and latency of every class their
 // kernels use (per precision for gemm; not triangular_solve, which no record times apart from its
 // factorization: it keeps the fp32 gemm rate), the launch overhead, and the backward launch
-// overhead when a record times backward work. A class's efficiency curve in the kernel size
+// overhead when a record times backward work alone (not chunk_forward_backward, where only the
+// two overheads' sum acts; without such a record backward work keeps the launch overhead). A
+// class's efficiency curve in the kernel size
 // (half_efficiency_size, size_exponent) is fitted when its kernels in the fitted records have at
 // least kMinSizesForCurve distinct sizes (fewer cannot tell a curve from the flat efficiency),
 // and each of the memory class's per-element compute terms (element_flop_s, exponential_s,
@@ -143,7 +158,8 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
 
 // Minimizes the sum over records not held out of log(predicted / measured)^2 over
 // `parameters_of` (efficiencies in (0, 1], times >= 0), starting from `start`, by Nelder-Mead
-// with restarts. Throws std::invalid_argument when no record is left to fit.
+// with restarts, leaving `options.keep` at the start's values. Throws std::invalid_argument when
+// no record or no parameter is left to fit.
 FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& measurements,
                      const FitOptions& options = {});
 

@@ -19,6 +19,9 @@ nlohmann::json measurements_from_profile(const Profile& profile, const sched::Sc
   base["seq_len"] = workload.seq_len;
   base["micro_batch_size"] = workload.micro_batch_size;
   base["precision"] = std::string(to_string(workload.precision));
+  if (element_bytes(workload.storage_precision) != element_bytes(workload.precision)) {
+    base["storage_precision"] = std::string(to_string(workload.storage_precision));
+  }
   nlohmann::json records = nlohmann::json::array();
   const auto add = [&](const std::string& operation, double seconds, nlohmann::json fields) {
     if (!(seconds > 0.0)) return;

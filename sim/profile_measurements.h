@@ -16,7 +16,11 @@ struct ProfileWorkload {
   model::BertConfig config;
   int seq_len = 128;
   int micro_batch_size = 8;
-  Precision precision = Precision::kFp32;
+  Precision precision = Precision::kFp32;  // of the matrix products
+  // What activations and gradients are stored in: pipefisher_train keeps them in fp32 whatever
+  // its product precision (BertChunk<float>). Written as the records' "storage_precision" when it
+  // differs from `precision`.
+  Precision storage_precision = Precision::kFp32;
 };
 
 // The measurements file (format_version 1). Every record carries the model (an inline Hugging

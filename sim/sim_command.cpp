@@ -33,6 +33,9 @@ sim::Workload workload_of(const SimCommandOptions& options) {
   workload.seq_len = options.seq_len;
   workload.micro_batch_size = options.micro_batch_size;
   workload.precision = sim::precision_from_string(options.precision);
+  if (!options.storage_precision.empty()) {
+    workload.storage_precision = sim::precision_from_string(options.storage_precision);
+  }
   workload.validate();
   return workload;
 }
@@ -40,7 +43,11 @@ sim::Workload workload_of(const SimCommandOptions& options) {
 std::string workload_details(const sim::Workload& w, const sim::DeviceSpec& device) {
   return "BERT " + w.config.name + ", S=" + std::to_string(w.seq_len) +
          ", b=" + std::to_string(w.micro_batch_size) + ", " +
-         std::string(sim::to_string(w.precision)) + " on " + device.name;
+         std::string(sim::to_string(w.precision)) +
+         (w.storage_precision
+              ? " (stored " + std::string(sim::to_string(*w.storage_precision)) + ")"
+              : "") +
+         " on " + device.name;
 }
 
 sim::SimOptions sim_options(const SimCommandOptions& options) {
@@ -323,6 +330,10 @@ void add_sim_options(CLI::App& app, SimCommandOptions& options) {
                  "Training precision (analytic model): fp32, tf32, bf16, fp16; K-FAC runs in fp32")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}))
       ->capture_default_str();
+  app.add_option("--storage-precision", options.storage_precision,
+                 "What activations, gradients and messages are stored in (BERT analytic model), "
+                 "when not --precision: pipefisher_train stores fp32 with bf16 products")
+      ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
   app.add_option_function<std::string>(
          "--device",
          [&options](const std::string& value) {
@@ -410,6 +421,11 @@ CostSetup make_parallel_setup(const SimCommandOptions& options,
     throw std::invalid_argument(
         "--tensor-parallel, --cluster, --recompute and --global-batch use the parallel analytic "
         "model; they cannot be combined with --uniform or --profile");
+  }
+  if (!options.storage_precision.empty()) {
+    throw std::invalid_argument(
+        "--storage-precision applies to the BERT analytic model; the parallel analytic model "
+        "stores activations in --precision");
   }
   if (options.tensor_parallel <= 0) {
     throw std::invalid_argument("--tensor-parallel must be positive, got " +

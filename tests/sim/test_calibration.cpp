@@ -14,6 +14,8 @@
 #include "runtime/model/bert_config.h"
 #include "scheduler/compile.h"
 #include "sim/analytic_cost_model.h"
+#include "sim/bert_costs.h"
+#include "sim/bert_kernels.h"
 #include "sim/calibration.h"
 #include "sim/device.h"
 #include "sim/kernel_costs.h"
@@ -327,6 +329,41 @@ TEST(SimCalibration, FitRecoversKnownParametersFromSyntheticDurations) {
   }
 }
 
+// --keep: a kept parameter stays at the start device's value (and only it: the others are still
+// fitted); a rule with a trailing '*' keeps a prefix; a rule that matches nothing is reported.
+TEST(SimCalibration, KeptParametersStayAtTheStartValue) {
+  DeviceSpec truth = simple_device();
+  truth.classes[static_cast<std::size_t>(OpClass::kGemm)].efficiency = 0.6;
+  truth.classes[static_cast<std::size_t>(OpClass::kMemory)].efficiency = 0.8;
+  truth.launch_overhead_s = 5e-6;
+  auto measurements = measurements_from_json(synthetic_records(), "synthetic", truth);
+  for (auto& m : measurements) m.seconds = predict(truth, m);
+  DeviceSpec start = simple_device();
+  start.classes[static_cast<std::size_t>(OpClass::kMemory)].latency_s = 7e-6;  // wrong
+  FitOptions options;
+  options.keep = {"classes.memory.latency_s", "classes.factorization.*", "no.such.parameter"};
+  const FitResult fit = fit_device(start, measurements, options);
+  EXPECT_EQ(fit.device.latency_s(OpClass::kMemory), 7e-6);
+  EXPECT_EQ(fit.device.efficiency(OpClass::kFactorization),
+            start.efficiency(OpClass::kFactorization));
+  EXPECT_EQ(fit.device.latency_s(OpClass::kFactorization), 0.0);
+  const auto named = [](const std::vector<FitParameter>& params, const std::string& name) {
+    return std::any_of(params.begin(), params.end(),
+                       [&](const FitParameter& p) { return p.name() == name; });
+  };
+  EXPECT_TRUE(named(fit.kept, "classes.memory.latency_s"));
+  EXPECT_TRUE(named(fit.kept, "classes.factorization.efficiency"));
+  EXPECT_TRUE(named(fit.kept, "classes.factorization.latency_s"));
+  EXPECT_FALSE(named(fit.parameters, "classes.memory.latency_s"));
+  EXPECT_TRUE(named(fit.parameters, "classes.memory.efficiency"));  // still fitted
+  EXPECT_NEAR(fit.device.gemm_efficiency(Precision::kFp32), 0.6, 0.03);
+  ASSERT_EQ(fit.unmatched_keep.size(), 1U);
+  EXPECT_EQ(fit.unmatched_keep[0], "no.such.parameter");
+  // Without the rule the same fit moves the latency.
+  const FitResult free = fit_device(start, measurements);
+  EXPECT_NE(free.device.latency_s(OpClass::kMemory), 7e-6);
+}
+
 // GEMMs whose smallest dimension runs 8 ... 2048, element-wise kernels of five kinds (as
 // bench_sim_calibrate times) from cache-sized to DRAM-sized, Cholesky inverses 64 ... 4096.
 nlohmann::json synthetic_shape_records() {
@@ -564,6 +601,159 @@ TEST(SimCalibration, ProfileRecordsPriceWhatTheAnalyticModelPrices) {
               measurements_from_profile(stray, sched::compile(one),
                                         {w.config, w.seq_len, w.micro_batch_size, w.precision});
             }).find("chunk 3"),
+            std::string::npos);
+}
+
+// pipefisher_train stores activations in fp32 whatever its product precision: a workload's
+// storage precision moves every kernel's bytes (and the stash), its product precision only the
+// products' arithmetic.
+TEST(SimKernelCosts, StoragePrecisionMovesTheBytesAndProductPrecisionTheArithmetic) {
+  Workload bf16_in_fp32;
+  bf16_in_fp32.config = model::bert_preset("mini");
+  bf16_in_fp32.micro_batch_size = 4;
+  bf16_in_fp32.precision = Precision::kBf16;
+  bf16_in_fp32.storage_precision = Precision::kFp32;
+  Workload tf32 = bf16_in_fp32;
+  tf32.precision = Precision::kTf32;
+  tf32.storage_precision.reset();
+  Workload bf16 = bf16_in_fp32;
+  bf16.storage_precision.reset();
+  EXPECT_EQ(bf16_in_fp32.storage_bytes(), 4.0);
+  EXPECT_EQ(bf16.storage_bytes(), 2.0);
+  EXPECT_EQ(tf32.storage_bytes(), 4.0);
+  const auto flat = [](const PieceKernels& piece) {
+    Kernels all = piece.forward;
+    all.insert(all.end(), piece.backward_input.begin(), piece.backward_input.end());
+    all.insert(all.end(), piece.backward_weight.begin(), piece.backward_weight.end());
+    return all;
+  };
+  int products = 0, in_16_bits = 0;
+  for (const auto& kernels_of : std::vector<std::function<PieceKernels(const Workload&)>>{
+           [](const Workload& w) { return encoder_layer_kernels(w); }, embeddings_kernels,
+           heads_kernels}) {
+    const Kernels mixed = flat(kernels_of(bf16_in_fp32));
+    const Kernels as_tf32 = flat(kernels_of(tf32));
+    const Kernels as_bf16 = flat(kernels_of(bf16));
+    ASSERT_EQ(mixed.size(), as_tf32.size());
+    ASSERT_EQ(mixed.size(), as_bf16.size());
+    for (std::size_t i = 0; i < mixed.size(); ++i) {
+      // The same bytes as the 4-byte run, the same arithmetic as the bf16 run.
+      EXPECT_EQ(mixed[i].bytes, as_tf32[i].bytes) << i;
+      EXPECT_EQ(mixed[i].flops, as_bf16[i].flops) << i;
+      EXPECT_EQ(mixed[i].precision, as_bf16[i].precision) << i;
+      if (mixed[i].op_class != OpClass::kMemory) {
+        ++products;
+        EXPECT_EQ(mixed[i].precision, Precision::kBf16) << i;
+      }
+      if (as_bf16[i].bytes < mixed[i].bytes) ++in_16_bits;
+    }
+  }
+  EXPECT_GT(products, 0);
+  EXPECT_GT(in_16_bits, 0);  // the storage precision reaches the kernels
+  EXPECT_EQ(encoder_layer_activation_bytes(bf16_in_fp32), encoder_layer_activation_bytes(tf32));
+  EXPECT_EQ(encoder_layer_activation_bytes(bf16_in_fp32),
+            2.0 * encoder_layer_activation_bytes(bf16));
+  EXPECT_EQ(boundary_bytes(bf16_in_fp32), 2.0 * boundary_bytes(bf16));
+  // On a device, the element-wise part of a layer prices as the tf32 run's, the products at the
+  // bf16 rate: halving the bf16 gemm efficiency moves the mixed run and not the tf32 one.
+  DeviceSpec device = device_preset("h100");
+  const AnalyticCostModel mixed_costs(bf16_in_fp32, device, 0.0);
+  const AnalyticCostModel tf32_costs(tf32, device, 0.0);
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kGPipe;
+  params.workers = 1;
+  params.microbatches = 1;
+  params.num_layers = bf16_in_fp32.config.num_layers;
+  const auto schedule = sched::compile(params);
+  sched::Instruction forward;
+  forward.kind = sched::OpKind::kForward;
+  forward.chunk = 0;
+  device.gemm_efficiency_by_precision[static_cast<std::size_t>(Precision::kBf16)] = 0.1;
+  const AnalyticCostModel slower_mixed(bf16_in_fp32, device, 0.0);
+  const AnalyticCostModel slower_tf32(tf32, device, 0.0);
+  EXPECT_GT(slower_mixed.duration(schedule, 0, forward),
+            mixed_costs.duration(schedule, 0, forward) * 1.01);
+  EXPECT_DOUBLE_EQ(slower_tf32.duration(schedule, 0, forward),
+                   tf32_costs.duration(schedule, 0, forward));
+}
+
+// chunk_forward_backward: a forward and its backward between one pair of events (bench_model_cuda)
+// prices as the forward record plus the backward record on a device without launch costs, and
+// dispatches its backward part at the backward launch overhead.
+TEST(SimCalibration, ForwardBackwardRecordsTimeBothPasses) {
+  DeviceSpec device = device_preset("h100");
+  const nlohmann::json base = {{"model", "mini"},
+                               {"seq_len", 64},
+                               {"micro_batch_size", 4},
+                               {"precision", "bf16"},
+                               {"storage_precision", "fp32"},
+                               {"layers", 2},
+                               {"embeddings", true},
+                               {"head", true},
+                               {"seconds", 1e-3}};
+  nlohmann::json records = nlohmann::json::array();
+  for (const char* op : {"chunk_forward", "chunk_backward", "chunk_forward_backward"}) {
+    nlohmann::json r = base;
+    r["operation"] = op;
+    records.push_back(r);
+  }
+  const nlohmann::json file = {{"format_version", 1}, {"measurements", records}};
+  const auto m = measurements_from_json(file, "fb", device);
+  ASSERT_EQ(m.size(), 3U);
+  EXPECT_FALSE(m[2].backward.empty());
+  EXPECT_TRUE(m[2].before.empty());
+  EXPECT_EQ(total_kernels(m[2].timed), total_kernels(m[1].before));
+  EXPECT_EQ(total_kernels(m[2].backward), total_kernels(m[1].timed));
+  EXPECT_NEAR(predict(device, m[2]), predict(device, m[0]) + predict(device, m[1]),
+              1e-12 * predict(device, m[2]));
+  // The storage precision reached the record: 4-byte elements, as in a tf32 record.
+  nlohmann::json as_tf32 = file;
+  for (auto& r : as_tf32["measurements"]) {
+    r["precision"] = "tf32";
+    r.erase("storage_precision");
+  }
+  const auto t = measurements_from_json(as_tf32, "fb tf32", device);
+  EXPECT_EQ(total_bytes(m[2].timed) + total_bytes(m[2].backward),
+            total_bytes(t[2].timed) + total_bytes(t[2].backward));
+  // Launch-bound (a huge device): forward kernels at the launch overhead, backward ones at the
+  // backward launch overhead.
+  DeviceSpec fast = device;
+  fast.peak_fp32_flops = fast.peak_tf32_flops = fast.peak_bf16_flops = fast.peak_fp16_flops = 1e30;
+  fast.memory_bandwidth = 1e30;
+  fast.launch_overhead_s = 1e-6;
+  fast.backward_launch_overhead_s = 3e-6;
+  const double expected = 1e-6 * total_kernels(m[2].timed) + 3e-6 * total_kernels(m[2].backward);
+  EXPECT_NEAR(predict(fast, m[2]), expected, 1e-9);
+  // Forward and backward together cannot tell the two launch overheads apart: such a record
+  // alone fits one, a backward timed apart the other.
+  const auto fits_backward_launch = [](const std::vector<Measurement>& fitted) {
+    const auto params = parameters_of(fitted);
+    return std::any_of(params.begin(), params.end(), [](const FitParameter& p) {
+      return p.kind == FitParameter::Kind::kBackwardLaunch;
+    });
+  };
+  EXPECT_FALSE(fits_backward_launch({m[0], m[2]}));
+  EXPECT_TRUE(fits_backward_launch({m[1], m[2]}));
+  // pipefisher_train's records of a bf16 run say that it stores fp32.
+  sched::ScheduleParams one;
+  one.kind = sched::ScheduleKind::kGPipe;
+  one.workers = 1;
+  one.microbatches = 1;
+  one.num_layers = 4;
+  Profile profile;
+  profile.chunks.push_back({.pipeline = 0, .chunk = 0, .forward_s = 1.0, .backward_s = 2.0});
+  const auto written = measurements_from_profile(
+      profile, sched::compile(one), {model::bert_preset("mini"), 64, 4, Precision::kBf16});
+  EXPECT_EQ(written.at("measurements").at(0).at("storage_precision"), "fp32");
+  const auto fp32_run = measurements_from_profile(
+      profile, sched::compile(one), {model::bert_preset("mini"), 64, 4, Precision::kFp32});
+  EXPECT_FALSE(fp32_run.at("measurements").at(0).contains("storage_precision"));
+  // A bad storage precision is named.
+  nlohmann::json bad = file;
+  bad["measurements"][0]["storage_precision"] = "fp8";
+  EXPECT_NE(error_of([&] {
+              measurements_from_json(bad, "bad", device);
+            }).find("measurements[0].'storage_precision'"),
             std::string::npos);
 }
 
