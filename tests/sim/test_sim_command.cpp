@@ -505,6 +505,69 @@ TEST(SimCommand, CalibrateFitsWritesADeviceAndReports) {
   EXPECT_THROW(run_calibrate_command(bad, out), std::invalid_argument);
 }
 
+// --storage-precision: pipefisher_train's bf16 runs keep 4-byte activations; the H200 device
+// fitted to this runtime (sim/calibration/h200_pipefisher_runtime.json) prices its own records.
+TEST(SimCommand, StoragePrecisionAndTheShippedRuntimeDevice) {
+  const auto step = [](const std::vector<std::string>& extra) {
+    CompileCommandOptions compile;
+    SimCommandOptions options;
+    const fs::path report = scratch("storage.json");
+    std::vector<std::string> args = {"--schedule",
+                                     "gpipe",
+                                     "-p",
+                                     "1",
+                                     "-m",
+                                     "4",
+                                     "--model",
+                                     "large",
+                                     "--device",
+                                     "h200",
+                                     "--precision",
+                                     "bf16",
+                                     "--micro-batch-size",
+                                     "8",
+                                     "--grid",
+                                     "none",
+                                     "--report",
+                                     report.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    parse(args, compile, options);
+    std::ostringstream out;
+    EXPECT_EQ(run_sim_command(compile, options, out), 0);
+    return std::make_pair(read_json(report)["step_time_s"].get<double>(), out.str());
+  };
+  const auto [in_bf16, text_bf16] = step({});
+  const auto [in_fp32, text_fp32] = step({"--storage-precision", "fp32"});
+  EXPECT_GT(in_fp32, in_bf16 * 1.05);  // the element-wise kernels move twice the bytes
+  EXPECT_NE(text_fp32.find("bf16 (stored fp32)"), std::string::npos) << text_fp32;
+  EXPECT_EQ(text_bf16.find("stored"), std::string::npos);
+  {
+    CompileCommandOptions compile;
+    SimCommandOptions options;
+    parse({"--schedule", "1f1b", "-p", "2", "-m", "4", "--model", "large", "--tensor-parallel", "2",
+           "--storage-precision", "fp32"},
+          compile, options);
+    std::ostringstream out;
+    EXPECT_THROW(run_sim_command(compile, options, out), std::invalid_argument);
+  }
+  CalibrateOptions check;
+  check.measurements = "sim/calibration/h200_runtime_2026-11-27.json";
+  check.device = "sim/calibration/h200_pipefisher_runtime.json";
+  check.hold_outs = {"stale=true"};
+  check.no_fit = true;
+  check.report = scratch("h200_report.json").string();
+  std::ostringstream out;
+  ASSERT_EQ(run_calibrate_command(check, out), 0);
+  int fitted = 0;
+  const nlohmann::json report = read_json(check.report);
+  for (const auto& r : report["residuals"]) {
+    if (r["held_out"].get<bool>()) continue;
+    ++fitted;
+    EXPECT_LT(std::abs(r["relative_error"].get<double>()), 0.05) << r.dump();
+  }
+  EXPECT_EQ(fitted, 11);
+}
+
 // --max-spread leaves out the records whose samples scattered (bench_sim_calibrate's "spread")
 // and lists them; the report shows every record's spread.
 TEST(SimCommand, CalibrateLeavesOutNoisyRecords) {
