@@ -20,7 +20,18 @@
 #          cuda under mpirun -np 1 (NCCL path) against the threaded run, and -np 2 on one GPU
 #          (one error line, exit 2)
 #   offload K-FAC offload against none on BERT-Large bf16 from one profile: losses side by side
-#   scripts/gpu_session.sh [build|test|bench|train|offload|nccl|all]...   (default: all)
+#   calib  what the simulator's calibration needs (issue #19; docs/simulator.md, "This project's
+#          runtime on an H200"), under $OUT/calib and packed into $OUT/calib.tar.gz (one file
+#          back): pipefisher_train --calibration-out of BERT-Large bf16 one worker at micro-batch
+#          32 (beside the train part's micro-batch 8, whose records land there too, as do the
+#          p = 4 runs' with and without K-FAC), TF32 one worker at 8, and 1F1B p = 2 at 8; the
+#          bf16 GEMMs (bench_cuda BM_Gemm) unless the bench part's log has them; every record
+#          merged into calib/measurements.json by scripts/gpu_calibration.py records. About 40 s
+#          on the H200 (three BERT-Large runs of 4 steps, ~8 s each to build the model). Fit
+#          and check on the development machine:
+#            tar xzf calib.tar.gz && scripts/gpu_calibration.py fit calib/measurements.json \
+#              --out-dir out/h200-fit
+#   scripts/gpu_session.sh [build|test|bench|train|offload|nccl|calib|all]...   (default: all)
 # Exit status 1 when a step failed; every step still runs. A lease is short: PF_GPU_DEADLINE
 # (seconds since the epoch) skips the training runs that would start after it, and each run is
 # stopped after PF_GPU_RUN_TIMEOUT seconds (default 150) or at the deadline, whichever is first.
@@ -46,6 +57,10 @@ for a, b in zip(*rows):
     print(f"{a['step']:4d}  {a['loss']:<12.6f}  {b['loss']:<12.6f}  {abs(b['loss'] - a['loss']) / a['loss']:.2e}")
 PY
 }
+# The calibration records of the training runs (train and calib parts), packed after each part
+# so that a call cut short still returns what it finished.
+mkdir -p "$OUT/calib"
+pack_calib() { tar czf "$OUT/calib.tar.gz" -C "$OUT" calib 2>/dev/null; }
 export PF_GPU_EXTRA_TARGETS="test_executor_cuda test_executor_device test_device pipefisher_train test_nccl_comm test_nccl_executor test_watchdog"
 
 if want build; then
@@ -100,11 +115,12 @@ if want train; then
     # BERT-Large, micro-batch 8, one worker then 4 pipeline workers (1F1B) on the one GPU.
     train large_single "${common[@]}" --model large --device cuda --precision bf16 \
       --schedule 1f1b --stages 1 --microbatches 4 --micro-batch-size 8 --steps 10 \
-      --trace "$OUT/trace_large_single.json" --profile-out "$OUT/profile_large_single.json" ||
-      status=1
+      --trace "$OUT/trace_large_single.json" --profile-out "$OUT/profile_large_single.json" \
+      --calibration-out "$OUT/calib/large_single.json" || status=1
     train large_1f1b_p4 "${common[@]}" --model large --device cuda --precision bf16 \
       --schedule 1f1b --stages 4 --microbatches 8 --micro-batch-size 8 --steps 10 \
-      --trace "$OUT/trace_large_p4.json" --profile-out "$OUT/profile_large_p4.json" || status=1
+      --trace "$OUT/trace_large_p4.json" --profile-out "$OUT/profile_large_p4.json" \
+      --calibration-out "$OUT/calib/large_p4.json" || status=1
     # fp32 on the GPU against the CPU, same seed and schedule: the per-step losses side by side.
     small=("${common[@]}" --model mini --schedule 1f1b --stages 2 --microbatches 4
       --micro-batch-size 4 --optimizer sgd)
@@ -122,8 +138,8 @@ if want train; then
       --trace "$OUT/trace_mini_kfac.json" || status=1
     train large_1f1b_p4_kfac "${common[@]}" --model large --device cuda --precision bf16 \
       --schedule 1f1b --stages 4 --microbatches 8 --micro-batch-size 8 --steps 10 --kfac \
-      --trace "$OUT/trace_large_p4_kfac.json" --profile-out "$OUT/profile_large_p4_kfac.json" ||
-      status=1
+      --trace "$OUT/trace_large_p4_kfac.json" --profile-out "$OUT/profile_large_p4_kfac.json" \
+      --calibration-out "$OUT/calib/large_p4_kfac.json" || status=1
     # The pipelined refresh on the GPU (the pass keeps it where it shortens the refresh).
     train mini_gpu_kfac_pipelined "${small[@]}" --device cuda --precision fp32 --kfac \
       --kfac-pipelined-refresh on --steps 8 || status=1
@@ -168,6 +184,7 @@ if want train; then
     rc=$?
     note "train no_device: exit $rc (expected 2): $(head -c 300 "$OUT/train_no_device.log")"
     [[ $rc -eq 2 ]] || status=1
+    pack_calib
   fi
 fi
 if want offload; then
@@ -272,6 +289,52 @@ if want nccl; then
       note "train nccl np2 on one GPU: exit $rc (expected 2): $(grep -m1 error "$OUT/train_nccl_np2.log")"
       [[ $rc -eq 2 ]] || status=1
     fi
+  fi
+fi
+
+if want calib; then
+  # Records for `pipefisher_sim calibrate`: one worker at a second micro-batch size (per-kernel
+  # costs against work-proportional ones), TF32 beside bf16 (the product rate against the rest),
+  # two workers sharing the GPU, and the bf16 GEMMs (the first session's bench_cuda stopped
+  # before them). Runs of 4 steps: the records are means over steps 2-4.
+  if [[ ! -x $bin ]]; then
+    note "calib: $bin is not built (run the build part)"
+    status=1
+  else
+    note "calib: records for pipefisher_sim calibrate (log: session.log; files: calib.tar.gz)"
+    calib=(--data synthetic --seq-len 128 --seed 1 --log-every 2 --model large --device cuda
+      --steps 4)
+    train large_single_mb32 "${calib[@]}" --precision bf16 --schedule 1f1b --stages 1 \
+      --microbatches 2 --micro-batch-size 32 --calibration-out "$OUT/calib/large_single_mb32.json" ||
+      status=1
+    train large_single_tf32 "${calib[@]}" --precision tf32 --schedule 1f1b --stages 1 \
+      --microbatches 4 --micro-batch-size 8 --calibration-out "$OUT/calib/large_single_tf32.json" ||
+      status=1
+    train large_1f1b_p2 "${calib[@]}" --precision bf16 --schedule 1f1b --stages 2 \
+      --microbatches 4 --micro-batch-size 8 --calibration-out "$OUT/calib/large_p2.json" ||
+      status=1
+    if grep -qE "^BM_Gemm/[0-9]+/[0-9]+/[0-9]+/2/manual_time_median" "$OUT/bench.log" 2>/dev/null; then
+      note "calib: bf16 GEMMs from the bench part's log"
+    elif [[ -x build/gpu/bench/bench_cuda ]]; then
+      timeout "${PF_CALIB_BENCH_TIMEOUT:-25}" build/gpu/bench/bench_cuda \
+        --benchmark_filter='BM_Gemm/[0-9]+/[0-9]+/[0-9]+/2/' --benchmark_repetitions=3 \
+        --benchmark_report_aggregates_only=true --benchmark_min_time=0.05 \
+        >"$OUT/calib/gemm_bf16.log" 2>&1
+      note "calib: bf16 GEMMs: exit $? ($(grep -c _median "$OUT/calib/gemm_bf16.log") medians)"
+    fi
+    trains=()
+    for f in "$OUT"/calib/large_*.json; do
+      [[ -f $f ]] && trains+=("$(basename "$f" .json)=$f")
+    done
+    python3 scripts/gpu_calibration.py records --out "$OUT/calib/measurements.json" \
+      --bench "$OUT/bench.log" "$OUT/calib/gemm_bf16.log" --train "${trains[@]}" \
+      --description "scripts/gpu_session.sh calib (and train, bench) on $(hostname)" \
+      --provenance "date=$(date -u +%FT%TZ)" \
+      "device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" \
+      "driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)" \
+      "commit=${PF_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" 2>&1 |
+      tee -a "$OUT/session.log" || status=1
+    pack_calib
   fi
 fi
 
