@@ -11,14 +11,17 @@
       tagged "case": NAME). Records get "case" and "set" (gemm, stage, train) for --hold-out.
 
   gpu_calibration.py fit M.json --out-dir DIR [--sim BIN] [--start h200] [--group case]
-                     [--free] [--name NAME]
+                     [--free] [--name NAME] [--hold-out FIELD=VALUE ...]
       Fits a device to every record (those marked "stale": true held out) and writes
       DIR/device.json, then refits once per value of --group with that group held out and
       prints each held-out record's error: the check that the device predicts what it was
       not fitted on. Without --free only the flat model's rates are fitted (per-precision GEMM,
       attention and element-wise efficiencies, launch overheads; the class latencies, size and
       cache curves and per-element terms kept at the start device's): with a dozen records the
-      extra parameters trade against each other and the held-out errors are worse.
+      extra parameters trade against each other and the held-out errors are worse. --hold-out
+      keeps records out of every fit (reported as held out): e.g. --hold-out stages=2
+      --hold-out stages=4 for a device of one worker alone on the GPU (workers sharing it run
+      slower; fit them apart with --hold-out stages=1).
 
 Runs where Python 3 runs (no packages needed); `fit` needs pipefisher_sim (default
 build/dev/sim/cli/pipefisher_sim, else build/release/..., else on PATH).
@@ -164,6 +167,20 @@ def cmd_fit(args):
     records = data["measurements"]
     defaults = data.get("defaults", {})
     stale = ["stale=true"] if any(r.get("stale") is True for r in records) else []
+    stale += args.hold_out or []
+
+    def as_text(value):  # as pipefisher_sim's --hold-out compares
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+        return str(value)
+
+    def excluded(record):
+        merged = {**defaults, **record}
+        return any(rule.partition("=")[0] in merged and
+                   as_text(merged[rule.partition("=")[0]]) == rule.partition("=")[2]
+                   for rule in stale)
     keep = [] if args.free else FLAT_KEEP
     device = os.path.join(args.out_dir, "device.json")
     text, residuals, command = calibrate(sim, args.measurements, args.start, stale, keep,
@@ -175,7 +192,7 @@ def cmd_fit(args):
     fitted = {"name": fitted.pop("name"),
               "description": f"{'Every parameter' if args.free else 'The flat model'} fitted by "
                              f"scripts/gpu_calibration.py fit to {args.measurements} "
-                             f"(start {args.start}; records marked stale held out)" +
+                             f"(start {args.start}; held out: {', '.join(stale) or 'none'})" +
                              "".join(f"; {k}: {v}" for k, v in provenance.items()),
               **fitted}
     with open(device, "w") as f:
@@ -189,7 +206,7 @@ def cmd_fit(args):
     groups = []
     for r in records:
         value = {**defaults, **r}.get(args.group)
-        if value is not None and r.get("stale") is not True and value not in groups:
+        if value is not None and not excluded(r) and value not in groups:
             groups.append(value)
     rows = []
     for value in groups:
@@ -203,12 +220,12 @@ def cmd_fit(args):
             print(f"held out {rule}: {e}", file=sys.stderr)
             continue
         for r, record in zip(residuals, records):
-            if r["held_out"] and record.get("stale") is not True:
+            if r["held_out"] and not excluded(record):
                 rows.append((str(value), r["record"], r["measured_s"], r["predicted_s"],
                              r["relative_error"]))
     lines = [f"Each group held out in turn ({'all parameters' if args.free else 'flat model'};"
              f" {sim} calibrate ... --hold-out {args.group}=VALUE"
-             f"{' --hold-out stale=true' if stale else ''}"
+             f"{''.join(' --hold-out ' + rule for rule in stale)}"
              f"{' --keep ...' if keep else ''}):", "",
              "| held out | record | measured ms | predicted ms | error |", "|---|---|---|---|---|"]
     for value, label, measured, predicted, error in rows:
@@ -249,6 +266,7 @@ def main():
                                                    "in turn (case)")
     f.add_argument("--free", action="store_true", help="fit every parameter the records use")
     f.add_argument("--name", default="h200-pipefisher-runtime")
+    f.add_argument("--hold-out", nargs="*", help="FIELD=VALUE: out of every fit (e.g. stages=4)")
     f.set_defaults(run=cmd_fit)
     args = parser.parse_args()
     args.run(args)
