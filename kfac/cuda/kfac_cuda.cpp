@@ -6,24 +6,12 @@
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kfac/cuda/cusolver_check.h"
 #include "kfac/cuda/kfac_kernels.h"
+#include "kfac/pieces.h"
 
 namespace pf::kfac::cuda {
 namespace {
-
-[[noreturn]] void throw_cusolver_error(cusolverStatus_t status, const char* call, const char* file,
-                                       int line) {
-  throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + call +
-                           " failed: cuSOLVER status " + std::to_string(static_cast<int>(status)));
-}
-
-#define CUSOLVER_CHECK(call)                                                \
-  do {                                                                      \
-    const cusolverStatus_t pf_cusolver_status_ = (call);                    \
-    if (pf_cusolver_status_ != CUSOLVER_STATUS_SUCCESS) {                   \
-      throw_cusolver_error(pf_cusolver_status_, #call, __FILE__, __LINE__); \
-    }                                                                       \
-  } while (false)
 
 void check_dim(std::int64_t d, const char* op) {
   if (d <= 0) throw std::invalid_argument(std::string(op) + ": factor dimension must be > 0");
@@ -244,6 +232,37 @@ void KfacCuda::precondition(const float* a_inv, const float* b_inv, const float*
               {bias, d_out, 1}, 1.0F, 0.0F);
     CUDA_CHECK(cudaMemcpyAsync(out_b, bias, static_cast<std::size_t>(d_out) * sizeof(float),
                                cudaMemcpyDeviceToDevice, ops_.stream()));
+  }
+}
+
+void KfacCuda::precondition_rows(const float* a_inv, const float* b_inv, const float* grad_w,
+                                 const float* grad_b, std::int64_t d_out, std::int64_t d_in,
+                                 int unit_begin, int unit_end, float* out_w, float* out_b) {
+  check_dim(d_in, "precondition_rows");
+  check_dim(d_out, "precondition_rows");
+  check_piece_units(unit_begin, unit_end, "precondition_rows");
+  if ((grad_b == nullptr) != (out_b == nullptr)) {
+    throw std::invalid_argument(
+        "precondition_rows: grad_b and out_b must both be given or both null");
+  }
+  if (out_w == grad_w || (grad_b != nullptr && out_b == grad_b)) {
+    throw std::invalid_argument(
+        "precondition_rows: the output aliases the gradient (each piece reads all of it)");
+  }
+  const ItemRange rows = piece_items(d_out, unit_begin, unit_end);
+  if (rows.size() == 0) return;
+  using kernels::Transpose;
+  // b_inv is symmetric: its column-major storage is also its row-major one, and its rows
+  // [r0, r1) are contiguous there.
+  const float* b_rows = b_inv + rows.begin * d_out;
+  float* left = scratch_floats(matrix_, rows.size() * d_in);
+  ops_.gemm({b_rows, rows.size(), d_out}, Transpose::kNo, {grad_w, d_out, d_in}, Transpose::kNo,
+            {left, rows.size(), d_in}, 1.0F, 0.0F);
+  ops_.gemm({left, rows.size(), d_in}, Transpose::kNo, {a_inv, d_in, d_in}, Transpose::kNo,
+            {out_w + rows.begin * d_in, rows.size(), d_in}, 1.0F, 0.0F);
+  if (grad_b != nullptr) {
+    ops_.gemm({b_rows, rows.size(), d_out}, Transpose::kNo, {grad_b, d_out, 1}, Transpose::kNo,
+              {out_b + rows.begin, rows.size(), 1}, 1.0F, 0.0F);
   }
 }
 

@@ -44,6 +44,7 @@ class KfacCuda {
 
   kernels::cuda::CudaOps& ops() { return ops_; }
   kernels::cuda::CudaBackend& backend() const { return *backend_; }
+  cusolverDnHandle_t cusolver() const { return cusolver_.get(); }
 
   // sum (d x d, lower triangle) += scale * x^T x, x row-major [rows, d] (factors.h).
   void add_gram_lower(float* sum, std::int64_t d, const float* x, std::int64_t rows, float scale);
@@ -74,6 +75,13 @@ class KfacCuda {
   void precondition(const float* a_inv, const float* b_inv, const float* grad_w,
                     const float* grad_b, std::int64_t d_out, std::int64_t d_in, float* out_w,
                     float* out_b);
+  // One piece of it by gradient rows, as kfac::precondition_rows: out_w[r0:r1] =
+  // (b_inv[r0:r1, :] grad_w) a_inv, out_b[r0:r1] = b_inv[r0:r1, :] grad_b for the rows of the
+  // piece's share [unit_begin, unit_end) of d_out. The outputs must not alias the inputs (every
+  // piece reads the whole gradient); throws std::invalid_argument if they do.
+  void precondition_rows(const float* a_inv, const float* b_inv, const float* grad_w,
+                         const float* grad_b, std::int64_t d_out, std::int64_t d_in, int unit_begin,
+                         int unit_end, float* out_w, float* out_b);
 
  private:
   void eigen_inverse(const float* factor, std::int64_t d, float damping, float* inverse,

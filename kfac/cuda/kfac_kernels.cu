@@ -40,6 +40,16 @@ __global__ void diagonal_kernel(float* m, std::int64_t d, float value) {
   if (i < d) m[i + i * d] += value;
 }
 
+__global__ void unit_columns_kernel(float* columns, std::int64_t n, std::int64_t first,
+                                    std::int64_t width) {
+  for (std::int64_t index = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       index < n * width; index += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t i = index % n;
+    const std::int64_t j = index / n;
+    columns[index] = i == first + j ? 1.0F : 0.0F;
+  }
+}
+
 __global__ void blend_kernel(float* m, const float* other, std::int64_t count, float alpha,
                              float beta) {
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
@@ -84,6 +94,12 @@ void symmetrize(float* matrix, std::int64_t d, cudaStream_t stream) {
 
 void add_to_diagonal(float* matrix, std::int64_t d, float value, cudaStream_t stream) {
   diagonal_kernel<<<blocks_for(d), kThreads, 0, stream>>>(matrix, d, value);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void set_unit_columns(float* columns, std::int64_t n, std::int64_t first, std::int64_t width,
+                      cudaStream_t stream) {
+  unit_columns_kernel<<<blocks_for(n * width), kThreads, 0, stream>>>(columns, n, first, width);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -247,8 +247,63 @@ tensor::Tensor KfacLayerCuda::drop_sum(bool a) {
   return std::exchange(factor.sum, tensor::Tensor());
 }
 
+void KfacLayerCuda::begin_inverse_chain(bool a, float damping) {
+  DeviceFactor& factor = a ? a_ : b_;
+  const char* which = a ? "A" : "B";
+  if (factor.refreshes == 0) {
+    throw std::logic_error(std::string("invert_") + which + ": " + name_ +
+                           ": the factor was never finalized");
+  }
+  if (!present(factor.value)) {
+    throw std::logic_error(std::string("invert_") + which + ": " + name_ +
+                           ": the factor's value is not on the device (offloaded and not "
+                           "prefetched)");
+  }
+  (a ? chain_a_ : chain_b_) = std::make_unique<InverseChainCuda>(
+      *kfac_, factor.value.data<float>(), factor.dim, damping, name_ + " " + which);
+}
+
+std::optional<DeviceInverseResult> KfacLayerCuda::run_inverse_chain(bool a, int unit_begin,
+                                                                    int unit_end) {
+  auto& chain = a ? chain_a_ : chain_b_;
+  if (!chain) {
+    throw std::logic_error("inversion piece [" + std::to_string(unit_begin) + ", " +
+                           std::to_string(unit_end) + ") of " + name_ + " " + (a ? "A" : "B") +
+                           " without the chain's first piece");
+  }
+  chain->run(unit_begin, unit_end);
+  if (!chain->finished()) return std::nullopt;
+  DeviceFactor& factor = a ? a_ : b_;
+  const float damping = chain->damping();
+  auto result = chain->take();
+  chain.reset();
+  factor.inverse = std::move(result.inverse);
+  factor.inverted = true;
+  factor.damping = damping;
+  factor.inverted_refresh = factor.refreshes;
+  if (result.status.fell_back_to_eigen) ++factor.cholesky_fallbacks;
+  return result.status;
+}
+
+void KfacLayerCuda::resume_inverse_chain(bool a, const Eigen::MatrixXf& factor, float damping,
+                                         int next_unit) {
+  auto& chain = a ? chain_a_ : chain_b_;
+  chain.reset();
+  if (next_unit == 0) return;
+  const std::int64_t dim = (a ? a_ : b_).dim;
+  tensor::Tensor staged = tensor::Tensor::empty(*backend_, {dim, dim}, tensor::DType::kF32);
+  upload(*backend_, staged, factor, dim, "the inversion chain's factor");
+  auto resumed = std::make_unique<InverseChainCuda>(*kfac_, staged.data<float>(), dim, damping,
+                                                    name_ + " " + (a ? "A" : "B"));
+  resumed->run(0, next_unit);
+  chain = std::move(resumed);
+}
+
 std::int64_t KfacLayerCuda::device_bytes() const {
   std::int64_t bytes = 0;
+  for (const auto* chain : {chain_a_.get(), chain_b_.get()}) {
+    if (chain != nullptr) bytes += chain->device_bytes();
+  }
   for (const auto* factor : {&a_, &b_}) {
     for (const auto* matrix : {&factor->sum, &factor->value, &factor->inverse}) {
       bytes += static_cast<std::int64_t>(matrix->nbytes());

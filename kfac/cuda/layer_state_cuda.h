@@ -5,11 +5,14 @@
 // device memory, computed by a KfacCuda on its stream. Counters and errors are the CPU's; to_host
 // and load give the CPU's KfacLayerState, so KfacState's checkpoint records serve both devices.
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 
 #include "kernels/matrix_view.h"
+#include "kfac/cuda/inverse_chain_cuda.h"
 #include "kfac/cuda/kfac_cuda.h"
 #include "kfac/layer_state.h"
 #include "kfac/pieces.h"
@@ -57,6 +60,19 @@ class KfacLayerCuda {
   FactorDamping damping(float lambda, bool pi_adjusted = true);
   DeviceInverseResult invert_a(float damping, InverseMethod method = InverseMethod::kCholesky);
   DeviceInverseResult invert_b(float damping, InverseMethod method = InverseMethod::kCholesky);
+  // A Cholesky inversion in pieces (InverseChainCuda; kfac::InverseChain on the CPU): begin
+  // copies the factor's value and fixes the damping (throws as invert_a/b for a factor never
+  // finalized or not on the device); each run_inverse_chain runs a piece, and the piece ending
+  // at kPieceUnits installs the inverse as invert_a/b does and returns what it did. Throws
+  // std::logic_error for a piece without its chain or out of order.
+  void begin_inverse_chain(bool a, float damping);
+  std::optional<DeviceInverseResult> run_inverse_chain(bool a, int unit_begin, int unit_end);
+  // The factor's chain in progress (null: none).
+  const InverseChainCuda* inverse_chain(bool a) const { return (a ? chain_a_ : chain_b_).get(); }
+  // A chain rebuilt from a checkpoint (its factor, damping and next unit; next unit 0: none),
+  // bit for bit the one saved. Throws std::invalid_argument for a factor of another size.
+  void resume_inverse_chain(bool a, const Eigen::MatrixXf& factor, float damping, int next_unit);
+
   // dW = B_inv G A_inv, db = B_inv g_b on device memory (in place allowed; biases may be null).
   void precondition(const float* grad_w, const float* grad_b, float* out_w, float* out_b);
 
@@ -88,7 +104,7 @@ class KfacLayerCuda {
   // Sharded K-FAC state: the factor's sums leave the layer (it no longer accumulates); returns
   // their buffer (work issued so far may still read it).
   tensor::Tensor drop_sum(bool a);
-  // Bytes of device memory held (sums, values, inverses).
+  // Bytes of device memory held (sums, values, inverses, inversion chains in progress).
   std::int64_t device_bytes() const;
 
   // The state as the CPU keeps it (downloads; waits for the stream), and back. A detached
@@ -109,6 +125,7 @@ class KfacLayerCuda {
   std::string name_;
   DeviceFactor a_;
   DeviceFactor b_;
+  std::unique_ptr<InverseChainCuda> chain_a_, chain_b_;
 };
 
 }  // namespace pf::kfac::cuda

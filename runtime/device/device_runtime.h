@@ -119,6 +119,15 @@ class DeviceKfacLayer {
   virtual kfac::FactorDamping damping(float lambda, bool pi_adjusted) = 0;
   // Replaces the factor's inverse; the one it replaces becomes the previous inverse.
   virtual void invert(bool a, float damping, kfac::InverseMethod method) = 0;
+  // A Cholesky inversion divided into pieces (kfac/inverse_chain.h's steps, so that each piece
+  // fits its bubble): begin copies the factor's value (the chain keeps it: offload may detach
+  // the value between pieces) and fixes the damping; pieces then run in order, the first at
+  // unit 0, and the one ending at kPieceUnits installs the inverse as invert does (the inverse
+  // it replaces becomes the previous inverse). Same factor, damping and pieces => the same bits
+  // on a backend (the CPU's are kfac::InverseChain's). Throws std::logic_error naming the layer
+  // for a piece out of order or without its chain.
+  virtual void begin_inverse_chain(bool a, float damping) = 0;
+  virtual void run_inverse_chain(bool a, int unit_begin, int unit_end) = 0;
   virtual bool has_inverse(bool a, bool previous) const = 0;
   // A pipelined refresh (Schedule::kfac_pipelined_refresh): at a window's start the factor's
   // unfinalized sums (the previous refresh's, whose inversion runs in this window) are set
@@ -140,13 +149,21 @@ class DeviceKfacLayer {
   virtual void set_microbatches(bool a, bool set_aside, std::int64_t count) = 0;
   // grad_w (d_out x d_in, row-major) and grad_b (may be null), device memory, in place.
   virtual void precondition(bool previous_a, bool previous_b, float* grad_w, float* grad_b) = 0;
+  // One piece of a preconditioning divided by gradient rows (kfac::precondition_rows): the
+  // rows of out_w and out_b in the piece's share [unit_begin, unit_end) of the d_out rows, from
+  // the whole gradient grad_w / grad_b (device memory; every piece reads all of it, so the
+  // outputs must not alias it: the caller keeps the gradient as it was before the first piece).
+  // Same pieces => the same bits on a backend (the CPU's are kfac::precondition_rows').
+  virtual void precondition_rows(bool previous_a, bool previous_b, const float* grad_w,
+                                 const float* grad_b, int unit_begin, int unit_end, float* out_w,
+                                 float* out_b) = 0;
   // The state as the CPU keeps it (waits for the device), for statistics and checkpoints.
   virtual kfac::KfacLayerState to_host() const = 0;
   // Restores what to_host gave (a checkpoint). Throws std::invalid_argument when the
   // dimensions differ.
   virtual void load(const kfac::KfacLayerState& state) = 0;
-  // The extras (waits for the device), and back; load_extras throws std::invalid_argument for a
-  // matrix that is neither empty nor of the factor's size, or a set-aside count without its sum.
+  // The extras (waits for the device), and back (an inversion chain in progress is rebuilt and
+  // run up to its next unit); load_extras throws std::invalid_argument as check_extras does.
   virtual KfacLayerExtras extras_to_host() const = 0;
   virtual void load_extras(const KfacLayerExtras& extras) = 0;
 
@@ -168,8 +185,8 @@ class DeviceKfacLayer {
   // counts as computed (kInverse: the last inversion's; kPreviousInverse: the one it replaced).
   // Throws std::invalid_argument for a matrix of another size.
   virtual tensor::Tensor attach(bool a, Matrix which, tensor::Tensor matrix) = 0;
-  // Bytes of device memory the layer holds: sums (set-aside ones too), values, inverses and
-  // the inverses they replaced.
+  // Bytes of device memory the layer holds: sums (set-aside ones too), values, inverses, the
+  // inverses they replaced and inversion chains in progress.
   virtual std::int64_t device_bytes() const = 0;
   // K-FAC state sharded across data-parallel replicas (kfac/state_placement.h): a replica that
   // does not hold the factors drops its sums (`set_aside`: the ones set aside) once the curvature

@@ -2,10 +2,12 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
+#include "kfac/inverse_chain.h"
 #include "kfac/layer_state.h"
 #include "kfac/pieces.h"
 #include "kfac/precondition.h"
@@ -66,19 +68,48 @@ class HostKfacLayer final : public DeviceKfacLayer {
       kfac::invert_b(layer_, damping, method);
     }
   }
+  void begin_inverse_chain(bool a, float damping) override {
+    const auto& factor = a ? layer_.a : layer_.b;
+    if (factor.refreshes == 0) {
+      throw std::logic_error("K-FAC " + name_ + ": inversion of factor " + (a ? "A" : "B") +
+                             ", which was never finalized");
+    }
+    if (factor.value.size() == 0) missing(a, "value", "inversion");
+    (a ? chain_a_ : chain_b_) = std::make_unique<kfac::InverseChain>(factor.value, damping);
+  }
+  void run_inverse_chain(bool a, int unit_begin, int unit_end) override {
+    auto& chain = a ? chain_a_ : chain_b_;
+    if (!chain) {
+      throw std::logic_error("K-FAC " + name_ + ": inversion piece [" + std::to_string(unit_begin) +
+                             ", " + std::to_string(unit_end) + ") of factor " + (a ? "A" : "B") +
+                             " without the chain's first piece");
+    }
+    try {
+      chain->run(unit_begin, unit_end);
+    } catch (const std::logic_error& error) {
+      throw std::logic_error("K-FAC " + name_ + " (" + (a ? "A" : "B") + "): " + error.what());
+    }
+    if (!chain->finished()) return;
+    auto& factor = a ? layer_.a : layer_.b;
+    (a ? previous_a_ : previous_b_) = factor.inverse;
+    const float damping = chain->damping();
+    kfac::set_inverse(factor, chain->take(), damping);
+    chain.reset();
+  }
   bool has_inverse(bool a, bool previous) const override {
     const auto& inverse =
         previous ? (a ? previous_a_ : previous_b_) : (a ? layer_.a : layer_.b).inverse;
     return inverse.size() > 0;
   }
   void precondition(bool previous_a, bool previous_b, float* grad_w, float* grad_b) override {
-    const Eigen::MatrixXf& a_inv = previous_a ? previous_a_ : layer_.a.inverse;
-    const Eigen::MatrixXf& b_inv = previous_b ? previous_b_ : layer_.b.inverse;
-    if (a_inv.size() == 0)
-      missing(true, previous_a ? "previous inverse" : "inverse", "precondition");
-    if (b_inv.size() == 0)
-      missing(false, previous_b ? "previous inverse" : "inverse", "precondition");
-    kfac::precondition(a_inv, b_inv, grad_w, grad_b, layer_.d_out, layer_.d_in, grad_w, grad_b);
+    const auto [a_inv, b_inv] = inverses(previous_a, previous_b);
+    kfac::precondition(*a_inv, *b_inv, grad_w, grad_b, layer_.d_out, layer_.d_in, grad_w, grad_b);
+  }
+  void precondition_rows(bool previous_a, bool previous_b, const float* grad_w, const float* grad_b,
+                         int unit_begin, int unit_end, float* out_w, float* out_b) override {
+    const auto [a_inv, b_inv] = inverses(previous_a, previous_b);
+    kfac::precondition_rows(*a_inv, *b_inv, grad_w, grad_b, layer_.d_out, layer_.d_in, unit_begin,
+                            unit_end, out_w, out_b);
   }
   kfac::KfacLayerState to_host() const override { return layer_; }
   void load(const kfac::KfacLayerState& state) override {
@@ -140,12 +171,24 @@ class HostKfacLayer final : public DeviceKfacLayer {
     }
   }
   KfacLayerExtras extras_to_host() const override {
-    return {previous_a_,
-            previous_b_,
-            set_aside_a_sum_,
-            set_aside_b_sum_,
-            set_aside_a_microbatches_,
-            set_aside_b_microbatches_};
+    KfacLayerExtras extras;
+    extras.previous_a_inverse = previous_a_;
+    extras.previous_b_inverse = previous_b_;
+    extras.set_aside_a_sum = set_aside_a_sum_;
+    extras.set_aside_b_sum = set_aside_b_sum_;
+    extras.set_aside_a_microbatches = set_aside_a_microbatches_;
+    extras.set_aside_b_microbatches = set_aside_b_microbatches_;
+    if (chain_a_) {
+      extras.chain_a_factor = chain_a_->factor();
+      extras.chain_a_damping = chain_a_->damping();
+      extras.chain_a_next_unit = chain_a_->next_unit();
+    }
+    if (chain_b_) {
+      extras.chain_b_factor = chain_b_->factor();
+      extras.chain_b_damping = chain_b_->damping();
+      extras.chain_b_next_unit = chain_b_->next_unit();
+    }
+    return extras;
   }
   void load_extras(const KfacLayerExtras& extras) override {
     check_extras(extras, layer_.d_in, layer_.d_out, name_);
@@ -155,6 +198,10 @@ class HostKfacLayer final : public DeviceKfacLayer {
     set_aside_b_sum_ = extras.set_aside_b_sum;
     set_aside_a_microbatches_ = extras.set_aside_a_microbatches;
     set_aside_b_microbatches_ = extras.set_aside_b_microbatches;
+    chain_a_ =
+        resume_chain(extras.chain_a_factor, extras.chain_a_damping, extras.chain_a_next_unit);
+    chain_b_ =
+        resume_chain(extras.chain_b_factor, extras.chain_b_damping, extras.chain_b_next_unit);
   }
   // The matrices are Eigen's (the CPU's K-FAC functions run on them): a detached one is copied
   // into a tensor of the backend, an attached one out of it (the CPU backend's copies have run
@@ -198,7 +245,11 @@ class HostKfacLayer final : public DeviceKfacLayer {
     for (const auto* factor : {&layer_.a, &layer_.b}) {
       floats += factor->sum.size() + factor->value.size() + factor->inverse.size();
     }
-    return floats * static_cast<std::int64_t>(sizeof(float));
+    std::int64_t bytes = floats * static_cast<std::int64_t>(sizeof(float));
+    for (const auto* chain : {chain_a_.get(), chain_b_.get()}) {
+      if (chain != nullptr) bytes += chain->bytes();
+    }
+    return bytes;
   }
 
  private:
@@ -214,6 +265,25 @@ class HostKfacLayer final : public DeviceKfacLayer {
     }
     return a ? previous_a_ : previous_b_;
   }
+  // The inverses a preconditioning reads (the newest or the ones they replaced).
+  std::pair<const Eigen::MatrixXf*, const Eigen::MatrixXf*> inverses(bool previous_a,
+                                                                     bool previous_b) const {
+    const Eigen::MatrixXf& a_inv = previous_a ? previous_a_ : layer_.a.inverse;
+    const Eigen::MatrixXf& b_inv = previous_b ? previous_b_ : layer_.b.inverse;
+    if (a_inv.size() == 0)
+      missing(true, previous_a ? "previous inverse" : "inverse", "precondition");
+    if (b_inv.size() == 0)
+      missing(false, previous_b ? "previous inverse" : "inverse", "precondition");
+    return {&a_inv, &b_inv};
+  }
+  // A chain rebuilt from a checkpoint's extras (checked already): none for next unit 0.
+  static std::unique_ptr<kfac::InverseChain> resume_chain(const Eigen::MatrixXf& factor,
+                                                          float damping, int next_unit) {
+    if (next_unit == 0) return nullptr;
+    auto chain = std::make_unique<kfac::InverseChain>(factor, damping);
+    chain->run(0, next_unit);
+    return chain;
+  }
   [[noreturn]] void missing(bool a, const char* matrix, const char* what) const {
     throw std::logic_error("K-FAC " + name_ + ": " + what + " without factor " + (a ? "A" : "B") +
                            "'s " + matrix + " on the device (offloaded and not prefetched)");
@@ -224,6 +294,7 @@ class HostKfacLayer final : public DeviceKfacLayer {
   Eigen::MatrixXf previous_a_, previous_b_;
   Eigen::MatrixXf set_aside_a_sum_, set_aside_b_sum_;
   std::int64_t set_aside_a_microbatches_ = 0, set_aside_b_microbatches_ = 0;
+  std::unique_ptr<kfac::InverseChain> chain_a_, chain_b_;  // divided inversions in progress
   std::string name_;
 };
 

@@ -101,6 +101,8 @@ struct KfacSlot {
   // A preconditioning divided into pieces reads the whole gradient in every piece: the
   // gradient as it was before the first piece, kept until the last (weight, then bias).
   std::vector<float> gradient_before, bias_before;
+  // The same on the device path: the weight's gradient, then the bias's, in one device buffer.
+  tensor::Tensor device_gradient_before;
   // Across the data-parallel replicas (kfac/state_placement.h).
   kfac::LayerPlacement placement;
   bool broadcasts_inverses = false;  // the stream holds this Linear's inverse broadcast
@@ -1609,40 +1611,60 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
   }
 
-  // On a device every inversion runs whole at its last piece (no InverseChain there yet). The
+  // On a device as on the CPU path: a divided Cholesky inversion finalizes and fixes its damping
+  // at its first piece, runs its chain (in the device layer) piece by piece and installs the
+  // inverse at its last; whole tasks and the eigen method (no chain) run at the last piece. The
   // previous refresh's inversion run in this window (pipelined, `wrapped`) finalizes the sums
-  // set aside at the window's start, and its inverses are not this window's new ones (as on the
-  // CPU path).
+  // set aside at the window's start, and its inverses are not this window's new ones.
   void invert_on_device(const Instruction& in) {
-    if (in.piece_end != sched::kPieceUnits) return;
+    const bool chained =
+        sched::is_piece(in) && setup.options.kfac.method == kfac::InverseMethod::kCholesky;
+    if (!chained && in.piece_end != sched::kPieceUnits) return;
     auto& layer = *device_kfac.at({in.pipeline, in.layer, in.linear});
     auto& slot = kfac_slot(in);
     if (!slot.placement.holds_factors(replica)) return;  // the owner's group inverts
     await_prefetch(slot);
     const bool is_a = in.kind == OpKind::kInvertA;
     const bool wrapped = sched::is_wrapped(in);
-    for (const bool a_factor : {true, false}) {
-      if (wrapped) {
-        // Finalized already (or, its inversion begun in its own window, never set aside).
-        if (layer.set_aside_microbatches(a_factor) == 0) continue;
-        layer.finalize_set_aside(a_factor, setup.options.kfac.running_average);
-        continue;
+    if (!chained || in.piece_begin == 0) {
+      for (const bool a_factor : {true, false}) {
+        if (wrapped) {
+          // Finalized already (or, its inversion begun in its own window, never set aside).
+          if (layer.set_aside_microbatches(a_factor) == 0) continue;
+          layer.finalize_set_aside(a_factor, setup.options.kfac.running_average);
+          continue;
+        }
+        if (layer.pending_microbatches(a_factor) == 0) continue;  // finalized already
+        const int done = a_factor ? slot.done_a : slot.done_b;
+        const int expected = a_factor ? slot.expected_a : slot.expected_b;
+        if (done < expected) {
+          throw std::runtime_error(
+              std::string("inversion before every curvature task of the refresh: factor ") +
+              (a_factor ? "A" : "B") + " has " + std::to_string(done) + " of " +
+              std::to_string(expected) +
+              " micro-batches (pi-adjusted damping needs both factors complete)");
+        }
+        layer.finalize(a_factor, setup.options.kfac.running_average);
       }
-      if (layer.pending_microbatches(a_factor) == 0) continue;  // finalized already
-      const int done = a_factor ? slot.done_a : slot.done_b;
-      const int expected = a_factor ? slot.expected_a : slot.expected_b;
-      if (done < expected) {
-        throw std::runtime_error(
-            std::string("inversion before every curvature task of the refresh: factor ") +
-            (a_factor ? "A" : "B") + " has " + std::to_string(done) + " of " +
-            std::to_string(expected) +
-            " micro-batches (pi-adjusted damping needs both factors complete)");
+      const auto damping =
+          layer.damping(setup.options.kfac.damping, setup.options.kfac.pi_adjusted);
+      const float factor_damping = is_a ? damping.a : damping.b;
+      if (!chained) {
+        layer.invert(is_a, factor_damping, setup.options.kfac.method);
+      } else {
+        layer.begin_inverse_chain(is_a, factor_damping);
       }
-      layer.finalize(a_factor, setup.options.kfac.running_average);
     }
-    const auto damping = layer.damping(setup.options.kfac.damping, setup.options.kfac.pi_adjusted);
-    layer.invert(is_a, is_a ? damping.a : damping.b, setup.options.kfac.method);
-    if (!wrapped) (is_a ? slot.inverted_a : slot.inverted_b) = true;
+    if (chained) {
+      try {
+        layer.run_inverse_chain(is_a, in.piece_begin, in.piece_end);
+      } catch (const std::logic_error& error) {
+        throw std::runtime_error("inversion piece " + sched::short_label(in) + ": " + error.what());
+      }
+    }
+    if (in.piece_end == sched::kPieceUnits && !wrapped) {
+      (is_a ? slot.inverted_a : slot.inverted_b) = true;
+    }
   }
 
   void invert(const Instruction& in) {
@@ -1739,8 +1761,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
   }
 
-  // On a device a divided preconditioning runs whole at its last piece: the gradient is not
-  // touched between its pieces, so the result is the whole task's.
+  // On a device as on the CPU path: a whole preconditioning in place, a divided one by
+  // gradient rows.
   void precondition_on_device(const Instruction& in) {
     if constexpr (std::is_same_v<T, float>) {
       auto& layer = *device_kfac.at({in.pipeline, in.layer, in.linear});
@@ -1756,12 +1778,39 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       if (schedule.kfac_pipelined_refresh ? in.step == 0 && current_round > 0 : newest) {
         refreshed_this_step = true;
       }
-      if (in.piece_end != sched::kPieceUnits) return;
       await_prefetch(slot);
       const std::string weight = linear_weight_name(in.layer, in.linear);
       auto* w = find_param(weight);
       auto* b = find_param(bias_name_of(weight));
-      layer.precondition(previous_a, previous_b, w->grad, b != nullptr ? b->grad : nullptr);
+      float* bias = b != nullptr ? b->grad : nullptr;
+      if (!sched::is_piece(in)) {
+        layer.precondition(previous_a, previous_b, w->grad, bias);
+        return;
+      }
+      // Pieces by gradient rows, as on the CPU path: each reads the whole gradient as it was
+      // before the first piece (a device copy, kept until the last).
+      auto& before = slot.device_gradient_before;
+      const auto weight_size = static_cast<std::int64_t>(w->size);
+      const auto bias_size = static_cast<std::int64_t>(b != nullptr ? b->size : 0);
+      if (in.piece_begin == 0) {
+        before = new_buffer(1, weight_size + bias_size, false);
+        backend().copy(before.raw_data(), w->grad, static_cast<std::size_t>(w->size) * sizeof(T),
+                       tensor::CopyKind::kDeviceToDevice, compute_stream.get());
+        if (bias != nullptr) {
+          backend().copy(before.template data<T>() + w->size, bias,
+                         static_cast<std::size_t>(bias_size) * sizeof(T),
+                         tensor::CopyKind::kDeviceToDevice, compute_stream.get());
+        }
+      }
+      if (before.numel() != weight_size + bias_size) {
+        throw std::runtime_error("precondition piece " + sched::short_label(in) +
+                                 " without the task's first piece");
+      }
+      const T* gradient = before.template data<T>();
+      layer.precondition_rows(previous_a, previous_b, gradient,
+                              bias != nullptr ? gradient + w->size : nullptr, in.piece_begin,
+                              in.piece_end, w->grad, bias);
+      if (in.piece_end == sched::kPieceUnits) retire(std::exchange(before, tensor::Tensor()));
     }
   }
 
@@ -1855,8 +1904,24 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
 
   // The CPU path's extras of a Linear (what a device layer keeps itself).
   static device::KfacLayerExtras host_extras(const KfacSlot& slot) {
-    return {slot.previous_a_inverse, slot.previous_b_inverse,      slot.previous_a_sum,
-            slot.previous_b_sum,     slot.previous_a_microbatches, slot.previous_b_microbatches};
+    device::KfacLayerExtras extras;
+    extras.previous_a_inverse = slot.previous_a_inverse;
+    extras.previous_b_inverse = slot.previous_b_inverse;
+    extras.set_aside_a_sum = slot.previous_a_sum;
+    extras.set_aside_b_sum = slot.previous_b_sum;
+    extras.set_aside_a_microbatches = slot.previous_a_microbatches;
+    extras.set_aside_b_microbatches = slot.previous_b_microbatches;
+    if (slot.chain_a) {
+      extras.chain_a_factor = slot.chain_a->factor();
+      extras.chain_a_damping = slot.chain_a->damping();
+      extras.chain_a_next_unit = slot.chain_a->next_unit();
+    }
+    if (slot.chain_b) {
+      extras.chain_b_factor = slot.chain_b->factor();
+      extras.chain_b_damping = slot.chain_b->damping();
+      extras.chain_b_next_unit = slot.chain_b->next_unit();
+    }
+    return extras;
   }
 
   // On a device the inverses a refresh replaced and the set-aside sums live in the device
@@ -1868,18 +1933,19 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       const std::int64_t counters[] = {slot.done_a, slot.done_b, slot.inverted_a ? 1 : 0,
                                        slot.inverted_b ? 1 : 0};
       records.push_back(ckpt::make_i64_record(base + ".counters", {4}, counters));
-      // A divided inversion whose pieces straddle the checkpoint (CPU path; a device runs an
-      // inversion whole at its last piece): its factor, damping and progress, to rebuild it.
+      const auto extras = runtime ? device_kfac.at(key)->extras_to_host() : host_extras(slot);
+      // A divided inversion whose pieces straddle the checkpoint: its factor, damping and
+      // progress, to rebuild it (the same records on the CPU and the device path).
       for (const bool a : {true, false}) {
-        const auto& chain = a ? slot.chain_a : slot.chain_b;
-        if (!chain) continue;
+        const int next_unit = a ? extras.chain_a_next_unit : extras.chain_b_next_unit;
+        if (next_unit == 0) continue;
         const std::string name = base + (a ? ".A_chain" : ".B_chain");
-        add_matrix(records, name + "_factor", chain->factor());
-        const std::int64_t progress[] = {chain->next_unit(),
-                                         std::bit_cast<std::uint32_t>(chain->damping())};
+        add_matrix(records, name + "_factor", a ? extras.chain_a_factor : extras.chain_b_factor);
+        const std::int64_t progress[] = {
+            next_unit,
+            std::bit_cast<std::uint32_t>(a ? extras.chain_a_damping : extras.chain_b_damping)};
         records.push_back(ckpt::make_i64_record(name, {2}, progress));
       }
-      const auto extras = runtime ? device_kfac.at(key)->extras_to_host() : host_extras(slot);
       add_matrix(records, base + ".A_prev_inv", extras.previous_a_inverse);
       add_matrix(records, base + ".B_prev_inv", extras.previous_b_inverse);
       if (extras.set_aside_a_microbatches != 0 || extras.set_aside_b_microbatches != 0) {
@@ -1934,26 +2000,6 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
             Eigen::Map<const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
                 values.data(), dim, dim));
       };
-      for (const bool a : {true, false}) {
-        auto& chain = a ? slot.chain_a : slot.chain_b;
-        chain.reset();
-        const std::string name = base + (a ? ".A_chain" : ".B_chain");
-        if (file.tensors.count(name) == 0 || runtime) continue;  // a device inverts whole
-        const std::int64_t two[] = {2};
-        const auto progress = ckpt::read_i64(file, name, two);
-        if (progress[0] <= 0 || progress[0] >= kfac::kPieceUnits || progress[1] < 0 ||
-            progress[1] > std::numeric_limits<std::uint32_t>::max()) {
-          throw std::runtime_error("K-FAC progress '" + name + "' is not a chain in progress");
-        }
-        const float damping = std::bit_cast<float>(static_cast<std::uint32_t>(progress[1]));
-        const Eigen::MatrixXf factor = read_matrix(name + "_factor", a ? layer.d_in : layer.d_out);
-        try {
-          chain = std::make_shared<kfac::InverseChain>(factor, damping);
-          chain->run(0, static_cast<int>(progress[0]));
-        } catch (const std::exception& error) {
-          throw std::runtime_error("K-FAC progress '" + name + "': " + error.what());
-        }
-      }
       device::KfacLayerExtras extras;
       extras.previous_a_inverse = read_matrix(base + ".A_prev_inv", layer.d_in);
       extras.previous_b_inverse = read_matrix(base + ".B_prev_inv", layer.d_out);
@@ -1968,6 +2014,25 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         extras.set_aside_a_sum = read_matrix(base + ".A_prev_sum", layer.d_in);
         extras.set_aside_b_sum = read_matrix(base + ".B_prev_sum", layer.d_out);
       }
+      for (const bool a : {true, false}) {
+        const std::string name = base + (a ? ".A_chain" : ".B_chain");
+        if (file.tensors.count(name) == 0) continue;
+        const std::int64_t two[] = {2};
+        const auto progress = ckpt::read_i64(file, name, two);
+        if (progress[0] <= 0 || progress[0] >= kfac::kPieceUnits || progress[1] < 0 ||
+            progress[1] > std::numeric_limits<std::uint32_t>::max()) {
+          throw std::runtime_error("K-FAC progress '" + name + "' is not a chain in progress");
+        }
+        auto factor = read_matrix(name + "_factor", a ? layer.d_in : layer.d_out);
+        if (factor.size() == 0 || !factor.allFinite()) {
+          throw std::runtime_error("K-FAC progress '" + name + "_factor' is " +
+                                   (factor.size() == 0 ? "missing" : "not finite"));
+        }
+        (a ? extras.chain_a_factor : extras.chain_b_factor) = std::move(factor);
+        (a ? extras.chain_a_damping : extras.chain_b_damping) =
+            std::bit_cast<float>(static_cast<std::uint32_t>(progress[1]));
+        (a ? extras.chain_a_next_unit : extras.chain_b_next_unit) = static_cast<int>(progress[0]);
+      }
       try {
         device::check_extras(extras, layer.d_in, layer.d_out, base);
       } catch (const std::invalid_argument& error) {
@@ -1977,6 +2042,21 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       if (runtime) {
         restored_extras[key] = std::move(extras);
         continue;
+      }
+      for (const bool a : {true, false}) {
+        auto& chain = a ? slot.chain_a : slot.chain_b;
+        chain.reset();
+        const int next_unit = a ? extras.chain_a_next_unit : extras.chain_b_next_unit;
+        if (next_unit == 0) continue;
+        try {
+          chain = std::make_shared<kfac::InverseChain>(
+              a ? extras.chain_a_factor : extras.chain_b_factor,
+              a ? extras.chain_a_damping : extras.chain_b_damping);
+          chain->run(0, next_unit);
+        } catch (const std::exception& error) {
+          throw std::runtime_error(std::string("K-FAC progress '") + base +
+                                   (a ? ".A_chain" : ".B_chain") + "': " + error.what());
+        }
       }
       slot.previous_a_inverse = std::move(extras.previous_a_inverse);
       slot.previous_b_inverse = std::move(extras.previous_b_inverse);

@@ -55,11 +55,8 @@ TEST_P(DeviceOffload, SameParametersBitForBitAndTheHostHoldsThePlan) {
   const auto with = run(std::make_shared<device::HostDeviceRuntime>(), plans.with);
   const auto cpu_with = run(nullptr, plans.with);
   expect_same_parameters(with, without, "device with offload vs without");
-  // The device runs a divided inversion whole at its last piece (the CPU as a chain of pieces):
-  // equal to the CPU path bit for bit only with whole tasks.
-  if (!c.long_tasks) {
-    expect_same_parameters(with, cpu_with, "device with offload vs the CPU path's offload");
-  }
+  // Divided inversions run as the same chain of pieces on both paths.
+  expect_same_parameters(with, cpu_with, "device with offload vs the CPU path's offload");
   int refreshes = 0;
   for (std::size_t s = 0; s < with.steps.size(); ++s) {
     EXPECT_EQ(with.steps[s].mlm_loss, without.steps[s].mlm_loss) << "step " << s;

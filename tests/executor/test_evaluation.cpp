@@ -292,9 +292,8 @@ TEST_F(EvalTrainTest, OnTheDevicePathEqualsTheCpuPath) {
   cpu.eval_data = "synthetic";
   cpu.eval_every = 3;
   cpu.eval_batches = 2;
-  // Whole K-FAC tasks: the measured profile could divide an inversion, which runs as a chain of
-  // pieces on the CPU and whole on the device (equal only to rounding; under ASan one run in
-  // three did).
+  // Whole K-FAC tasks: each run self-profiles, so one run's plan could divide an inversion the
+  // other's keeps whole (a chain and a whole inversion agree only to rounding).
   cpu.kfac.split = "off";
   std::ostringstream out;
   auto profiling = cpu;

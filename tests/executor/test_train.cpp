@@ -280,7 +280,7 @@ TEST_F(TrainTest, KfacOffloadOnTheDevicePathEqualsTheCpuPath) {
   auto cpu = small_run();
   cpu.optimizer = "adamw";
   cpu.kfac.enabled = true;
-  cpu.kfac.split = "off";  // whole tasks: a divided inversion is a chain only on the CPU
+  cpu.kfac.split = "off";  // whole tasks: each run self-profiles, and its plan may divide some
   cpu.kfac.refresh_steps = 2;
   cpu.kfac.offload = "host";
   cpu.steps = 5;
@@ -351,7 +351,7 @@ TEST_F(TrainTest, KfacWithDataParallelOnTheDevicePathEqualsTheCpuPath) {
   auto cpu = small_run();
   cpu.optimizer = "adamw";
   cpu.kfac.enabled = true;
-  cpu.kfac.split = "off";  // whole tasks: a divided inversion is a chain only on the CPU
+  cpu.kfac.split = "off";  // whole tasks: each run self-profiles, and its plan may divide some
   cpu.kfac.refresh_steps = 2;
   cpu.data_parallel = 2;
   cpu.steps = 5;

@@ -1,6 +1,7 @@
 // K-FAC on the GPU (kfac/cuda) against the CPU path (kfac/) on the same factors: curvature,
 // damping, Cholesky and eigen inversion, the Cholesky-to-eigen fallback with its info code,
-// errors naming the layer, preconditioning in place. Skipped without a CUDA device.
+// errors naming the layer, preconditioning in place; inversion chains and preconditioning by
+// gradient rows (the pieces of divided tasks). Skipped without a CUDA device.
 #include "kfac/eigen_core.h"  // first: silences GCC 12's AVX-512 false positives in Eigen
 
 #include <gtest/gtest.h>
@@ -8,11 +9,13 @@
 #include <random>
 #include <vector>
 
+#include "kfac/cuda/inverse_chain_cuda.h"
 #include "kfac/cuda/kfac_cuda.h"
 #include "kfac/cuda/layer_state_cuda.h"
 #include "kfac/damping.h"
 #include "kfac/factors.h"
 #include "kfac/inverse.h"
+#include "kfac/inverse_chain.h"
 #include "kfac/layer_state.h"
 #include "kfac/precondition.h"
 #include "tests/kernels/cuda_test_util.h"
@@ -159,6 +162,130 @@ TEST_F(KfacCudaTest, PreconditioningInPlaceMatchesTheCpu) {
                       device_w, device_b);
   expect_close(get(device_w, d_out * d_in), grad_w, 1e-5, "preconditioned weight");
   expect_close(get(device_b, d_out), grad_b, 1e-5, "preconditioned bias");
+}
+
+// Preconditioning by gradient rows: the pieces together are the CPU's precondition_rows (and so
+// precondition's result to rounding); every piece reads the whole gradient, so an output that
+// aliases it is refused.
+TEST_F(KfacCudaTest, PreconditioningByRowsMatchesTheCpuPieces) {
+  const std::int64_t d_out = 300, d_in = 56;
+  const auto a_inv = damped_inverse(factor(d_in), 0.1F, InverseMethod::kCholesky).inverse;
+  const auto b_inv = damped_inverse(factor(d_out), 0.1F, InverseMethod::kCholesky).inverse;
+  const auto grad_w = random(static_cast<std::size_t>(d_out * d_in));
+  const auto grad_b = random(static_cast<std::size_t>(d_out));
+  std::vector<float> out_w(grad_w.size()), out_b(grad_b.size());
+  const float* device_w = upload(grad_w);
+  const float* device_b = upload(grad_b);
+  float* device_out_w = upload(out_w);
+  float* device_out_b = upload(out_b);
+  const float* device_a = upload_matrix(a_inv);
+  const float* device_b_inv = upload_matrix(b_inv);
+  const int cuts[] = {0, 1, 333, 600, kPieceUnits};
+  for (int p = 0; p + 1 < 5; ++p) {
+    precondition_rows(a_inv, b_inv, grad_w.data(), grad_b.data(), d_out, d_in, cuts[p], cuts[p + 1],
+                      out_w.data(), out_b.data());
+    kfac_->precondition_rows(device_a, device_b_inv, device_w, device_b, d_out, d_in, cuts[p],
+                             cuts[p + 1], device_out_w, device_out_b);
+  }
+  expect_close(get(device_out_w, d_out * d_in), out_w, 1e-5, "weight by rows");
+  expect_close(get(device_out_b, d_out), out_b, 1e-5, "bias by rows");
+  EXPECT_THROW(kfac_->precondition_rows(device_a, device_b_inv, device_out_w, nullptr, d_out, d_in,
+                                        0, kPieceUnits, device_out_w, nullptr),
+               std::invalid_argument);
+}
+
+// The divided Cholesky inversion on the GPU: the CPU chain's inverse to fp32 rounding, exactly
+// symmetric, the same bits when run again with other piece boundaries (a piece runs whole
+// steps), nothing installed before the last piece, and an indefinite factor falling back to
+// the eigen inverse with the failing minor's order, as damped_inverse does.
+TEST_F(KfacCudaTest, InverseChainMatchesTheCpuChainAndRepeats) {
+  const std::int64_t d = 300;  // 3 block columns of 128
+  const auto f = factor(d, 400);
+  const float* device_factor = upload_matrix(f);
+  const auto run = [&](const std::vector<int>& cuts) {
+    InverseChainCuda chain(*kfac_, device_factor, d, 0.01F, "layer 2 intermediate A");
+    EXPECT_THROW(chain.take(), std::logic_error);
+    for (std::size_t p = 0; p + 1 < cuts.size(); ++p) chain.run(cuts[p], cuts[p + 1]);
+    auto result = chain.take();
+    EXPECT_FALSE(result.status.fell_back_to_eigen);
+    return get(result.inverse.data<float>(), d * d);
+  };
+  const auto first = run({0, 100, 400, 700, kPieceUnits});
+  const auto again = run({0, 50, kPieceUnits});
+  EXPECT_EQ(first, again);
+  InverseChain cpu(f, 0.01F);
+  cpu.run(0, kPieceUnits);
+  expect_close(first, as_vector(cpu.take().inverse), 2e-4, "chain inverse");
+  for (std::int64_t i = 0; i < d; ++i) {
+    for (std::int64_t j = 0; j < i; ++j) {
+      ASSERT_EQ(first[static_cast<std::size_t>(i + j * d)],
+                first[static_cast<std::size_t>(j + i * d)]);
+    }
+  }
+  InverseChainCuda out_of_order(*kfac_, device_factor, d, 0.01F, "l");
+  EXPECT_THROW(out_of_order.run(100, 200), std::logic_error);
+
+  Eigen::MatrixXf indefinite = f;
+  indefinite(200, 200) = -2.0F;  // fails in the second block column
+  const auto expected = damped_inverse(indefinite, 0.05F, InverseMethod::kCholesky);
+  ASSERT_TRUE(expected.fell_back_to_eigen);
+  InverseChainCuda falling(*kfac_, upload_matrix(indefinite), d, 0.05F, "l");
+  falling.run(0, kPieceUnits / 2);
+  falling.run(kPieceUnits / 2, kPieceUnits);
+  auto result = falling.take();
+  EXPECT_TRUE(result.status.fell_back_to_eigen);
+  EXPECT_GT(result.status.cholesky_info, 128);
+  EXPECT_LE(result.status.cholesky_info, 201);
+  expect_close(get(result.inverse.data<float>(), d * d), as_vector(expected.inverse), 2e-4,
+               "fallback inverse");
+}
+
+// A layer's chain: begin copies the value, the last piece installs the inverse like invert_a,
+// device_bytes counts the chain meanwhile, and a chain resumed from its factor and progress ends
+// with the uninterrupted chain's bits.
+TEST_F(KfacCudaTest, LayerInverseChainInstallsAndResumes) {
+  const std::int64_t d_in = 200, d_out = 20, tokens = 64;
+  const auto make_layer = [&](const char* name) {
+    auto layer = std::make_unique<KfacLayerCuda>(*kfac_, d_in, d_out, name);
+    std::mt19937 generator(7);
+    std::normal_distribution<float> normal;
+    std::vector<float> a(static_cast<std::size_t>(tokens * d_in));
+    std::vector<float> g(static_cast<std::size_t>(tokens * d_out));
+    for (auto& x : a) x = normal(generator);
+    for (auto& x : g) x = normal(generator);
+    layer->accumulate_a({upload(a), tokens, d_in});
+    layer->accumulate_b({upload(g), tokens, d_out}, 1.0F);
+    layer->finalize_a();
+    layer->finalize_b();
+    return layer;
+  };
+  auto layer = make_layer("layer 0 ffn_out");
+  EXPECT_THROW(layer->run_inverse_chain(true, 0, 10), std::logic_error);  // no chain begun
+  const std::int64_t idle = layer->device_bytes();
+  layer->begin_inverse_chain(true, 0.02F);
+  EXPECT_GT(layer->device_bytes(), idle + 3 * d_in * d_in * 4 - 1);
+  EXPECT_FALSE(layer->run_inverse_chain(true, 0, 300).has_value());
+  EXPECT_FALSE(layer->a().inverted);
+  const auto* chain = layer->inverse_chain(true);
+  ASSERT_NE(chain, nullptr);
+  const int next = chain->next_unit();
+  const auto saved_factor = layer->to_host().a.value;
+  const auto result = layer->run_inverse_chain(true, 300, kPieceUnits);
+  ASSERT_TRUE(result.has_value());
+  EXPECT_FALSE(result->fell_back_to_eigen);
+  EXPECT_EQ(layer->inverse_chain(true), nullptr);
+  EXPECT_TRUE(layer->a().inverted);
+  EXPECT_EQ(layer->a().damping, 0.02F);
+  const auto installed = layer->to_host().a.inverse;
+
+  auto resumed = make_layer("layer 0 ffn_out");
+  resumed->resume_inverse_chain(true, saved_factor, 0.02F, next);
+  resumed->run_inverse_chain(true, next, kPieceUnits);
+  EXPECT_EQ(as_vector(resumed->to_host().a.inverse), as_vector(installed));
+  layer->invert_a(0.02F);  // the whole inversion: the same inverse to rounding
+  expect_close(as_vector(layer->to_host().a.inverse), as_vector(installed), 2e-4, "whole vs chain");
+  EXPECT_THROW(resumed->resume_inverse_chain(true, Eigen::MatrixXf::Identity(3, 3), 0.02F, 10),
+               std::invalid_argument);
 }
 
 void expect_close_matrix(const Eigen::MatrixXf& actual, const Eigen::MatrixXf& expected,

@@ -71,25 +71,23 @@ class CudaKfacLayer final : public DeviceKfacLayer {
     return layer_.damping(lambda, pi_adjusted);
   }
   void invert(bool a, float damping, kfac::InverseMethod method) override {
-    const auto& factor = a ? layer_.a() : layer_.b();
-    auto& previous = a ? previous_a_ : previous_b_;
-    bool& has_previous = a ? has_previous_a_ : has_previous_b_;
-    // An inverse detached by K-FAC offload is replaced by none (the executor brings the one a
-    // refresh's earlier steps need from host memory).
-    has_previous = factor.inverted && factor.inverse.numel() > 0;
-    if (has_previous) {
-      if (!previous.defined() || previous.numel() == 0) {
-        previous =
-            tensor::Tensor::empty(kfac_.backend(), {factor.dim, factor.dim}, tensor::DType::kF32);
-      }
-      kfac_.backend().copy(previous.raw_data(), factor.inverse.raw_data(), previous.nbytes(),
-                           tensor::CopyKind::kDeviceToDevice, stream_);
-    }
+    keep_previous_inverse(a);
     if (a) {
       layer_.invert_a(damping, method);
     } else {
       layer_.invert_b(damping, method);
     }
+  }
+  void begin_inverse_chain(bool a, float damping) override {
+    layer_.begin_inverse_chain(a, damping);
+  }
+  void run_inverse_chain(bool a, int unit_begin, int unit_end) override {
+    // The last piece installs the new inverse: the one it replaces is kept first.
+    const auto* chain = layer_.inverse_chain(a);
+    if (chain != nullptr && chain->next_unit() == unit_begin && unit_end == kfac::kPieceUnits) {
+      keep_previous_inverse(a);
+    }
+    layer_.run_inverse_chain(a, unit_begin, unit_end);
   }
   bool has_inverse(bool a, bool previous) const override {
     if (previous) return a ? has_previous_a_ : has_previous_b_;
@@ -100,6 +98,13 @@ class CudaKfacLayer final : public DeviceKfacLayer {
     const float* a_inv = previous_a ? previous_a_.data<float>() : layer_.a().inverse.data<float>();
     const float* b_inv = previous_b ? previous_b_.data<float>() : layer_.b().inverse.data<float>();
     kfac_.precondition(a_inv, b_inv, grad_w, grad_b, layer_.d_out(), layer_.d_in(), grad_w, grad_b);
+  }
+  void precondition_rows(bool previous_a, bool previous_b, const float* grad_w, const float* grad_b,
+                         int unit_begin, int unit_end, float* out_w, float* out_b) override {
+    const float* a_inv = previous_a ? previous_a_.data<float>() : layer_.a().inverse.data<float>();
+    const float* b_inv = previous_b ? previous_b_.data<float>() : layer_.b().inverse.data<float>();
+    kfac_.precondition_rows(a_inv, b_inv, grad_w, grad_b, layer_.d_out(), layer_.d_in(), unit_begin,
+                            unit_end, out_w, out_b);
   }
   kfac::KfacLayerState to_host() const override { return layer_.to_host(); }
   void load(const kfac::KfacLayerState& state) override { layer_.load(state); }
@@ -190,6 +195,13 @@ class CudaKfacLayer final : public DeviceKfacLayer {
       extras.set_aside_b_sum = download(set_aside_b_.sum, layer_.d_out());
       extras.set_aside_b_microbatches = set_aside_b_.microbatches;
     }
+    for (const bool a : {true, false}) {
+      const auto* chain = layer_.inverse_chain(a);
+      if (chain == nullptr) continue;
+      (a ? extras.chain_a_factor : extras.chain_b_factor) = download(chain->factor(), chain->dim());
+      (a ? extras.chain_a_damping : extras.chain_b_damping) = chain->damping();
+      (a ? extras.chain_a_next_unit : extras.chain_b_next_unit) = chain->next_unit();
+    }
     return extras;
   }
   void load_extras(const KfacLayerExtras& extras) override {
@@ -201,9 +213,29 @@ class CudaKfacLayer final : public DeviceKfacLayer {
       held.accumulating = upload(held.sum, a ? extras.set_aside_a_sum : extras.set_aside_b_sum);
       held.microbatches = a ? extras.set_aside_a_microbatches : extras.set_aside_b_microbatches;
     }
+    layer_.resume_inverse_chain(true, extras.chain_a_factor, extras.chain_a_damping,
+                                extras.chain_a_next_unit);
+    layer_.resume_inverse_chain(false, extras.chain_b_factor, extras.chain_b_damping,
+                                extras.chain_b_next_unit);
   }
 
  private:
+  // The factor's inverse becomes the previous one before an inversion replaces it. An inverse
+  // detached by K-FAC offload is replaced by none (the executor brings the one a refresh's
+  // earlier steps need from host memory).
+  void keep_previous_inverse(bool a) {
+    const auto& factor = a ? layer_.a() : layer_.b();
+    auto& previous = a ? previous_a_ : previous_b_;
+    bool& has_previous = a ? has_previous_a_ : has_previous_b_;
+    has_previous = factor.inverted && factor.inverse.numel() > 0;
+    if (!has_previous) return;
+    if (!previous.defined() || previous.numel() == 0) {
+      previous =
+          tensor::Tensor::empty(kfac_.backend(), {factor.dim, factor.dim}, tensor::DType::kF32);
+    }
+    kfac_.backend().copy(previous.raw_data(), factor.inverse.raw_data(), previous.nbytes(),
+                         tensor::CopyKind::kDeviceToDevice, stream_);
+  }
   // The host waits for the work issued on the layer's stream.
   void wait() const {
     if (stream_ != nullptr) {
