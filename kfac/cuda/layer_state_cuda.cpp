@@ -157,8 +157,7 @@ FactorDamping KfacLayerCuda::damping(float lambda, bool pi_adjusted) {
                                  lambda, pi_adjusted);
 }
 
-DeviceInverseResult KfacLayerCuda::invert(DeviceFactor& factor, float damping, InverseMethod method,
-                                          const char* which) {
+void KfacLayerCuda::require_value(const DeviceFactor& factor, const char* which) const {
   if (factor.refreshes == 0) {
     throw std::logic_error(std::string("invert_") + which + ": " + name_ +
                            ": the factor was never finalized");
@@ -168,13 +167,23 @@ DeviceInverseResult KfacLayerCuda::invert(DeviceFactor& factor, float damping, I
                            ": the factor's value is not on the device (offloaded and not "
                            "prefetched)");
   }
-  ensure(*backend_, factor.inverse, factor.dim);
-  const auto result = kfac_->damped_inverse(factor.value.data<float>(), factor.dim, damping, method,
-                                            factor.inverse.data<float>(), name_ + " " + which);
+}
+
+void KfacLayerCuda::mark_inverted(DeviceFactor& factor, float damping,
+                                  const DeviceInverseResult& result) {
   factor.inverted = true;
   factor.damping = damping;
   factor.inverted_refresh = factor.refreshes;
   if (result.fell_back_to_eigen) ++factor.cholesky_fallbacks;
+}
+
+DeviceInverseResult KfacLayerCuda::invert(DeviceFactor& factor, float damping, InverseMethod method,
+                                          const char* which) {
+  require_value(factor, which);
+  ensure(*backend_, factor.inverse, factor.dim);
+  const auto result = kfac_->damped_inverse(factor.value.data<float>(), factor.dim, damping, method,
+                                            factor.inverse.data<float>(), name_ + " " + which);
+  mark_inverted(factor, damping, result);
   return result;
 }
 
@@ -250,15 +259,7 @@ tensor::Tensor KfacLayerCuda::drop_sum(bool a) {
 void KfacLayerCuda::begin_inverse_chain(bool a, float damping) {
   DeviceFactor& factor = a ? a_ : b_;
   const char* which = a ? "A" : "B";
-  if (factor.refreshes == 0) {
-    throw std::logic_error(std::string("invert_") + which + ": " + name_ +
-                           ": the factor was never finalized");
-  }
-  if (!present(factor.value)) {
-    throw std::logic_error(std::string("invert_") + which + ": " + name_ +
-                           ": the factor's value is not on the device (offloaded and not "
-                           "prefetched)");
-  }
+  require_value(factor, which);
   (a ? chain_a_ : chain_b_) = std::make_unique<InverseChainCuda>(
       *kfac_, factor.value.data<float>(), factor.dim, damping, name_ + " " + which);
 }
@@ -278,10 +279,7 @@ std::optional<DeviceInverseResult> KfacLayerCuda::run_inverse_chain(bool a, int 
   auto result = chain->take();
   chain.reset();
   factor.inverse = std::move(result.inverse);
-  factor.inverted = true;
-  factor.damping = damping;
-  factor.inverted_refresh = factor.refreshes;
-  if (result.status.fell_back_to_eigen) ++factor.cholesky_fallbacks;
+  mark_inverted(factor, damping, result.status);
   return result.status;
 }
 

@@ -119,6 +119,11 @@ class KfacLayerCuda {
   void finalize(DeviceFactor& factor, float running_average, const char* which);
   DeviceInverseResult invert(DeviceFactor& factor, float damping, InverseMethod method,
                              const char* which);
+  // Throws std::logic_error naming the layer unless the factor was finalized and its value is
+  // on the device.
+  void require_value(const DeviceFactor& factor, const char* which) const;
+  // The factor's inverse is the one just computed, with `damping`.
+  static void mark_inverted(DeviceFactor& factor, float damping, const DeviceInverseResult& result);
 
   KfacCuda* kfac_;
   kernels::cuda::CudaBackend* backend_;

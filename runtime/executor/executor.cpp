@@ -1611,6 +1611,19 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
   }
 
+  // A refresh's factor is finalized only once all its curvature tasks of the refresh have run.
+  static void require_complete_curvature(const KfacSlot& slot, bool a_factor) {
+    const int done = a_factor ? slot.done_a : slot.done_b;
+    const int expected = a_factor ? slot.expected_a : slot.expected_b;
+    if (done < expected) {
+      throw std::runtime_error(
+          std::string("inversion before every curvature task of the refresh: factor ") +
+          (a_factor ? "A" : "B") + " has " + std::to_string(done) + " of " +
+          std::to_string(expected) +
+          " micro-batches (pi-adjusted damping needs both factors complete)");
+    }
+  }
+
   // On a device as on the CPU path: a divided Cholesky inversion finalizes and fixes its damping
   // at its first piece, runs its chain (in the device layer) piece by piece and installs the
   // inverse at its last; whole tasks and the eigen method (no chain) run at the last piece. The
@@ -1635,15 +1648,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
           continue;
         }
         if (layer.pending_microbatches(a_factor) == 0) continue;  // finalized already
-        const int done = a_factor ? slot.done_a : slot.done_b;
-        const int expected = a_factor ? slot.expected_a : slot.expected_b;
-        if (done < expected) {
-          throw std::runtime_error(
-              std::string("inversion before every curvature task of the refresh: factor ") +
-              (a_factor ? "A" : "B") + " has " + std::to_string(done) + " of " +
-              std::to_string(expected) +
-              " micro-batches (pi-adjusted damping needs both factors complete)");
-        }
+        require_complete_curvature(slot, a_factor);
         layer.finalize(a_factor, setup.options.kfac.running_average);
       }
       const auto damping =
@@ -1703,15 +1708,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       }
       auto& factor = a_factor ? layer.a : layer.b;
       if (factor.microbatches == 0) return;  // finalized already this refresh
-      const int done = a_factor ? slot.done_a : slot.done_b;
-      const int expected = a_factor ? slot.expected_a : slot.expected_b;
-      if (done < expected) {
-        throw std::runtime_error(
-            std::string("inversion before every curvature task of the refresh: factor ") +
-            (a_factor ? "A" : "B") + " has " + std::to_string(done) + " of " +
-            std::to_string(expected) +
-            " micro-batches (pi-adjusted damping needs both factors complete)");
-      }
+      require_complete_curvature(slot, a_factor);
       if (a_factor) {
         kfac::finalize_a(layer, setup.options.kfac.running_average);
       } else {
