@@ -1309,8 +1309,14 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       comm.all_reduce_sum(std::span<double>(stats), world, deadline());
     }
     const double norm = std::sqrt(stats[0]);
-    if (setup.options.check_finite) {
+    // The squares of finite floats add up to a finite double, so a finite norm means every
+    // gradient is finite (copies of a tensor on other ranks and replicas equal the one counted):
+    // the tensors are scanned, to name the culprit, only when it is not (on a device a scan
+    // waits once per tensor). Every rank sees the same norm, so every rank stops.
+    if (setup.options.check_finite && !std::isfinite(norm)) {
       for (auto& slot : slots) slot.model->check_finite_gradients(global_step);
+      throw std::runtime_error("non-finite gradient norm at step " + std::to_string(global_step) +
+                               ": the non-finite gradient is on another rank");
     }
     const double lr = setup.learning_rate(global_step);
     optimizer->step(param_views, static_cast<T>(lr), norm);
