@@ -39,12 +39,11 @@ InverseChainCuda::InverseChainCuda(KfacCuda& kfac, const float* factor, std::int
                              ": the factor has non-finite entries (NaN or inf)");
   }
   steps_ = inverse_chain_steps(d, block);
-  auto& backend = kfac.backend();
   const cudaStream_t stream = kfac.ops().stream();
   const auto bytes = static_cast<std::size_t>(d * d) * sizeof(float);
-  factor_ = tensor::Tensor::empty(backend, {d, d}, tensor::DType::kF32);
-  cholesky_ = tensor::Tensor::empty(backend, {d, d}, tensor::DType::kF32);
-  inverse_ = tensor::Tensor::empty(backend, {d, d}, tensor::DType::kF32);
+  factor_ = kfac.take_floats(d * d).reshape({d, d});
+  cholesky_ = kfac.take_floats(d * d).reshape({d, d});
+  inverse_ = kfac.take_floats(d * d).reshape({d, d});
   CUDA_CHECK(cudaMemcpyAsync(factor_.raw_data(), factor, bytes, cudaMemcpyDeviceToDevice, stream));
   CUDA_CHECK(
       cudaMemcpyAsync(cholesky_.raw_data(), factor, bytes, cudaMemcpyDeviceToDevice, stream));
@@ -55,9 +54,15 @@ InverseChainCuda::InverseChainCuda(KfacCuda& kfac, const float* factor, std::int
                                              cholesky_.data<float>(), static_cast<int>(d),
                                              &workspace_floats_));
   const auto infos = static_cast<std::int64_t>(cholesky_columns(steps_));
-  workspace_ = tensor::Tensor::empty(backend, {workspace_floats_ + infos}, tensor::DType::kF32);
+  workspace_ = kfac.take_floats(workspace_floats_ + infos);
   CUDA_CHECK(cudaMemsetAsync(workspace_.data<float>() + workspace_floats_, 0,
                              static_cast<std::size_t>(infos) * sizeof(int), stream));
+}
+
+InverseChainCuda::~InverseChainCuda() {
+  for (auto* held : {&factor_, &cholesky_, &inverse_, &workspace_}) {
+    kfac_->give_back(std::exchange(*held, tensor::Tensor()));
+  }
 }
 
 void InverseChainCuda::run(int unit_begin, int unit_end) {
@@ -139,11 +144,10 @@ InverseChainCuda::Result InverseChainCuda::take() {
     throw std::logic_error("InverseChainCuda: " + name_ + ": the chain is at unit " +
                            std::to_string(next_unit_) + " of " + std::to_string(kPieceUnits));
   }
-  Result result{std::move(inverse_), status_};
-  inverse_ = tensor::Tensor();
-  factor_ = tensor::Tensor();
-  cholesky_ = tensor::Tensor();
-  workspace_ = tensor::Tensor();
+  Result result{std::exchange(inverse_, tensor::Tensor()), status_};
+  for (auto* held : {&factor_, &cholesky_, &workspace_}) {
+    kfac_->give_back(std::exchange(*held, tensor::Tensor()));
+  }
   return result;
 }
 

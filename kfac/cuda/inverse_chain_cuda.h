@@ -26,6 +26,10 @@ class InverseChainCuda {
   // damping. `kfac` must outlive the chain.
   InverseChainCuda(KfacCuda& kfac, const float* factor, std::int64_t d, float damping,
                    std::string name, std::int64_t block = kInverseChainBlock);
+  // Gives its buffers back to the KfacCuda (KfacCuda::take_floats).
+  ~InverseChainCuda();
+  InverseChainCuda(const InverseChainCuda&) = delete;
+  InverseChainCuda& operator=(const InverseChainCuda&) = delete;
 
   // Runs the piece [unit_begin, unit_end); pieces come in order, the first at 0. Throws
   // std::logic_error otherwise. The piece ending at kPieceUnits waits for the stream once (the
@@ -43,9 +47,11 @@ class InverseChainCuda {
     tensor::Tensor inverse;  // d x d device memory, written in stream order
     DeviceInverseResult status;
   };
-  // The inverse, once finished (std::logic_error before). Leaves the chain empty.
+  // The inverse, once finished (std::logic_error before). Leaves the chain empty, its other
+  // buffers given back to the KfacCuda.
   Result take();
-  // Device memory held (the factor copy, L, the inverse and the solver's workspace).
+  // Device memory held (the factor copy, L, the inverse and the solver's workspace), all taken
+  // from the KfacCuda's spare buffers (KfacCuda::take_floats).
   std::int64_t device_bytes() const;
 
  private:

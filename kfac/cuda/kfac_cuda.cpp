@@ -35,6 +35,27 @@ KfacCuda::KfacCuda(kernels::cuda::CudaBackend& backend, tensor::Stream* stream)
   CUSOLVER_CHECK(cusolverDnSetStream(cusolver_.get(), ops_.stream()));
 }
 
+tensor::Tensor KfacCuda::take_floats(std::int64_t count) {
+  const auto it = spare_.find(count);
+  if (it == spare_.end()) return tensor::Tensor::empty(*backend_, {count}, tensor::DType::kF32);
+  tensor::Tensor buffer = std::move(it->second);
+  spare_.erase(it);
+  return buffer;
+}
+
+void KfacCuda::give_back(tensor::Tensor buffer) {
+  // A buffer someone else still holds is only dropped here.
+  if (buffer.numel() == 0 || buffer.dtype() != tensor::DType::kF32 || !buffer.sole_owner()) return;
+  const std::int64_t count = buffer.numel();
+  spare_.emplace(count, std::move(buffer));
+}
+
+std::int64_t KfacCuda::spare_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto& [count, buffer] : spare_) bytes += static_cast<std::int64_t>(buffer.nbytes());
+  return bytes;
+}
+
 float* KfacCuda::scratch_floats(kernels::cuda::DeviceScratch& scratch, std::int64_t count) {
   return static_cast<float*>(scratch.ensure(static_cast<std::size_t>(count) * sizeof(float)));
 }

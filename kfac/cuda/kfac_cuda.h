@@ -8,12 +8,14 @@
 #include <cusolverDn.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kfac/damping.h"
 #include "kfac/inverse.h"
+#include "runtime/tensor/tensor.h"
 
 namespace pf::kfac::cuda {
 
@@ -43,6 +45,15 @@ class KfacCuda {
   explicit KfacCuda(kernels::cuda::CudaBackend& backend, tensor::Stream* stream = nullptr);
 
   kernels::cuda::CudaOps& ops() { return ops_; }
+  // Float buffers for inversion chains and the inverses they install, reused in this stream's
+  // order: a chain's buffers come back when it ends (and an installed inverse's predecessor),
+  // so refreshes after the first allocate nothing; a cudaFree would wait for the whole device,
+  // which the workers sharing a GPU all feel. take_floats returns a buffer of exactly `count`
+  // floats; give_back takes one whose work is issued on this stream (an empty one, or one still
+  // shared with another holder, is only dropped).
+  tensor::Tensor take_floats(std::int64_t count);
+  void give_back(tensor::Tensor buffer);
+  std::int64_t spare_bytes() const;
   kernels::cuda::CudaBackend& backend() const { return *backend_; }
   cusolverDnHandle_t cusolver() const { return cusolver_.get(); }
 
@@ -91,9 +102,10 @@ class KfacCuda {
   kernels::cuda::CudaBackend* backend_;
   kernels::cuda::CudaOps ops_;  // cuBLAS (fp32 products) and reductions on the stream
   CusolverHandle cusolver_;
-  kernels::cuda::DeviceScratch work_;     // cuSOLVER workspace + info
-  kernels::cuda::DeviceScratch matrix_;   // a d x d temporary
-  kernels::cuda::DeviceScratch vectors_;  // eigenvectors
+  kernels::cuda::DeviceScratch work_;                  // cuSOLVER workspace + info
+  kernels::cuda::DeviceScratch matrix_;                // a d x d temporary
+  kernels::cuda::DeviceScratch vectors_;               // eigenvectors
+  std::multimap<std::int64_t, tensor::Tensor> spare_;  // take_floats' free buffers by size
 };
 
 }  // namespace pf::kfac::cuda

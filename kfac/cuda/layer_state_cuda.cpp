@@ -278,7 +278,9 @@ std::optional<DeviceInverseResult> KfacLayerCuda::run_inverse_chain(bool a, int 
   const float damping = chain->damping();
   auto result = chain->take();
   chain.reset();
-  factor.inverse = std::move(result.inverse);
+  // The replaced inverse's buffer serves the next chain (work issued so far on this stream,
+  // the previous inverse's copy included, reads it first).
+  kfac_->give_back(std::exchange(factor.inverse, std::move(result.inverse)));
   mark_inverted(factor, damping, result.status);
   return result.status;
 }

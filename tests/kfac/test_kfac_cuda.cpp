@@ -210,9 +210,14 @@ TEST_F(KfacCudaTest, InverseChainMatchesTheCpuChainAndRepeats) {
     EXPECT_FALSE(result.status.fell_back_to_eigen);
     return get(result.inverse.data<float>(), d * d);
   };
+  EXPECT_EQ(kfac_->spare_bytes(), 0);
   const auto first = run({0, 100, 400, 700, kPieceUnits});
+  // The chain's factor copy, L and workspace come back for the next chain, which reuses them.
+  const std::int64_t spare = kfac_->spare_bytes();
+  EXPECT_GE(spare, 2 * d * d * 4);
   const auto again = run({0, 50, kPieceUnits});
   EXPECT_EQ(first, again);
+  EXPECT_EQ(kfac_->spare_bytes(), spare);
   InverseChain cpu(f, 0.01F);
   cpu.run(0, kPieceUnits);
   expect_close(first, as_vector(cpu.take().inverse), 2e-4, "chain inverse");
