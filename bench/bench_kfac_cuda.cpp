@@ -1,5 +1,6 @@
 // K-FAC and the fused optimizers on a GPU, timed with CUDA events: damped inversion of one
 // factor (cuSOLVER Cholesky potrf + potri, and the syevd eigen path) at d = 768, 1024, 3072, 4096,
+// the same as a divided chain (InverseChainCuda: whole, and in 8 pieces as a refresh runs it),
 // curvature x^T x of T = 4096 tokens (cuBLAS SYRK), preconditioning of BERT-Large's 1024 x 1024
 // and 4096 x 1024 weights, and one optimizer step over a BERT-Large encoder layer's parameters.
 // bench/torch_cuda_bench.py --only kfac,optim times the same in PyTorch.
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kfac/cuda/inverse_chain_cuda.h"
 #include "kfac/cuda/kfac_cuda.h"
 #include "runtime/optim/cuda/fused_optimizers.h"
 
@@ -97,6 +99,26 @@ void BM_Inverse(benchmark::State& state) {
   state.SetLabel(method == InverseMethod::kEigen ? "syevd" : "potrf+potri");
 }
 
+// The divided inversion (kfac/inverse_chain.h's steps on the GPU) against potrf + potri: its
+// cost of dividing (blocked steps, one host wait per chain) beside BM_Inverse's figure. Arg 1:
+// the pieces (1: the chain whole; 8: eight equal shares of its FLOPs, as a refresh's bubbles
+// take them).
+void BM_InverseChain(benchmark::State& state) {
+  const auto d = state.range(0);
+  const auto pieces = static_cast<int>(state.range(1));
+  KfacCuda kfac(device().backend, &device().stream);
+  DeviceArray factor(static_cast<std::size_t>(d * d));
+  make_factor(kfac, factor.data, d);
+  time_on_gpu(state, 3, [&] {
+    pf::kfac::cuda::InverseChainCuda chain(kfac, factor.data, d, 1e-3F, "bench");
+    for (int p = 0; p < pieces; ++p) {
+      chain.run(pf::kfac::kPieceUnits * p / pieces, pf::kfac::kPieceUnits * (p + 1) / pieces);
+    }
+    if (chain.take().status.fell_back_to_eigen) state.SkipWithError("Cholesky fell back");
+  });
+  state.SetLabel(std::to_string(pieces) + (pieces == 1 ? " piece" : " pieces"));
+}
+
 void BM_Curvature(benchmark::State& state) {
   const auto d = state.range(0);
   const std::int64_t tokens = 4096;
@@ -159,6 +181,10 @@ void BM_OptimizerStep(benchmark::State& state) {
 
 BENCHMARK(BM_Inverse)
     ->ArgsProduct({{768, 1024, 3072, 4096}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_InverseChain)
+    ->ArgsProduct({{768, 1024, 3072, 4096}, {1, 8}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Curvature)
