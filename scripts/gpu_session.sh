@@ -14,7 +14,10 @@
 #          checkpoint resume against the straight run, and the no-device error path (exit 2)
 #   nccl   the NCCL communicator under mpirun (log: nccl.log): one rank on the GPU (world of one,
 #          send/receive to itself, all-reduce of one rank, broadcast, event ordering with a
-#          compute stream, the watchdog's abort of a stuck receive); then the question whether
+#          compute stream, the watchdog's abort of a stuck receive); bench_nccl -np 1 (our
+#          communicator against raw NCCL calls: creation, all-reduce, broadcast, grouped
+#          send/recv to itself, host staging, bytes to 256 MiB, every result verified; ~10 s,
+#          appended to nccl.log, its summary lines in session.log); then the question whether
 #          this NCCL runs 2 ranks on one GPU (PF_NCCL_SHARE_GPU=1 mpirun -np 2: "Duplicate GPU
 #          detected" or success, and if it runs, the 2-rank tests); pipefisher_train --device
 #          cuda under mpirun -np 1 (NCCL path) against the threaded run, and -np 2 on one GPU
@@ -61,7 +64,7 @@ PY
 # so that a call cut short still returns what it finished.
 mkdir -p "$OUT/calib"
 pack_calib() { tar czf "$OUT/calib.tar.gz" -C "$OUT" calib 2>/dev/null; }
-export PF_GPU_EXTRA_TARGETS="test_executor_cuda test_executor_device test_device pipefisher_train test_nccl_comm test_nccl_executor test_watchdog"
+export PF_GPU_EXTRA_TARGETS="test_executor_cuda test_executor_device test_device pipefisher_train test_nccl_comm test_nccl_executor test_watchdog bench_nccl"
 
 if want build; then
   note "build (log: build.log)"
@@ -251,6 +254,24 @@ if want nccl; then
     rc=$?
     note "nccl executor np1: exit $rc (log: nccl_executor.log)"
     [[ $rc -eq 0 ]] || status=1
+    # Our communicator's overheads against raw NCCL calls on one rank (docs/benchmarks.md, "NCCL
+    # one-rank overheads"): the tables go to nccl.log, the summary lines to session.log.
+    bench_nccl=build/gpu/bench/bench_nccl
+    if [[ -x $bench_nccl ]]; then
+      { echo "\$ mpirun -np 1 $bench_nccl --repeats 3"
+        timeout "${PF_NCCL_BENCH_TIMEOUT:-25}" "${mpirun[@]}" -np 1 "$bench_nccl" --repeats 3; } \
+        >"$OUT/nccl_bench.tmp" 2>&1
+      rc=$?
+      cat "$OUT/nccl_bench.tmp" >>"$OUT/nccl.log"
+      note "nccl bench np1: exit $rc (tables in nccl.log)"
+      grep -E "^# [^ ]|^#   (create|destroy)|^# +[0-9]+ B: |^bench_nccl|error" \
+        "$OUT/nccl_bench.tmp" | tee -a "$OUT/session.log"
+      rm -f "$OUT/nccl_bench.tmp"
+      [[ $rc -eq 0 ]] || status=1
+    else
+      note "nccl bench: $bench_nccl is not built (see build.log)"
+      status=1
+    fi
     # Can this NCCL run 2 ranks on one GPU? Older releases refuse ("Duplicate GPU detected").
     note "nccl: 2 ranks on one GPU? (log: nccl_np2.log)"
     { echo "\$ PF_NCCL_SHARE_GPU=1 NCCL_DEBUG=WARN mpirun -np 2 $nccl_test"
