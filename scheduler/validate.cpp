@@ -741,7 +741,8 @@ class Validator {
   }
 
   // A K-FAC instruction with a negative step: a pipelined refresh's work of the previous window
-  // (Schedule::kfac_pipelined_refresh); only inversions and curvature syncs run there.
+  // (Schedule::kfac_pipelined_refresh); only inversions and curvature syncs run there, and the
+  // offload copies of those inversions' factors (check_kfac_offload).
   void check_wrapped_step(int w, std::int32_t pos, const Instruction& in) const {
     if (!s_.kfac_pipelined_refresh) {
       fail(w, pos,
@@ -750,11 +751,12 @@ class Validator {
                "refresh (kfac_pipelined_refresh, --kfac-pipelined-refresh on)");
     }
     if (in.kind != OpKind::kInvertA && in.kind != OpKind::kInvertB &&
-        in.kind != OpKind::kCurvatureSync) {
+        in.kind != OpKind::kCurvatureSync && in.kind != OpKind::kPrefetchFactors &&
+        in.kind != OpKind::kWriteBackState) {
       fail(w, pos,
            short_label(in) + " has step " + str(in.step) +
                ": only inversions and curvature syncs of a pipelined refresh run in the next "
-               "window");
+               "window (and the offload copies of those inversions' factors)");
     }
     if (in.step < -keys_.steps) {
       fail(w, pos,
@@ -995,6 +997,7 @@ class Validator {
         const auto pos = static_cast<std::int32_t>(i);
         const ChunkRef ref = kfac_chunk(w, pos, in);
         const LinearOnWorker linear{ref.pipeline, in.layer, static_cast<int>(in.linear)};
+        if (is_kfac_transfer(in.kind)) continue;  // check_kfac_offload
         if (is_wrapped(in)) {
           order.wrapped[task_of(in, in.step + keys_.steps)].push_back(pos);
           if (in.kind == OpKind::kCurvatureSync) {
@@ -1196,19 +1199,31 @@ class Validator {
   // write-back after it (which needs an inversion since the prefetch), each step's
   // preconditioning after that step's inverse prefetch (one per step, released by the
   // preconditioning's last piece, so that one copy is on the device at a time), and the
-  // refresh's last step's inverse prefetch after every inversion has been written back.
+  // inverse prefetches that read new inverses after those have been written back: the
+  // refresh's last step's; with a pipelined refresh every step's, after the previous refresh's
+  // inversions run in the window (whose factor windows hold no inversion of this refresh, and
+  // whose write-backs may end an unfinished chain of pieces). With sharded state (inverse
+  // broadcasts) the broadcast runs inside the factor window of the refresh's last inversion,
+  // and its write-back follows it (the broadcast reads or fills the new inverses on the device).
   void check_kfac_offload() const {
     using LinearOf = std::tuple<int, int, int>;  // pipeline, layer, linear
     struct Residency {
       bool factors = false;         // prefetched, not yet written back
+      bool pieces = false;          // an inversion piece ran since the factor prefetch
       bool inverted = false;        // an inversion completed since the factor prefetch
+      int refresh = -1;             // ... of the window's refresh (1: the previous, wrapped)
       bool unwritten = false;       // an inversion completed since the last write-back
-      int inversions = 0;           // inversion tasks in the stream
+      int inversions = 0;           // inversion tasks of the window's refresh in the stream
       int inversions_done = 0;      // completed so far
+      int wrapped = 0;              // the previous refresh's, run in this window (pipelined)
+      int wrapped_done = 0;         // completed so far
+      int broadcasts = 0;           // the refresh's inverse broadcasts (sharded state)
+      bool broadcast_done = false;  // since the last write-back
       std::set<int> inverse_steps;  // steps whose inverses were prefetched
       int fetched_step = -1;        // the step whose prefetched inverses are on the device
       std::int32_t factors_position = kNone;
     };
+    const bool pipelined = s_.kfac_pipelined_refresh;
     for (int w = 0; w < workers_; ++w) {
       const auto& stream = s_.streams[static_cast<std::size_t>(w)];
       std::map<LinearOf, Residency> offloaded;
@@ -1219,25 +1234,26 @@ class Validator {
         offloaded[{ref.pipeline, in.layer, static_cast<int>(in.linear)}];
       }
       if (offloaded.empty()) continue;
-      if (s_.kfac_pipelined_refresh) {
-        // The residency rules assume that a refresh's work ends inside its window.
-        fail(w, kNone,
-             "offloaded K-FAC state (--kfac-offload) with a pipelined refresh "
-             "(--kfac-pipelined-refresh on) is not supported");
-      }
       for (std::size_t i = 0; i < stream.size(); ++i) {
         const Instruction& in = stream[i];
-        if ((in.kind != OpKind::kInvertA && in.kind != OpKind::kInvertB) ||
-            in.piece_end != kPieceUnits) {
-          continue;
-        }
+        const bool completes = (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) &&
+                               in.piece_end == kPieceUnits;
+        if (!completes && in.kind != OpKind::kBroadcastInverses) continue;
         const ChunkRef ref = kfac_chunk(w, static_cast<std::int32_t>(i), in);
         const auto it = offloaded.find({ref.pipeline, in.layer, static_cast<int>(in.linear)});
-        if (it != offloaded.end()) ++it->second.inversions;
+        if (it == offloaded.end()) continue;
+        if (in.kind == OpKind::kBroadcastInverses) {
+          ++it->second.broadcasts;
+        } else {
+          ++(is_wrapped(in) ? it->second.wrapped : it->second.inversions);
+        }
       }
       for (std::size_t i = 0; i < stream.size(); ++i) {
         const Instruction& in = stream[i];
-        if (!is_kfac(in.kind) || is_kfac_collective(in.kind)) continue;
+        if (!is_kfac(in.kind) || in.kind == OpKind::kCurvatureSync ||
+            in.kind == OpKind::kBroadcastGradient) {
+          continue;
+        }
         const auto pos = static_cast<std::int32_t>(i);
         const ChunkRef ref = kfac_chunk(w, pos, in);
         const auto it = offloaded.find({ref.pipeline, in.layer, static_cast<int>(in.linear)});
@@ -1253,31 +1269,61 @@ class Validator {
                        str(r.factors_position) + " was not written back)");
             }
             r.factors = true;
-            r.inverted = false;
+            r.pieces = r.inverted = false;
+            r.refresh = -1;
             r.factors_position = pos;
             break;
           case OpKind::kInvertA:
-          case OpKind::kInvertB:
+          case OpKind::kInvertB: {
             if (!r.factors) {
               fail(w, pos,
                    "inversion of " + name +
                        " without its factors on the device: no prefetch_factors before it since "
                        "the last write-back");
             }
-            if (in.piece_end == kPieceUnits) {
-              r.inverted = r.unwritten = true;
-              ++r.inversions_done;
+            r.pieces = true;
+            if (in.piece_end != kPieceUnits) break;
+            const int refresh = is_wrapped(in) ? 1 : 0;
+            if (r.refresh >= 0 && r.refresh != refresh) {
+              fail(w, pos,
+                   "inversion of " + name + " in the factor window of the " +
+                       (refresh == 1 ? "window's own refresh" : "previous refresh") +
+                       " (prefetched at position " + str(r.factors_position) +
+                       "): the previous refresh's inverses are written back before the next "
+                       "ones are computed");
             }
+            r.refresh = refresh;
+            r.inverted = r.unwritten = true;
+            ++(refresh == 1 ? r.wrapped_done : r.inversions_done);
+            break;
+          }
+          case OpKind::kBroadcastInverses:
+            if (!r.factors || r.inversions_done < r.inversions) {
+              fail(w, pos,
+                   "inverse broadcast of " + name +
+                       (r.factors ? std::string(" before the refresh's last inversion")
+                                  : std::string(" outside a factor window (its owner sends, the "
+                                                "others receive, the new inverses on the device "
+                                                "before their write-back)")));
+            }
+            r.broadcast_done = true;
             break;
           case OpKind::kWriteBackState:
-            if (!r.factors || !r.inverted) {
+            // A pipelined refresh's chain of pieces may stop at the window's end and finish in
+            // the next one: its own window writes back the factors it finalized.
+            if (!r.factors || !(pipelined ? r.pieces : r.inverted)) {
               fail(w, pos,
                    "write-back of " + name +
                        (r.factors ? std::string(" before an inversion since its factor prefetch")
                                   : std::string(" without a factor prefetch before it")));
             }
+            if (r.broadcasts > 0 && r.refresh == 0 && r.inversions_done == r.inversions &&
+                !r.broadcast_done) {
+              fail(w, pos, "write-back of " + name + " before its inverse broadcast");
+            }
             r.factors = false;
             r.unwritten = false;
+            r.broadcast_done = false;
             break;
           case OpKind::kPrefetchInverses:
             if (!r.inverse_steps.insert(in.step).second) {
@@ -1289,7 +1335,15 @@ class Validator {
                        str(r.fetched_step) +
                        " are still on the device (its preconditioning has not finished)");
             }
-            if (in.step == keys_.steps - 1 && (r.inversions_done < r.inversions || r.unwritten)) {
+            if (pipelined && (r.wrapped_done < r.wrapped || (r.unwritten && r.refresh == 1))) {
+              fail(w, pos,
+                   "inverse prefetch of " + name +
+                       " before the write-back of the previous refresh's inverses (its "
+                       "inversions run in this window; with a pipelined refresh every step "
+                       "reads them)");
+            }
+            if (!pipelined && in.step == keys_.steps - 1 &&
+                (r.inversions_done < r.inversions || r.unwritten)) {
               fail(w, pos,
                    "inverse prefetch of " + name +
                        " in the refresh's last step before the write-back of its new inverses");

@@ -172,9 +172,11 @@ class Engine {
       // A pipelined refresh's inversion or curvature sync of the previous window
       // (sched::is_wrapped): its dependencies ran in that window; the stream order (and, a sync,
       // its partner) places it.
-      const bool wrapped = schedule_.kfac_pipelined_refresh && sched::is_wrapped(in) &&
-                           (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB ||
-                            in.kind == OpKind::kCurvatureSync);
+      const bool wrapped =
+          schedule_.kfac_pipelined_refresh && sched::is_wrapped(in) &&
+          (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB ||
+           in.kind == OpKind::kCurvatureSync || in.kind == OpKind::kPrefetchFactors ||
+           in.kind == OpKind::kWriteBackState);
       if ((in.step < 0 && !wrapped) || in.pipeline < 0) {
         throw std::invalid_argument("negative step or pipeline in " + where(g));
       }
@@ -420,6 +422,10 @@ class Engine {
     std::vector<std::int32_t> last_prefetch_inverses(keys_.linear_space(), -1);
     std::vector<std::int32_t> last_write_back(keys_.linear_space(), -1);  // any step: key of step 0
     std::vector<std::int32_t> last_wrapped_sync(keys_.linear_space(), -1);  // key of step 0
+    // The same for the offload copies of those inversions (their factors' prefetch, then the
+    // inversions, then their write-back).
+    std::vector<std::int32_t> last_wrapped_prefetch(keys_.linear_space(), -1);
+    std::vector<std::int32_t> last_wrapped_inversion(keys_.linear_space(), -1);
     std::vector<std::int32_t> last_reduction_of_step(keys_.steps, -1);
     std::vector<std::int32_t> last_weight_grad_of_step(keys_.steps, -1);
 
@@ -440,6 +446,15 @@ class Engine {
           if (in.kind == OpKind::kCurvatureSync && any_step >= 0) last_wrapped_sync[any_step] = g;
           if ((in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) && any_step >= 0) {
             add_dep(g, local(last_wrapped_sync, any_step, begin), 0.0);
+            add_dep(g, local(last_wrapped_prefetch, any_step, begin), 0.0);
+            last_wrapped_inversion[any_step] = g;
+          }
+          if (in.kind == OpKind::kPrefetchFactors && any_step >= 0) {
+            last_wrapped_prefetch[any_step] = g;
+          }
+          if (in.kind == OpKind::kWriteBackState && any_step >= 0) {
+            add_dep(g, local(last_wrapped_inversion, any_step, begin), 0.0);
+            last_write_back[any_step] = g;
           }
           continue;
         }

@@ -514,11 +514,6 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       place_kfac_state();
       for (const auto& [key, slot] : kfac_slots) {
         if (!slot.offloaded) continue;
-        if (slot.broadcasts_inverses || slot.broadcasts_gradient) {
-          throw std::invalid_argument(
-              "executor: K-FAC offload with sharded K-FAC state (--kfac-sharding) is not "
-              "supported: offload keeps each replica's whole state in its host memory");
-        }
         if (runtime) {
           pinned_kfac.try_emplace(key);
         } else {
@@ -2335,7 +2330,42 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     return it->second;
   }
 
+  // What one copy moves on this replica (sharded state, kfac/state_placement.h): a factor
+  // prefetch only to the factor holders, a write-back and an inverse prefetch only on the
+  // inverse holders (those without factors write back the inverses the owner broadcast);
+  // nothing on the others, which hold neither.
+  bool moves_here(const Instruction& in, const KfacSlot& slot) const {
+    return in.kind == OpKind::kPrefetchFactors ? slot.placement.holds_factors(replica)
+                                               : slot.placement.holds_inverses(replica);
+  }
+  // The inverses a write-back moves, per factor (A, B), and whether they are the current
+  // round's refresh's. A write-back of the window's own inversions moves the inverses computed
+  // (or received by broadcast) this round and not written back yet. A pipelined refresh's
+  // previous-refresh inversions run in this window (sched::is_wrapped, step < 0) write back in
+  // a window of their own (validated), before this window's inverse prefetches: there the
+  // device's inverses are theirs (`live`). Neither may be new where a chain of pieces stops at
+  // its window's end (pipelined): that write-back moves the factors alone.
+  struct WriteBack {
+    bool new_a = false, new_b = false, this_round = true;
+  };
+  WriteBack write_back_of(const Instruction& in, const KfacSlot& slot, bool written_a,
+                          bool written_b, bool live_a, bool live_b) const {
+    WriteBack out;
+    out.this_round = !sched::is_wrapped(in);
+    out.new_a = out.this_round ? slot.inverted_a && !written_a : live_a;
+    out.new_b = out.this_round ? slot.inverted_b && !written_b : live_b;
+    if (!out.new_a && !out.new_b && !schedule.kfac_pipelined_refresh) {
+      throw std::runtime_error("write-back without a new inverse");
+    }
+    return out;
+  }
+  // The step's preconditioning reads the refresh's new inverses (see precondition).
+  bool reads_newest(const Instruction& in) const {
+    return in.step == schedule.num_steps - 1 && !schedule.kfac_pipelined_refresh;
+  }
+
   void offload_copy(const Instruction& in) {
+    if (!moves_here(in, kfac_slot(in))) return;
     if (runtime) {
       offload_copy_on_device(in);
       return;
@@ -2348,15 +2378,14 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         host.prefetch_factors(layer);
         break;
       case OpKind::kWriteBackState: {
-        // The inverses computed since their last write-back (this round's, not yet written).
-        const bool new_a = slot.inverted_a && !host.written_back(true);
-        const bool new_b = slot.inverted_b && !host.written_back(false);
-        if (!new_a && !new_b) throw std::runtime_error("write-back without a new inverse");
-        host.write_back(layer, new_a, new_b);
+        const auto moved =
+            write_back_of(in, slot, host.written_back(true), host.written_back(false),
+                          layer.a.inverse.size() != 0, layer.b.inverse.size() != 0);
+        host.write_back(layer, moved.new_a, moved.new_b, moved.this_round);
         break;
       }
       default: {  // prefetch_inverses: what this step's preconditioning reads (see precondition)
-        const bool newest = in.step == schedule.num_steps - 1;
+        const bool newest = reads_newest(in);
         for (const bool is_a : {true, false}) {
           const bool inverted = is_a ? slot.inverted_a : slot.inverted_b;
           const bool written = host.written_back(is_a);
@@ -2420,9 +2449,9 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         mark_prefetched(slot);
         break;
       case OpKind::kWriteBackState: {
-        const bool new_a = slot.inverted_a && !host.written_back(true);
-        const bool new_b = slot.inverted_b && !host.written_back(false);
-        if (!new_a && !new_b) throw std::runtime_error("write-back without a new inverse");
+        const auto moved =
+            write_back_of(in, slot, host.written_back(true), host.written_back(false),
+                          layer.has_inverse(true, false), layer.has_inverse(false, false));
         if (current_span) {
           // The span holds the copies, not the copy stream's wait for the inversion.
           const auto computed = backend().create_event();
@@ -2430,11 +2459,11 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
           copy_stream->wait(*computed);
           timeline->restart(*current_span, *copy_stream);
         }
-        host.write_back(on, layer, new_a, new_b);
+        host.write_back(on, layer, moved.new_a, moved.new_b, moved.this_round);
         break;
       }
       default: {  // prefetch_inverses: what this step's preconditioning reads
-        const bool newest = in.step == schedule.num_steps - 1;
+        const bool newest = reads_newest(in);
         for (const bool is_a : {true, false}) {
           const bool inverted = is_a ? slot.inverted_a : slot.inverted_b;
           const bool written = host.written_back(is_a);
@@ -2565,7 +2594,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       case OpKind::kWriteBackState:
       case OpKind::kPrefetchInverses:
         offload_copy(in);
-        bytes = in.bytes;
+        bytes = moves_here(in, kfac_slot(in)) ? in.bytes : 0;  // nothing where it holds none
         break;
     }
     if (sent_before >= 0) {

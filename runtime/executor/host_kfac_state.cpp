@@ -30,7 +30,8 @@ void copy_in(const std::vector<float>& from, std::int64_t d, Eigen::MatrixXf& to
 
 }  // namespace
 
-void HostKfacState::write_back(kfac::KfacLayerState& layer, bool new_a, bool new_b) {
+void HostKfacState::write_back(kfac::KfacLayerState& layer, bool new_a, bool new_b,
+                               bool this_round) {
   for (const bool is_a : {true, false}) {
     kfac::FactorState& factor = is_a ? layer.a : layer.b;
     Factor& host = is_a ? a_ : b_;
@@ -40,7 +41,7 @@ void HostKfacState::write_back(kfac::KfacLayerState& layer, bool new_a, bool new
     host.previous_inverse.swap(host.inverse);
     copy_out(factor.inverse, host.inverse);
     factor.inverse = Eigen::MatrixXf();
-    (is_a ? written_a_ : written_b_) = true;
+    (is_a ? written_a_ : written_b_) = this_round;
   }
 }
 

@@ -26,8 +26,9 @@ class HostKfacState {
  public:
   // device -> host after an inversion: both factor values, and the new inverse of each factor
   // marked new (the host's inverse before it becomes the previous one); frees those on the
-  // device.
-  void write_back(kfac::KfacLayerState& layer, bool new_a, bool new_b);
+  // device. `this_round`: the new inverses are the current round's refresh's (written_back
+  // says so); false for a pipelined refresh's previous-refresh inversions run in this round.
+  void write_back(kfac::KfacLayerState& layer, bool new_a, bool new_b, bool this_round = true);
   // host -> device before an inversion: both factor values (none before the first
   // write-back).
   void prefetch_factors(kfac::KfacLayerState& layer) const;
@@ -36,8 +37,8 @@ class HostKfacState {
   // refresh: preconditioning is the identity).
   void prefetch_inverse(bool a, bool previous, std::int64_t d, Eigen::MatrixXf& into) const;
 
-  // True once the factor's new inverse of the current round is written back (begin_round
-  // clears it).
+  // True once the factor's new inverse of the current round's refresh is written back
+  // (begin_round clears it).
   bool written_back(bool a) const { return a ? written_a_ : written_b_; }
   void begin_round() { written_a_ = written_b_ = false; }
   std::int64_t bytes() const;  // host memory held

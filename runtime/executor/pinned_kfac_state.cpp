@@ -64,7 +64,7 @@ void release_staging(const OffloadStreams& on, tensor::Tensor buffer, tensor::St
 }
 
 void PinnedKfacState::write_back(const OffloadStreams& on, device::DeviceKfacLayer& layer,
-                                 bool new_a, bool new_b) {
+                                 bool new_a, bool new_b, bool this_round) {
   // The copies read what the compute stream's work so far (the inversion) wrote.
   const auto computed = on.runtime->backend().create_event();
   computed->record(*on.compute);
@@ -75,7 +75,7 @@ void PinnedKfacState::write_back(const OffloadStreams& on, device::DeviceKfacLay
     if (!(is_a ? new_a : new_b)) continue;
     swap(host.previous_inverse, host.inverse);
     copy_out(on, layer.detach(is_a, Matrix::kInverse), host.inverse);
-    (is_a ? written_a_ : written_b_) = true;
+    (is_a ? written_a_ : written_b_) = this_round;
   }
 }
 

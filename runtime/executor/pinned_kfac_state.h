@@ -34,8 +34,9 @@ class PinnedKfacState {
 
   // device -> host after an inversion: both factor values, and the new inverse of each factor
   // marked new (the host's inverse before it becomes the previous one); the layer gives up
-  // those buffers.
-  void write_back(const OffloadStreams& on, device::DeviceKfacLayer& layer, bool new_a, bool new_b);
+  // those buffers. `this_round` as HostKfacState::write_back's.
+  void write_back(const OffloadStreams& on, device::DeviceKfacLayer& layer, bool new_a, bool new_b,
+                  bool this_round = true);
   // host -> device before an inversion: both factor values (a factor with none on the host
   // before the first write-back has its device value dropped, as on the CPU path).
   void prefetch_factors(const OffloadStreams& on, device::DeviceKfacLayer& layer, std::int64_t d_in,

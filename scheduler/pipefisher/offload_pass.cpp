@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <stdexcept>
@@ -28,33 +29,55 @@ LinearKey key_of(const Instruction& in) {
 }
 
 // One stretch of a Linear's inversions that holds its factors on the device: the inversion
-// tasks (A, B) whose pieces overlap, first piece to last.
+// tasks (A, B) whose pieces overlap, first piece to last; with sharded state, to the inverse
+// broadcast after them.
 struct InversionWindow {
   int first = 0, last = 0;
-  int inverses = 0;  // tasks in it (1 or 2): the inverses its write-back moves
+  int inverses = 0;      // tasks completed in it (0 to 2): the inverses its write-back moves
+  bool wrapped = false;  // a pipelined refresh's work of the previous refresh (sched::is_wrapped)
+};
+
+// The pieces of one inversion task in one refresh window (a pipelined refresh's task may run
+// partly in its own window and end in the next one: two spans).
+struct InversionSpan {
+  int first = 0, last = 0;
+  bool completes = false;  // holds the task's last piece
 };
 
 // Where one Linear's K-FAC work sits in a worker's stream.
 struct LinearWork {
-  std::map<int, std::pair<int, int>> inversion;  // per kind (A, B): first and last piece
-  std::vector<InversionWindow> windows;          // in stream order
+  // Per (kind (A, B), wrapped): first and last piece, and whether the last piece is there.
+  std::map<std::pair<int, bool>, InversionSpan> inversion;
+  int inverse_broadcast = -1;            // sharded state: the owner's inverse broadcast
+  std::vector<InversionWindow> windows;  // in stream order
   // Per step: the first and last piece of its preconditioning.
   std::map<int, std::pair<int, int>> precondition;
 
   // Each inversion task gets its own window (its factors are prefetched just before it and
   // written back just after, so that at most about one Linear's factors are on the device at a
-  // time) unless its pieces interleave with the other's.
+  // time) unless its pieces interleave with the other's. The work of two refreshes (a pipelined
+  // refresh's wrapped inversions and the window's own) never shares a window: the previous
+  // refresh's inverses are written back before the next ones are computed. With sharded state
+  // the inverse broadcast reads (owner) or fills (the other inverse holders) both new inverses
+  // on the device: one window from the first inversion to the broadcast.
   void make_windows() {
-    std::vector<std::pair<int, int>> tasks;
-    for (const auto& [kind, span] : inversion) tasks.push_back(span);
+    std::vector<std::tuple<int, int, bool, bool>> tasks;  // first, last, wrapped, completes
+    for (const auto& [kind_wrapped, span] : inversion) {
+      tasks.emplace_back(span.first, span.last, kind_wrapped.second, span.completes);
+    }
     std::sort(tasks.begin(), tasks.end());
-    for (const auto& [first, last] : tasks) {
-      if (!windows.empty() && first <= windows.back().last) {
+    for (const auto& [first, last, wrapped, completes] : tasks) {
+      const int done = completes ? 1 : 0;
+      if (!windows.empty() && windows.back().wrapped == wrapped &&
+          (first <= windows.back().last || inverse_broadcast >= 0)) {
         windows.back().last = std::max(windows.back().last, last);
-        ++windows.back().inverses;
+        windows.back().inverses += done;
       } else {
-        windows.push_back({first, last, 1});
+        windows.push_back({first, last, done, wrapped});
       }
+    }
+    if (inverse_broadcast >= 0 && !windows.empty()) {
+      windows.back().last = std::max(windows.back().last, inverse_broadcast);
     }
   }
 };
@@ -179,8 +202,7 @@ struct ScheduleWork {
   std::vector<std::map<LinearKey, const Instruction*>> sample;  // one instruction of each
 };
 
-ScheduleWork find_work(const PassResult& pipefisher, const sim::CostModel& costs,
-                       OffloadMode mode) {
+ScheduleWork find_work(const PassResult& pipefisher, const sim::CostModel& costs) {
   const sched::Schedule& schedule = pipefisher.schedule;
   const int workers = schedule.num_workers();
   ScheduleWork found;
@@ -190,23 +212,27 @@ ScheduleWork find_work(const PassResult& pipefisher, const sim::CostModel& costs
     const auto& stream = schedule.streams[static_cast<std::size_t>(w)];
     for (std::size_t i = 0; i < stream.size(); ++i) {
       const Instruction& in = stream[i];
-      if (in.kind == OpKind::kBroadcastInverses || in.kind == OpKind::kBroadcastGradient) {
-        throw std::invalid_argument(
-            "--kfac-offload " + std::string(to_string(mode)) +
-            " with sharded K-FAC state (--kfac-sharding other than replicate) is not supported: "
-            "offload keeps each replica's whole state in its own host memory");
-      }
       if (sched::is_kfac_transfer(in.kind)) {
         throw std::invalid_argument("K-FAC offload: the schedule has offload copies already");
+      }
+      const int position = static_cast<int>(i);
+      if (in.kind == OpKind::kBroadcastInverses) {
+        auto& linear = found.work[static_cast<std::size_t>(w)][key_of(in)];
+        linear.inverse_broadcast = std::max(linear.inverse_broadcast, position);
+        continue;
       }
       if (!sched::is_kfac(in.kind) || sched::is_kfac_collective(in.kind)) continue;
       auto& linear = found.work[static_cast<std::size_t>(w)][key_of(in)];
       found.sample[static_cast<std::size_t>(w)].emplace(key_of(in), &in);
-      const int position = static_cast<int>(i);
       if (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) {
+        const bool completes = in.piece_end == sched::kPieceUnits;
         auto [it, added] =
-            linear.inversion.try_emplace(static_cast<int>(in.kind), position, position);
-        if (!added) it->second.second = position;
+            linear.inversion.try_emplace({static_cast<int>(in.kind), sched::is_wrapped(in)},
+                                         InversionSpan{position, position, completes});
+        if (!added) {
+          it->second.last = position;
+          it->second.completes = it->second.completes || completes;
+        }
       }
       if (in.kind == OpKind::kPrecondition) {
         auto [it, added] = linear.precondition.try_emplace(in.step, position, position);
@@ -218,7 +244,8 @@ ScheduleWork find_work(const PassResult& pipefisher, const sim::CostModel& costs
     const auto& times = pipefisher.after.times[static_cast<std::size_t>(w)];
     for (auto& [key, linear] : found.work[static_cast<std::size_t>(w)]) {
       linear.make_windows();
-      // Windows closer than a write-back and a prefetch take become one: the factors stay.
+      // Windows closer than a write-back and a prefetch take become one: the factors stay
+      // (never a pipelined refresh's wrapped window with the window's own).
       const Instruction& like = *found.sample[static_cast<std::size_t>(w)].at(key);
       const double bytes = costs.kfac_bytes(schedule, like.layer, like.linear);
       const double round_trip =
@@ -226,9 +253,10 @@ ScheduleWork find_work(const PassResult& pipefisher, const sim::CostModel& costs
           costs.duration(schedule, w, transfer(OpKind::kPrefetchFactors, like, 0, bytes / 2.0));
       std::vector<InversionWindow> merged;
       for (const auto& window : linear.windows) {
-        if (!merged.empty() && times[static_cast<std::size_t>(window.first)].start_s -
-                                       times[static_cast<std::size_t>(merged.back().last)].end_s <
-                                   round_trip) {
+        if (!merged.empty() && merged.back().wrapped == window.wrapped &&
+            times[static_cast<std::size_t>(window.first)].start_s -
+                    times[static_cast<std::size_t>(merged.back().last)].end_s <
+                round_trip) {
           merged.back().last = window.last;
           merged.back().inverses += window.inverses;
         } else {
@@ -243,10 +271,11 @@ ScheduleWork find_work(const PassResult& pipefisher, const sim::CostModel& costs
 
 // Worker w's stream with the copies of its offloaded Linears, placed in the PipeFisher
 // timeline; fills the report's counts.
-std::vector<Instruction> insert_copies(const PassResult& pipefisher, const ScheduleWork& found,
-                                       const WorkerOffloadPlan& plan, int w,
-                                       const sim::CostModel& costs,
-                                       WorkerOffloadReport& worker_report) {
+std::vector<Instruction> insert_copies(
+    const PassResult& pipefisher, const ScheduleWork& found, const WorkerOffloadPlan& plan, int w,
+    const sim::CostModel& costs,
+    const std::function<HeldKfacState(int, int, sched::LinearKind)>& held_state,
+    WorkerOffloadReport& worker_report) {
   const sched::Schedule& schedule = pipefisher.schedule;
   const auto& stream = schedule.streams[static_cast<std::size_t>(w)];
   if (plan.offloaded.empty()) return stream;
@@ -286,34 +315,45 @@ std::vector<Instruction> insert_copies(const PassResult& pipefisher, const Sched
   });
   std::vector<Placed> placed;
   // Per Linear and window: where its write-back went (the next window's factor prefetch, and the
-  // refresh's last inverse prefetch, come after it).
+  // inverse prefetches that read the new inverses, come after it).
   std::map<std::pair<LinearKey, int>, int> write_back_at;
-  std::map<LinearKey, double> bytes_of;
-  for (const auto& state : plan.offloaded) {
-    bytes_of[{state.pipeline, state.layer, static_cast<int>(state.linear)}] = state.bytes;
-  }
   const int last_step = schedule.num_steps - 1;
+  const bool pipelined = schedule.kfac_pipelined_refresh;
   for (const Request& request : requests) {
     const LinearWork& lw = work.at(request.key);
     const Instruction& like = *found.sample[static_cast<std::size_t>(w)].at(request.key);
-    // Half of a Linear's state is its factors, half its inverses (a quarter each).
-    const double bytes = bytes_of.at(request.key);
+    // What the worker's busiest replica holds of the Linear moves (with sharded state the others
+    // move what they hold: the executor): half of the state is its factors (a factor prefetch),
+    // half its inverses (an inverse prefetch; a quarter per inversion task written back).
+    const HeldKfacState held = held_state(w, like.layer, like.linear);
+    const double bytes = held.factors && held.inverses ? held.bytes : 2.0 * held.bytes;
+    const double factor_bytes = held.factors ? bytes / 2.0 : 0.0;
+    const double inverse_bytes = held.inverses ? bytes / 2.0 : 0.0;
     bool late = false;
     Placed copy;
     // At one position: prefetches first (their consumers are next), then write-backs (they
     // wait for their inversion), then a prefetch of the same Linear that must follow its
     // write-back.
     copy.order = 0;
-    const auto last_precondition = lw.precondition.find(last_step);
-    // The write-back this copy follows: the previous window's (a factor prefetch), the last
-    // window's (an inverse prefetch).
-    const int before =
-        request.order == 1 ? request.index - 1 : static_cast<int>(lw.windows.size()) - 1;
+    // The windows whose new inverses an inverse prefetch reads, written back before it: the
+    // refresh's (the last window) for the refresh's last step; with a pipelined refresh, for
+    // every step, the previous refresh's run in this window (the last wrapped window).
+    int read_window = -1;
+    if (pipelined) {
+      for (std::size_t x = 0; x < lw.windows.size(); ++x) {
+        if (lw.windows[x].wrapped) read_window = static_cast<int>(x);
+      }
+    } else if (request.index == last_step) {
+      read_window = static_cast<int>(lw.windows.size()) - 1;
+    }
+    // The write-back this copy follows: the previous window's (a factor prefetch), the one
+    // whose inverses it reads (an inverse prefetch).
+    const int before = request.order == 1 ? request.index - 1 : read_window;
     const auto previous_write_back = write_back_at.find({request.key, before});
     if (request.order == 1) {  // factors, before the window's first inversion
       const auto& window = lw.windows[static_cast<std::size_t>(request.index)];
       const int step = stream[static_cast<std::size_t>(window.first)].step;
-      copy.instruction = transfer(OpKind::kPrefetchFactors, like, step, bytes / 2.0);
+      copy.instruction = transfer(OpKind::kPrefetchFactors, like, step, factor_bytes);
       const int earliest =
           previous_write_back == write_back_at.end() ? 0 : previous_write_back->second;
       copy.position =
@@ -323,13 +363,17 @@ std::vector<Instruction> insert_copies(const PassResult& pipefisher, const Sched
       const auto& window = lw.windows[static_cast<std::size_t>(request.index)];
       const int step = stream[static_cast<std::size_t>(window.last)].step;
       copy.instruction = transfer(OpKind::kWriteBackState, like, step,
-                                  bytes / 2.0 + window.inverses * bytes / 4.0);
+                                  factor_bytes + window.inverses * inverse_bytes / 2.0);
       int latest = n;
       if (static_cast<std::size_t>(request.index) + 1 < lw.windows.size()) {
         latest = lw.windows[static_cast<std::size_t>(request.index) + 1].first;
       }
-      if (last_precondition != lw.precondition.end()) {
-        latest = std::min(latest, last_precondition->second.first);
+      // Before the first preconditioning that reads its inverses: the refresh's last step's; a
+      // pipelined refresh's wrapped window, every step's of the window it runs in.
+      for (const auto& [step_of, positions] : lw.precondition) {
+        if (pipelined ? window.wrapped : step_of == last_step) {
+          latest = std::min(latest, positions.first);
+        }
       }
       copy.position = placer.place_write_back(
           window.last + 1, std::max(window.last + 1, latest), placer.duration(copy.instruction),
@@ -337,15 +381,14 @@ std::vector<Instruction> insert_copies(const PassResult& pipefisher, const Sched
       copy.order = 1;
       write_back_at[{request.key, request.index}] = copy.position;
     } else {  // one step's inverses, before its preconditioning
-      copy.instruction = transfer(OpKind::kPrefetchInverses, like, request.index, bytes / 2.0);
+      copy.instruction = transfer(OpKind::kPrefetchInverses, like, request.index, inverse_bytes);
       int earliest = 0;
       // After the previous step's preconditioning released its copy.
       auto it = lw.precondition.find(request.index);
       if (it != lw.precondition.begin()) earliest = std::prev(it)->second.second + 1;
-      // The refresh's last step reads the new inverses: after their write-back.
+      // After the write-back of the inverses it reads.
       bool after_write_back = false;
-      if (request.index == last_step && previous_write_back != write_back_at.end() &&
-          previous_write_back->second >= earliest) {
+      if (previous_write_back != write_back_at.end() && previous_write_back->second >= earliest) {
         earliest = previous_write_back->second;
         after_write_back = true;
       }
@@ -380,24 +423,40 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
                                const OffloadOptions& options, const sim::SimOptions& sim_options) {
   const sched::Schedule& schedule = pipefisher.schedule;
   const int workers = schedule.num_workers();
-  if (schedule.kfac_pipelined_refresh && options.mode != OffloadMode::kNone) {
-    // Its residency rules assume that a refresh's inversions end inside their window.
-    throw std::invalid_argument(
-        "--kfac-offload with a pipelined refresh (--kfac-pipelined-refresh on, chosen by the "
-        "pass) is not supported: use --kfac-pipelined-refresh off or --kfac-offload none");
-  }
   if (static_cast<int>(pipefisher.after.times.size()) != workers ||
       static_cast<int>(pipefisher.before.workers.size()) != workers) {
     throw std::invalid_argument("K-FAC offload: the PipeFisher result has no simulated timeline");
   }
-  const ScheduleWork found = find_work(pipefisher, costs, options.mode);
+  const ScheduleWork found = find_work(pipefisher, costs);
+  // What each Linear's state is on the worker's busiest replica (the PipeFisher pass counts it;
+  // with sharded state a replica may hold the inverses alone, or nothing of a Linear): the
+  // copies move that, and the planner counts it.
+  std::function<HeldKfacState(int, int, sched::LinearKind)> held_state =
+      pipefisher.busiest_replica_holds;
+  if (!held_state) {
+    held_state = [&costs, &schedule](int, int layer, sched::LinearKind linear) {
+      return HeldKfacState{true, true, costs.kfac_bytes(schedule, layer, linear)};
+    };
+  }
+  // Simulated as the pass simulated its schedule: a pipelined refresh holds a second
+  // accumulator of each kept Linear's factors (half its state; an offloaded Linear's sums stay
+  // on the device too, uncounted as without a pipelined refresh).
+  sim::SimOptions simulation = sim_options;
+  if (!simulation.kfac_state_bytes) {
+    const double accumulators = schedule.kfac_pipelined_refresh ? 1.5 : 1.0;
+    simulation.kfac_state_bytes = [held_state, accumulators](int worker, int layer,
+                                                             sched::LinearKind linear) {
+      return accumulators * held_state(worker, layer, linear).bytes;
+    };
+  }
   std::vector<std::vector<LinearState>> linears(static_cast<std::size_t>(workers));
   std::vector<double> other(static_cast<std::size_t>(workers));
   for (int w = 0; w < workers; ++w) {
     for (const auto& [key, in] : found.sample[static_cast<std::size_t>(w)]) {
+      const double held = held_state(w, in->layer, in->linear).bytes;
       linears[static_cast<std::size_t>(w)].push_back(
           {std::get<0>(key), std::get<1>(key), static_cast<sched::LinearKind>(std::get<2>(key)),
-           costs.kfac_bytes(schedule, in->layer, in->linear)});
+           held});
     }
     other[static_cast<std::size_t>(w)] = pipefisher.before.workers[w].peak_memory_bytes;
   }
@@ -421,10 +480,10 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
     for (int w = 0; w < workers; ++w) {
       result.schedule.streams[static_cast<std::size_t>(w)] =
           insert_copies(pipefisher, found, result.plan.workers[static_cast<std::size_t>(w)], w,
-                        costs, report.workers[static_cast<std::size_t>(w)]);
+                        costs, held_state, report.workers[static_cast<std::size_t>(w)]);
     }
     sched::validate(result.schedule);
-    result.after = sim::simulate(result.schedule, costs, sim_options);
+    result.after = sim::simulate(result.schedule, costs, simulation);
     if (options.mode != OffloadMode::kAuto) break;
     bool more = false;
     for (int w = 0; w < workers; ++w) {

@@ -941,12 +941,12 @@ std::vector<kfac::LinearDims> state_dims(std::vector<HeldLinear> linears,
 }
 
 // Per worker, the K-FAC state its busiest replica (most bytes) holds of each Linear: what the
-// simulator charges for the worker's memory.
-std::function<double(int, int, sched::LinearKind)> state_bytes_of_busiest_replica(
+// simulator charges for the worker's memory (its bytes), and the offload pass moves.
+std::function<HeldKfacState(int, int, sched::LinearKind)> state_of_busiest_replica(
     const sched::Schedule& base, const KfacOptions& options) {
   const int replicas = std::max(1, base.params.data_parallel);
   auto held = preconditioned_linears(base, options);
-  auto table = std::make_shared<std::map<std::tuple<int, int, int>, double>>();
+  auto table = std::make_shared<std::map<std::tuple<int, int, int>, HeldKfacState>>();
   for (std::size_t w = 0; w < held.size(); ++w) {
     auto& linears = held[w];
     std::sort(linears.begin(), linears.end(), [](const HeldLinear& a, const HeldLinear& b) {
@@ -962,16 +962,17 @@ std::function<double(int, int, sched::LinearKind)> state_bytes_of_busiest_replic
     for (std::size_t i = 0; i < linears.size(); ++i) {
       const auto& d = dims[i];
       const double factor_bytes = 4.0 * static_cast<double>(d.d_in * d.d_in + d.d_out * d.d_out);
-      double bytes = 0.0;
-      if (plan.layers[i].holds_factors(busiest)) bytes += factor_bytes;
-      if (plan.layers[i].holds_inverses(busiest)) bytes += factor_bytes;
+      HeldKfacState state;
+      state.factors = plan.layers[i].holds_factors(busiest);
+      state.inverses = plan.layers[i].holds_inverses(busiest);
+      state.bytes = (state.factors ? factor_bytes : 0.0) + (state.inverses ? factor_bytes : 0.0);
       (*table)[{static_cast<int>(w), linears[i].layer, static_cast<int>(linears[i].linear)}] =
-          bytes;
+          state;
     }
   }
   return [table](int worker, int layer, sched::LinearKind linear) {
     const auto it = table->find({worker, layer, static_cast<int>(linear)});
-    return it == table->end() ? 0.0 : it->second;
+    return it == table->end() ? HeldKfacState{false, false, 0.0} : it->second;
   };
 }
 
@@ -1166,7 +1167,11 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
           : sim::simulate(repeat_steps(reference, chosen->refresh_steps), costs, sim_options);
   sim::SimOptions after_options = sim_options;
   if (!options.linear_dims.empty()) {
-    after_options.kfac_state_bytes = state_bytes_of_busiest_replica(base, options);
+    result.busiest_replica_holds = state_of_busiest_replica(base, options);
+    after_options.kfac_state_bytes = [held = result.busiest_replica_holds](
+                                         int worker, int layer, sched::LinearKind linear) {
+      return held(worker, layer, linear).bytes;
+    };
   }
   if (chosen->pipelined) {
     // The second accumulator of each factor (the next window's curvature while the previous

@@ -3,6 +3,7 @@
 // curvature, sync, inversion and preconditioning work, spreading one refresh of the curvature
 // and inverses over as few steps k as the bubbles allow (or a fixed k), and emits the
 // augmented k-step schedule.
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -90,11 +91,24 @@ struct KfacReport {
   std::vector<WorkerKfacReport> workers;
 };
 
+// What one data-parallel replica holds of a Linear's K-FAC state (kfac/state_placement.h).
+struct HeldKfacState {
+  bool factors = true;   // the factors' values (it inverts)
+  bool inverses = true;  // the inverses
+  double bytes = 0.0;    // of those, fp32
+};
+
 struct PassResult {
   sched::Schedule schedule;  // the augmented k-step schedule
   sim::SimResult before;     // the base schedule repeated k times
   sim::SimResult after;      // the augmented schedule
   KfacReport report;
+  // With KfacOptions::linear_dims: what the replica of each worker holding the most K-FAC state
+  // keeps of each Linear (`after` counts its bytes, plus half again with a pipelined refresh's
+  // second accumulator); empty otherwise (the cost model's kfac_bytes, factors and inverses).
+  // The offload pass plans, prices and counts its copies for that replica.
+  std::function<HeldKfacState(int worker, int layer, sched::LinearKind linear)>
+      busiest_replica_holds;
 };
 
 // `base` is a compiled one-step schedule (with communication, as from sched::compile). Throws

@@ -128,11 +128,13 @@ inline DeviceRun run_schedule(const std::shared_ptr<device::DeviceRuntime>& runt
                               const std::string& optimizer, std::int64_t steps,
                               bool record_events = true,
                               std::int64_t dp_bucket_bytes = ExecutorOptions{}.dp_bucket_bytes,
-                              float kfac_running_average = 0.0F) {
+                              float kfac_running_average = 0.0F,
+                              const kfac::StatePlacement& kfac_placement = {}) {
   auto batches = device_test_batches(config);
   auto setup = device_test_setup(runtime, config, schedule, optimizer, batches, record_events,
                                  dp_bucket_bytes);
   setup.options.kfac.running_average = kfac_running_average;
+  setup.options.kfac.placement = kfac_placement;
   ThreadedExecutor<float> executor(setup);
   DeviceRun run;
   executor.run(0, steps, [&](const StepResult& r) { run.steps.push_back(r); });

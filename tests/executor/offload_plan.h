@@ -3,9 +3,14 @@
 // on a GPU): a PipeFisher schedule of the device tests' BERT and the same schedule with the
 // offload pass's copies, priced with each Linear's K-FAC state at its real size.
 #include <algorithm>
+#include <cstdint>
+#include <set>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
+#include "kfac/state_placement.h"
 #include "runtime/model/bert_config.h"
 #include "scheduler/compile.h"
 #include "scheduler/pipefisher/offload_pass.h"
@@ -54,6 +59,13 @@ inline sim::UniformCosts offload_unit_costs(bool long_tasks) {
   return costs;
 }
 
+// How the refresh runs: PipeFisher's (inside its window), or pipelined (--kfac-pipelined-refresh
+// on: inverses serve from the next window, and part of a refresh's work runs there): whole
+// inversions run in the next window (k = 2 of 4-worker 1F1B, the plain refresh needs 3), chains
+// of pieces begun in their own window and ended in the next, or (Chimera) curvature syncs and
+// the inversions after them there.
+enum class Refresh { kPlain, kPipelinedWhole, kPipelinedChains, kPipelinedSyncs };
+
 struct OffloadCase {
   std::string name;
   sched::ScheduleKind kind;
@@ -62,8 +74,22 @@ struct OffloadCase {
   int refresh_steps;
   bool long_tasks;
   pipefisher::OffloadMode mode;
-  float running_average = 0.0F;  // of the K-FAC factors (the value must come back to blend)
+  float running_average = 0.0F;         // of the K-FAC factors (the value must come back to blend)
+  kfac::StatePlacement placement = {};  // across the data-parallel replicas (--kfac-sharding)
+  Refresh refresh = Refresh::kPlain;
 };
+
+// The Linears' dimensions of `config` per kind (KfacOptions::linear_dims).
+inline std::vector<kfac::LinearDims> linear_dims_of(const model::BertConfig& config) {
+  std::vector<kfac::LinearDims> dims;
+  for (int kind = 0; kind < sched::kNumLinearKinds; ++kind) {
+    const auto linear = static_cast<sched::LinearKind>(kind);
+    const std::int64_t h = config.hidden_size, i = config.intermediate_size;
+    dims.push_back({linear == sched::LinearKind::kFfnOut ? i : h,
+                    linear == sched::LinearKind::kFfnIn ? i : h});
+  }
+  return dims;
+}
 
 struct Plans {
   sched::Schedule without, with;
@@ -77,9 +103,22 @@ inline Plans plan_offload_run(const OffloadCase& c, const model::BertConfig& con
   params.microbatches = 4;
   params.num_layers = config.num_layers;
   params.data_parallel = c.data_parallel;
-  const SizedCosts costs(config, offload_unit_costs(c.long_tasks));
+  sim::UniformCosts unit = offload_unit_costs(c.long_tasks);
   pipefisher::KfacOptions kfac;
   kfac.refresh_steps = c.refresh_steps;
+  kfac.state_placement = c.placement;
+  // Sharded: the broadcasts' payloads and each replica's share come from the Linears' sizes.
+  if (!(c.placement == kfac::StatePlacement{})) kfac.linear_dims = linear_dims_of(config);
+  if (c.refresh != Refresh::kPlain) {
+    kfac.pipelined_refresh = true;
+    kfac.split = c.refresh != Refresh::kPipelinedWhole;
+    unit.invert_a_s = unit.invert_b_s = 1.0;  // long against the gaps: run in the next window
+    if (c.refresh == Refresh::kPipelinedSyncs) {
+      unit.curvature_sync_s = 3.0;  // long syncs: the refresh's late work
+      unit.invert_a_s = unit.invert_b_s = 0.1;
+    }
+  }
+  const SizedCosts costs(config, unit);
   const auto pass = pipefisher::run_pipefisher(sched::compile(params), costs, kfac);
   double budget = 0.0;
   if (c.mode == pipefisher::OffloadMode::kAuto) {
@@ -91,6 +130,74 @@ inline Plans plan_offload_run(const OffloadCase& c, const model::BertConfig& con
   }
   auto offload = pipefisher::run_offload_pass(pass, costs, {c.mode, budget});
   return {pass.schedule, std::move(offload.schedule), std::move(offload.plan)};
+}
+
+// Whether a pipelined refresh's plan runs work in the next window (sched::is_wrapped), and how
+// much of it continues a chain of pieces begun in its own window or is a curvature sync.
+struct WrappedWork {
+  int instructions = 0, continued = 0, syncs = 0;
+};
+inline WrappedWork wrapped_work(const sched::Schedule& schedule) {
+  WrappedWork work;
+  for (const auto& stream : schedule.streams) {
+    for (const auto& in : stream) {
+      if (!sched::is_wrapped(in) || sched::is_kfac_transfer(in.kind)) continue;
+      ++work.instructions;
+      work.continued += in.piece_begin > 0 ? 1 : 0;
+      work.syncs += in.kind == sched::OpKind::kCurvatureSync ? 1 : 0;
+    }
+  }
+  return work;
+}
+
+// What each rank (replica x workers + worker) holds of the offloaded Linears' state, by the
+// placement across the data-parallel replicas (kfac::plan_state over each worker's Linears in
+// the executor's order): `state`, the factors' values and inverses where it holds them (a
+// replica holding the inverses without the factors: the inverses); `host`, with offload, also
+// the inverses a refresh replaced (factor holders 1.5x their state, the others 2x).
+struct RankState {
+  std::int64_t state = 0, host = 0;
+};
+inline std::vector<RankState> offloaded_state_per_rank(const OffloadCase& c, const Plans& plans,
+                                                       const model::BertConfig& config) {
+  const auto dims = linear_dims_of(config);
+  std::vector<RankState> ranks(static_cast<std::size_t>(c.workers * c.data_parallel));
+  for (int w = 0; w < c.workers; ++w) {
+    std::set<std::tuple<int, int, int>> linears;  // pipeline, layer, linear: the executor's order
+    for (const auto& in : plans.with.streams[static_cast<std::size_t>(w)]) {
+      if (sched::is_kfac(in.kind)) {
+        linears.insert({in.pipeline, in.layer, static_cast<int>(in.linear)});
+      }
+    }
+    std::vector<kfac::LinearDims> held;
+    for (const auto& [pipeline, layer, linear] : linears) {
+      held.push_back(dims[static_cast<std::size_t>(linear)]);
+    }
+    const auto plan = kfac::plan_state(held, c.data_parallel, c.placement);
+    std::size_t i = 0;
+    for (const auto& [pipeline, layer, linear] : linears) {
+      const auto& placed = plan.layers[i];
+      const auto& d = held[i++];
+      bool offloaded = false;
+      for (const auto& state : plans.plan.workers[static_cast<std::size_t>(w)].offloaded) {
+        offloaded |= state.pipeline == pipeline && state.layer == layer &&
+                     static_cast<int>(state.linear) == linear;
+      }
+      if (!offloaded) continue;
+      const std::int64_t set = 4 * (d.d_in * d.d_in + d.d_out * d.d_out);  // one of each factor
+      for (int r = 0; r < c.data_parallel; ++r) {
+        auto& rank = ranks[static_cast<std::size_t>(r * c.workers + w)];
+        if (placed.holds_factors(r)) {
+          rank.state += 2 * set;
+          rank.host += 3 * set;
+        } else if (placed.holds_inverses(r)) {
+          rank.state += set;
+          rank.host += 2 * set;
+        }
+      }
+    }
+  }
+  return ranks;
 }
 
 }  // namespace pf::exec::testing

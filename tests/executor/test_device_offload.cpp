@@ -45,11 +45,15 @@ TEST_P(DeviceOffload, SameParametersBitForBitAndTheHostHoldsThePlan) {
   const auto config = device_test_config(4);
   const auto plans = plan_offload_run(c, config);
   ASSERT_GT(plans.plan.offloaded_linears(), 0);
-  const std::int64_t steps = 3 * plans.without.num_steps;  // three whole refreshes
+  const bool pipelined = c.refresh != testing::Refresh::kPlain;
+  if (pipelined) {
+    ASSERT_GT(testing::wrapped_work(plans.with).instructions, 0);
+  }
+  const std::int64_t steps = 3 * plans.without.num_steps;  // three whole refresh windows
   const auto run = [&](const std::shared_ptr<device::DeviceRuntime>& runtime,
                        const sched::Schedule& schedule) {
     return run_schedule(runtime, config, schedule, "adamw", steps, true,
-                        ExecutorOptions{}.dp_bucket_bytes, c.running_average);
+                        ExecutorOptions{}.dp_bucket_bytes, c.running_average, c.placement);
   };
   const auto without = run(std::make_shared<device::HostDeviceRuntime>(), plans.without);
   const auto with = run(std::make_shared<device::HostDeviceRuntime>(), plans.with);
@@ -63,51 +67,104 @@ TEST_P(DeviceOffload, SameParametersBitForBitAndTheHostHoldsThePlan) {
     EXPECT_EQ(with.steps[s].kfac_refresh, without.steps[s].kfac_refresh) << "step " << s;
     refreshes += with.steps[s].kfac_refresh ? 1 : 0;
   }
-  EXPECT_EQ(refreshes, 3);
+  EXPECT_EQ(refreshes, pipelined ? 2 : 3);  // pipelined: inverses serve from the next window
   // Between refreshes an offloaded Linear holds nothing on the device: its value, inverse and
-  // the inverse a refresh replaced (kept by a device layer) are in host memory, 1.5x the plan's
-  // bytes (value and inverse of both factors), on both sides.
+  // the inverse a refresh replaced (kept by a device layer) are in host memory, on both sides:
+  // 1.5x the plan's bytes (value and inverse of both factors) replicated; with sharded state
+  // what each rank holds (the inverse holders without factors: the inverses, twice).
+  const auto expected = testing::offloaded_state_per_rank(c, plans, config);
   ASSERT_EQ(with.kfac_state_bytes.size(), without.kfac_state_bytes.size());
   for (std::size_t r = 0; r < with.kfac_state_bytes.size(); ++r) {
     const auto& worker = plans.plan.workers[r % static_cast<std::size_t>(c.workers)];
     const auto offloaded = static_cast<std::int64_t>(worker.offloaded_bytes);
-    EXPECT_EQ(with.kfac_host_bytes[r], offloaded + offloaded / 2) << "rank " << r;
+    if (c.placement == kfac::StatePlacement{}) {
+      EXPECT_EQ(expected[r].host, offloaded + offloaded / 2) << "rank " << r;
+    }
+    EXPECT_EQ(with.kfac_host_bytes[r], expected[r].host) << "rank " << r;
     EXPECT_EQ(with.kfac_host_bytes[r], cpu_with.kfac_host_bytes[r]) << "rank " << r;
     EXPECT_EQ(without.kfac_host_bytes[r], 0) << "rank " << r;
-    EXPECT_EQ(without.kfac_state_bytes[r] - with.kfac_state_bytes[r], offloaded + offloaded / 2)
+    EXPECT_EQ(without.kfac_state_bytes[r] - with.kfac_state_bytes[r], expected[r].host)
         << "rank " << r;
   }
-  // Every copy ran on the host link, timed on the copy stream, with the plan's payload.
+  // Every copy ran on the host link, timed on the copy stream, with the plan's payload where
+  // the rank holds what it moves (sharded: nothing where it holds none). The first window's
+  // copies of the previous refresh's inversions do not run (pipelined: there was none).
   std::size_t copies = 0;
   for (const auto& e : with.events) {
     if (!sched::is_kfac_transfer(e.instruction.kind)) continue;
     ++copies;
     EXPECT_EQ(e.lane, Lane::kHostLink);
-    EXPECT_EQ(e.bytes, e.instruction.bytes);
+    if (c.placement == kfac::StatePlacement{}) {
+      EXPECT_EQ(e.bytes, e.instruction.bytes);
+    } else {
+      EXPECT_TRUE(e.bytes == e.instruction.bytes || e.bytes == 0) << e.bytes;
+    }
     EXPECT_LE(e.start_s, e.end_s);
   }
-  std::size_t scheduled = 0;
+  std::size_t scheduled = 0, wrapped = 0;
   for (const auto& stream : plans.with.streams) {
-    for (const auto& in : stream) scheduled += sched::is_kfac_transfer(in.kind) ? 1 : 0;
+    for (const auto& in : stream) {
+      scheduled += sched::is_kfac_transfer(in.kind) ? 1 : 0;
+      wrapped += sched::is_kfac_transfer(in.kind) && sched::is_wrapped(in) ? 1 : 0;
+    }
   }
-  EXPECT_EQ(copies, 3 * scheduled * static_cast<std::size_t>(c.data_parallel));
+  EXPECT_EQ(copies, (3 * scheduled - wrapped) * static_cast<std::size_t>(c.data_parallel));
   EXPECT_EQ(with.exchange_pending, 0U);
   EXPECT_EQ(with.pending_messages, 0U);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Schedules, DeviceOffload,
-    ::testing::Values(OffloadCase{"OneFOneBHost", sched::ScheduleKind::kOneFOneB, 2, 1, 2, false,
-                                  pipefisher::OffloadMode::kHost},
-                      OffloadCase{"OneFOneBRunningAverageDividedTasks",
-                                  sched::ScheduleKind::kOneFOneB, 2, 1, 0, true,
-                                  pipefisher::OffloadMode::kHost, 0.9F},
-                      OffloadCase{"OneFOneBRunningAverage", sched::ScheduleKind::kOneFOneB, 2, 1, 2,
-                                  false, pipefisher::OffloadMode::kHost, 0.5F},
-                      OffloadCase{"GPipeDataParallelAuto", sched::ScheduleKind::kGPipe, 2, 2, 3,
-                                  false, pipefisher::OffloadMode::kAuto},
-                      OffloadCase{"ChimeraHost", sched::ScheduleKind::kChimera, 2, 1, 1, false,
-                                  pipefisher::OffloadMode::kHost, 0.5F}),
+    ::testing::Values(
+        OffloadCase{"OneFOneBHost", sched::ScheduleKind::kOneFOneB, 2, 1, 2, false,
+                    pipefisher::OffloadMode::kHost},
+        OffloadCase{"OneFOneBRunningAverageDividedTasks", sched::ScheduleKind::kOneFOneB, 2, 1, 0,
+                    true, pipefisher::OffloadMode::kHost, 0.9F},
+        OffloadCase{"OneFOneBRunningAverage", sched::ScheduleKind::kOneFOneB, 2, 1, 2, false,
+                    pipefisher::OffloadMode::kHost, 0.5F},
+        OffloadCase{"GPipeDataParallelAuto", sched::ScheduleKind::kGPipe, 2, 2, 3, false,
+                    pipefisher::OffloadMode::kAuto},
+        OffloadCase{"ChimeraHost", sched::ScheduleKind::kChimera, 2, 1, 1, false,
+                    pipefisher::OffloadMode::kHost, 0.5F},
+        // K-FAC state sharded across the data-parallel replicas.
+        OffloadCase{"OneFOneBShardTwoReplicas", sched::ScheduleKind::kOneFOneB, 2, 2, 2, false,
+                    pipefisher::OffloadMode::kHost, 0.5F,
+                    kfac::uniform_placement({kfac::Placement::kShard, 0})},
+        OffloadCase{
+            "GPipeFactorsShardedInversesReplicated", sched::ScheduleKind::kGPipe, 2, 2, 2, false,
+            pipefisher::OffloadMode::kHost, 0.0F,
+            kfac::StatePlacement{{kfac::Placement::kShard, 0}, {kfac::Placement::kReplicate, 0}}},
+        // A pipelined refresh.
+        OffloadCase{"OneFOneBPipelinedWholeInversions",
+                    sched::ScheduleKind::kOneFOneB,
+                    4,
+                    1,
+                    2,
+                    false,
+                    pipefisher::OffloadMode::kHost,
+                    0.5F,
+                    {},
+                    testing::Refresh::kPipelinedWhole},
+        OffloadCase{"OneFOneBPipelinedChainsOfPieces",
+                    sched::ScheduleKind::kOneFOneB,
+                    4,
+                    1,
+                    0,
+                    false,
+                    pipefisher::OffloadMode::kHost,
+                    0.9F,
+                    {},
+                    testing::Refresh::kPipelinedChains},
+        OffloadCase{"ChimeraPipelinedSyncsInTheNextWindow",
+                    sched::ScheduleKind::kChimera,
+                    4,
+                    1,
+                    0,
+                    false,
+                    pipefisher::OffloadMode::kHost,
+                    0.0F,
+                    {},
+                    testing::Refresh::kPipelinedSyncs}),
     [](const ::testing::TestParamInfo<OffloadCase>& param_info) { return param_info.param.name; });
 
 // The layer's side of offload: a detached matrix leaves the device layer (and its bytes), an

@@ -35,7 +35,8 @@ struct RunResult {
   int refreshes = 0;
 };
 
-RunResult run(const sched::Schedule& schedule, float running_average, std::int64_t steps) {
+RunResult run(const sched::Schedule& schedule, float running_average, std::int64_t steps,
+              const kfac::StatePlacement& placement = {}) {
   const auto config = test_config();
   SyntheticBatches batches(config, 2, 6, 2, 13);
   RunSetup<float> setup;
@@ -46,6 +47,7 @@ RunResult run(const sched::Schedule& schedule, float running_average, std::int64
   setup.options.wait_timeout = std::chrono::seconds(60);
   setup.options.kfac.damping = 1e-2F;
   setup.options.kfac.running_average = running_average;
+  setup.options.kfac.placement = placement;
   setup.make_optimizer = [] {
     return std::make_unique<optim::BasicLamb<float>>(optim::LambOptions{.max_grad_norm = 0.5});
   };
@@ -69,16 +71,40 @@ RunResult run(const sched::Schedule& schedule, float running_average, std::int64
 
 class OffloadEquivalence : public ::testing::TestWithParam<testing::OffloadCase> {};
 
+const kfac::StatePlacement kShard = kfac::uniform_placement({kfac::Placement::kShard, 0});
+// The owner inverts and broadcasts the inverses to the other replica(s) holding them.
+const kfac::StatePlacement kFactorsShardedInversesReplicated{{kfac::Placement::kShard, 0},
+                                                             {kfac::Placement::kReplicate, 0}};
+// Over 4 replicas: the owner's pair holds the inverses (one by broadcast), the other pair
+// receives the preconditioned gradient.
+const kfac::StatePlacement kFactorsShardedInversesPartial{{kfac::Placement::kShard, 0},
+                                                          {kfac::Placement::kPartial, 2}};
+
 TEST_P(OffloadEquivalence, SameParametersBitForBitAndLessDeviceState) {
   const auto c = GetParam();
   const auto offload = testing::plan_offload_run(c, test_config());
   ASSERT_GT(offload.plan.offloaded_linears(), 0);
   const int k = offload.without.num_steps;
-  const std::int64_t steps = 3 * k;  // three whole refreshes
-  const RunResult without = run(offload.without, c.running_average, steps);
-  const RunResult with = run(offload.with, c.running_average, steps);
+  const bool pipelined = c.refresh != testing::Refresh::kPlain;
+  if (pipelined) {
+    // The plan runs work in the next window: whole inversions, the rest of chains of pieces,
+    // or curvature syncs (and the inversions after them).
+    ASSERT_TRUE(offload.with.kfac_pipelined_refresh);
+    const auto wrapped = testing::wrapped_work(offload.with);
+    EXPECT_GT(wrapped.instructions, 0);
+    if (c.refresh == testing::Refresh::kPipelinedChains) {
+      EXPECT_GT(wrapped.continued, 0);
+    }
+    if (c.refresh == testing::Refresh::kPipelinedSyncs) {
+      EXPECT_GT(wrapped.syncs, 0);
+    }
+  }
+  const std::int64_t steps = 3 * k;  // three whole refresh windows
+  const RunResult without = run(offload.without, c.running_average, steps, c.placement);
+  const RunResult with = run(offload.with, c.running_average, steps, c.placement);
   EXPECT_EQ(with.refreshes, without.refreshes);
-  EXPECT_EQ(with.refreshes, 3);
+  // Pipelined: a refresh's inverses serve from the next window on (two of the three).
+  EXPECT_EQ(with.refreshes, pipelined ? 2 : 3);
   ASSERT_EQ(with.parameters.size(), without.parameters.size());
   for (std::size_t r = 0; r < with.parameters.size(); ++r) {
     ASSERT_EQ(with.parameters[r].size(), without.parameters[r].size());
@@ -88,56 +114,79 @@ TEST_P(OffloadEquivalence, SameParametersBitForBitAndLessDeviceState) {
         << "rank " << r << " differs";
   }
   // Between refreshes an offloaded Linear holds nothing on the device: the state falls by
-  // exactly the plan's offloaded bytes (rank = replica * workers + worker).
+  // exactly what the rank holds of the offloaded Linears (rank = replica * workers + worker;
+  // with sharded state the owner's replicas hold factors and inverses, the inverse holders
+  // without factors the inverses, the others nothing). Replicated, that is the plan's bytes.
+  const auto expected = testing::offloaded_state_per_rank(c, offload, test_config());
   for (std::size_t r = 0; r < with.kfac_bytes.size(); ++r) {
     const auto& plan = offload.plan.workers[r % static_cast<std::size_t>(c.workers)];
-    EXPECT_EQ(without.kfac_bytes[r] - with.kfac_bytes[r],
-              static_cast<std::int64_t>(plan.offloaded_bytes))
-        << "rank " << r;
+    EXPECT_EQ(without.kfac_bytes[r] - with.kfac_bytes[r], expected[r].state) << "rank " << r;
+    if (c.placement == kfac::StatePlacement{}) {
+      EXPECT_EQ(expected[r].state, static_cast<std::int64_t>(plan.offloaded_bytes));
+    }
     EXPECT_EQ(without.host_bytes[r], 0);
     // Host: factors, the newest inverses and the ones they replaced.
-    EXPECT_EQ(with.host_bytes[r], static_cast<std::int64_t>(1.5 * plan.offloaded_bytes))
-        << "rank " << r;
+    EXPECT_EQ(with.host_bytes[r], expected[r].host) << "rank " << r;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Schedules, OffloadEquivalence,
-    ::testing::Values(testing::OffloadCase{"OneFOneBHost", sched::ScheduleKind::kOneFOneB, 2, 1, 2,
-                                           false, pipefisher::OffloadMode::kHost, 0.0F},
-                      testing::OffloadCase{"OneFOneBRunningAverageDividedTasks",
-                                           sched::ScheduleKind::kOneFOneB, 2, 1, 0, true,
-                                           pipefisher::OffloadMode::kHost, 0.9F},
-                      testing::OffloadCase{"GPipeDataParallelAuto", sched::ScheduleKind::kGPipe, 2,
-                                           2, 3, false, pipefisher::OffloadMode::kAuto, 0.0F},
-                      testing::OffloadCase{"ChimeraHost", sched::ScheduleKind::kChimera, 2, 1, 1,
-                                           false, pipefisher::OffloadMode::kHost, 0.5F}),
+    ::testing::Values(
+        testing::OffloadCase{"OneFOneBHost", sched::ScheduleKind::kOneFOneB, 2, 1, 2, false,
+                             pipefisher::OffloadMode::kHost, 0.0F},
+        testing::OffloadCase{"OneFOneBRunningAverageDividedTasks", sched::ScheduleKind::kOneFOneB,
+                             2, 1, 0, true, pipefisher::OffloadMode::kHost, 0.9F},
+        testing::OffloadCase{"GPipeDataParallelAuto", sched::ScheduleKind::kGPipe, 2, 2, 3, false,
+                             pipefisher::OffloadMode::kAuto, 0.0F},
+        testing::OffloadCase{"ChimeraHost", sched::ScheduleKind::kChimera, 2, 1, 1, false,
+                             pipefisher::OffloadMode::kHost, 0.5F},
+        testing::OffloadCase{"ChimeraDataParallelHost", sched::ScheduleKind::kChimera, 2, 2, 2,
+                             false, pipefisher::OffloadMode::kHost, 0.5F},
+        // K-FAC state sharded across the data-parallel replicas.
+        testing::OffloadCase{"OneFOneBShardTwoReplicas", sched::ScheduleKind::kOneFOneB, 2, 2, 2,
+                             false, pipefisher::OffloadMode::kHost, 0.5F, kShard},
+        testing::OffloadCase{"GPipeFactorsShardedInversesReplicated", sched::ScheduleKind::kGPipe,
+                             2, 2, 2, false, pipefisher::OffloadMode::kHost, 0.0F,
+                             kFactorsShardedInversesReplicated},
+        testing::OffloadCase{"OneFOneBPartialFourReplicasDividedTasksAuto",
+                             sched::ScheduleKind::kOneFOneB, 2, 4, 0, true,
+                             pipefisher::OffloadMode::kAuto, 0.9F, kFactorsShardedInversesPartial},
+        // A pipelined refresh.
+        testing::OffloadCase{"OneFOneBPipelinedWholeInversions",
+                             sched::ScheduleKind::kOneFOneB,
+                             4,
+                             1,
+                             2,
+                             false,
+                             pipefisher::OffloadMode::kHost,
+                             0.5F,
+                             {},
+                             testing::Refresh::kPipelinedWhole},
+        testing::OffloadCase{"OneFOneBPipelinedChainsOfPieces",
+                             sched::ScheduleKind::kOneFOneB,
+                             4,
+                             1,
+                             0,
+                             false,
+                             pipefisher::OffloadMode::kHost,
+                             0.9F,
+                             {},
+                             testing::Refresh::kPipelinedChains},
+        testing::OffloadCase{"ChimeraPipelinedSyncsInTheNextWindow",
+                             sched::ScheduleKind::kChimera,
+                             4,
+                             1,
+                             0,
+                             false,
+                             pipefisher::OffloadMode::kHost,
+                             0.0F,
+                             {},
+                             testing::Refresh::kPipelinedSyncs}),
+
     [](const ::testing::TestParamInfo<testing::OffloadCase>& param_info) {
       return param_info.param.name;
     });
-
-TEST(OffloadExecutor, ShardedStateWithOffloadCopiesIsRefused) {
-  // A hand-made schedule: the sharded pass's schedule with an offload copy added.
-  const auto config = test_config();
-  sched::ScheduleParams params;
-  params.kind = sched::ScheduleKind::kOneFOneB;
-  params.workers = 2;
-  params.microbatches = 4;
-  params.num_layers = config.num_layers;
-  params.data_parallel = 2;
-  const testing::SizedCosts costs(config, testing::offload_unit_costs(false));
-  pipefisher::KfacOptions kfac;
-  kfac.refresh_steps = 1;
-  kfac.state_placement = kfac::uniform_placement({kfac::Placement::kShard, 0});
-  for (int kind = 0; kind < sched::kNumLinearKinds; ++kind) {
-    const auto linear = static_cast<sched::LinearKind>(kind);
-    kfac.linear_dims.push_back({linear == sched::LinearKind::kFfnOut ? 12 : 8,
-                                linear == sched::LinearKind::kFfnIn ? 12 : 8});
-  }
-  const auto pass = pipefisher::run_pipefisher(sched::compile(params), costs, kfac);
-  EXPECT_THROW(pipefisher::run_offload_pass(pass, costs, {pipefisher::OffloadMode::kHost, 0.0}),
-               std::invalid_argument);
-}
 
 }  // namespace
 }  // namespace pf::exec

@@ -253,18 +253,115 @@ TEST(OffloadPass, ZeroLengthInversionsKeepTheirCopiesInOrder) {
   }
 }
 
-TEST(OffloadPass, ShardedStateAndUnpricedLinksAreRefused) {
-  const sim::UniformCostModel costs(offload_costs(1e5));
+// Sharded K-FAC state (--kfac-sharding): each Linear's one factor window runs from its first
+// inversion to its inverse broadcast (the owner sends, the other inverse holders receive, the
+// new inverses on the device), written back after it; between refreshes the busiest replica
+// holds none of the offloaded state.
+PassResult sharded_pass(const sim::CostModel& costs, const kfac::StatePlacement& placement) {
   sched::ScheduleParams params;
   params.kind = ScheduleKind::kOneFOneB;
   params.workers = 2;
   params.microbatches = 4;
   params.data_parallel = 2;
   KfacOptions kfac;
-  kfac.state_placement = kfac::uniform_placement({kfac::Placement::kShard, 0});
-  kfac.linear_dims = std::vector<kfac::LinearDims>(6, kfac::LinearDims{4, 4});
-  const auto sharded = run_pipefisher(sched::compile(params), costs, kfac);
-  EXPECT_THROW(run_offload_pass(sharded, costs, {OffloadMode::kHost, 0.0}), std::invalid_argument);
+  kfac.refresh_steps = 2;
+  kfac.state_placement = placement;
+  // 2 x 4 x (8^2 + 8^2) = 1024 bytes of state per Linear, about the cost model's 1000.
+  kfac.linear_dims = std::vector<kfac::LinearDims>(6, kfac::LinearDims{8, 8});
+  return run_pipefisher(sched::compile(params), costs, kfac);
+}
+const kfac::StatePlacement kFactorsShardedInversesReplicated{{kfac::Placement::kShard, 0},
+                                                             {kfac::Placement::kReplicate, 0}};
+
+TEST(OffloadPass, ShardedStateWindowsReachTheInverseBroadcast) {
+  const sim::UniformCostModel costs(offload_costs(1e5));
+  for (const auto& placement :
+       {kfac::uniform_placement({kfac::Placement::kShard, 0}), kFactorsShardedInversesReplicated}) {
+    SCOPED_TRACE(kfac::to_string(placement));
+    const auto pass = sharded_pass(costs, placement);
+    OffloadResult offload;
+    ASSERT_NO_THROW(offload = run_offload_pass(pass, costs, {OffloadMode::kHost, 0.0}));
+    EXPECT_NO_THROW(sched::validate(offload.schedule));
+    const bool broadcasts = count(pass.schedule, OpKind::kBroadcastInverses) > 0;
+    EXPECT_EQ(broadcasts, placement == kFactorsShardedInversesReplicated);
+    for (int w = 0; w < offload.schedule.num_workers(); ++w) {
+      const auto& plan = offload.plan.workers[static_cast<std::size_t>(w)];
+      const auto& stream = offload.schedule.streams[static_cast<std::size_t>(w)];
+      // Per Linear: its write-backs, and where its broadcast is.
+      std::map<std::pair<int, int>, std::vector<std::size_t>> write_backs;
+      std::map<std::pair<int, int>, std::size_t> broadcast;
+      for (std::size_t i = 0; i < stream.size(); ++i) {
+        const std::pair<int, int> key{stream[i].layer, static_cast<int>(stream[i].linear)};
+        if (stream[i].kind == OpKind::kWriteBackState) write_backs[key].push_back(i);
+        if (stream[i].kind == OpKind::kBroadcastInverses) broadcast[key] = i;
+      }
+      EXPECT_EQ(write_backs.size(), plan.offloaded.size()) << "worker " << w;
+      for (const auto& [key, positions] : write_backs) {
+        if (!broadcasts) continue;
+        ASSERT_EQ(positions.size(), 1U) << "one window, inversion to broadcast";
+        ASSERT_TRUE(broadcast.contains(key));
+        EXPECT_GT(positions.front(), broadcast.at(key));
+      }
+      // The plan counts what the busiest replica holds; at the refresh's end it holds none of
+      // the offloaded state.
+      EXPECT_GT(plan.offloaded_bytes, 0.0);
+      EXPECT_DOUBLE_EQ(
+          pass.after.workers[w].memory.back().bytes - offload.after.workers[w].memory.back().bytes,
+          plan.offloaded_bytes)
+          << "worker " << w;
+      EXPECT_LE(offload.after.workers[w].peak_memory_bytes,
+                pass.after.workers[w].peak_memory_bytes);
+    }
+  }
+}
+
+// The factor window written back before its inverse broadcast (the write-back moved up, or the
+// broadcast down): refused.
+TEST(OffloadValidation, AWriteBackBeforeItsInverseBroadcastIsRefused) {
+  const sim::UniformCostModel costs(offload_costs(1e5));
+  const auto offload = run_offload_pass(sharded_pass(costs, kFactorsShardedInversesReplicated),
+                                        costs, {OffloadMode::kHost, 0.0});
+  const auto refusal = [](const sched::Schedule& s) {
+    try {
+      sched::validate(s);
+    } catch (const sched::ValidationError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  auto stream_of = [](sched::Schedule& s) -> std::vector<sched::Instruction>& {
+    return s.streams[0];
+  };
+  const auto find = [](std::vector<sched::Instruction>& stream, OpKind kind, int layer,
+                       LinearKind linear) {
+    return std::find_if(stream.begin(), stream.end(), [&](const auto& in) {
+      return in.kind == kind && (layer < 0 || (in.layer == layer && in.linear == linear));
+    });
+  };
+  {  // the write-back just before the broadcast
+    auto s = offload.schedule;
+    auto& stream = stream_of(s);
+    const auto broadcast = find(stream, OpKind::kBroadcastInverses, -1, LinearKind::kQuery);
+    ASSERT_NE(broadcast, stream.end());
+    const auto moved = *broadcast;
+    const auto write_back = find(stream, OpKind::kWriteBackState, moved.layer, moved.linear);
+    ASSERT_NE(write_back, stream.end());
+    ASSERT_GT(write_back, broadcast);
+    const auto wb = *write_back;
+    stream.erase(write_back);
+    stream.insert(find(stream, OpKind::kBroadcastInverses, moved.layer, moved.linear), wb);
+    EXPECT_NE(refusal(s).find("before its inverse broadcast"), std::string::npos) << refusal(s);
+  }
+  {  // the broadcast after the write-back
+    auto s = offload.schedule;
+    auto& stream = stream_of(s);
+    const auto broadcast = find(stream, OpKind::kBroadcastInverses, -1, LinearKind::kQuery);
+    const auto moved = *broadcast;
+    stream.erase(broadcast);
+    stream.insert(std::next(find(stream, OpKind::kWriteBackState, moved.layer, moved.linear)),
+                  moved);
+    EXPECT_NE(refusal(s).find("before its inverse broadcast"), std::string::npos) << refusal(s);
+  }
 }
 
 // ---- validation and formats ---------------------------------------------------------------------

@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "scheduler/compile.h"
 #include "scheduler/pipefisher/offload_pass.h"
@@ -369,13 +372,113 @@ TEST(PipelinedRefresh, RefusedWhereItIsNotSupported) {
   options.curvature = CurvatureSource::kFirstStep;
   options.state_placement = kfac::uniform_placement({kfac::Placement::kShard, 0});
   EXPECT_THROW(options.validate(), std::invalid_argument);
-  // The offload pass's residency rules assume a refresh inside its window.
+}
+
+// K-FAC offload (docs/offload.md) with a pipelined refresh: the previous refresh's inversions run
+// in the window get factor windows of their own (copies with its negative step), written back
+// before the window's first inverse prefetch of their Linear, since every step of the window
+// preconditions with their inverses; the window's own inversions write back in windows of their
+// own too. Between refreshes no offloaded state is on the device.
+TEST(PipelinedRefresh, OffloadedStateMovesAroundTheWrappedInversions) {
   const PassResult pass = pipelined_1f1b(true);
   ASSERT_TRUE(pass.schedule.kfac_pipelined_refresh);
-  OffloadOptions offload;
-  offload.mode = OffloadMode::kHost;
-  const sim::UniformCostModel costs(sim::UniformCosts{});
-  EXPECT_THROW(run_offload_pass(pass, costs, offload), std::invalid_argument);
+  sim::UniformCosts unit{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
+  unit.curvature_a_s = unit.curvature_b_s = 0.05;
+  unit.invert_a_s = unit.invert_b_s = 1.0;
+  unit.precondition_s = 0.02;
+  unit.kfac_bytes = 2560.0;  // 2 x 4 x (8^2 + 16^2): the Linears' state, as the pass counts it
+  unit.host_bandwidth = 1e5;
+  const sim::UniformCostModel costs(unit);
+  OffloadOptions options;
+  options.mode = OffloadMode::kHost;
+  OffloadResult offload;
+  ASSERT_NO_THROW(offload = run_offload_pass(pass, costs, options));
+  EXPECT_EQ(validation_error(offload.schedule), "");
+  int wrapped_windows = 0;
+  for (int w = 0; w < offload.schedule.num_workers(); ++w) {
+    const auto& stream = offload.schedule.streams[static_cast<std::size_t>(w)];
+    // Per Linear: the position of its wrapped write-back, and of its first inverse prefetch.
+    std::map<std::pair<int, int>, int> wrapped_write_back, first_prefetch;
+    for (std::size_t i = 0; i < stream.size(); ++i) {
+      const Instruction& in = stream[i];
+      const std::pair<int, int> key{in.layer, static_cast<int>(in.linear)};
+      if (in.kind == OpKind::kWriteBackState && sched::is_wrapped(in)) {
+        wrapped_write_back[key] = static_cast<int>(i);
+      }
+      if (in.kind == OpKind::kPrefetchInverses && first_prefetch.count(key) == 0) {
+        first_prefetch[key] = static_cast<int>(i);
+      }
+    }
+    for (const auto& [key, position] : wrapped_write_back) {
+      ++wrapped_windows;
+      ASSERT_TRUE(first_prefetch.contains(key));
+      EXPECT_LT(position, first_prefetch.at(key));
+    }
+    const auto& plan = offload.plan.workers[static_cast<std::size_t>(w)];
+    // Kept: 1.5x the state (the second accumulator); offloaded: none at the window's end.
+    EXPECT_DOUBLE_EQ(
+        pass.after.workers[w].memory.back().bytes - offload.after.workers[w].memory.back().bytes,
+        1.5 * plan.offloaded_bytes)
+        << "worker " << w;
+  }
+  EXPECT_GT(wrapped_windows, 0);
+  // The schedule round-trips through JSON with its wrapped copies.
+  const auto text = sched::to_json(offload.schedule).dump();
+  EXPECT_EQ(sched::schedule_from_json(nlohmann::json::parse(text), "round trip").streams,
+            offload.schedule.streams);
+
+  // A broken placement: an inverse prefetch before the write-back of the previous refresh's
+  // inverses it reads.
+  {
+    sched::Schedule bad = offload.schedule;
+    int worker = -1, write_back = -1;
+    for (int w = 0; w < bad.num_workers() && write_back < 0; ++w) {
+      worker = w;
+      write_back = find(bad, w, [](const Instruction& in) {
+        return in.kind == OpKind::kWriteBackState && sched::is_wrapped(in);
+      });
+    }
+    ASSERT_GE(write_back, 0);
+    auto& stream = bad.streams[static_cast<std::size_t>(worker)];
+    const Instruction wb = stream[static_cast<std::size_t>(write_back)];
+    const int prefetch = find(bad, worker, [&](const Instruction& in) {
+      return in.kind == OpKind::kPrefetchInverses && in.layer == wb.layer && in.linear == wb.linear;
+    });
+    ASSERT_GT(prefetch, write_back);
+    const Instruction moved = stream[static_cast<std::size_t>(prefetch)];
+    stream.erase(stream.begin() + prefetch);
+    stream.insert(stream.begin() + write_back, moved);
+    const std::string error = validation_error(bad);
+    EXPECT_NE(error.find("before the write-back of the previous refresh's inverses"),
+              std::string::npos)
+        << error;
+  }
+  // The previous refresh's factor window and the window's own merged (its write-back and the
+  // next factor prefetch dropped): the own inversions would replace the inverses before they
+  // are written back.
+  {
+    sched::Schedule bad = offload.schedule;
+    bool merged = false;
+    for (int w = 0; w < bad.num_workers() && !merged; ++w) {
+      auto& stream = bad.streams[static_cast<std::size_t>(w)];
+      for (std::size_t i = 0; i < stream.size() && !merged; ++i) {
+        const Instruction wb = stream[i];
+        if (wb.kind != OpKind::kWriteBackState || !sched::is_wrapped(wb)) continue;
+        const auto own = std::find_if(stream.begin() + static_cast<std::ptrdiff_t>(i), stream.end(),
+                                      [&](const Instruction& in) {
+                                        return in.kind == OpKind::kPrefetchFactors &&
+                                               in.layer == wb.layer && in.linear == wb.linear;
+                                      });
+        if (own == stream.end()) continue;
+        stream.erase(own);
+        stream.erase(stream.begin() + static_cast<std::ptrdiff_t>(i));
+        merged = true;
+      }
+    }
+    ASSERT_TRUE(merged);
+    const std::string error = validation_error(bad);
+    EXPECT_NE(error.find("previous refresh's inverses"), std::string::npos) << error;
+  }
 }
 
 }  // namespace
