@@ -261,7 +261,11 @@ void KfacState::load_state(const ckpt::SafetensorsFile& file, std::string_view p
         return counted ? Expect::kRequired : Expect::kAbsent;
       };
       factor.value = read_matrix("", expect(factor.refreshes > 0));
-      factor.inverse = read_matrix("_inv", expect(factor.inverted_refresh > 0));
+      // A replica that never refreshes the factor may hold its inverse, received from the
+      // layer's owner (factors sharded across data-parallel replicas, kfac/state_placement.h).
+      factor.inverse = read_matrix("_inv", factor.inverted_refresh > 0 ? Expect::kRequired
+                                           : factor.refreshes == 0     ? Expect::kOptional
+                                                                       : Expect::kAbsent);
       factor.sum =
           read_matrix("_sum", factor.microbatches > 0 ? Expect::kRequired : Expect::kOptional);
     }

@@ -65,7 +65,7 @@ struct SearchOptions {
   // With kfac: K-FAC state in host memory (docs/offload.md) for the replicated placement:
   // host offloads every Linear, auto what does not fit the GPU; the offload pass places the
   // copies on each GPU's host link after the PipeFisher pass (sharded placements stay on the
-  // device: the pass refuses offload with them).
+  // device in the search: its estimate models offload of replicated state).
   pipefisher::OffloadMode kfac_offload = pipefisher::OffloadMode::kNone;
   // Throws std::invalid_argument naming the flag.
   void validate() const;

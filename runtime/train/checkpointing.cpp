@@ -171,10 +171,43 @@ kfac::StatePlacement checkpoint_kfac_placement(const ckpt::TrainingCheckpoint& c
   }
 }
 
+// A pipelined refresh's work that needs more than the layer-keyed K-FAC state at a window
+// boundary (what a resume on another schedule restores): a curvature sync run in the next
+// window (the replicas' unsynced sums) or the rest of a chain of inversion pieces begun in the
+// refresh's own window (the chain, a progress record).
+bool runs_on_across_windows(const sched::Schedule& schedule) {
+  if (!schedule.kfac_pipelined_refresh) return false;
+  for (const auto& stream : schedule.streams) {
+    for (const auto& in : stream) {
+      if (!sched::is_wrapped(in)) continue;
+      if (in.kind == sched::OpKind::kCurvatureSync || in.piece_begin > 0) return true;
+    }
+  }
+  return false;
+}
+
 void check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
                           const sched::Schedule& schedule, const kfac::StatePlacement& placement) {
   if (!schedule_has_kfac(schedule)) return;
   if (checkpoint.schedule == sched::to_json(schedule)) return;  // the refresh resumes as it was
+  if (checkpoint.step > 0) {
+    bool saved_runs_on = false;
+    try {
+      saved_runs_on = runs_on_across_windows(sched::schedule_from_json(
+          checkpoint.schedule, (checkpoint.directory / "schedule.json").string()));
+    } catch (const std::exception&) {
+      saved_runs_on = false;  // not a schedule this build reads: the checks below decide
+    }
+    if (saved_runs_on || runs_on_across_windows(schedule)) {
+      throw std::invalid_argument(
+          "--resume: checkpoint " + checkpoint.directory.string() + " (" +
+          layout_string(checkpoint.schedule) + ") or this run (" +
+          layout_string(sched::to_json(schedule)) +
+          ") runs a pipelined K-FAC refresh whose curvature syncs or chains of inversion pieces "
+          "run on into the next refresh window: it resumes only on the schedule that saved it "
+          "(the same flags, and its schedule.json), or from step 0");
+    }
+  }
   const auto saved = checkpoint_kfac_placement(checkpoint);
   if (!(saved == kfac::StatePlacement{}) || !(placement == kfac::StatePlacement{})) {
     throw std::invalid_argument(

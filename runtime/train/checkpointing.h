@@ -49,6 +49,8 @@ bool same_layout(const ckpt::TrainingCheckpoint& checkpoint, const sched::Schedu
 // K-FAC state sharded across data-parallel replicas (the checkpoint's or this run's placement
 // not "replicate") resumes only on the checkpoint's own schedule (each rank restores the state
 // it owned); elsewhere this throws std::invalid_argument naming both placements and layouts.
+// Likewise a pipelined refresh whose curvature syncs or chains of inversion pieces run on into
+// the next window (the checkpoint's schedule or this run's), after step 0.
 void check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
                           const sched::Schedule& schedule, const kfac::StatePlacement& placement);
 

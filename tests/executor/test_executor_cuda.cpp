@@ -115,28 +115,45 @@ TEST_F(ExecutorCuda, KfacInTheBubblesMatchesTheCpu) {
 // K-FAC offload on the GPU: factors and inverses in pinned host memory, copies on each worker's
 // copy stream ordered by events; the parameters equal the run without offload bit for bit (the
 // copies are exact, the kernels the same), the host holds 1.5x the plan's bytes and the device
-// layers that much less.
+// layers that much less (with sharded state what each rank holds); also with K-FAC state
+// sharded over two replicas and with a pipelined refresh.
 TEST_F(ExecutorCuda, KfacOffloadEqualsNoOffloadBitForBit) {
   const auto config = device_test_config(4);
-  for (const auto& c : {testing::OffloadCase{"OneFOneBHost", sched::ScheduleKind::kOneFOneB, 2, 1,
-                                             2, false, pipefisher::OffloadMode::kHost},
-                        testing::OffloadCase{"ChimeraHost", sched::ScheduleKind::kChimera, 2, 1, 1,
-                                             false, pipefisher::OffloadMode::kHost}}) {
+  for (const auto& c :
+       {testing::OffloadCase{"OneFOneBHost", sched::ScheduleKind::kOneFOneB, 2, 1, 2, false,
+                             pipefisher::OffloadMode::kHost},
+        testing::OffloadCase{"ChimeraHost", sched::ScheduleKind::kChimera, 2, 1, 1, false,
+                             pipefisher::OffloadMode::kHost},
+        testing::OffloadCase{
+            "OneFOneBShardTwoReplicas", sched::ScheduleKind::kOneFOneB, 2, 2, 2, false,
+            pipefisher::OffloadMode::kHost, 0.0F,
+            kfac::StatePlacement{{kfac::Placement::kShard, 0}, {kfac::Placement::kReplicate, 0}}},
+        testing::OffloadCase{"OneFOneBPipelinedWholeInversions",
+                             sched::ScheduleKind::kOneFOneB,
+                             4,
+                             1,
+                             2,
+                             false,
+                             pipefisher::OffloadMode::kHost,
+                             0.0F,
+                             {},
+                             testing::Refresh::kPipelinedWhole}}) {
     const auto plans = testing::plan_offload_run(c, config);
     const std::int64_t steps = 3 * plans.without.num_steps;
-    const auto without = run_schedule(gpu_, config, plans.without, "sgd", steps);
-    const auto with = run_schedule(gpu_, config, plans.with, "sgd", steps);
+    const auto without = run_schedule(gpu_, config, plans.without, "sgd", steps, true,
+                                      ExecutorOptions{}.dp_bucket_bytes, 0.0F, c.placement);
+    const auto with = run_schedule(gpu_, config, plans.with, "sgd", steps, true,
+                                   ExecutorOptions{}.dp_bucket_bytes, 0.0F, c.placement);
     ASSERT_EQ(with.values.size(), without.values.size()) << c.name;
     for (const auto& [name, values] : without.values) {
       const auto& got = with.values.at(name);
       EXPECT_EQ(std::memcmp(got.data(), values.data(), values.size() * sizeof(float)), 0)
           << c.name << ": " << name;
     }
+    const auto expected = testing::offloaded_state_per_rank(c, plans, config);
     for (std::size_t r = 0; r < with.kfac_host_bytes.size(); ++r) {
-      const auto offloaded = static_cast<std::int64_t>(
-          plans.plan.workers[r % static_cast<std::size_t>(c.workers)].offloaded_bytes);
-      EXPECT_EQ(with.kfac_host_bytes[r], offloaded + offloaded / 2) << c.name << " rank " << r;
-      EXPECT_EQ(without.kfac_state_bytes[r] - with.kfac_state_bytes[r], offloaded + offloaded / 2)
+      EXPECT_EQ(with.kfac_host_bytes[r], expected[r].host) << c.name << " rank " << r;
+      EXPECT_EQ(without.kfac_state_bytes[r] - with.kfac_state_bytes[r], expected[r].host)
           << c.name << " rank " << r;
     }
   }

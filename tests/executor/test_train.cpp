@@ -8,20 +8,25 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "runtime/device/device_runtime.h"
 #include "runtime/device/host_device_runtime.h"
+#include "runtime/model/bert_config.h"
 #include "runtime/train/self_profile.h"
 #include "runtime/train/train_options.h"
 #include "runtime/train/trainer.h"
+#include "scheduler/schedule_json.h"
 #include "sim/calibration.h"
 #include "sim/cli/compile_command.h"
 #include "sim/measured_cost_model.h"
 #include "sim/simulator.h"
 #include "tests/executor/host_device_launch.h"
+#include "tests/executor/offload_plan.h"
 
 namespace pf::train {
 namespace {
@@ -330,6 +335,119 @@ TEST_F(TrainTest, KfacOffloadOnTheDevicePathEqualsTheCpuPath) {
     refreshes += b[i].value("kfac_refresh", false) ? 1 : 0;
   }
   EXPECT_GE(refreshes, 1);
+}
+
+// The step losses (and refresh marks) of a metrics file.
+std::vector<std::pair<double, bool>> step_losses(const std::string& path) {
+  std::vector<std::pair<double, bool>> losses;
+  std::istringstream text(read(path));
+  std::string line;
+  while (std::getline(text, line)) {
+    const auto record = nlohmann::json::parse(line);
+    if (record.value("kind", std::string("step")) != "step") continue;
+    losses.emplace_back(record.at("loss").get<double>(), record.value("kfac_refresh", false));
+  }
+  return losses;
+}
+
+// pipefisher_train --kfac-offload host with K-FAC state sharded across data-parallel replicas
+// (--kfac-sharding shard over 2, partial:2 over 4): every step's
+// loss equals the run without offload on the same plan (a fixed profile, whole tasks), on the
+// CPU path and on the device path (HostDeviceLaunch); the offload pass reports its copies.
+TEST_F(TrainTest, KfacOffloadWithShardedStateEqualsNoOffload) {
+  auto o = small_run();
+  o.optimizer = "adamw";
+  o.data_parallel = 2;
+  o.steps = 5;
+  o.kfac.enabled = true;
+  o.kfac.split = "off";
+  o.kfac.refresh_steps = 2;
+  for (const auto& [sharding, replicas] :
+       {std::pair<std::string, int>{"shard", 2}, std::pair<std::string, int>{"partial:2", 4}}) {
+    SCOPED_TRACE("--kfac-sharding " + sharding);
+    o.kfac.sharding = sharding;
+    o.data_parallel = replicas;
+    o.kfac.offload = "none";
+    o.profile_out = (dir_ / "sharded-profile.json").string();
+    o.metrics = (dir_ / "profiling.jsonl").string();
+    std::ostringstream profiling;
+    ASSERT_EQ(run_training(o, profiling), 0) << profiling.str();
+    o.profile_out.clear();
+    o.kfac_profile = (dir_ / "sharded-profile.json").string();
+    for (const bool on_device : {false, true}) {
+      SCOPED_TRACE(on_device ? "device path" : "CPU path");
+      testing::HostDeviceLaunch device;
+      std::vector<std::vector<std::pair<double, bool>>> losses;
+      for (const std::string offload : {"none", "host"}) {
+        auto run = o;
+        run.kfac.offload = offload;
+        run.metrics =
+            (dir_ / (sharding + "-" + offload + (on_device ? "-device" : "") + ".jsonl")).string();
+        std::ostringstream out;
+        ASSERT_EQ(on_device ? run_training(run, out, device) : run_training(run, out), 0)
+            << out.str();
+        if (offload == "host") {
+          EXPECT_NE(out.str().find("K-FAC offload (host): "), std::string::npos) << out.str();
+          EXPECT_NE(out.str().find("K-FAC state over " + std::to_string(replicas) +
+                                   " data-parallel replicas: " + sharding),
+                    std::string::npos)
+              << out.str();
+        }
+        losses.push_back(step_losses(run.metrics));
+      }
+      ASSERT_EQ(losses[0].size(), 5U);
+      EXPECT_EQ(losses[1], losses[0]);
+      EXPECT_TRUE(std::any_of(losses[1].begin(), losses[1].end(),
+                              [](const auto& step) { return step.second; }));
+    }
+  }
+}
+
+// pipefisher_train --schedule-file with a pipelined refresh's schedule (inversions and their
+// offload copies run in the next window) from the offload pass: every step's loss equals the
+// same schedule without the copies, on the CPU path and on the device path.
+TEST_F(TrainTest, KfacOffloadWithAPipelinedRefreshEqualsNoOffload) {
+  auto config = model::bert_config_from_hf_json(dir_ / "config.json");
+  config.num_layers = 4;  // one per worker of the 4-worker 1F1B
+  std::ofstream(dir_ / "config4.json") << model::bert_config_to_hf_json(config).dump();
+  const auto plans = exec::testing::plan_offload_run({"OneFOneBPipelinedChainsOfPieces",
+                                                      sched::ScheduleKind::kOneFOneB,
+                                                      4,
+                                                      1,
+                                                      0,
+                                                      false,
+                                                      pipefisher::OffloadMode::kHost,
+                                                      0.0F,
+                                                      {},
+                                                      exec::testing::Refresh::kPipelinedChains},
+                                                     config);
+  ASSERT_TRUE(plans.with.kfac_pipelined_refresh);
+  ASSERT_GT(exec::testing::wrapped_work(plans.with).instructions, 0);
+  std::ofstream(dir_ / "kept.json") << sched::to_json(plans.without).dump();
+  std::ofstream(dir_ / "offload.json") << sched::to_json(plans.with).dump();
+  auto o = small_run();
+  o.model = (dir_ / "config4.json").string();
+  o.optimizer = "adamw";
+  o.steps = 3 * plans.with.num_steps;
+  for (const bool on_device : {false, true}) {
+    SCOPED_TRACE(on_device ? "device path" : "CPU path");
+    testing::HostDeviceLaunch device;
+    std::vector<std::vector<std::pair<double, bool>>> losses;
+    for (const std::string schedule : {"kept", "offload"}) {
+      auto run = o;
+      run.schedule_file = (dir_ / (schedule + ".json")).string();
+      run.metrics = (dir_ / (schedule + (on_device ? "-device" : "") + ".jsonl")).string();
+      std::ostringstream out;
+      ASSERT_EQ(on_device ? run_training(run, out, device) : run_training(run, out), 0)
+          << out.str();
+      losses.push_back(step_losses(run.metrics));
+    }
+    ASSERT_EQ(losses[0].size(), static_cast<std::size_t>(o.steps));
+    EXPECT_EQ(losses[1], losses[0]);
+    EXPECT_EQ(std::count_if(losses[1].begin(), losses[1].end(),
+                            [](const auto& step) { return step.second; }),
+              2);  // the inverses of the first two windows' refreshes serve from the next
+  }
 }
 
 // The device's host link as the offload pass prices it: pinned <-> device copies on a stream

@@ -108,6 +108,18 @@ must "$train" "${kfac[@]}" --stages 2 --steps 6 --metrics threads.jsonl
 [[ "$(losses threads.jsonl)" == "$(losses l.jsonl)" ]] || fail "threads and MPI differ"
 echo "-np 4: resumed run bit-identical to the straight one and to threads"
 
+# The same with the sharded K-FAC state offloaded to host memory (each rank moves what it holds;
+# the PipeFisher pass places K-FAC from the same profile, the host link measured once in rank 0):
+# saved inside a refresh and resumed, the losses equal the run without offload's.
+sharded_offload=("${kfac[@]}" --kfac-offload host)
+must "${mpirun[@]}" -np 4 "$train" "${sharded_offload[@]}" --stages 2 --steps 3 --checkpoint-dir so \
+  --metrics so.jsonl
+must "${mpirun[@]}" -np 4 "$train" "${sharded_offload[@]}" --stages 2 --steps 6 --checkpoint-dir so \
+  --metrics so.jsonl --resume
+[[ "$(losses so.jsonl)" == "$(losses l.jsonl)" ]] ||
+  fail "-np 4: sharded state with offload, resumed, differs from the run without offload"
+echo "-np 4 with sharded K-FAC state offloaded: resumed = without offload"
+
 # K-FAC offload to host memory under mpirun (-np 2, two stages), placed from one profile (it
 # carries the host link, so every run places the same copies): saved inside a refresh and
 # resumed equals straight, byte for byte, and the losses equal the threaded run's and the run

@@ -161,9 +161,10 @@ TEST(Program, KfacOffloadRefusalsAndReport) {
   const fs::path dir =
       fs::temp_directory_path() / ("pf_cli_offload_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  const RunResult r = run("--schedule 1f1b --stages 4 --microbatches 16 --model large --kfac "
-                          "--grid none --kfac-offload host --trace " +
-                          (dir / "t.json").string() + " --out " + (dir / "s.json").string());
+  const RunResult r =
+      run("--schedule 1f1b --stages 4 --microbatches 16 --model large --kfac "
+          "--grid none --kfac-offload host --trace " +
+          (dir / "t.json").string() + " --out " + (dir / "s.json").string());
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("K-FAC offload (host)"), std::string::npos) << r.out;
   const sched::Schedule s = sched::load_schedule_json((dir / "s.json").string());
@@ -173,6 +174,52 @@ TEST(Program, KfacOffloadRefusalsAndReport) {
   }
   EXPECT_GT(copies, 0U);
   EXPECT_NE(read(dir / "t.json").find("host link"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+// K-FAC offload together with K-FAC state sharded across data-parallel replicas, and with a
+// pipelined refresh (which runs inversions, and their offload copies, in the next window).
+TEST(Program, KfacOffloadWithShardingAndAPipelinedRefresh) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("pf_cli_offload_combined_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto count = [](const sched::Schedule& s, auto&& match) {
+    std::size_t n = 0;
+    for (const auto& stream : s.streams) {
+      for (const auto& in : stream) n += match(in) ? 1 : 0;
+    }
+    return n;
+  };
+  {
+    const RunResult r =
+        run("--schedule 1f1b --stages 2 --microbatches 4 --model base --kfac "
+            "--data-parallel 2 --kfac-sharding shard --kfac-offload host "
+            "--grid none --out " +
+            (dir / "sharded.json").string());
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("K-FAC offload (host)"), std::string::npos) << r.out;
+    const auto s = sched::load_schedule_json((dir / "sharded.json").string());
+    EXPECT_GT(count(s, [](const auto& in) { return sched::is_kfac_transfer(in.kind); }), 0U);
+    EXPECT_GT(count(s, [](const auto& in) { return in.kind == sched::OpKind::kBroadcastGradient; }),
+              0U);
+  }
+  {
+    const RunResult r =
+        run("--schedule chimera --stages 4 --microbatches 4 --model mini "
+            "--device p100 --precision fp32 --kfac --kfac-pipelined-refresh on "
+            "--kfac-offload host --grid none --out " +
+            (dir / "pipelined.json").string());
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.out.find("K-FAC offload (host)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("pipelined refresh"), std::string::npos) << r.out;
+    const auto s = sched::load_schedule_json((dir / "pipelined.json").string());
+    EXPECT_TRUE(s.kfac_pipelined_refresh);
+    EXPECT_GT(count(s,
+                    [](const auto& in) {
+                      return sched::is_kfac_transfer(in.kind) && sched::is_wrapped(in);
+                    }),
+              0U);
+  }
   fs::remove_all(dir);
 }
 

@@ -22,6 +22,7 @@
 #include "runtime/train/checkpointing.h"
 #include "runtime/train/train_options.h"
 #include "runtime/train/trainer.h"
+#include "scheduler/schedule_json.h"
 #include "sim/cli/compile_command.h"
 #include "tests/executor/device_run.h"
 #include "tests/executor/host_device_launch.h"
@@ -432,6 +433,7 @@ TEST_P(OffloadCheckpoints, ResumeAfterAnyStepEqualsTheStraightRun) {
       auto setup =
           exec::testing::device_test_setup(make_runtime(), config, first, "adamw", batches, false);
       setup.options.kfac.running_average = c.running_average;
+      setup.options.kfac.placement = c.placement;
       auto executor = std::make_unique<exec::ThreadedExecutor<float>>(setup);
       if (split > 0) {
         executor->run(0, split);
@@ -481,7 +483,14 @@ TEST_P(OffloadCheckpoints, ResumeAfterAnyStepEqualsTheStraightRun) {
       same(resumed.optimizer, straight.optimizer, "optimizer state", false);
       same(resumed.kfac, straight.kfac, "K-FAC state", false);
     }
-    // At a refresh boundary the state moves to a run without offload, and back.
+    // At a refresh boundary the state moves to a run without offload, and back. (Not sharded
+    // state: it resumes only on the schedule that saved it, and the trainer refuses another,
+    // check_kfac_resumable; nor a pipelined refresh whose chains of pieces run on into the next
+    // window: a layout change drops the progress records that hold them.)
+    if (!(c.placement == kfac::StatePlacement{}) ||
+        exec::testing::wrapped_work(plans.with).continued > 0) {
+      continue;
+    }
     const auto to_kept = run(plans.with, plans.without, k);
     same(to_kept.weights, without.weights, "offload -> kept: weights", false);
     same(to_kept.kfac, without.kfac, "offload -> kept: K-FAC state", false);
@@ -493,17 +502,84 @@ TEST_P(OffloadCheckpoints, ResumeAfterAnyStepEqualsTheStraightRun) {
 
 INSTANTIATE_TEST_SUITE_P(
     Schedules, OffloadCheckpoints,
-    ::testing::Values(exec::testing::OffloadCase{"OneFOneBRunningAverage",
-                                                 sched::ScheduleKind::kOneFOneB, 2, 1, 2, false,
-                                                 pipefisher::OffloadMode::kHost, 0.5F},
-                      exec::testing::OffloadCase{"ChimeraHost", sched::ScheduleKind::kChimera, 2, 1,
-                                                 1, false, pipefisher::OffloadMode::kHost},
-                      exec::testing::OffloadCase{"GPipeDataParallelAuto",
-                                                 sched::ScheduleKind::kGPipe, 2, 2, 3, false,
-                                                 pipefisher::OffloadMode::kAuto}),
+    ::testing::Values(
+        exec::testing::OffloadCase{"OneFOneBRunningAverage", sched::ScheduleKind::kOneFOneB, 2, 1,
+                                   2, false, pipefisher::OffloadMode::kHost, 0.5F},
+        exec::testing::OffloadCase{"ChimeraHost", sched::ScheduleKind::kChimera, 2, 1, 1, false,
+                                   pipefisher::OffloadMode::kHost},
+        exec::testing::OffloadCase{"GPipeDataParallelAuto", sched::ScheduleKind::kGPipe, 2, 2, 3,
+                                   false, pipefisher::OffloadMode::kAuto},
+        // Sharded K-FAC state: the owner's and the other replicas' records.
+        exec::testing::OffloadCase{"OneFOneBShardTwoReplicas", sched::ScheduleKind::kOneFOneB, 2, 2,
+                                   2, false, pipefisher::OffloadMode::kHost, 0.5F,
+                                   kfac::uniform_placement({kfac::Placement::kShard, 0})},
+        exec::testing::OffloadCase{
+            "GPipeFactorsShardedInversesReplicated", sched::ScheduleKind::kGPipe, 2, 2, 2, false,
+            pipefisher::OffloadMode::kHost, 0.0F,
+            kfac::StatePlacement{{kfac::Placement::kShard, 0}, {kfac::Placement::kReplicate, 0}}},
+        // A pipelined refresh: saved between a window's wrapped inversions of the
+        // previous refresh and their write-back, inside chains of pieces.
+        exec::testing::OffloadCase{"OneFOneBPipelinedWholeInversions",
+                                   sched::ScheduleKind::kOneFOneB,
+                                   4,
+                                   1,
+                                   2,
+                                   false,
+                                   pipefisher::OffloadMode::kHost,
+                                   0.5F,
+                                   {},
+                                   exec::testing::Refresh::kPipelinedWhole},
+        exec::testing::OffloadCase{"OneFOneBPipelinedChainsOfPieces",
+                                   sched::ScheduleKind::kOneFOneB,
+                                   4,
+                                   1,
+                                   0,
+                                   false,
+                                   pipefisher::OffloadMode::kHost,
+                                   0.9F,
+                                   {},
+                                   exec::testing::Refresh::kPipelinedChains}),
     [](const ::testing::TestParamInfo<exec::testing::OffloadCase>& param_info) {
       return param_info.param.name;
     });
+
+// A pipelined refresh whose chains of inversion pieces run on into the next window (progress
+// records, not the layer-keyed state) resumes only on the schedule that saved it: another
+// schedule (here the same one without the offload copies) is refused after step 0, in either
+// direction; the checkpoint's own schedule is not.
+TEST(PipelinedCheckpoints, ChainsAcrossWindowsResumeOnTheirOwnScheduleOnly) {
+  const auto config = exec::testing::device_test_config(4);
+  const auto plans = exec::testing::plan_offload_run({"OneFOneBPipelinedChainsOfPieces",
+                                                      sched::ScheduleKind::kOneFOneB,
+                                                      4,
+                                                      1,
+                                                      0,
+                                                      false,
+                                                      pipefisher::OffloadMode::kHost,
+                                                      0.0F,
+                                                      {},
+                                                      exec::testing::Refresh::kPipelinedChains},
+                                                     config);
+  ASSERT_GT(exec::testing::wrapped_work(plans.with).continued, 0);
+  ckpt::TrainingCheckpoint checkpoint;
+  checkpoint.step = plans.with.num_steps;  // a window boundary
+  checkpoint.state = {{"kfac", {{"refresh_steps", plans.with.num_steps}}}};
+  for (const auto* saved : {&plans.with, &plans.without}) {
+    checkpoint.schedule = sched::to_json(*saved);
+    const auto* other = saved == &plans.with ? &plans.without : &plans.with;
+    EXPECT_NO_THROW(check_kfac_resumable(checkpoint, *saved, {}));
+    try {
+      check_kfac_resumable(checkpoint, *other, {});
+      ADD_FAILURE() << "resumed on another schedule";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find("run on into the next refresh window"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  checkpoint.step = 0;
+  EXPECT_NO_THROW(check_kfac_resumable(checkpoint, plans.without, {}));
+}
 
 // A checkpoint of offloaded state that does not fit the run: the record of where an offloaded
 // Linear's state was missing, its flags out of range, a host copy of the wrong shape, a new
