@@ -5,6 +5,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <tuple>
 #include <utility>
@@ -419,6 +420,23 @@ std::vector<Instruction> insert_copies(
 
 }  // namespace
 
+namespace {
+
+double max_peak(const sim::SimResult& simulated) {
+  double peak = 0.0;
+  for (const auto& worker : simulated.workers) peak = std::max(peak, worker.peak_memory_bytes);
+  return peak;
+}
+
+// A lower peak over the workers, or the same peak in a shorter step.
+bool lower_peak(const sim::SimResult& a, const sim::SimResult& b) {
+  const double peak_a = max_peak(a);
+  const double peak_b = max_peak(b);
+  return peak_a < peak_b || (peak_a == peak_b && a.step_time_s < b.step_time_s);
+}
+
+}  // namespace
+
 OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostModel& costs,
                                const OffloadOptions& options, const sim::SimOptions& sim_options) {
   const sched::Schedule& schedule = pipefisher.schedule;
@@ -464,7 +482,10 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
   OffloadResult result;
   // auto: from nothing offloaded, each worker still over the budget in the simulation offloads
   // its largest kept Linears, as many as cover its excess, until every worker fits or has
-  // nothing left to offload.
+  // nothing left to offload. When the budget is never met, the plan tried with the lowest
+  // simulated peak (the highest worker's; then the shorter step) is kept, nothing offloaded
+  // included: where the host link is the bottleneck, offloading can raise a peak (write-backs
+  // queue behind prefetches while the factors' windows stay open).
   result.plan = plan_offload(options.mode == OffloadMode::kAuto ? OffloadMode::kNone : options.mode,
                              linears, other, budget);
   result.plan.mode = options.mode;
@@ -473,6 +494,7 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
         "--kfac-offload auto needs --device-memory-budget (MiB per device, > 0)");
   }
   OffloadReport& report = result.report;
+  std::optional<OffloadResult> lowest_peak;  // auto: the plan tried with the lowest peak
   for (;;) {
     report = OffloadReport{};
     report.workers.resize(static_cast<std::size_t>(workers));
@@ -485,6 +507,7 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
     sched::validate(result.schedule);
     result.after = sim::simulate(result.schedule, costs, simulation);
     if (options.mode != OffloadMode::kAuto) break;
+    if (!lowest_peak || lower_peak(result.after, lowest_peak->after)) lowest_peak = result;
     bool more = false;
     for (int w = 0; w < workers; ++w) {
       // The largest kept Linears until their state covers the excess (one per simulation took
@@ -500,6 +523,7 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
     }
     if (!more) break;
   }
+  if (lowest_peak && max_peak(result.after) > budget) result = std::move(*lowest_peak);
   report.mode = std::string(to_string(options.mode));
   report.budget_bytes = budget;
   std::string overflowing;
@@ -524,10 +548,15 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
         std::max(report.max_peak_memory_after, worker_report.peak_memory_after);
     report.transfers += worker_report.transfers;
   }
-  result.plan.warning = overflowing.empty()
-                            ? std::string()
-                            : "K-FAC offload: the device-memory budget of " + mib(budget) +
-                                  " is not met in the simulation (" + overflowing + ")";
+  result.plan.warning =
+      overflowing.empty()
+          ? std::string()
+          : "K-FAC offload: the device-memory budget of " + mib(budget) +
+                " is not met in the simulation (" + overflowing + ")" +
+                (options.mode == OffloadMode::kAuto
+                     ? "; kept the plan with the lowest peak of those tried (" +
+                           std::to_string(result.plan.offloaded_linears()) + " Linears offloaded)"
+                     : std::string());
   report.warning = result.plan.warning;
   report.fits = overflowing.empty();
   report.offloaded_linears = result.plan.offloaded_linears();

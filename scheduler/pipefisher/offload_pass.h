@@ -63,9 +63,11 @@ struct OffloadResult {
 };
 
 // `pipefisher`: the PipeFisher pass's result on a schedule (its `before` gives each worker's
-// memory without K-FAC, its `after` the timeline the copies are placed in). Throws
-// std::invalid_argument for sharded K-FAC state (broadcasts in the schedule; not supported with
-// offload), for kAuto without a budget, and when the cost model cannot price the host link.
+// memory without K-FAC, its `after` the timeline the copies are placed in). kAuto offloads the
+// largest Linears of every worker over the budget until all fit; when they never do, it keeps
+// the plan it tried with the lowest simulated peak (possibly nothing offloaded) and warns.
+// Throws std::invalid_argument for kAuto without a budget, and when the cost model cannot price
+// the host link.
 OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostModel& costs,
                                const OffloadOptions& options,
                                const sim::SimOptions& sim_options = {});

@@ -177,6 +177,39 @@ TEST(Program, KfacOffloadRefusalsAndReport) {
   fs::remove_all(dir);
 }
 
+// --kfac-offload auto where the host link is the bottleneck (BERT-Large, micro-batch 8 on an
+// H100 node): offloading raises the peak (write-backs queue behind the next steps' prefetches
+// while the factors' windows stay open), so no plan meets the budget; auto keeps the plan with
+// the lowest peak, here nothing offloaded, and says so, instead of the last one tried (18
+// Linears, a higher peak and a step 95% longer).
+TEST(Program, KfacOffloadAutoKeepsTheLowestPeakWhenTheBudgetIsNeverMet) {
+  const std::string config =
+      "--model large --seq-len 128 --micro-batch-size 8 --precision bf16 --cluster dgx-h100 "
+      "--schedule 1f1b -p 8 -m 8 --grid none --kfac --device-memory-budget 2900 --kfac-offload ";
+  const RunResult host = run(config + "host");
+  ASSERT_EQ(host.status, 0) << host.err;
+  const auto peak_after = [](const std::string& out) {
+    const auto at = out.find("peak device memory ");
+    const auto arrow = out.find("-> ", at);
+    return at == std::string::npos || arrow == std::string::npos ? -1.0
+                                                                 : std::stod(out.substr(arrow + 3));
+  };
+  const auto peak_before = [](const std::string& out) {
+    const auto at = out.find("peak device memory ");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 19));
+  };
+  // Offloading everything it can raises worker 0's peak here.
+  ASSERT_GT(peak_after(host.out), peak_before(host.out)) << host.out;
+  const RunResult automatic = run(config + "auto");
+  ASSERT_EQ(automatic.status, 0) << automatic.err;
+  EXPECT_NE(automatic.out.find("0 Linears offloaded"), std::string::npos) << automatic.out;
+  EXPECT_EQ(peak_after(automatic.out), peak_before(automatic.out)) << automatic.out;
+  const std::string both = automatic.out + automatic.err;
+  EXPECT_NE(both.find("is not met in the simulation"), std::string::npos) << both;
+  EXPECT_NE(both.find("kept the plan with the lowest peak of those tried"), std::string::npos)
+      << both;
+}
+
 // K-FAC offload together with K-FAC state sharded across data-parallel replicas, and with a
 // pipelined refresh (which runs inversions, and their offload copies, in the next window).
 TEST(Program, KfacOffloadWithShardingAndAPipelinedRefresh) {
