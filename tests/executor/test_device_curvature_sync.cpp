@@ -19,9 +19,12 @@
 #include "runtime/device/host_device_communicator.h"
 #include "scheduler/validate.h"
 #include "tests/executor/device_run.h"
+#include "tests/executor/offload_plan.h"
 
 namespace pf::exec {
 namespace {
+
+using testing::linear_dims_of;
 
 using testing::device_test_config;
 
@@ -153,17 +156,6 @@ int count_syncs(const sched::Schedule& schedule, bool pieces, bool wrapped) {
     }
   }
   return count;
-}
-
-std::vector<kfac::LinearDims> linear_dims_of(const model::BertConfig& config) {
-  std::vector<kfac::LinearDims> dims;
-  for (int kind = 0; kind < sched::kNumLinearKinds; ++kind) {
-    const auto linear = static_cast<sched::LinearKind>(kind);
-    const std::int64_t h = config.hidden_size, i = config.intermediate_size;
-    dims.push_back({linear == sched::LinearKind::kFfnOut ? i : h,
-                    linear == sched::LinearKind::kFfnIn ? i : h});
-  }
-  return dims;
 }
 
 // K-FAC in the bubbles of `kind` on `workers` x `data_parallel`; sync_s long against the gaps

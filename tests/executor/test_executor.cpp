@@ -21,10 +21,13 @@
 #include "scheduler/validate.h"
 #include "sim/uniform_cost_model.h"
 #include "tests/executor/kfac_test_schedule.h"
+#include "tests/executor/offload_plan.h"
 #include "tests/executor/reference_trainer.h"
 
 namespace pf::exec {
 namespace {
+
+using testing::linear_dims_of;
 
 model::BertConfig test_config(int layers) {
   model::BertConfig config;
@@ -403,16 +406,6 @@ TEST(ExecutorKfac, PipelinedRefreshWithSyncsInTheNextWindowEqualsSequential) {
 // trains to the parameters replication gives, bit for bit (the owner's inversion and
 // preconditioning are the same arithmetic on the same all-reduced data, and the broadcasts copy
 // bits), and each rank holds exactly the K-FAC state the cost model says.
-std::vector<kfac::LinearDims> linear_dims_of(const model::BertConfig& config) {
-  std::vector<kfac::LinearDims> dims;
-  for (int kind = 0; kind < sched::kNumLinearKinds; ++kind) {
-    const auto linear = static_cast<sched::LinearKind>(kind);
-    const std::int64_t h = config.hidden_size, i = config.intermediate_size;
-    dims.push_back({linear == sched::LinearKind::kFfnOut ? i : h,
-                    linear == sched::LinearKind::kFfnIn ? i : h});
-  }
-  return dims;
-}
 
 struct PlacedRun {
   std::vector<std::vector<float>> parameters;  // every rank's, in order
