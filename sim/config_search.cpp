@@ -186,25 +186,48 @@ bool estimate_kfac(const ParallelCostModel& model, const SearchOptions& options,
   c.memory_estimate_bytes = 0.0;
   c.kfac_memory_bytes = c.kfac_replicated_bytes = c.kfac_overhead_estimate_s = 0.0;
   c.kfac_load_estimate_s = 0.0;
-  // Replicated state may live in host memory: on the device the largest Linear's (host) or
-  // what fits beside the rest (auto); the copies run on the host link, their own lane.
-  c.kfac_offloaded = !spread && options.kfac_offload != pipefisher::OffloadMode::kNone;
+  // K-FAC state may live in host memory, replicated or sharded: on the device the largest
+  // Linear's state the busiest replica holds (host) or what fits beside the rest (auto); the
+  // copies run on the host link, their own lane, and each replica moves only what it holds
+  // (docs/offload.md: a factor prefetch where it holds the factors, a write-back and an inverse
+  // prefetch where it holds the inverses).
+  c.kfac_offloaded = options.kfac_offload != pipefisher::OffloadMode::kNone;
+  c.kfac_host_bytes_per_step = 0.0;
   const double host_bandwidth = model.cluster().host_bandwidth > 0.0
                                     ? model.cluster().host_bandwidth
                                     : model.cluster().device.host_bandwidth;
+  // The fraction of the replicas holding each Linear's factors, and its inverses.
+  const double factor_share = static_cast<double>(h.factors) / d;
+  const double inverse_share = static_cast<double>(h.inverses) / d;
   for (std::size_t w = 0; w < workers.size(); ++w) {
     const auto cost = layer.times(layers[w], spread);
     double device = cost.busiest_memory_bytes, least = device;
     if (c.kfac_offloaded) {
       // What must stay: the Linear being refreshed (auto keeps more where it fits).
-      least = layers[w] > 0.0 ? layer.largest_linear_bytes : 0.0;
+      least = layers[w] > 0.0 ? std::min(layer.largest_linear_bytes, device) : 0.0;
       device = options.kfac_offload == pipefisher::OffloadMode::kHost
                    ? least
                    : std::min(device,
                               std::max(least, options.cluster.gpu_memory_bytes - workers[w].peak));
-      // Per step the inverses of every Linear come in, per refresh the factors come in and
-      // go back with the inverses (docs/offload.md): time beyond the step delays it.
-      const double copies = cost.replicated_bytes / 2.0 * (1.0 + 3.0 / k_max);
+      // Per step the inverses a replica holds come in; per refresh the factors it holds come
+      // in and go back with their new inverses, and a replica holding only the inverses of a
+      // Linear writes back the broadcast ones: with S the state of one kind (factors or
+      // inverses) of the worker's Linears, S (i + (2 f + i) / k) per step on average, i and f
+      // the replicas' shares (replicate: S (1 + 3 / k)). The busiest replica (owners balanced
+      // greedily) moves at most that plus the largest Linear's copies.
+      const double state = cost.replicated_bytes / 2.0;
+      const double all = state * (1.0 + 3.0 / k_max);
+      double copies = state * (inverse_share + (2.0 * factor_share + inverse_share) / k_max);
+      if (spread) {
+        copies = std::min(all, copies + cost.largest_linear_bytes / 2.0 * (1.0 + 3.0 / k_max));
+      }
+      // auto keeps what fits: only the rest moves (host: every Linear, one at a time on the
+      // device).
+      if (device > least && cost.busiest_memory_bytes > 0.0) {
+        copies *= (cost.busiest_memory_bytes - device) / cost.busiest_memory_bytes;
+      }
+      c.kfac_host_bytes_per_step = std::max(c.kfac_host_bytes_per_step, copies);
+      // Time beyond the step delays it.
       if (host_bandwidth > 0.0) {
         c.kfac_overhead_estimate_s =
             std::max(c.kfac_overhead_estimate_s, copies / host_bandwidth - c.estimate_s);
@@ -303,7 +326,10 @@ bool better(const Candidate& a, const Candidate& b) {
 }  // namespace
 
 std::string Candidate::kfac_state_name() const {
-  return kfac::to_string(kfac_placement) + (kfac_offloaded ? "+offload" : "");
+  // "+offload" where some state moves: the offload pass offloaded a Linear (kfac_run), else the
+  // closed form moves bytes (auto keeps on the device what fits).
+  const bool moved = kfac_run ? kfac_offloaded_linears > 0 : kfac_host_bytes_per_step > 0.0;
+  return kfac::to_string(kfac_placement) + (kfac_offloaded && moved ? "+offload" : "");
 }
 
 std::string Candidate::state_name() const {
@@ -779,6 +805,7 @@ nlohmann::json search_json(const SearchOptions& options, const SearchResult& res
                             {"offloaded", c.kfac_offloaded}};
       if (c.kfac_offloaded) {
         item["kfac_state"]["offload"] = std::string(pipefisher::to_string(options.kfac_offload));
+        item["kfac_state"]["host_bytes_per_step_estimate"] = c.kfac_host_bytes_per_step;
       }
       if (c.kfac_offloaded && c.kfac_run) {
         item["kfac_state"]["offloaded_linears"] = c.kfac_offloaded_linears;

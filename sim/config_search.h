@@ -62,10 +62,10 @@ struct SearchOptions {
   // With kfac: the K-FAC state placements over the data-parallel group each candidate is tried
   // with (empty: default_kfac_placements(d)); its state joins the memory the search prunes by.
   std::vector<kfac::StatePlacement> kfac_placements;
-  // With kfac: K-FAC state in host memory (docs/offload.md) for the replicated placement:
-  // host offloads every Linear, auto what does not fit the GPU; the offload pass places the
-  // copies on each GPU's host link after the PipeFisher pass (sharded placements stay on the
-  // device in the search: its estimate models offload of replicated state).
+  // With kfac: K-FAC state in host memory (docs/offload.md) for every placement, replicated or
+  // sharded: host offloads every Linear, auto what does not fit the GPU; the offload pass places
+  // the copies on each GPU's host link after the PipeFisher pass (with sharded state each
+  // replica moves only what it holds; the estimate and the pass price the busiest replica).
   pipefisher::OffloadMode kfac_offload = pipefisher::OffloadMode::kNone;
   // Throws std::invalid_argument naming the flag.
   void validate() const;
@@ -111,7 +111,10 @@ struct Candidate {
   // the largest Linear's state (host) or what fits (auto); the offload pass's figures.
   bool kfac_offloaded = false;
   int kfac_offloaded_linears = 0;
-  double kfac_host_link_s_per_refresh = 0.0;    // the busiest worker's copies
+  double kfac_host_link_s_per_refresh = 0.0;  // the busiest worker's copies
+  // The closed form's bytes the busiest replica of the worst worker moves over its host link per
+  // step (per-refresh copies spread over k_max steps).
+  double kfac_host_bytes_per_step = 0.0;
   double kfac_peak_before_offload_bytes = 0.0;  // the PipeFisher schedule without offload
   int refresh_steps = 0, refresh_bound = -1;
   // PipeFisher's own analytic refresh period, ceil((N T_kron + T_inv) / bubble) on the worst
@@ -120,9 +123,11 @@ struct Candidate {
   // there is no bubble.
   int formula_refresh_steps = -1;
 
-  std::string schedule_name() const;    // "1f1b", "interleaved v=2", ...
-  std::string state_name() const;       // "zero0", "zero3+cpu", ...
-  std::string kfac_state_name() const;  // kfac::to_string of the placement
+  std::string schedule_name() const;  // "1f1b", "interleaved v=2", ...
+  std::string state_name() const;     // "zero0", "zero3+cpu", ...
+  // kfac::to_string of the placement, "+offload" where some of its state moves to host memory
+  // ("shard+offload").
+  std::string kfac_state_name() const;
 };
 
 // Model state sharded over the whole data-parallel group as ZeRO stage `stage`: 0 replicates

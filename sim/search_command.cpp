@@ -76,8 +76,9 @@ CLI::App* add_search_command(CLI::App& app, SearchCommandOptions& options) {
       "factors=shard,inverses=replicate; partial:2, 4, ... up to 64 dividing d; shard)");
   command
       ->add_option("--kfac-offload", options.kfac_offload,
-                   "With --kfac: replicated K-FAC state in host memory (none, host: every "
-                   "Linear, auto: what does not fit the GPU), its copies on each GPU's host link")
+                   "With --kfac: K-FAC state in host memory, replicated or sharded (none, host: "
+                   "every Linear, auto: what does not fit the GPU), its copies on each GPU's host "
+                   "link")
       ->check(CLI::IsMember({"none", "host", "auto"}))
       ->capture_default_str();
   command->add_option("--out", options.out, "Write the top configurations as JSON");

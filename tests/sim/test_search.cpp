@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -226,6 +227,82 @@ TEST(ConfigSearch, KfacOffloadPlacesItsCopiesAndFitsWhatTheDeviceCannot) {
   // Offload needs K-FAC.
   o.kfac.reset();
   EXPECT_THROW((void)search_configurations(o), std::invalid_argument);
+}
+
+TEST(ConfigSearch, ShardedKfacStateOffloadsAndFitsWhatNeitherAloneDoes) {
+  // GPT-3 6.7B in 4 stages on 8 replicas: ~29 GiB without K-FAC. Sharded, the busiest replica
+  // holds an eighth of the K-FAC state plus one Linear's (~7 GiB, ~34 GiB simulated); replicated
+  // and offloaded, every replica prefetches all the inverses before each step's preconditioning
+  // and the pass's peak is ~53 GiB. Sharded and offloaded, each replica moves only what it holds:
+  // the lowest peak and the fewest bytes on the host link.
+  SearchOptions o = small_search();
+  o.model = transformer_preset("gpt3-6.7b");
+  o.cluster.gpu_memory_bytes = 80.0 * 1024 * 1024 * 1024;
+  o.gpus = 32;
+  o.global_batch = 32;
+  o.tensor_parallel = {1};
+  o.pipeline_stages = {4};
+  o.micro_batch_sizes = {1};
+  o.kinds = {sched::ScheduleKind::kOneFOneB};
+  o.recompute = {Recompute::kFull};
+  o.zero_stages = {0};
+  o.optimizer_offload = {Offload::kNone};
+  o.kfac = pipefisher::KfacOptions{};
+  o.kfac_top = 2;
+  o.kfac_placements = parse_kfac_placements("replicate,shard");
+  auto by_name = [](const SearchResult& r) {
+    std::map<std::string, Candidate> out;
+    for (const Candidate& c : r.ranked) out[c.kfac_state_name()] = c;
+    return out;
+  };
+  auto on_device = by_name(search_configurations(o));
+  o.kfac_offload = pipefisher::OffloadMode::kHost;
+  auto offloaded = by_name(search_configurations(o));
+  ASSERT_EQ(on_device.count("shard"), 1U);
+  ASSERT_EQ(offloaded.count("shard+offload"), 1U);
+  ASSERT_EQ(offloaded.count("replicate+offload"), 1U);
+  const Candidate& shard = on_device["shard"];
+  const Candidate& both = offloaded["shard+offload"];
+  const Candidate& replicated = offloaded["replicate+offload"];
+  ASSERT_TRUE(shard.kfac_run && both.kfac_run && replicated.kfac_run);
+  EXPECT_TRUE(both.kfac_offloaded);
+  EXPECT_EQ(kfac::to_string(both.kfac_placement), "shard");
+  // Memory: the closed form keeps one Linear's state on the device; the pass's peaks.
+  EXPECT_LT(both.kfac_memory_bytes, shard.kfac_memory_bytes);
+  EXPECT_LT(both.memory_estimate_bytes, shard.memory_estimate_bytes);
+  EXPECT_LE(both.memory_estimate_bytes, replicated.memory_estimate_bytes);
+  EXPECT_LT(both.kfac_peak_memory_bytes, shard.kfac_peak_memory_bytes);
+  EXPECT_LT(both.kfac_peak_memory_bytes, replicated.kfac_peak_memory_bytes);
+  EXPECT_NEAR(both.kfac_peak_before_offload_bytes, shard.kfac_peak_memory_bytes, 1.0);
+  // The copies are priced, for the busiest replica: it moves about an eighth of what a
+  // replicated one does (plus one Linear's), in the closed form and in the offload pass.
+  EXPECT_GT(both.kfac_offloaded_linears, 0);
+  EXPECT_GT(both.kfac_host_bytes_per_step, 0.0);
+  EXPECT_LT(both.kfac_host_bytes_per_step, replicated.kfac_host_bytes_per_step / 4.0);
+  EXPECT_EQ(shard.kfac_host_bytes_per_step, 0.0);
+  EXPECT_GT(both.kfac_host_link_s_per_refresh, 0.0);
+  EXPECT_LT(both.kfac_host_link_s_per_refresh, replicated.kfac_host_link_s_per_refresh / 4.0);
+  EXPECT_GE(both.kfac_step_time_s, shard.kfac_step_time_s);
+  // A GPU between the sharded-and-offloaded peak and the others': only that one fits (the
+  // replicated and offloaded one passes the closed form and is dropped by the pass's peak).
+  o.cluster.gpu_memory_bytes = (both.kfac_peak_memory_bytes + shard.kfac_peak_memory_bytes) / 2.0;
+  ASSERT_LT(o.cluster.gpu_memory_bytes, shard.memory_estimate_bytes);
+  o.kfac_offload = pipefisher::OffloadMode::kNone;
+  EXPECT_TRUE(search_configurations(o).ranked.empty());
+  o.kfac_offload = pipefisher::OffloadMode::kHost;
+  const SearchResult r = search_configurations(o);
+  ASSERT_EQ(r.ranked.size(), 1U);
+  EXPECT_EQ(r.ranked[0].kfac_state_name(), "shard+offload");
+  ASSERT_TRUE(r.ranked[0].kfac_run);
+  EXPECT_LE(r.ranked[0].kfac_peak_memory_bytes, o.cluster.gpu_memory_bytes);
+  EXPECT_EQ(r.out_of_memory, 1);
+  EXPECT_EQ(r.kfac_out_of_memory, 1);
+  const nlohmann::json json = search_json(o, r, 1);
+  EXPECT_EQ(json["candidates"][0]["kfac_state"]["placement"], "shard+offload");
+  EXPECT_EQ(json["candidates"][0]["kfac_state"]["offload"], "host");
+  EXPECT_GT(json["candidates"][0]["kfac_state"]["host_bytes_per_step_estimate"].get<double>(), 0.0);
+  EXPECT_GT(json["candidates"][0]["kfac_state"]["host_link_seconds_per_refresh"].get<double>(),
+            0.0);
 }
 
 TEST(ConfigSearch, ShardingAndOffloadFitWhatReplicationCannot) {
