@@ -149,9 +149,13 @@ INSTANTIATE_TEST_SUITE_P(
         testing::OffloadCase{"GPipeFactorsShardedInversesReplicated", sched::ScheduleKind::kGPipe,
                              2, 2, 2, false, pipefisher::OffloadMode::kHost, 0.0F,
                              kFactorsShardedInversesReplicated},
-        testing::OffloadCase{"OneFOneBPartialFourReplicasDividedTasksAuto",
+        testing::OffloadCase{"OneFOneBShardTwoReplicasAuto", sched::ScheduleKind::kOneFOneB, 2, 2,
+                             2, false, pipefisher::OffloadMode::kAuto, 0.5F, kShard},
+        // (Here offloading lowers no worker's simulated peak, so auto keeps nothing offloaded:
+        // host, to move the state anyway.)
+        testing::OffloadCase{"OneFOneBPartialFourReplicasDividedTasks",
                              sched::ScheduleKind::kOneFOneB, 2, 4, 0, true,
-                             pipefisher::OffloadMode::kAuto, 0.9F, kFactorsShardedInversesPartial},
+                             pipefisher::OffloadMode::kHost, 0.9F, kFactorsShardedInversesPartial},
         // A pipelined refresh.
         testing::OffloadCase{"OneFOneBPipelinedWholeInversions",
                              sched::ScheduleKind::kOneFOneB,

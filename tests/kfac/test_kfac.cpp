@@ -390,10 +390,25 @@ TEST(KfacState, APartialCurvaturePieceRoundTripsAndStaleMatricesAreRefused) {
   EXPECT_EQ(r.a.sum, layer.a.sum);
   EXPECT_EQ(r.a.microbatches, 1);
 
-  // An inverse with no refresh counted is still refused, naming the record and the file.
+  // A factor never refreshed here may hold an inverse (a replica without the factors receives
+  // the owner's by broadcast: kfac/state_placement.h): loaded as it is.
+  const auto inverse_record =
+      ckpt::make_f32_record("kfac.layer.2.ffn_out.A_inv", {4, 4}, std::vector<float>(16, 1.0F));
   auto records = state.state_records();
-  records.push_back(
-      ckpt::make_f32_record("kfac.layer.2.ffn_out.A_inv", {4, 4}, std::vector<float>(16, 1.0F)));
+  records.push_back(inverse_record);
+  {
+    KfacState received;
+    received.add_layer(ffn_out, 4, 3);
+    received.load_state(
+        ckpt::parse_safetensors(ckpt::serialize_safetensors(records, {}), "received.st"));
+    EXPECT_EQ(received.at(ffn_out).a.inverse, Eigen::MatrixXf::Ones(4, 4));
+  }
+  // An inverse of a factor refreshed but never inverted is stale: refused, naming the record
+  // and the file.
+  accumulate_a(layer, rows.data(), 6, 0, kPieceUnits);
+  finalize_a(layer);
+  records = state.state_records();
+  records.push_back(inverse_record);
   const auto stale = ckpt::parse_safetensors(ckpt::serialize_safetensors(records, {}), "stale.st");
   try {
     KfacState other;
