@@ -121,14 +121,7 @@ Settings parse(int argc, char** argv) {
 }
 
 std::vector<kfac::LinearDims> linear_dims_of(const model::BertConfig& config) {
-  std::vector<kfac::LinearDims> dims;
-  for (int kind = 0; kind < sched::kNumLinearKinds; ++kind) {
-    const auto linear = static_cast<sched::LinearKind>(kind);
-    const std::int64_t h = config.hidden_size, i = config.intermediate_size;
-    dims.push_back({linear == sched::LinearKind::kFfnOut ? i : h,
-                    linear == sched::LinearKind::kFfnIn ? i : h});
-  }
-  return dims;
+  return pipefisher::encoder_linear_dims(config.hidden_size, config.intermediate_size);
 }
 
 // Each worker's Linears in the executor's order (layer, then kind), as dimensions.

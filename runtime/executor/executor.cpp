@@ -1767,7 +1767,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       auto& slot = kfac_slot(in);
       // As the CPU path picks them (see precondition): pipelined, every step of the window
       // preconditions with the previous refresh's inverses.
-      const bool newest = in.step == schedule.num_steps - 1 && !schedule.kfac_pipelined_refresh;
+      const bool newest = reads_newest(in);
       const bool previous_a = !newest && slot.inverted_a;
       const bool previous_b = !newest && slot.inverted_b;
       // Sharded inverses: the owner's preconditioned gradient arrives by broadcast.
@@ -1823,7 +1823,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       // The refresh's last step uses the new inverses; earlier steps the previous refresh's.
       // Pipelined: every step of the window the previous refresh's (its inversion may have run
       // in this window, before this preconditioning: validated).
-      const bool newest = in.step == schedule.num_steps - 1 && !schedule.kfac_pipelined_refresh;
+      const bool newest = reads_newest(in);
       const Eigen::MatrixXf& a_inv =
           newest || !slot.inverted_a ? layer.a.inverse : slot.previous_a_inverse;
       const Eigen::MatrixXf& b_inv =

@@ -519,12 +519,8 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
       source = "self-profile";
     }
     pipefisher::KfacCommandOptions kfac_command = o.kfac;
-    for (int kind = 0; kind < sched::kNumLinearKinds; ++kind) {
-      const auto linear = static_cast<sched::LinearKind>(kind);
-      const std::int64_t h = context.config.hidden_size, i = context.config.intermediate_size;
-      kfac_command.linear_dims.push_back({linear == sched::LinearKind::kFfnOut ? i : h,
-                                          linear == sched::LinearKind::kFfnIn ? i : h});
-    }
+    kfac_command.linear_dims = pipefisher::encoder_linear_dims(context.config.hidden_size,
+                                                               context.config.intermediate_size);
     const auto offload_options = pipefisher::to_offload_options(kfac_command);
     if (offload_options.mode != pipefisher::OffloadMode::kNone) {
       // The offload pass sizes each Linear's state (fp32 A, B and their inverses) and prices its

@@ -92,4 +92,14 @@ void KfacOptions::validate() const {
   }
 }
 
+std::vector<kfac::LinearDims> encoder_linear_dims(std::int64_t hidden, std::int64_t intermediate) {
+  std::vector<kfac::LinearDims> dims;
+  for (int kind = 0; kind < sched::kNumLinearKinds; ++kind) {
+    const auto linear = static_cast<sched::LinearKind>(kind);
+    dims.push_back({linear == sched::LinearKind::kFfnOut ? intermediate : hidden,
+                    linear == sched::LinearKind::kFfnIn ? intermediate : hidden});
+  }
+  return dims;
+}
+
 }  // namespace pf::pipefisher

@@ -75,4 +75,8 @@ struct KfacOptions {
   void validate() const;
 };
 
+// KfacOptions::linear_dims of a BERT-style encoder layer: (d_in, d_out) of each LinearKind,
+// hidden x hidden but for the FFN's hidden -> intermediate and intermediate -> hidden.
+std::vector<kfac::LinearDims> encoder_linear_dims(std::int64_t hidden, std::int64_t intermediate);
+
 }  // namespace pf::pipefisher

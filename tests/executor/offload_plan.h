@@ -81,20 +81,28 @@ struct OffloadCase {
 
 // The Linears' dimensions of `config` per kind (KfacOptions::linear_dims).
 inline std::vector<kfac::LinearDims> linear_dims_of(const model::BertConfig& config) {
-  std::vector<kfac::LinearDims> dims;
-  for (int kind = 0; kind < sched::kNumLinearKinds; ++kind) {
-    const auto linear = static_cast<sched::LinearKind>(kind);
-    const std::int64_t h = config.hidden_size, i = config.intermediate_size;
-    dims.push_back({linear == sched::LinearKind::kFfnOut ? i : h,
-                    linear == sched::LinearKind::kFfnIn ? i : h});
-  }
-  return dims;
+  return pipefisher::encoder_linear_dims(config.hidden_size, config.intermediate_size);
 }
 
 struct Plans {
   sched::Schedule without, with;
   pipefisher::OffloadPlan plan;
 };
+
+// Host offload on 4-worker 1F1B with a pipelined refresh whose chains of inversion pieces run
+// on into the next window (the case the training and checkpoint tests run end to end).
+inline OffloadCase pipelined_chains_case() {
+  return {"OneFOneBPipelinedChainsOfPieces",
+          sched::ScheduleKind::kOneFOneB,
+          4,
+          1,
+          0,
+          false,
+          pipefisher::OffloadMode::kHost,
+          0.0F,
+          {},
+          Refresh::kPipelinedChains};
+}
 
 inline Plans plan_offload_run(const OffloadCase& c, const model::BertConfig& config) {
   sched::ScheduleParams params;

@@ -410,17 +410,8 @@ TEST_F(TrainTest, KfacOffloadWithAPipelinedRefreshEqualsNoOffload) {
   auto config = model::bert_config_from_hf_json(dir_ / "config.json");
   config.num_layers = 4;  // one per worker of the 4-worker 1F1B
   std::ofstream(dir_ / "config4.json") << model::bert_config_to_hf_json(config).dump();
-  const auto plans = exec::testing::plan_offload_run({"OneFOneBPipelinedChainsOfPieces",
-                                                      sched::ScheduleKind::kOneFOneB,
-                                                      4,
-                                                      1,
-                                                      0,
-                                                      false,
-                                                      pipefisher::OffloadMode::kHost,
-                                                      0.0F,
-                                                      {},
-                                                      exec::testing::Refresh::kPipelinedChains},
-                                                     config);
+  const auto plans =
+      exec::testing::plan_offload_run(exec::testing::pipelined_chains_case(), config);
   ASSERT_TRUE(plans.with.kfac_pipelined_refresh);
   ASSERT_GT(exec::testing::wrapped_work(plans.with).instructions, 0);
   std::ofstream(dir_ / "kept.json") << sched::to_json(plans.without).dump();

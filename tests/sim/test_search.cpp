@@ -188,14 +188,12 @@ TEST(ConfigSearch, ShardedKfacStateFitsWhatReplicatedCannot) {
   EXPECT_THROW((void)parse_kfac_placements("replicate,,shard"), std::invalid_argument);
 }
 
-TEST(ConfigSearch, KfacOffloadPlacesItsCopiesAndFitsWhatTheDeviceCannot) {
-  // GPT-3 6.7B in 4 stages on 8 replicas of a 64 GiB GPU: weights, Adam state and activations
-  // take ~29 GiB, the replicated K-FAC state of 8 layers 42 GiB more. In host memory (auto:
-  // the largest Linears until the simulated peak fits) it fits; the offload pass's copies run
-  // on each GPU's host link.
+// GPT-3 6.7B, 1F1B in 4 stages, micro-batch 1, full recomputation, on 32
+// GPUs of `gpu_gib` (8 replicas), with K-FAC: the K-FAC offload cases' search.
+SearchOptions gpt3_6p7b_kfac_search(double gpu_gib) {
   SearchOptions o = small_search();
   o.model = transformer_preset("gpt3-6.7b");
-  o.cluster.gpu_memory_bytes = 64.0 * 1024 * 1024 * 1024;
+  o.cluster.gpu_memory_bytes = gpu_gib * 1024 * 1024 * 1024;
   o.gpus = 32;
   o.global_batch = 32;
   o.tensor_parallel = {1};
@@ -206,6 +204,15 @@ TEST(ConfigSearch, KfacOffloadPlacesItsCopiesAndFitsWhatTheDeviceCannot) {
   o.zero_stages = {0};
   o.optimizer_offload = {Offload::kNone};
   o.kfac = pipefisher::KfacOptions{};
+  return o;
+}
+
+TEST(ConfigSearch, KfacOffloadPlacesItsCopiesAndFitsWhatTheDeviceCannot) {
+  // GPT-3 6.7B in 4 stages on 8 replicas of a 64 GiB GPU: weights, Adam state and activations
+  // take ~29 GiB, the replicated K-FAC state of 8 layers 42 GiB more. In host memory (auto:
+  // the largest Linears until the simulated peak fits) it fits; the offload pass's copies run
+  // on each GPU's host link.
+  SearchOptions o = gpt3_6p7b_kfac_search(64);
   o.kfac_top = 1;
   o.kfac_placements = parse_kfac_placements("replicate");
   EXPECT_TRUE(search_configurations(o).ranked.empty());  // on the device it does not fit
@@ -235,19 +242,7 @@ TEST(ConfigSearch, ShardedKfacStateOffloadsAndFitsWhatNeitherAloneDoes) {
   // and offloaded, every replica prefetches all the inverses before each step's preconditioning
   // and the pass's peak is ~53 GiB. Sharded and offloaded, each replica moves only what it holds:
   // the lowest peak and the fewest bytes on the host link.
-  SearchOptions o = small_search();
-  o.model = transformer_preset("gpt3-6.7b");
-  o.cluster.gpu_memory_bytes = 80.0 * 1024 * 1024 * 1024;
-  o.gpus = 32;
-  o.global_batch = 32;
-  o.tensor_parallel = {1};
-  o.pipeline_stages = {4};
-  o.micro_batch_sizes = {1};
-  o.kinds = {sched::ScheduleKind::kOneFOneB};
-  o.recompute = {Recompute::kFull};
-  o.zero_stages = {0};
-  o.optimizer_offload = {Offload::kNone};
-  o.kfac = pipefisher::KfacOptions{};
+  SearchOptions o = gpt3_6p7b_kfac_search(80);
   o.kfac_top = 2;
   o.kfac_placements = parse_kfac_placements("replicate,shard");
   auto by_name = [](const SearchResult& r) {

@@ -549,17 +549,8 @@ INSTANTIATE_TEST_SUITE_P(
 // direction; the checkpoint's own schedule is not.
 TEST(PipelinedCheckpoints, ChainsAcrossWindowsResumeOnTheirOwnScheduleOnly) {
   const auto config = exec::testing::device_test_config(4);
-  const auto plans = exec::testing::plan_offload_run({"OneFOneBPipelinedChainsOfPieces",
-                                                      sched::ScheduleKind::kOneFOneB,
-                                                      4,
-                                                      1,
-                                                      0,
-                                                      false,
-                                                      pipefisher::OffloadMode::kHost,
-                                                      0.0F,
-                                                      {},
-                                                      exec::testing::Refresh::kPipelinedChains},
-                                                     config);
+  const auto plans =
+      exec::testing::plan_offload_run(exec::testing::pipelined_chains_case(), config);
   ASSERT_GT(exec::testing::wrapped_work(plans.with).continued, 0);
   ckpt::TrainingCheckpoint checkpoint;
   checkpoint.step = plans.with.num_steps;  // a window boundary
