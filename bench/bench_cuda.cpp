@@ -1,11 +1,14 @@
 // The CUDA ops on a GPU, timed with CUDA events (manual time, the median of the repetitions is
-// what docs/benchmarks.md quotes): GEMMs of BERT-Large's shapes in fp32 / TF32 / BF16 (fp32
-// storage) and bf16 storage, attention forward+backward at sequence 128 and 512, LayerNorm
+// what docs/benchmarks.md quotes): GEMMs of BERT-Large's shapes in bf16-operands / BF16 / TF32 /
+// fp32 (fp32 storage; registered in that order so that a run cut short still compares the bf16
+// paths), the bf16-operand product alone and the fp32 -> bf16 conversion alone (the two parts of
+// bf16-operands), bf16 storage, attention forward+backward at sequence 128 and 512, LayerNorm
 // forward+backward. bench/torch_cuda_bench.py times the same work in PyTorch.
 #include <benchmark/benchmark.h>
 #include <cuda_bf16.h>
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <random>
 #include <vector>
@@ -13,6 +16,7 @@
 #include "kernels/cuda/cublas_gemm.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/ops_cuda.h"
 
 namespace {
 
@@ -49,6 +53,15 @@ struct DeviceArray {
   std::size_t bytes = 0;
 };
 
+// One array of each size for the GEMM benchmarks, filled once: drawing 16M normal values on the
+// host takes about a second, which a session's time limit cannot spend per benchmark.
+DeviceArray& shared_array(std::size_t count) {
+  static std::map<std::size_t, std::unique_ptr<DeviceArray>> arrays;  // the program's lifetime
+  auto& slot = arrays[count];
+  if (!slot) slot = std::make_unique<DeviceArray>(count);
+  return *slot;
+}
+
 // Times `body` with CUDA events on the benchmark stream: each iteration runs it `inner` times.
 template <typename Body>
 void time_on_gpu(benchmark::State& state, int inner, Body&& body) {
@@ -76,8 +89,9 @@ void time_on_gpu(benchmark::State& state, int inner, Body&& body) {
 void BM_Gemm(benchmark::State& state) {
   const auto m = state.range(0), n = state.range(1), k = state.range(2);
   const auto precision = static_cast<GemmPrecision>(state.range(3));
-  DeviceArray a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(n * k)),
-      c(static_cast<std::size_t>(m * n));
+  DeviceArray& a = shared_array(static_cast<std::size_t>(m * k));
+  DeviceArray& b = shared_array(static_cast<std::size_t>(n * k));
+  DeviceArray& c = shared_array(static_cast<std::size_t>(m * n));
   cuda::CudaOps ops(device().backend, &device().stream, precision);
   time_on_gpu(state, 10, [&] {
     ops.gemm({a.data, m, k}, Transpose::kNo, {b.data, n, k}, Transpose::kYes, {c.data, m, n}, 1.0F,
@@ -87,6 +101,52 @@ void BM_Gemm(benchmark::State& state) {
   state.counters["TFLOP/s"] =
       benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(std::string(pf::kernels::to_string(precision)));
+}
+
+// bf16-operands' product alone: bf16 A and B converted before the timing, fp32 C, fp32
+// accumulation. BM_Gemm's bf16-operands minus this is the conversions' cost, the most a cached
+// bf16 copy of the weights (B) could save with BM_ConvertToBf16 of B's shape.
+void BM_GemmBf16OperandsProductOnly(benchmark::State& state) {
+  const auto m = state.range(0), n = state.range(1), k = state.range(2);
+  auto& backend = device().backend;
+  cudaStream_t stream = device().stream.get();
+  const auto bf16_bytes = [](std::int64_t count) { return static_cast<std::size_t>(count) * 2; };
+  auto* a = static_cast<__nv_bfloat16*>(backend.allocate(bf16_bytes(m * k)));
+  auto* b = static_cast<__nv_bfloat16*>(backend.allocate(bf16_bytes(n * k)));
+  cuda::convert_to_bf16({shared_array(static_cast<std::size_t>(m * k)).data, m, k}, 0, 1, {a, m, k},
+                        0, stream);
+  cuda::convert_to_bf16({shared_array(static_cast<std::size_t>(n * k)).data, n, k}, 0, 1, {b, n, k},
+                        0, stream);
+  DeviceArray& c = shared_array(static_cast<std::size_t>(m * n));
+  cuda::CublasHandle handle;
+  handle.set_stream(stream);
+  time_on_gpu(state, 10, [&] {
+    cuda::gemm_bf16_operands(handle, {a, m, k}, Transpose::kNo, {b, n, k}, Transpose::kYes,
+                             {c.data, m, n}, 1.0F, 0.0F);
+  });
+  state.counters["TFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k) * 1e-12,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  backend.deallocate(a, bf16_bytes(m * k));
+  backend.deallocate(b, bf16_bytes(n * k));
+}
+
+// One fp32 -> bf16 conversion of a packed rows x cols matrix (reads 4, writes 2 bytes an
+// element).
+void BM_ConvertToBf16(benchmark::State& state) {
+  const auto rows = state.range(0), cols = state.range(1);
+  auto& backend = device().backend;
+  cudaStream_t stream = device().stream.get();
+  const auto count = static_cast<std::size_t>(rows * cols);
+  auto* out = static_cast<__nv_bfloat16*>(backend.allocate(count * 2));
+  const float* in = shared_array(count).data;
+  time_on_gpu(state, 10, [&] {
+    cuda::convert_to_bf16({in, rows, cols}, 0, 1, {out, rows, cols}, 0, stream);
+  });
+  state.counters["GB/s"] = benchmark::Counter(6.0 * static_cast<double>(count),
+                                              benchmark::Counter::kIsIterationInvariantRate);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  backend.deallocate(out, count * 2);
 }
 
 // bf16 storage, fp32 accumulation (what autocast runs).
@@ -237,10 +297,12 @@ void BM_BertLayerForwardBackward(benchmark::State& state) {
 constexpr int kFp32 = static_cast<int>(GemmPrecision::kFp32);
 constexpr int kTf32 = static_cast<int>(GemmPrecision::kTf32);
 constexpr int kBf16 = static_cast<int>(GemmPrecision::kBf16);
+constexpr int kBf16Operands = static_cast<int>(GemmPrecision::kBf16Operands);
 
+// BERT-Large, 32 x 128 tokens: QKV (3072 x 1024), FFN in (4096 x 1024), FFN out (1024 x 4096).
 void gemm_shapes(benchmark::internal::Benchmark* b) {
-  // BERT-Large, 32 x 128 tokens: QKV (3072 x 1024), FFN in (4096 x 1024), FFN out (1024 x 4096).
-  for (const int p : {kFp32, kTf32, kBf16}) {
+  // The bf16 paths first: the comparison a time-limited run must not lose.
+  for (const int p : {kBf16Operands, kBf16, kTf32, kFp32}) {
     b->Args({4096, 3072, 1024, p});
     b->Args({4096, 4096, 1024, p});
     b->Args({4096, 1024, 4096, p});
@@ -248,6 +310,21 @@ void gemm_shapes(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_Gemm)->Apply(gemm_shapes)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_GemmBf16OperandsProductOnly)
+    ->Args({4096, 3072, 1024})
+    ->Args({4096, 4096, 1024})
+    ->Args({4096, 1024, 4096})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+// The products' operands: activations 4096 x 1024 and 4096 x 4096, weights 3072 x 1024 and
+// 1024 x 4096.
+BENCHMARK(BM_ConvertToBf16)
+    ->Args({4096, 1024})
+    ->Args({4096, 4096})
+    ->Args({3072, 1024})
+    ->Args({1024, 4096})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_GemmBf16Storage)
     ->Args({4096, 3072, 1024})
     ->Args({4096, 4096, 1024})
@@ -258,15 +335,18 @@ BENCHMARK(BM_AttentionForwardBackward)
     ->Args({32, 128, kFp32})
     ->Args({32, 128, kTf32})
     ->Args({32, 128, kBf16})
+    ->Args({32, 128, kBf16Operands})
     ->Args({8, 512, kFp32})
     ->Args({8, 512, kTf32})
     ->Args({8, 512, kBf16})
+    ->Args({8, 512, kBf16Operands})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BertLayerForwardBackward)
     ->Arg(kFp32)
     ->Arg(kTf32)
     ->Arg(kBf16)
+    ->Arg(kBf16Operands)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_LayerNormForwardBackward)

@@ -1,8 +1,9 @@
 // BertChunk on a GPU, timed with CUDA events: forward + backward (fused, dropout 0.1) of one
 // pipeline stage of BERT-Large (24 layers / 8 stages = 3 encoder layers, hidden 1024, 16 heads),
-// micro-batch 32 x sequence 128, in fp32 / TF32 / BF16 matrix products, through the model code
-// the runtime executes (not a hand-written op sequence as bench_cuda's layer). TFLOP/s counts the
-// GEMM and attention-product flops (3x the forward's); MFU = TFLOP/s / the device's peak.
+// micro-batch 32 x sequence 128, in fp32 / TF32 / BF16 / bf16-operands matrix products, through
+// the model code the runtime executes (not a hand-written op sequence as bench_cuda's layer).
+// TFLOP/s counts the GEMM and attention-product flops (3x the forward's); MFU = TFLOP/s / the
+// device's peak.
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
@@ -90,6 +91,7 @@ BENCHMARK(BM_BertStageForwardBackward)
     ->Arg(static_cast<int>(GemmPrecision::kFp32))
     ->Arg(static_cast<int>(GemmPrecision::kTf32))
     ->Arg(static_cast<int>(GemmPrecision::kBf16))
+    ->Arg(static_cast<int>(GemmPrecision::kBf16Operands))
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -17,11 +17,16 @@
 namespace pf::kernels {
 
 // How fp32 matrix products run: exact fp32, TF32 tensor cores, or BF16 tensor cores with fp32
-// accumulation (inputs rounded to bf16 inside the product; storage stays fp32). The CPU always
-// computes in T.
-enum class GemmPrecision : std::uint8_t { kFp32, kTf32, kBf16 };
+// accumulation. kBf16 hands cuBLAS the fp32 operands with a bf16 compute type (cuBLAS rounds them
+// inside the product). kBf16Operands rounds each operand once to bf16 storage (to nearest even)
+// and runs cuBLAS on bf16 operands, fp32 outputs and fp32 accumulation: the arithmetic kBf16
+// asks for, but the product reads half the bytes and can take cuBLAS's native bf16 kernels; an
+// experiment until a GPU measures it against kBf16 (docs/cuda.md). Storage outside the product
+// stays fp32 in every mode. The CPU always computes in T.
+enum class GemmPrecision : std::uint8_t { kFp32, kTf32, kBf16, kBf16Operands };
 std::string_view to_string(GemmPrecision precision);
-// "fp32" | "tf32" | "bf16"; throws std::invalid_argument naming the value otherwise.
+// "fp32" | "tf32" | "bf16" | "bf16-operands"; throws std::invalid_argument naming the value
+// otherwise.
 GemmPrecision parse_gemm_precision(std::string_view text);
 
 template <typename T>

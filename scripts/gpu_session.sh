@@ -5,8 +5,12 @@
 #          pipefisher_train (build/gpu)
 #   test   every CUDA test (kernels, K-FAC, optimizers, model, executor on one GPU) and the
 #          device-path tests that also run on the CPU
-#   bench  the CUDA benchmarks (GEMM, attention, LayerNorm, BERT-Large layer and stage in
-#          fp32/TF32/BF16, K-FAC, optimizers) and the PyTorch baseline bench/torch_cuda_bench.py
+#   bf16   the bf16-operands experiment alone (docs/cuda.md, "bf16 operands"; ~2 min): its
+#          CUDA tests, then its GEMMs and the BERT-Large stage against bf16 and TF32 (limit
+#          PF_BF16_BENCH_TIMEOUT, default 120 s a program; figures in bench.log and session.log)
+#   bench  first the bf16 part's work (once, also under all), then the CUDA benchmarks
+#          (GEMM, attention, LayerNorm, BERT-Large layer and stage in fp32/TF32/BF16/
+#          bf16-operands, K-FAC, optimizers) and the PyTorch baseline bench/torch_cuda_bench.py
 #          (the same ops; the BERT-Large layer forward+backward under bf16 autocast)
 #   train  pipefisher_train --device cuda end to end: one worker and p = 4 pipeline workers on
 #          the GPU (measured trace and profile from CUDA events), fp32 against the CPU on the
@@ -34,7 +38,7 @@
 #          and check on the development machine:
 #            tar xzf calib.tar.gz && scripts/gpu_calibration.py fit calib/measurements.json \
 #              --out-dir out/h200-fit
-#   scripts/gpu_session.sh [build|test|bench|train|offload|nccl|calib|all]...   (default: all)
+#   scripts/gpu_session.sh [build|test|bf16|bench|train|offload|nccl|calib|all]...   (default: all)
 # Exit status 1 when a step failed; every step still runs. A lease is short: PF_GPU_DEADLINE
 # (seconds since the epoch) skips the training runs that would start after it, and each run is
 # stopped after PF_GPU_RUN_TIMEOUT seconds (default 150) or at the deadline, whichever is first.
@@ -84,9 +88,34 @@ if want test; then
   done
 fi
 
+# The bf16-operands experiment (docs/cuda.md, "bf16 operands"), first in the bench part and
+# alone as the bf16 part, each program under a limit of its own (PF_BF16_BENCH_TIMEOUT) so that
+# the general limit cannot cut it: its tests (the products against the CPU's on rounded
+# operands, the model's gradients, a pipeline's losses), then the GEMMs in bf16-operands, bf16,
+# TF32 and fp32, the bf16-operand product and the conversion alone, and the BERT-Large stage in
+# TF32, bf16 and bf16-operands. The general bench run then skips those benchmarks.
+bf16_filter='^BM_Gemm/|^BM_GemmBf16OperandsProductOnly/|^BM_ConvertToBf16/|^BM_BertStageForwardBackward/(1|2|3)/'
+if want bench || want bf16; then
+  note "bf16-operands: tests, then against bf16 and TF32 (logs: tests_bf16.log, bench.log)"
+  scripts/gpu_check.sh build >/dev/null 2>&1 || { note "bf16: build failed (build.log)"; status=1; }
+  bf16_test() {  # bf16_test BINARY FILTER
+    echo "== build/gpu/$1 --gtest_filter=$2" | tee -a "$OUT/tests_bf16.log"
+    timeout "${PF_GPU_TEST_TIMEOUT:-180}" "build/gpu/$1" "--gtest_filter=$2" 2>&1 |
+      tee -a "$OUT/tests_bf16.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  }
+  bf16_test tests/kernels/test_kernels_cuda 'CudaOpsTest.*Bf16*'
+  bf16_test tests/model/test_model_cuda BertCudaTest.LossesAndGradientsMatchTheCpu
+  bf16_test tests/executor/test_executor_cuda ExecutorCuda.Bf16ProductsStayCloseToFp32
+  PF_GPU_BENCHES="bench_cuda bench_model_cuda" PF_BENCH_FILTER="$bf16_filter" \
+    PF_BENCH_TIMEOUT="${PF_BF16_BENCH_TIMEOUT:-120}" scripts/gpu_check.sh bench 2>&1 |
+    grep -E "^BM_|error" | tee -a "$OUT/session.log"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
 if want bench; then
   note "CUDA benchmarks and the PyTorch baseline (logs: bench.log, torch.log)"
-  scripts/gpu_check.sh bench torch 2>&1 | tail -n 200 >>"$OUT/session.log" || status=1
+  PF_BENCH_FILTER="${PF_BENCH_FILTER:--$bf16_filter}" scripts/gpu_check.sh bench torch 2>&1 |
+    tail -n 200 >>"$OUT/session.log" || status=1
 fi
 
 train() {  # train NAME ARGS...: one pipefisher_train run, its log, its exit status

@@ -13,6 +13,8 @@ std::string_view to_string(GemmPrecision precision) {
       return "tf32";
     case GemmPrecision::kBf16:
       return "bf16";
+    case GemmPrecision::kBf16Operands:
+      return "bf16-operands";
   }
   return "?";
 }
@@ -21,8 +23,9 @@ GemmPrecision parse_gemm_precision(std::string_view text) {
   if (text == "fp32") return GemmPrecision::kFp32;
   if (text == "tf32") return GemmPrecision::kTf32;
   if (text == "bf16") return GemmPrecision::kBf16;
+  if (text == "bf16-operands") return GemmPrecision::kBf16Operands;
   throw std::invalid_argument("precision '" + std::string(text) +
-                              "' is not one of fp32, tf32, bf16");
+                              "' is not one of fp32, tf32, bf16, bf16-operands");
 }
 
 template class CpuOps<float>;

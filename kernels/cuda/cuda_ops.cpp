@@ -1,5 +1,6 @@
 #include "kernels/cuda/cuda_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -30,6 +31,41 @@ void check_attention(const AttentionShape& shape, std::int64_t qkv_rows, std::in
           "context must be [batch*seq, hidden]");
 }
 
+// The products' shape check, made before bf16 copies are issued (the product checks again).
+void require_product_shapes(ConstMatrixView<float> a, Transpose transpose_a,
+                            ConstMatrixView<float> b, Transpose transpose_b, MatrixView<float> c,
+                            const char* op) {
+  const bool ta = transpose_a == Transpose::kYes;
+  const bool tb = transpose_b == Transpose::kYes;
+  const std::int64_t k = ta ? a.rows : a.cols;
+  require(k == (tb ? b.cols : b.rows) && c.rows == (ta ? a.cols : a.rows) &&
+              c.cols == (tb ? b.rows : b.cols),
+          op, "op(a), op(b) and c disagree");
+}
+
+// An operand's bf16 copy: its matrices packed (leading dimension cols) one after another, or one
+// matrix when the operand's batch stride is 0 (every product shares it).
+struct Bf16Operand {
+  MatrixView<__nv_bfloat16> view;
+  std::int64_t stride = 0;
+};
+
+// `count` matrices of `matrix`, `stride` elements apart, rounded to bf16 in `scratch`, on
+// `stream`.
+Bf16Operand to_bf16(RetainingScratch& scratch, ConstMatrixView<float> matrix, std::int64_t count,
+                    std::int64_t stride, cudaStream_t stream) {
+  require(stride >= 0, "cuda::bf16 operands", "negative batch stride");
+  // cuBLAS wants a leading dimension >= 1 even for an empty matrix.
+  const std::int64_t ld = std::max<std::int64_t>(matrix.cols, 1);
+  const std::int64_t copies = stride == 0 ? std::min<std::int64_t>(count, 1) : count;
+  const std::int64_t packed_stride = stride == 0 ? 0 : matrix.rows * ld;
+  const auto elements = static_cast<std::size_t>(copies * matrix.rows * ld);
+  auto* data = static_cast<__nv_bfloat16*>(scratch.ensure(elements * sizeof(__nv_bfloat16)));
+  convert_to_bf16(matrix, stride, copies, {data, matrix.rows, matrix.cols, ld}, packed_stride,
+                  stream);
+  return {{data, matrix.rows, matrix.cols, ld}, packed_stride};
+}
+
 constexpr std::size_t kFlagsBytes = 64;
 constexpr std::size_t kBadRowOffset = 0;
 constexpr std::size_t kNonFiniteOffset = 8;
@@ -57,6 +93,21 @@ void* DeviceScratch::ensure(std::size_t bytes) {
   return data_;
 }
 
+RetainingScratch::~RetainingScratch() {
+  if (blocks_.empty()) return;
+  cudaStreamSynchronize(stream_);  // a destructor does not throw: the frees below still run
+  for (const Block& block : blocks_) backend_->deallocate(block.data, block.bytes);
+}
+
+void* RetainingScratch::ensure(std::size_t bytes) {
+  if (!blocks_.empty() && bytes <= blocks_.back().bytes) return blocks_.back().data;
+  const std::size_t live = blocks_.empty() ? 0 : blocks_.back().bytes;
+  const std::size_t grown = std::max({bytes, 2 * live, std::size_t{256}});
+  blocks_.reserve(blocks_.size() + 1);  // a throw from here leaves blocks_ as it was
+  blocks_.push_back({backend_->allocate(grown), grown});
+  return blocks_.back().data;
+}
+
 CudaOps::CudaOps(CudaBackend& backend, tensor::Stream* stream, GemmPrecision precision)
     : backend_(&backend),
       stream_(stream_of(stream)),
@@ -65,7 +116,10 @@ CudaOps::CudaOps(CudaBackend& backend, tensor::Stream* stream, GemmPrecision pre
       pointers_(backend, stream_),
       partials_(backend, stream_),
       reduce_partials_(backend, stream_),
-      scatter_(backend, stream_) {
+      scatter_(backend, stream_),
+      bf16_left_(backend, stream_),
+      bf16_right_(backend, stream_),
+      bf16_scores_(backend, stream_) {
   cublas_.set_stream(stream_);
   flags_.ensure(kFlagsBytes);
 }
@@ -80,6 +134,14 @@ void CudaOps::synchronize() {
 
 void CudaOps::gemm(ConstMatrixView<float> a, Transpose transpose_a, ConstMatrixView<float> b,
                    Transpose transpose_b, MatrixView<float> c, float alpha, float beta) {
+  if (precision_ == GemmPrecision::kBf16Operands) {
+    require_product_shapes(a, transpose_a, b, transpose_b, c, "cuda::gemm");
+    if (c.rows == 0 || c.cols == 0) return;
+    const Bf16Operand a16 = to_bf16(bf16_left_, a, 1, 0, stream_);
+    const Bf16Operand b16 = to_bf16(bf16_right_, b, 1, 0, stream_);
+    gemm_bf16_operands(cublas_, a16.view, transpose_a, b16.view, transpose_b, c, alpha, beta);
+    return;
+  }
   cuda::gemm(cublas_, a, transpose_a, b, transpose_b, c, alpha, beta, precision_);
 }
 
@@ -87,6 +149,16 @@ void CudaOps::batched_gemm(std::int64_t count, ConstMatrixView<float> a, std::in
                            Transpose transpose_a, ConstMatrixView<float> b, std::int64_t stride_b,
                            Transpose transpose_b, MatrixView<float> c, std::int64_t stride_c,
                            float alpha, float beta) {
+  if (precision_ == GemmPrecision::kBf16Operands) {
+    require(count >= 0, "cuda::batched_gemm", "negative batch count");
+    require_product_shapes(a, transpose_a, b, transpose_b, c, "cuda::batched_gemm");
+    if (c.rows == 0 || c.cols == 0 || count == 0) return;
+    const Bf16Operand a16 = to_bf16(bf16_left_, a, count, stride_a, stream_);
+    const Bf16Operand b16 = to_bf16(bf16_right_, b, count, stride_b, stream_);
+    gemm_strided_batched_bf16_operands(cublas_, count, a16.view, a16.stride, transpose_a, b16.view,
+                                       b16.stride, transpose_b, c, stride_c, alpha, beta);
+    return;
+  }
   gemm_strided_batched(cublas_, count, a, stride_a, transpose_a, b, stride_b, transpose_b, c,
                        stride_c, alpha, beta, precision_);
 }
@@ -237,18 +309,49 @@ void CudaOps::attention_forward(const AttentionShape& shape, ConstMatrixView<flo
   const std::int64_t seq = shape.seq;
   const std::int64_t d = shape.head_dim;
   const std::int64_t pairs = shape.batch * shape.heads;
-  auto** arrays =
-      static_cast<float**>(pointers_.ensure(6 * static_cast<std::size_t>(pairs) * sizeof(float*)));
+  const bool bf16_operands = precision_ == GemmPrecision::kBf16Operands;
+  // Five fp32 arrays (a sixth slot unused), then, for bf16 operands, the copies' five.
+  const std::size_t slots = bf16_operands ? 11 : 6;
+  auto** arrays = static_cast<float**>(
+      pointers_.ensure(slots * static_cast<std::size_t>(pairs) * sizeof(float*)));
   const AttentionPointers p{arrays, arrays + pairs, arrays + 2 * pairs, arrays + 3 * pairs,
                             arrays + 4 * pairs};
   fill_attention_pointers(const_cast<float*>(qkv.data), qkv.ld, ctx.data, ctx.ld, probs,
                           shape.batch, shape.heads, seq, d, p, stream_);
   const ConstMatrixView<float> head(nullptr, seq, d, qkv.ld);
   const MatrixView<float> scores(nullptr, seq, seq, seq);
+  const float scale = 1.0F / std::sqrt(static_cast<float>(d));
+  if (bf16_operands) {
+    // QKV rounded once for both products; the probabilities after the softmax, into a copy
+    // laid out as probs (scores16[p] = copy + p*seq*seq).
+    auto** operand_arrays =
+        static_cast<const __nv_bfloat16**>(static_cast<void*>(arrays + 6 * pairs));
+    const AttentionOperandPointers p16{operand_arrays, operand_arrays + pairs,
+                                       operand_arrays + 2 * pairs, operand_arrays + 3 * pairs,
+                                       operand_arrays + 4 * pairs};
+    const Bf16Operand qkv16 = to_bf16(bf16_left_, qkv, 1, 0, stream_);
+    const std::int64_t probs_rows = pairs * seq;
+    auto* scores16 = static_cast<__nv_bfloat16*>(
+        bf16_scores_.ensure(static_cast<std::size_t>(probs_rows * seq) * sizeof(__nv_bfloat16)));
+    fill_attention_pointers(qkv16.view.data, qkv16.view.ld, nullptr, 0, scores16, shape.batch,
+                            shape.heads, seq, d, p16, stream_);
+    const ConstMatrixView<__nv_bfloat16> head16(nullptr, seq, d, qkv16.view.ld);
+    gemm_pointer_batched_bf16_operands(cublas_, pairs, head16, p16.q, Transpose::kNo, head16, p16.k,
+                                       Transpose::kYes, scores, p.scores, 1.0F, 0.0F);
+    cuda::masked_softmax_forward({probs, probs_rows, seq}, scale, attention_mask, shape.heads * seq,
+                                 dropout, seed, workspace, stream_);
+    // The product with V reads the dropped probabilities where there is dropout.
+    convert_to_bf16({dropout > 0.0F ? workspace : probs, probs_rows, seq}, 0, 1,
+                    {scores16, probs_rows, seq}, 0, stream_);
+    gemm_pointer_batched_bf16_operands(
+        cublas_, pairs, ConstMatrixView<__nv_bfloat16>(nullptr, seq, seq, seq), p16.scores,
+        Transpose::kNo, head16, p16.v, Transpose::kNo, MatrixView<float>(nullptr, seq, d, ctx.ld),
+        p.ctx, 1.0F, 0.0F);
+    return;
+  }
   // scores = Q K^T, then softmax(scores / sqrt(D) + mask) in place (dropped copy in workspace).
   gemm_pointer_batched(cublas_, pairs, head, p.q, Transpose::kNo, head, p.k, Transpose::kYes,
                        scores, p.scores, 1.0F, 0.0F, precision_);
-  const float scale = 1.0F / std::sqrt(static_cast<float>(d));
   cuda::masked_softmax_forward({probs, pairs * seq, seq}, scale, attention_mask, shape.heads * seq,
                                dropout, seed, workspace, stream_);
   if (dropout > 0.0F) {
@@ -269,8 +372,11 @@ void CudaOps::attention_backward(const AttentionShape& shape, ConstMatrixView<fl
   const std::int64_t seq = shape.seq;
   const std::int64_t d = shape.head_dim;
   const std::int64_t pairs = shape.batch * shape.heads;
-  auto** arrays =
-      static_cast<float**>(pointers_.ensure(10 * static_cast<std::size_t>(pairs) * sizeof(float*)));
+  const bool bf16_operands = precision_ == GemmPrecision::kBf16Operands;
+  // Ten fp32 arrays, then, for bf16 operands, the copies' five.
+  const std::size_t slots = bf16_operands ? 15 : 10;
+  auto** arrays = static_cast<float**>(
+      pointers_.ensure(slots * static_cast<std::size_t>(pairs) * sizeof(float*)));
   // Forward operands (q, k, v, dctx as "ctx", probs) and gradient targets (dq, dk, dv, -, work).
   const AttentionPointers in{arrays, arrays + pairs, arrays + 2 * pairs, arrays + 3 * pairs,
                              arrays + 4 * pairs};
@@ -280,15 +386,50 @@ void CudaOps::attention_backward(const AttentionShape& shape, ConstMatrixView<fl
   const MatrixView<float> work(workspace, pairs * seq, seq);
   // in.scores: the weights that multiplied V in the forward (dropped probs, or probs).
   if (dropout > 0.0F) cuda::dropout_forward(all_probs, {}, work, dropout, seed, 0, stream_);
+  fill_attention_pointers(dqkv.data, dqkv.ld, dqkv.data, 0, workspace, shape.batch, shape.heads,
+                          seq, d, out, stream_);
+  const MatrixView<float> dhead(nullptr, seq, d, dqkv.ld);
+  const MatrixView<float> square(nullptr, seq, seq, seq);
+  const float scale = 1.0F / std::sqrt(static_cast<float>(d));
+  if (bf16_operands) {
+    // QKV and dctx rounded once for all four products; the weights, then the score gradient,
+    // into one copy laid out as probs (the stream orders the second conversion after dV).
+    auto** operand_arrays =
+        static_cast<const __nv_bfloat16**>(static_cast<void*>(arrays + 10 * pairs));
+    const AttentionOperandPointers in16{operand_arrays, operand_arrays + pairs,
+                                        operand_arrays + 2 * pairs, operand_arrays + 3 * pairs,
+                                        operand_arrays + 4 * pairs};
+    const Bf16Operand qkv16 = to_bf16(bf16_left_, qkv, 1, 0, stream_);
+    const Bf16Operand dctx16 = to_bf16(bf16_right_, dctx, 1, 0, stream_);
+    const Bf16Operand square16 =
+        to_bf16(bf16_scores_, dropout > 0.0F ? work : all_probs, 1, 0, stream_);
+    fill_attention_pointers(qkv16.view.data, qkv16.view.ld, dctx16.view.data, dctx16.view.ld,
+                            square16.view.data, shape.batch, shape.heads, seq, d, in16, stream_);
+    const ConstMatrixView<__nv_bfloat16> head16(nullptr, seq, d, qkv16.view.ld);
+    const ConstMatrixView<__nv_bfloat16> dctx_head16(nullptr, seq, d, dctx16.view.ld);
+    const ConstMatrixView<__nv_bfloat16> square_shape16(nullptr, seq, seq, seq);
+    // dV = weights^T dctx
+    gemm_pointer_batched_bf16_operands(cublas_, pairs, square_shape16, in16.scores, Transpose::kYes,
+                                       dctx_head16, in16.ctx, Transpose::kNo, dhead, out.v, 1.0F,
+                                       0.0F);
+    // work = dctx V^T, then softmax'(dropout'(work)) in fp32
+    gemm_pointer_batched_bf16_operands(cublas_, pairs, dctx_head16, in16.ctx, Transpose::kNo,
+                                       head16, in16.v, Transpose::kYes, square, out.scores, 1.0F,
+                                       0.0F);
+    cuda::softmax_backward(all_probs, work, scale, dropout, seed, work, stream_);
+    convert_to_bf16(work, 0, 1, square16.view, 0, stream_);
+    // dQ = dS K, dK = dS^T Q
+    gemm_pointer_batched_bf16_operands(cublas_, pairs, square_shape16, in16.scores, Transpose::kNo,
+                                       head16, in16.k, Transpose::kNo, dhead, out.q, 1.0F, 0.0F);
+    gemm_pointer_batched_bf16_operands(cublas_, pairs, square_shape16, in16.scores, Transpose::kYes,
+                                       head16, in16.q, Transpose::kNo, dhead, out.k, 1.0F, 0.0F);
+    return;
+  }
   fill_attention_pointers(const_cast<float*>(qkv.data), qkv.ld, const_cast<float*>(dctx.data),
                           dctx.ld, dropout > 0.0F ? workspace : const_cast<float*>(probs),
                           shape.batch, shape.heads, seq, d, in, stream_);
-  fill_attention_pointers(dqkv.data, dqkv.ld, dqkv.data, 0, workspace, shape.batch, shape.heads,
-                          seq, d, out, stream_);
   const ConstMatrixView<float> head(nullptr, seq, d, qkv.ld);
-  const MatrixView<float> dhead(nullptr, seq, d, dqkv.ld);
   const ConstMatrixView<float> dctx_head(nullptr, seq, d, dctx.ld);
-  const MatrixView<float> square(nullptr, seq, seq, seq);
   const auto* dctx_array = in.ctx;
   const auto* weights_array = in.scores;
   // dV = weights^T dctx
@@ -298,7 +439,6 @@ void CudaOps::attention_backward(const AttentionShape& shape, ConstMatrixView<fl
   gemm_pointer_batched(cublas_, pairs, dctx_head, dctx_array, Transpose::kNo, head, in.v,
                        Transpose::kYes, square, out.scores, 1.0F, 0.0F, precision_);
   // work = softmax'(dropout'(work))
-  const float scale = 1.0F / std::sqrt(static_cast<float>(d));
   cuda::softmax_backward(all_probs, work, scale, dropout, seed, work, stream_);
   const auto* ds_array = out.scores;
   // dQ = dS K, dK = dS^T Q

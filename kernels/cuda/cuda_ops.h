@@ -4,6 +4,7 @@
 // pipeline worker sharing the GPU with others owns its own. Ops that must report bad input
 // (an index out of range) or return a value wait for the stream; all others are asynchronous.
 #include <cstddef>
+#include <vector>
 
 #include "kernels/backend_ops.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -25,6 +26,33 @@ class DeviceScratch {
   cudaStream_t stream_;
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
+};
+
+// A device allocation for work issued inside a training step (the bf16 copies of product
+// operands): grows on demand without waiting for the stream and without cudaFree, which would
+// synchronize the whole device mid-step. A block it grows out of stays allocated until the
+// destructor (work already issued on the stream may still read it); growth at least doubles, so
+// the retired blocks together stay smaller than the live one. Growth happens in the first steps
+// only, once the largest operand has been seen.
+class RetainingScratch {
+ public:
+  RetainingScratch(CudaBackend& backend, cudaStream_t stream)
+      : backend_(&backend), stream_(stream) {}
+  // Waits for the stream, then frees every block.
+  ~RetainingScratch();
+  RetainingScratch(const RetainingScratch&) = delete;
+  RetainingScratch& operator=(const RetainingScratch&) = delete;
+  // At least `bytes` (256-byte aligned, as cudaMalloc's blocks are).
+  void* ensure(std::size_t bytes);
+
+ private:
+  struct Block {
+    void* data;
+    std::size_t bytes;
+  };
+  CudaBackend* backend_;
+  cudaStream_t stream_;
+  std::vector<Block> blocks_;  // back(): the one in use
 };
 
 class CudaOps final : public BackendOps<float> {
@@ -130,6 +158,13 @@ class CudaOps final : public BackendOps<float> {
   DeviceScratch partials_;         // column-sum partials, cross-entropy rows
   DeviceScratch reduce_partials_;  // the blocks' partial sums of reduce()
   DeviceScratch scatter_;          // embedding backward's sort by id
+  // The bf16 copies of product operands under GemmPrecision::kBf16Operands, reused from product
+  // to product (the stream orders a copy's rewrite after the product that read it): a product's
+  // first and second operands; attention's QKV (left), its context gradient (right) and its
+  // probabilities or their gradient (scores).
+  RetainingScratch bf16_left_;
+  RetainingScratch bf16_right_;
+  RetainingScratch bf16_scores_;
 };
 
 }  // namespace pf::kernels::cuda

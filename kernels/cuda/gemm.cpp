@@ -32,6 +32,12 @@ cublasOperation_t op(bool transpose) {
   return transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
 }
 
+void require_fp32_operand_precision(GemmPrecision precision, const char* name) {
+  require(precision != GemmPrecision::kBf16Operands, name,
+          "bf16-operands needs bf16 operands: convert them and call the *_bf16_operands product "
+          "(CudaOps does both)");
+}
+
 }  // namespace
 
 cublasComputeType_t compute_type(GemmPrecision precision) {
@@ -41,6 +47,7 @@ cublasComputeType_t compute_type(GemmPrecision precision) {
     case GemmPrecision::kBf16:
       return CUBLAS_COMPUTE_32F_FAST_16BF;
     case GemmPrecision::kFp32:
+    case GemmPrecision::kBf16Operands:
       break;
   }
   return CUBLAS_COMPUTE_32F;
@@ -51,6 +58,7 @@ void gemm(CublasHandle& handle, ConstMatrixView<float> a, Transpose transpose_a,
           float beta, GemmPrecision precision) {
   const bool ta = transpose_a == Transpose::kYes;
   const bool tb = transpose_b == Transpose::kYes;
+  require_fp32_operand_precision(precision, "cuda::gemm");
   const Dims d = check(a, ta, b, tb, c, "cuda::gemm");
   if (d.m == 0 || d.n == 0) return;
   CUBLAS_CHECK(cublasGemmEx(handle.get(), op(tb), op(ta), d.n, d.m, d.k, &alpha, b.data, CUDA_R_32F,
@@ -64,6 +72,7 @@ void gemm_strided_batched(CublasHandle& handle, std::int64_t count, ConstMatrixV
                           std::int64_t stride_b, Transpose transpose_b, MatrixView<float> c,
                           std::int64_t stride_c, float alpha, float beta, GemmPrecision precision) {
   require(count >= 0, "cuda::batched_gemm", "negative batch count");
+  require_fp32_operand_precision(precision, "cuda::batched_gemm");
   const bool ta = transpose_a == Transpose::kYes;
   const bool tb = transpose_b == Transpose::kYes;
   const Dims d = check(a, ta, b, tb, c, "cuda::batched_gemm");
@@ -82,6 +91,7 @@ void gemm_pointer_batched(CublasHandle& handle, std::int64_t count, ConstMatrixV
                           float alpha, float beta, GemmPrecision precision) {
   const bool ta = transpose_a == Transpose::kYes;
   const bool tb = transpose_b == Transpose::kYes;
+  require_fp32_operand_precision(precision, "cuda::gemm_pointer_batched");
   const Dims d = check(a, ta, b, tb, c, "cuda::gemm_pointer_batched");
   if (d.m == 0 || d.n == 0 || count == 0) return;
   CUBLAS_CHECK(cublasGemmBatchedEx(
@@ -90,6 +100,56 @@ void gemm_pointer_batched(CublasHandle& handle, std::int64_t count, ConstMatrixV
       reinterpret_cast<const void* const*>(a_array), CUDA_R_32F, static_cast<int>(a.ld), &beta,
       reinterpret_cast<void* const*>(c_array), CUDA_R_32F, static_cast<int>(c.ld),
       static_cast<int>(count), compute_type(precision), CUBLAS_GEMM_DEFAULT));
+}
+
+void gemm_bf16_operands(CublasHandle& handle, ConstMatrixView<__nv_bfloat16> a,
+                        Transpose transpose_a, ConstMatrixView<__nv_bfloat16> b,
+                        Transpose transpose_b, MatrixView<float> c, float alpha, float beta) {
+  const bool ta = transpose_a == Transpose::kYes;
+  const bool tb = transpose_b == Transpose::kYes;
+  const Dims d = check(a, ta, b, tb, c, "cuda::gemm_bf16_operands");
+  if (d.m == 0 || d.n == 0) return;
+  CUBLAS_CHECK(cublasGemmEx(handle.get(), op(tb), op(ta), d.n, d.m, d.k, &alpha, b.data,
+                            CUDA_R_16BF, static_cast<int>(b.ld), a.data, CUDA_R_16BF,
+                            static_cast<int>(a.ld), &beta, c.data, CUDA_R_32F,
+                            static_cast<int>(c.ld), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void gemm_strided_batched_bf16_operands(CublasHandle& handle, std::int64_t count,
+                                        ConstMatrixView<__nv_bfloat16> a, std::int64_t stride_a,
+                                        Transpose transpose_a, ConstMatrixView<__nv_bfloat16> b,
+                                        std::int64_t stride_b, Transpose transpose_b,
+                                        MatrixView<float> c, std::int64_t stride_c, float alpha,
+                                        float beta) {
+  require(count >= 0, "cuda::batched_gemm_bf16_operands", "negative batch count");
+  const bool ta = transpose_a == Transpose::kYes;
+  const bool tb = transpose_b == Transpose::kYes;
+  const Dims d = check(a, ta, b, tb, c, "cuda::batched_gemm_bf16_operands");
+  if (d.m == 0 || d.n == 0 || count == 0) return;
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      handle.get(), op(tb), op(ta), d.n, d.m, d.k, &alpha, b.data, CUDA_R_16BF,
+      static_cast<int>(b.ld), stride_b, a.data, CUDA_R_16BF, static_cast<int>(a.ld), stride_a,
+      &beta, c.data, CUDA_R_32F, static_cast<int>(c.ld), stride_c, static_cast<int>(count),
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void gemm_pointer_batched_bf16_operands(CublasHandle& handle, std::int64_t count,
+                                        ConstMatrixView<__nv_bfloat16> a,
+                                        const __nv_bfloat16* const* a_array, Transpose transpose_a,
+                                        ConstMatrixView<__nv_bfloat16> b,
+                                        const __nv_bfloat16* const* b_array, Transpose transpose_b,
+                                        MatrixView<float> c, float* const* c_array, float alpha,
+                                        float beta) {
+  const bool ta = transpose_a == Transpose::kYes;
+  const bool tb = transpose_b == Transpose::kYes;
+  const Dims d = check(a, ta, b, tb, c, "cuda::gemm_pointer_batched_bf16_operands");
+  if (d.m == 0 || d.n == 0 || count == 0) return;
+  CUBLAS_CHECK(cublasGemmBatchedEx(
+      handle.get(), op(tb), op(ta), d.n, d.m, d.k, &alpha,
+      reinterpret_cast<const void* const*>(b_array), CUDA_R_16BF, static_cast<int>(b.ld),
+      reinterpret_cast<const void* const*>(a_array), CUDA_R_16BF, static_cast<int>(a.ld), &beta,
+      reinterpret_cast<void* const*>(c_array), CUDA_R_32F, static_cast<int>(c.ld),
+      static_cast<int>(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 void gemm_bf16(CublasHandle& handle, const void* a, std::int64_t a_rows, std::int64_t a_cols,

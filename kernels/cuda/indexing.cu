@@ -111,21 +111,34 @@ ScatterWorkspace scatter_workspace(std::int64_t rows, std::int64_t table_rows) {
   return w;
 }
 
-__global__ void attention_pointers_kernel(float* qkv, std::int64_t ld_qkv, float* ctx,
-                                          std::int64_t ld_ctx, float* scores, std::int64_t heads,
-                                          std::int64_t seq, std::int64_t head_dim,
-                                          std::int64_t pairs, AttentionPointers pointers) {
+template <typename T>
+__global__ void attention_pointers_kernel(T* qkv, std::int64_t ld_qkv, T* ctx, std::int64_t ld_ctx,
+                                          T* scores, std::int64_t heads, std::int64_t seq,
+                                          std::int64_t head_dim, std::int64_t pairs,
+                                          AttentionPointersOf<T> pointers) {
   const std::int64_t pair = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (pair >= pairs) return;
   const std::int64_t b = pair / heads;
   const std::int64_t h = pair % heads;
   const std::int64_t hidden = heads * head_dim;
-  float* rows = qkv + b * seq * ld_qkv + h * head_dim;
+  T* rows = qkv + b * seq * ld_qkv + h * head_dim;
   pointers.q[pair] = rows;
   pointers.k[pair] = rows + hidden;
   pointers.v[pair] = rows + 2 * hidden;
-  pointers.ctx[pair] = ctx + b * seq * ld_ctx + h * head_dim;
+  if (ctx != nullptr) pointers.ctx[pair] = ctx + b * seq * ld_ctx + h * head_dim;
   pointers.scores[pair] = scores + pair * seq * seq;
+}
+
+template <typename T>
+void launch_attention_pointers(T* qkv, std::int64_t ld_qkv, T* ctx, std::int64_t ld_ctx, T* scores,
+                               std::int64_t batch, std::int64_t heads, std::int64_t seq,
+                               std::int64_t head_dim, AttentionPointersOf<T> pointers,
+                               cudaStream_t stream) {
+  const std::int64_t pairs = batch * heads;
+  if (pairs == 0) return;
+  attention_pointers_kernel<<<grid_for(pairs), kThreads, 0, stream>>>(
+      qkv, ld_qkv, ctx, ld_ctx, scores, heads, seq, head_dim, pairs, pointers);
+  CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
@@ -183,11 +196,17 @@ void fill_attention_pointers(float* qkv, std::int64_t ld_qkv, float* ctx, std::i
                              float* scores, std::int64_t batch, std::int64_t heads,
                              std::int64_t seq, std::int64_t head_dim, AttentionPointers pointers,
                              cudaStream_t stream) {
-  const std::int64_t pairs = batch * heads;
-  if (pairs == 0) return;
-  attention_pointers_kernel<<<grid_for(pairs), kThreads, 0, stream>>>(
-      qkv, ld_qkv, ctx, ld_ctx, scores, heads, seq, head_dim, pairs, pointers);
-  CUDA_CHECK(cudaGetLastError());
+  launch_attention_pointers(qkv, ld_qkv, ctx, ld_ctx, scores, batch, heads, seq, head_dim, pointers,
+                            stream);
+}
+
+void fill_attention_pointers(const __nv_bfloat16* qkv, std::int64_t ld_qkv,
+                             const __nv_bfloat16* ctx, std::int64_t ld_ctx,
+                             const __nv_bfloat16* scores, std::int64_t batch, std::int64_t heads,
+                             std::int64_t seq, std::int64_t head_dim,
+                             AttentionOperandPointers pointers, cudaStream_t stream) {
+  launch_attention_pointers(qkv, ld_qkv, ctx, ld_ctx, scores, batch, heads, seq, head_dim, pointers,
+                            stream);
 }
 
 }  // namespace pf::kernels::cuda

@@ -3,6 +3,7 @@
 // asynchronous on `stream`; same semantics as the CPU ops of kernels/ops.h (the dropout mask is
 // the same counter-based one, bit for bit). Shapes are checked by CudaOps before a launch.
 // C++17: this header is compiled by nvcc.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -86,18 +87,34 @@ void scatter_add_rows(ConstMatrixView<float> dout, const std::int64_t* ids,
                       std::size_t workspace_bytes, cudaStream_t stream);
 // Pointer arrays of the per-(sequence, head) matrices of attention, pair p = b * heads + h:
 // q/k/v[p] = qkv + b*seq*ld_qkv + {0, hidden, 2 hidden} + h*head_dim, ctx[p] = ctx + b*seq*ld_ctx
-// + h*head_dim, scores[p] = scores + p*seq*seq.
-struct AttentionPointers {
-  float** q;
-  float** k;
-  float** v;
-  float** ctx;
-  float** scores;
+// + h*head_dim, scores[p] = scores + p*seq*seq. A null ctx leaves the ctx array unwritten.
+template <typename T>
+struct AttentionPointersOf {
+  T** q;
+  T** k;
+  T** v;
+  T** ctx;
+  T** scores;
 };
+using AttentionPointers = AttentionPointersOf<float>;
+// The bf16 copies' arrays (GemmPrecision::kBf16Operands): the products' operands only.
+using AttentionOperandPointers = AttentionPointersOf<const __nv_bfloat16>;
 void fill_attention_pointers(float* qkv, std::int64_t ld_qkv, float* ctx, std::int64_t ld_ctx,
                              float* scores, std::int64_t batch, std::int64_t heads,
                              std::int64_t seq, std::int64_t head_dim, AttentionPointers pointers,
                              cudaStream_t stream);
+void fill_attention_pointers(const __nv_bfloat16* qkv, std::int64_t ld_qkv,
+                             const __nv_bfloat16* ctx, std::int64_t ld_ctx,
+                             const __nv_bfloat16* scores, std::int64_t batch, std::int64_t heads,
+                             std::int64_t seq, std::int64_t head_dim,
+                             AttentionOperandPointers pointers, cudaStream_t stream);
+
+// --- bf16 operands (convert.cu)
+// The count matrices of src (the i-th at src.data + i * src_stride; rows, cols and leading
+// dimension from src) rounded to bf16, to nearest even, into dst's (the i-th at dst.data + i *
+// dst_stride, leading dimension dst.ld; dst's rows and cols are src's).
+void convert_to_bf16(ConstMatrixView<float> src, std::int64_t src_stride, std::int64_t count,
+                     MatrixView<__nv_bfloat16> dst, std::int64_t dst_stride, cudaStream_t stream);
 
 // --- reductions (reduce.cu); results accumulate into *result (zero it first)
 // partials: scratch of kMaxReductionBlocks doubles (the blocks' partial sums, added in order).

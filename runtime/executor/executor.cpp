@@ -386,9 +386,10 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
 
   void open_device() {
     if constexpr (!std::is_same_v<T, float>) {
-      throw std::invalid_argument("executor: device " + tensor::to_string(runtime->device()) +
-                                  " runs float models (fp32, tf32 or bf16 products); this model "
-                                  "is double (fp64 runs on the CPU only)");
+      throw std::invalid_argument(
+          "executor: device " + tensor::to_string(runtime->device()) +
+          " runs float models (fp32, tf32, bf16 or bf16-operands products); this model "
+          "is double (fp64 runs on the CPU only)");
     }
     runtime->bind_thread();
     compute_stream = runtime->backend().create_stream();

@@ -23,7 +23,9 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
                  "Sequence length; must match the shards (default: theirs; 128 for synthetic)");
   app.add_option("--precision", o.precision,
                  "fp32, or fp64 (exact checks; no K-FAC) on the CPU; fp32, tf32 or bf16 matrix "
-                 "products (fp32 weights, optimizer and K-FAC state) on --device cuda")
+                 "products (fp32 weights, optimizer and K-FAC state) on --device cuda, or "
+                 "bf16-operands: bf16 products whose operands are rounded to bf16 copies first "
+                 "(an experiment, docs/cuda.md)")
       ->capture_default_str();
   app.add_option("--device", o.device,
                  "cpu, or cuda / cuda:N: every worker on that one GPU (a compute and a "
@@ -112,6 +114,10 @@ namespace {
 }
 }  // namespace
 
+std::string products_precision(const std::string& precision) {
+  return precision == "bf16-operands" ? "bf16" : precision;
+}
+
 void validate_options(const TrainOptions& o) {
   if (o.micro_batch_size < 1) bad("--micro-batch-size must be >= 1");
   if (o.seq_len < 0) bad("--seq-len must be >= 1");
@@ -120,9 +126,10 @@ void validate_options(const TrainOptions& o) {
   }
   const bool on_cuda = device::parse_device(o.device).kind == tensor::DeviceKind::kCuda;
   if (on_cuda) {
-    if (o.precision != "fp32" && o.precision != "tf32" && o.precision != "bf16") {
-      bad("--precision on --device " + o.device + " must be fp32, tf32 or bf16 (fp64 runs on " +
-          "the CPU only), got '" + o.precision + "'");
+    if (o.precision != "fp32" && o.precision != "tf32" && o.precision != "bf16" &&
+        o.precision != "bf16-operands") {
+      bad("--precision on --device " + o.device + " must be fp32, tf32, bf16 or bf16-operands " +
+          "(fp64 runs on the CPU only), got '" + o.precision + "'");
     }
   } else if (o.precision != "fp32" && o.precision != "fp64") {
     bad("--precision must be fp32 or fp64, got '" + o.precision + "'");

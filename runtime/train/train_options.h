@@ -18,9 +18,11 @@ struct TrainOptions {
   std::string model = "mini";  // preset or Hugging Face config.json
   std::string data;            // shards directory (pipefisher_data), or "synthetic"
   int micro_batch_size = 8;
-  int seq_len = 0;                 // 0: the shards' sequence length (128 for synthetic data)
-  std::string precision = "fp32";  // fp32 or fp64 (CPU); fp32, tf32 or bf16 products (cuda)
-  std::string device = "cpu";      // cpu, cuda or cuda:N
+  int seq_len = 0;  // 0: the shards' sequence length (128 for synthetic data)
+  // fp32 or fp64 (CPU); fp32, tf32, bf16 or bf16-operands products (cuda; see
+  // kernels::GemmPrecision).
+  std::string precision = "fp32";
+  std::string device = "cpu";  // cpu, cuda or cuda:N
   // Schedule.
   std::string schedule = "1f1b";
   int stages = 2;
@@ -70,6 +72,10 @@ void add_train_options(CLI::App& app, TrainOptions& options);
 
 // One clear error (std::invalid_argument) for a bad value or an impossible combination.
 void validate_options(const TrainOptions& options);
+
+// --precision as the simulator prices it (sim::precision_from_string): bf16-operands runs the
+// bf16 products of bf16 (only how the operands reach cuBLAS differs), so it is priced as bf16.
+std::string products_precision(const std::string& precision);
 
 // The learning-rate schedule of the options: --lr (or the optimizer's default), --warmup, over
 // --lr-decay-steps (else --steps).

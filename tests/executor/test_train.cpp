@@ -251,6 +251,18 @@ TEST_F(TrainTest, DeviceChoicesAreCheckedBeforeAnyWork) {
   o = small_run();
   o.precision = "bf16";  // on the CPU
   expect_refused(o, "--precision must be fp32 or fp64");
+  o.precision = "bf16-operands";  // on the CPU too: the CPU computes in fp32 or fp64 only
+  expect_refused(o, "--precision must be fp32 or fp64");
+  o = small_run();
+  o.device = "cuda";
+  o.precision = "bf16_operands";
+  expect_refused(o, "must be fp32, tf32, bf16 or bf16-operands");
+  // Every product precision passes on a device; the simulator prices bf16-operands as bf16.
+  for (const std::string precision : {"fp32", "tf32", "bf16", "bf16-operands"}) {
+    o.precision = precision;
+    EXPECT_NO_THROW(validate_options(o)) << precision;
+    EXPECT_EQ(products_precision(precision), precision == "bf16-operands" ? "bf16" : precision);
+  }
   // Checkpoints run on a device (the device path's downloads and uploads): the options pass.
   o = small_run();
   o.device = "cuda:0";

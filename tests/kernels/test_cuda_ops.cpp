@@ -9,7 +9,9 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/bfloat16.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cublas_gemm.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/make_ops.h"
 #include "tests/kernels/cuda_test_util.h"
@@ -38,6 +40,25 @@ class CudaOpsTest : public pf::testing::CudaTest {
 constexpr double kTight = 2e-6;  // elementwise, one rounding apart
 constexpr double kRows = 2e-5;   // row reductions in another order
 constexpr double kGemm = 2e-5;   // fp32 products in another order
+// Products of bf16 operands are exact in fp32, so a bf16-operand product and the CPU's fp32
+// product of the same rounded operands differ by the order of fp32 accumulation only (kGemm);
+// the unrounded operands' product is about 2^-9 (relative) away, kNotRounded and more.
+constexpr double kNotRounded = 1e-4;
+
+Vec rounded_to_bf16(Vec values) {
+  for (auto& v : values) v = round_to_bf16(v);
+  return values;
+}
+
+// max |actual - expected| over max |expected|.
+double relative_max_error(const Vec& actual, const Vec& expected) {
+  double scale = 1e-30, worst = 0.0;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(expected[i])));
+    worst = std::max(worst, std::abs(static_cast<double>(actual[i]) - expected[i]));
+  }
+  return worst / scale;
+}
 
 TEST_F(CudaOpsTest, GemmAllTransposesAlphaBetaAndStridedViews) {
   const std::int64_t m = 37, k = 65, n = 19, pad = 3;
@@ -83,6 +104,98 @@ TEST_F(CudaOpsTest, TensorCorePrecisionsStayWithinTheirRounding) {
     EXPECT_LT(error, limit) << to_string(precision);
     EXPECT_GT(error, 0.0) << to_string(precision) << " should round (not an fp32 product)";
   }
+}
+
+// GemmPrecision::kBf16Operands: each operand rounded to a bf16 copy (to nearest even), then a
+// bf16 x bf16 -> fp32 product. Shapes cover the conversion's paths: odd sizes and padded rows
+// (one element a thread), packed matrices (one long row, four a thread), padded rows of four
+// (four a thread, row by row), and a view one element into its block (not 16-byte aligned).
+TEST_F(CudaOpsTest, Bf16OperandProductsAreTheCpusProductOfRoundedOperands) {
+  struct Shape {
+    std::int64_t m, k, n, pad, offset;
+  };
+  const Shape shapes[] = {
+      {37, 53, 29, 3, 0}, {64, 128, 96, 0, 0}, {40, 64, 48, 4, 0}, {36, 44, 20, 4, 1}};
+  gpu_->set_precision(GemmPrecision::kBf16Operands);
+  for (const auto& [m, k, n, pad, offset] : shapes) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        const std::int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+        const std::int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+        const Vec a = random(static_cast<std::size_t>(offset + a_rows * (a_cols + pad)));
+        const Vec b = random(static_cast<std::size_t>(offset + b_rows * (b_cols + pad)));
+        const Vec c = random(static_cast<std::size_t>(m * (n + pad)));
+        const auto trans_a = ta ? Transpose::kYes : Transpose::kNo;
+        const auto trans_b = tb ? Transpose::kYes : Transpose::kNo;
+        Vec a16 = rounded_to_bf16(a), b16 = rounded_to_bf16(b), expected = c, unrounded = c;
+        cpu_.gemm({a16.data() + offset, a_rows, a_cols, a_cols + pad}, trans_a,
+                  {b16.data() + offset, b_rows, b_cols, b_cols + pad}, trans_b,
+                  {expected.data(), m, n, n + pad}, 1.5F, 0.5F);
+        cpu_.gemm({a.data() + offset, a_rows, a_cols, a_cols + pad}, trans_a,
+                  {b.data() + offset, b_rows, b_cols, b_cols + pad}, trans_b,
+                  {unrounded.data(), m, n, n + pad}, 1.5F, 0.5F);
+        // No synchronization between the cases: the operand copies grow while earlier
+        // products may still read the blocks they grew out of.
+        float* dc = upload(c);
+        gpu_->gemm({upload(a) + offset, a_rows, a_cols, a_cols + pad}, trans_a,
+                   {upload(b) + offset, b_rows, b_cols, b_cols + pad}, trans_b, {dc, m, n, n + pad},
+                   1.5F, 0.5F);
+        const Vec actual = get(dc, c.size());
+        const std::string what = std::to_string(m) + "x" + std::to_string(k) + "x" +
+                                 std::to_string(n) + " pad=" + std::to_string(pad) +
+                                 " offset=" + std::to_string(offset) + " ta=" + std::to_string(ta) +
+                                 " tb=" + std::to_string(tb);
+        expect_close(actual, expected, kGemm, what);
+        EXPECT_GT(relative_max_error(actual, unrounded), kNotRounded)
+            << what << ": the operands were not rounded to bf16";
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, Bf16OperandBatchedProductsIncludingASharedOperand) {
+  const std::int64_t count = 5, m = 13, k = 37, n = 9;
+  const Vec a = random(static_cast<std::size_t>(count * m * k));
+  const Vec b = random(static_cast<std::size_t>(count * n * k));
+  const Vec c = random(static_cast<std::size_t>(count * m * n));
+  gpu_->set_precision(GemmPrecision::kBf16Operands);
+  const Vec a16 = rounded_to_bf16(a), b16 = rounded_to_bf16(b);
+  // Every product its own b (stride n*k), then one b shared by all (stride 0).
+  for (const std::int64_t stride_b : {n * k, std::int64_t{0}}) {
+    Vec expected = c, unrounded = c;
+    cpu_.batched_gemm(count, {a16.data(), m, k}, m * k, Transpose::kNo, {b16.data(), n, k},
+                      stride_b, Transpose::kYes, {expected.data(), m, n}, m * n, 2.0F, 1.0F);
+    cpu_.batched_gemm(count, {a.data(), m, k}, m * k, Transpose::kNo, {b.data(), n, k}, stride_b,
+                      Transpose::kYes, {unrounded.data(), m, n}, m * n, 2.0F, 1.0F);
+    float* dc = upload(c);
+    gpu_->batched_gemm(count, {upload(a), m, k}, m * k, Transpose::kNo, {upload(b), n, k}, stride_b,
+                       Transpose::kYes, {dc, m, n}, m * n, 2.0F, 1.0F);
+    const Vec actual = get(dc, c.size());
+    const std::string what = "batched, stride_b=" + std::to_string(stride_b);
+    expect_close(actual, expected, kGemm, what);
+    EXPECT_GT(relative_max_error(actual, unrounded), kNotRounded) << what;
+  }
+  // Transposed a, packed b.
+  Vec expected = c;
+  cpu_.batched_gemm(count, {a16.data(), k, m}, m * k, Transpose::kYes, {b16.data(), k, n}, n * k,
+                    Transpose::kNo, {expected.data(), m, n}, m * n, 1.0F, 0.0F);
+  float* dc = upload(c);
+  gpu_->batched_gemm(count, {upload(a), k, m}, m * k, Transpose::kYes, {upload(b), k, n}, n * k,
+                     Transpose::kNo, {dc, m, n}, m * n, 1.0F, 0.0F);
+  expect_close(get(dc, c.size()), expected, kGemm, "batched, transposed a");
+}
+
+// The fp32-operand cuBLAS calls cannot honour bf16-operands (nothing converts): they refuse it
+// rather than run another precision. CudaOps checks shapes before it converts.
+TEST_F(CudaOpsTest, Fp32OperandProductsRefuseBf16OperandsAndShapesAreCheckedFirst) {
+  float* d = upload(Vec(16, 1.0F));
+  EXPECT_THROW(cuda::gemm(gpu_->cublas(), {d, 4, 4}, Transpose::kNo, {d, 4, 4}, Transpose::kNo,
+                          {d, 4, 4}, 1.0F, 0.0F, GemmPrecision::kBf16Operands),
+               std::invalid_argument);
+  gpu_->set_precision(GemmPrecision::kBf16Operands);
+  EXPECT_THROW(
+      gpu_->gemm({d, 4, 4}, Transpose::kNo, {d, 4, 3}, Transpose::kNo, {d, 4, 4}, 1.0F, 0.0F),
+      std::invalid_argument);
 }
 
 TEST_F(CudaOpsTest, BatchedGemm) {
@@ -299,6 +412,85 @@ TEST_F(CudaOpsTest, AttentionForwardAndBackwardWithPaddingAndDropout) {
     expect_close(get(d_probs, probs_size), probs, kRows, "probs" + at);
     expect_close(get(d_ctx, ctx.size()), ctx, kGemm, "ctx" + at);
     expect_close(get(d_dqkv, dqkv.size()), dqkv, 1e-4, "dqkv" + at);
+  }
+}
+
+// Attention's pointer-batched products under bf16-operands: each product is the CPU's product
+// of the bf16-rounded operands the GPU had (QKV, dctx, and its own probabilities and score
+// gradients, read back), the softmax in fp32 as on the CPU.
+TEST_F(CudaOpsTest, Bf16OperandAttentionProductsAreTheCpusOfRoundedOperands) {
+  const AttentionCase cases[] = {
+      {{2, 13, 3, 8}, 0.0F}, {{2, 13, 3, 8}, 0.1F}, {{3, 128, 4, 16}, 0.0F}};
+  gpu_->set_precision(GemmPrecision::kBf16Operands);
+  for (const auto& [shape, dropout] : cases) {
+    const std::int64_t tokens = shape.tokens(), hidden = shape.hidden();
+    const std::int64_t seq = shape.seq, d = shape.head_dim, ld = 3 * hidden;
+    const Vec qkv = random(static_cast<std::size_t>(tokens * 3 * hidden));
+    const Vec dctx = random(static_cast<std::size_t>(tokens * hidden));
+    Ids mask(static_cast<std::size_t>(tokens), 1);
+    for (std::int64_t s = seq - 3; s < seq; ++s) mask[static_cast<std::size_t>(s)] = 0;
+    const auto probs_size = static_cast<std::size_t>(attention_probs_size(shape));
+    const auto work_size = static_cast<std::size_t>(gpu_->attention_workspace_size(shape));
+    float* d_qkv = upload(qkv);
+    float* d_probs = upload(Vec(probs_size));
+    float* d_work = upload(Vec(work_size));
+    float* d_ctx = upload(Vec(dctx.size()));
+    float* d_dqkv = upload(Vec(qkv.size()));
+    gpu_->attention_forward(shape, {d_qkv, tokens, ld}, upload(mask), dropout, 42, d_probs, d_work,
+                            {d_ctx, tokens, hidden});
+    const Vec probs = get(d_probs, probs_size);
+    // The weights that multiplied V: the dropped copy in the workspace, or the probabilities.
+    const Vec weights = dropout > 0.0F ? get(d_work, probs_size) : probs;
+    const Vec ctx = get(d_ctx, dctx.size());
+    gpu_->attention_backward(shape, {d_qkv, tokens, ld}, d_probs, {upload(dctx), tokens, hidden},
+                             dropout, 42, d_work, {d_dqkv, tokens, ld});
+    const Vec ds = get(d_work, probs_size);  // the score gradient, left in the workspace
+    const Vec dqkv = get(d_dqkv, qkv.size());
+
+    const std::string at = " seq=" + std::to_string(seq) + " p=" + std::to_string(dropout);
+    // The probabilities: the CPU's softmax of the rounded operands' scores.
+    const Vec qkv16 = rounded_to_bf16(qkv), dctx16 = rounded_to_bf16(dctx);
+    Vec cpu_probs(probs_size),
+        cpu_work(static_cast<std::size_t>(cpu_.attention_workspace_size(shape)));
+    Vec cpu_ctx(dctx.size());
+    cpu_.attention_forward(shape, {qkv16.data(), tokens, ld}, mask.data(), 0.0F, 42,
+                           cpu_probs.data(), cpu_work.data(), {cpu_ctx.data(), tokens, hidden});
+    expect_close(probs, cpu_probs, kRows, "probs" + at);
+    // Each product per (sequence, head) pair on the CPU.
+    const Vec weights16 = rounded_to_bf16(weights), ds16 = rounded_to_bf16(ds);
+    Vec expected_ctx(dctx.size()), expected_dqkv(qkv.size()), expected_ds(probs_size);
+    const float scale = 1.0F / std::sqrt(static_cast<float>(d));
+    for (std::int64_t b = 0; b < shape.batch; ++b) {
+      for (std::int64_t h = 0; h < shape.heads; ++h) {
+        const std::int64_t pair = b * shape.heads + h;
+        const std::int64_t head = b * seq * ld + h * d;
+        const std::int64_t square = pair * seq * seq;
+        const std::int64_t ctx_head = b * seq * hidden + h * d;
+        const ConstMatrixView<float> q(qkv16.data() + head, seq, d, ld);
+        const ConstMatrixView<float> k(qkv16.data() + head + hidden, seq, d, ld);
+        const ConstMatrixView<float> v(qkv16.data() + head + 2 * hidden, seq, d, ld);
+        const ConstMatrixView<float> dctx_pair(dctx16.data() + ctx_head, seq, d, hidden);
+        cpu_.gemm({weights16.data() + square, seq, seq}, Transpose::kNo, v, Transpose::kNo,
+                  {expected_ctx.data() + ctx_head, seq, d, hidden}, 1.0F, 0.0F);
+        cpu_.gemm({weights16.data() + square, seq, seq}, Transpose::kYes, dctx_pair, Transpose::kNo,
+                  {expected_dqkv.data() + head + 2 * hidden, seq, d, ld}, 1.0F, 0.0F);
+        cpu_.gemm({ds16.data() + square, seq, seq}, Transpose::kNo, k, Transpose::kNo,
+                  {expected_dqkv.data() + head, seq, d, ld}, 1.0F, 0.0F);
+        cpu_.gemm({ds16.data() + square, seq, seq}, Transpose::kYes, q, Transpose::kNo,
+                  {expected_dqkv.data() + head + hidden, seq, d, ld}, 1.0F, 0.0F);
+        if (dropout == 0.0F) {
+          // dS = softmax'(dctx V^T), with the GPU's probabilities.
+          Vec dprobs(static_cast<std::size_t>(seq * seq));
+          cpu_.gemm(dctx_pair, Transpose::kNo, v, Transpose::kYes, {dprobs.data(), seq, seq}, 1.0F,
+                    0.0F);
+          cpu_.softmax_backward({probs.data() + square, seq, seq}, {dprobs.data(), seq, seq}, scale,
+                                {expected_ds.data() + square, seq, seq});
+        }
+      }
+    }
+    expect_close(ctx, expected_ctx, kGemm, "ctx" + at);
+    expect_close(dqkv, expected_dqkv, kGemm, "dqkv" + at);
+    if (dropout == 0.0F) expect_close(ds, expected_ds, kRows, "dS" + at);
   }
 }
 

@@ -159,7 +159,8 @@ TEST_F(BertCudaTest, LossesAndGradientsMatchTheCpu) {
   const std::vector<Case> cases = {{GemmPrecision::kFp32, {whole_model(config_)}, 1e-5, 1e-8},
                                    {GemmPrecision::kFp32, three_chunks(), 1e-5, 1e-8},
                                    {GemmPrecision::kTf32, {whole_model(config_)}, 2e-3, 1e-4},
-                                   {GemmPrecision::kBf16, three_chunks(), 2e-2, 5e-3}};
+                                   {GemmPrecision::kBf16, three_chunks(), 2e-2, 5e-3},
+                                   {GemmPrecision::kBf16Operands, three_chunks(), 2e-2, 5e-3}};
   for (const auto& c : cases) {
     const std::string what = std::string(kernels::to_string(c.precision)) + ", " +
                              std::to_string(c.specs.size()) + " chunk(s)";
