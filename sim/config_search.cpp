@@ -203,8 +203,24 @@ bool estimate_kfac(const ParallelCostModel& model, const SearchOptions& options,
     const auto cost = layer.times(layers[w], spread);
     double device = cost.busiest_memory_bytes, least = device;
     if (c.kfac_offloaded) {
-      // What must stay: the Linear being refreshed (auto keeps more where it fits).
-      least = layers[w] > 0.0 ? std::min(layer.largest_linear_bytes, device) : 0.0;
+      // What must stay: the Linear being refreshed, and the inverses that arrive before the
+      // preconditioning needs them (auto keeps more where it fits). The offload pass starts an
+      // inverse prefetch as late as it can, but the host link carries them one after another:
+      // when bringing in the I bytes of inverses a replica holds takes the link L = I / bandwidth
+      // seconds, longer than its preconditioning P, the copies start L - P before it and about
+      // I (1 - P / L) bytes wait on the device when it begins (every replica holds all the
+      // inverses when they are replicated).
+      double inverses_in = cost.replicated_bytes / 2.0 * inverse_share;
+      if (spread) {
+        inverses_in =
+            std::min(cost.replicated_bytes / 2.0, inverses_in + cost.largest_linear_bytes / 2.0);
+      }
+      double waiting = 0.0;
+      if (host_bandwidth > 0.0 && inverses_in > 0.0) {
+        const double link = inverses_in / host_bandwidth;
+        waiting = inverses_in * std::max(0.0, 1.0 - cost.precondition_seconds_per_step / link);
+      }
+      least = layers[w] > 0.0 ? std::min(layer.largest_linear_bytes + waiting, device) : 0.0;
       device = options.kfac_offload == pipefisher::OffloadMode::kHost
                    ? least
                    : std::min(device,

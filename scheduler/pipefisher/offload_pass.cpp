@@ -1,6 +1,7 @@
 #include "scheduler/pipefisher/offload_pass.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <iterator>
@@ -85,9 +86,30 @@ struct LinearWork {
 
 // One copy to insert: emitted just before original position `position` (the stream's length:
 // at its end); equal positions in `order` (a write-back before a prefetch that needs it).
+// Two ways to place a worker's copies, each the better one in different configurations
+// (docs/offload.md, "Placing the copies"); run_offload_pass simulates both and keeps the better.
+enum class CopyOrder : std::uint8_t {
+  // Every copy by its deadline (its consumer's start; a write-back's data ready), each at the
+  // latest position before its consumer where the link is free. Leaves slack before the
+  // consumers; but where the link is busy before a consumer, a prefetch goes before all those
+  // placed already, so a step's prefetches stack up in reverse order and all wait on the device.
+  kByDeadline,
+  // The write-backs first, each as early as it can go; then the prefetches backwards from the
+  // latest deadline, so each gets the latest stretch of the link the later ones left: they
+  // arrive in their consumers' order, as late as the link allows.
+  kPrefetchesLatestFirst,
+};
+constexpr std::string_view to_string(CopyOrder order) {
+  return order == CopyOrder::kByDeadline ? "by-deadline" : "prefetches-latest-first";
+}
+
 struct Placed {
   int position = 0;
   int order = 0;
+  // When its consumer starts (a prefetch) or its data is ready (a write-back), then the order
+  // of a Linear's copies: copies at one position reach the link in this order.
+  double deadline = 0.0;
+  int sequence = 0;
   Instruction instruction;
 };
 
@@ -274,7 +296,7 @@ ScheduleWork find_work(const PassResult& pipefisher, const sim::CostModel& costs
 // timeline; fills the report's counts.
 std::vector<Instruction> insert_copies(
     const PassResult& pipefisher, const ScheduleWork& found, const WorkerOffloadPlan& plan, int w,
-    const sim::CostModel& costs,
+    CopyOrder order, const sim::CostModel& costs,
     const std::function<HeldKfacState(int, int, sched::LinearKind)>& held_state,
     WorkerOffloadReport& worker_report) {
   const sched::Schedule& schedule = pipefisher.schedule;
@@ -311,9 +333,22 @@ std::vector<Instruction> insert_copies(
       requests.push_back({placer.start_of(positions.first), after_windows + step, key, 2, step});
     }
   }
-  std::sort(requests.begin(), requests.end(), [](const Request& x, const Request& y) {
-    return std::tie(x.deadline, x.sequence, x.key) < std::tie(y.deadline, y.sequence, y.key);
-  });
+  // The order the copies are placed in (each takes the link where the ones placed before it
+  // left room): see CopyOrder.
+  if (order == CopyOrder::kByDeadline) {
+    std::sort(requests.begin(), requests.end(), [](const Request& x, const Request& y) {
+      return std::tie(x.deadline, x.sequence, x.key) < std::tie(y.deadline, y.sequence, y.key);
+    });
+  } else {
+    std::sort(requests.begin(), requests.end(), [](const Request& x, const Request& y) {
+      const bool x_prefetch = x.order != 0, y_prefetch = y.order != 0;
+      if (x_prefetch != y_prefetch) return y_prefetch;
+      if (!x_prefetch) {
+        return std::tie(x.deadline, x.sequence, x.key) < std::tie(y.deadline, y.sequence, y.key);
+      }
+      return std::tie(y.deadline, y.sequence, y.key) < std::tie(x.deadline, x.sequence, x.key);
+    });
+  }
   std::vector<Placed> placed;
   // Per Linear and window: where its write-back went (the next window's factor prefetch, and the
   // inverse prefetches that read the new inverses, come after it).
@@ -397,14 +432,20 @@ std::vector<Instruction> insert_copies(
                                             placer.duration(copy.instruction), late);
       if (after_write_back && copy.position == earliest) copy.order = 2;
     }
+    copy.deadline = request.deadline;
+    copy.sequence = request.sequence;
     worker_report.late_prefetches += late ? 1 : 0;
     ++worker_report.transfers;
     worker_report.transfer_bytes += static_cast<double>(copy.instruction.bytes);
     worker_report.transfer_s += placer.duration(copy.instruction);
     placed.push_back(copy);
   }
+  // Copies issued at one position queue for the link in stream order: the earliest consumer's
+  // first (the placer, going backwards, gave the later consumers' copies their stretches of the
+  // link first).
   std::stable_sort(placed.begin(), placed.end(), [](const Placed& x, const Placed& y) {
-    return std::tie(x.position, x.order) < std::tie(y.position, y.order);
+    return std::tie(x.position, x.order, x.deadline, x.sequence) <
+           std::tie(y.position, y.order, y.deadline, y.sequence);
   });
   std::vector<Instruction> out;
   out.reserve(stream.size() + placed.size());
@@ -433,6 +474,17 @@ bool lower_peak(const sim::SimResult& a, const sim::SimResult& b) {
   const double peak_a = max_peak(a);
   const double peak_b = max_peak(b);
   return peak_a < peak_b || (peak_a == peak_b && a.step_time_s < b.step_time_s);
+}
+
+// Of two placements of the same plan: the one within the budget (when one is set), else the
+// shorter step, else the lower peak.
+bool better_placement(const sim::SimResult& a, const sim::SimResult& b, double budget) {
+  if (budget > 0.0 && (max_peak(a) <= budget) != (max_peak(b) <= budget)) {
+    return max_peak(a) <= budget;
+  }
+  const double tolerance = 1e-9 * std::max(a.step_time_s, b.step_time_s);
+  if (std::abs(a.step_time_s - b.step_time_s) > tolerance) return a.step_time_s < b.step_time_s;
+  return max_peak(a) < max_peak(b);
 }
 
 }  // namespace
@@ -496,16 +548,25 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
   OffloadReport& report = result.report;
   std::optional<OffloadResult> lowest_peak;  // auto: the plan tried with the lowest peak
   for (;;) {
-    report = OffloadReport{};
-    report.workers.resize(static_cast<std::size_t>(workers));
-    result.schedule = schedule;
-    for (int w = 0; w < workers; ++w) {
-      result.schedule.streams[static_cast<std::size_t>(w)] =
-          insert_copies(pipefisher, found, result.plan.workers[static_cast<std::size_t>(w)], w,
-                        costs, held_state, report.workers[static_cast<std::size_t>(w)]);
+    // The copies placed both ways, each simulated; the better kept.
+    for (const CopyOrder order : {CopyOrder::kByDeadline, CopyOrder::kPrefetchesLatestFirst}) {
+      OffloadReport tried;
+      tried.workers.resize(static_cast<std::size_t>(workers));
+      tried.copy_order = std::string(to_string(order));
+      sched::Schedule placed = schedule;
+      for (int w = 0; w < workers; ++w) {
+        placed.streams[static_cast<std::size_t>(w)] =
+            insert_copies(pipefisher, found, result.plan.workers[static_cast<std::size_t>(w)], w,
+                          order, costs, held_state, tried.workers[static_cast<std::size_t>(w)]);
+      }
+      sched::validate(placed);
+      sim::SimResult simulated = sim::simulate(placed, costs, simulation);
+      if (order == CopyOrder::kByDeadline || better_placement(simulated, result.after, budget)) {
+        result.schedule = std::move(placed);
+        result.after = std::move(simulated);
+        report = std::move(tried);
+      }
     }
-    sched::validate(result.schedule);
-    result.after = sim::simulate(result.schedule, costs, simulation);
     if (options.mode != OffloadMode::kAuto) break;
     if (!lowest_peak || lower_peak(result.after, lowest_peak->after)) lowest_peak = result;
     bool more = false;
@@ -591,11 +652,11 @@ std::string format_offload_report(const OffloadReport& report) {
   }
   std::snprintf(line, sizeof line,
                 "%d Linears offloaded, %d copies per refresh; step time %.3f ms -> %.3f ms "
-                "(%+.2f%%); peak device memory %s -> %s\n",
+                "(%+.2f%%); peak device memory %s -> %s; copies placed %s\n",
                 report.offloaded_linears, report.transfers, 1e3 * report.step_time_before_s,
                 1e3 * report.step_time_after_s, 100 * report.step_time_overhead,
                 mib(report.max_peak_memory_before).c_str(),
-                mib(report.max_peak_memory_after).c_str());
+                mib(report.max_peak_memory_after).c_str(), report.copy_order.c_str());
   text += line;
   if (!report.warning.empty()) text += report.warning + "\n";
   return text;
@@ -625,6 +686,7 @@ nlohmann::json offload_report_json(const OffloadReport& report) {
           {"step_time_before_s", report.step_time_before_s},
           {"step_time_after_s", report.step_time_after_s},
           {"step_time_overhead", report.step_time_overhead},
+          {"copy_order", report.copy_order},
           {"max_peak_memory_before_bytes", report.max_peak_memory_before},
           {"max_peak_memory_after_bytes", report.max_peak_memory_after},
           {"workers", workers}};

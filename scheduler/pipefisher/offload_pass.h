@@ -52,6 +52,9 @@ struct OffloadReport {
   double step_time_overhead = 0.0;  // after / before - 1
   double max_peak_memory_before = 0.0;
   double max_peak_memory_after = 0.0;
+  // How the copies were placed, of the two ways tried (docs/offload.md): "by-deadline" or
+  // "prefetches-latest-first".
+  std::string copy_order;
   std::vector<WorkerOffloadReport> workers;
 };
 

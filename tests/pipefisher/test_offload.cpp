@@ -206,6 +206,53 @@ TEST(OffloadPass, ASlowHostLinkCostsStepTime) {
   EXPECT_GT(late, 0);
 }
 
+// A link slower than the preconditioning it feeds (a 500-byte inverse copy: 30 ms against a
+// 20 ms preconditioning): the prefetches must start before the first preconditioning, and placed
+// backwards from the last consumer they reach the link in the consumers' order, each as late as
+// the later ones allow. (Placed forwards, each found the link taken before its consumer and went
+// before all the others: the step's inverses arrived in reverse order and all waited on the
+// device.)
+TEST(OffloadPass, InversePrefetchesOnABusyLinkArriveInTheirConsumersOrder) {
+  const sim::UniformCostModel costs(offload_costs(500.0 / 0.03));
+  KfacOptions kfac;
+  kfac.refresh_steps = 2;
+  const auto pass = run_pipefisher(compiled(ScheduleKind::kOneFOneB, 4, 8), costs, kfac);
+  const auto offload = run_offload_pass(pass, costs, {OffloadMode::kHost, 0.0});
+  EXPECT_NO_THROW(sched::validate(offload.schedule));
+  EXPECT_NEAR(offload.after.step_time_s, pass.after.step_time_s, 1e-9);
+  EXPECT_EQ(offload.report.copy_order, "prefetches-latest-first");
+  int checked = 0;
+  for (int w = 0; w < offload.schedule.num_workers(); ++w) {
+    const auto& stream = offload.schedule.streams[static_cast<std::size_t>(w)];
+    const auto& times = offload.after.times[static_cast<std::size_t>(w)];
+    // (step, layer, linear) -> the prefetch's start and the preconditioning's start
+    std::map<std::tuple<int, int, int>, std::pair<double, double>> copies;
+    for (std::size_t i = 0; i < stream.size(); ++i) {
+      const auto& in = stream[i];
+      const std::tuple<int, int, int> key{in.step, in.layer, static_cast<int>(in.linear)};
+      if (in.kind == OpKind::kPrefetchInverses) copies[key].first = times[i].start_s;
+      if (in.kind == OpKind::kPrecondition && in.piece_begin == 0) {
+        copies[key].second = times[i].start_s;
+      }
+    }
+    std::map<int, std::vector<std::pair<double, double>>> by_step;  // consumer start, copy start
+    for (const auto& [key, when] : copies) {
+      by_step[std::get<0>(key)].emplace_back(when.second, when.first);
+    }
+    for (auto& [step, pairs] : by_step) {
+      std::sort(pairs.begin(), pairs.end());
+      for (std::size_t i = 1; i < pairs.size(); ++i) {
+        EXPECT_LT(pairs[i - 1].second, pairs[i].second)
+            << "worker " << w << " step " << step << ": the prefetch for the consumer at "
+            << pairs[i].first << " s starts before the one for the consumer at "
+            << pairs[i - 1].first << " s";
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
 TEST(OffloadPass, AutoMeetsTheBudgetWithTheFewestLinears) {
   const sim::UniformCostModel costs(offload_costs(1e5));
   const auto pass = run_pipefisher(compiled(ScheduleKind::kOneFOneB, 4, 8), costs, {});

@@ -239,9 +239,10 @@ TEST(ConfigSearch, KfacOffloadPlacesItsCopiesAndFitsWhatTheDeviceCannot) {
 TEST(ConfigSearch, ShardedKfacStateOffloadsAndFitsWhatNeitherAloneDoes) {
   // GPT-3 6.7B in 4 stages on 8 replicas: ~29 GiB without K-FAC. Sharded, the busiest replica
   // holds an eighth of the K-FAC state plus one Linear's (~7 GiB, ~34 GiB simulated); replicated
-  // and offloaded, every replica prefetches all the inverses before each step's preconditioning
-  // and the pass's peak is ~53 GiB. Sharded and offloaded, each replica moves only what it holds:
-  // the lowest peak and the fewest bytes on the host link.
+  // and offloaded, every replica brings in all its inverses (21 GiB) each step on a host link
+  // slower than their preconditioning, so many wait on the device when it starts (~47 GiB
+  // simulated). Sharded and offloaded, each replica moves only what it holds: the lowest peak and
+  // the fewest bytes on the host link.
   SearchOptions o = gpt3_6p7b_kfac_search(80);
   o.kfac_top = 2;
   o.kfac_placements = parse_kfac_placements("replicate,shard");
@@ -262,7 +263,14 @@ TEST(ConfigSearch, ShardedKfacStateOffloadsAndFitsWhatNeitherAloneDoes) {
   ASSERT_TRUE(shard.kfac_run && both.kfac_run && replicated.kfac_run);
   EXPECT_TRUE(both.kfac_offloaded);
   EXPECT_EQ(kfac::to_string(both.kfac_placement), "shard");
-  // Memory: the closed form keeps one Linear's state on the device; the pass's peaks.
+  // Memory: the closed form keeps one Linear's state on the device and the inverses that arrive
+  // before their preconditioning; the pass's peaks. The closed form is within 20% of the pass
+  // (it was 41% under for the replicated state when it kept one Linear only).
+  for (const Candidate* c : {&both, &replicated}) {
+    EXPECT_NEAR(c->memory_estimate_bytes / c->kfac_peak_memory_bytes, 1.0, 0.2)
+        << c->kfac_state_name();
+  }
+  EXPECT_GT(replicated.memory_estimate_bytes, both.memory_estimate_bytes + 4.0 * (1 << 30));
   EXPECT_LT(both.kfac_memory_bytes, shard.kfac_memory_bytes);
   EXPECT_LT(both.memory_estimate_bytes, shard.memory_estimate_bytes);
   EXPECT_LE(both.memory_estimate_bytes, replicated.memory_estimate_bytes);
@@ -279,7 +287,7 @@ TEST(ConfigSearch, ShardedKfacStateOffloadsAndFitsWhatNeitherAloneDoes) {
   EXPECT_LT(both.kfac_host_link_s_per_refresh, replicated.kfac_host_link_s_per_refresh / 4.0);
   EXPECT_GE(both.kfac_step_time_s, shard.kfac_step_time_s);
   // A GPU between the sharded-and-offloaded peak and the others': only that one fits (the
-  // replicated and offloaded one passes the closed form and is dropped by the pass's peak).
+  // replicated and offloaded one is dropped by the closed form).
   o.cluster.gpu_memory_bytes = (both.kfac_peak_memory_bytes + shard.kfac_peak_memory_bytes) / 2.0;
   ASSERT_LT(o.cluster.gpu_memory_bytes, shard.memory_estimate_bytes);
   o.kfac_offload = pipefisher::OffloadMode::kNone;
