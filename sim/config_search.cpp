@@ -697,7 +697,7 @@ SearchResult search_configurations(const SearchOptions& options) {
       double step = pass.report.step_time_after_s;
       if (c.kfac_offloaded) {
         const pipefisher::OffloadResult offload = pipefisher::run_offload_pass(
-            pass, *model, {options.kfac_offload, options.cluster.gpu_memory_bytes});
+            pass, *model, {options.kfac_offload, options.cluster.gpu_memory_bytes, {}});
         c.kfac_peak_before_offload_bytes = peak;
         peak = offload.report.max_peak_memory_after;
         step = offload.report.step_time_after_s;

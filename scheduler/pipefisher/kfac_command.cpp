@@ -104,6 +104,12 @@ void add_kfac_options(CLI::App& app, KfacCommandOptions& options) {
                  "Device memory per GPU in MiB that --kfac-offload auto must fit under (weights, "
                  "optimizer state, activations and the K-FAC state kept on the device)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--kfac-offload-copies", options.offload_copies,
+                 "How the offload pass places each worker's copies on the host link: best (both "
+                 "ways below, each simulated, the better kept), by-deadline (each copy in its "
+                 "consumer's order at the latest free stretch), or prefetches-latest-first "
+                 "(write-backs first, then prefetches backwards from the last consumer)")
+      ->check(CLI::IsMember({"best", "by-deadline", "prefetches-latest-first"}));
   app.add_option("--kfac-layers", options.layers,
                  "Encoder layers to precondition: all, or a comma list of indices and ranges "
                  "(e.g. 0-3,8)");
@@ -248,6 +254,7 @@ OffloadOptions to_offload_options(const KfacCommandOptions& command) {
     throw std::invalid_argument("--device-memory-budget: must be >= 0 MiB");
   }
   options.device_memory_budget_bytes = command.device_memory_budget_mib * 1024.0 * 1024.0;
+  options.copy_order = copy_order_from_string(command.offload_copies);
   if (options.mode == OffloadMode::kAuto && options.device_memory_budget_bytes <= 0.0) {
     throw std::invalid_argument(
         "--kfac-offload auto needs --device-memory-budget (MiB per device, > 0)");

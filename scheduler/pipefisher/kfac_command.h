@@ -34,6 +34,7 @@ struct KfacCommandOptions {
   double memory_budget_mib = 0.0;         // --kfac-memory-budget (0: no limit)
   std::string offload = "none";           // --kfac-offload none|host|auto
   double device_memory_budget_mib = 0.0;  // --device-memory-budget (for --kfac-offload auto)
+  std::string offload_copies = "best";    // --kfac-offload-copies best|by-deadline|...
   // (d_in, d_out) per Linear kind, from the model (set by the caller; empty without one).
   std::vector<kfac::LinearDims> linear_dims;
 };

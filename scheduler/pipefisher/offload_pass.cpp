@@ -86,23 +86,6 @@ struct LinearWork {
 
 // One copy to insert: emitted just before original position `position` (the stream's length:
 // at its end); equal positions in `order` (a write-back before a prefetch that needs it).
-// Two ways to place a worker's copies, each the better one in different configurations
-// (docs/offload.md, "Placing the copies"); run_offload_pass simulates both and keeps the better.
-enum class CopyOrder : std::uint8_t {
-  // Every copy by its deadline (its consumer's start; a write-back's data ready), each at the
-  // latest position before its consumer where the link is free. Leaves slack before the
-  // consumers; but where the link is busy before a consumer, a prefetch goes before all those
-  // placed already, so a step's prefetches stack up in reverse order and all wait on the device.
-  kByDeadline,
-  // The write-backs first, each as early as it can go; then the prefetches backwards from the
-  // latest deadline, so each gets the latest stretch of the link the later ones left: they
-  // arrive in their consumers' order, as late as the link allows.
-  kPrefetchesLatestFirst,
-};
-constexpr std::string_view to_string(CopyOrder order) {
-  return order == CopyOrder::kByDeadline ? "by-deadline" : "prefetches-latest-first";
-}
-
 struct Placed {
   int position = 0;
   int order = 0;
@@ -489,6 +472,18 @@ bool better_placement(const sim::SimResult& a, const sim::SimResult& b, double b
 
 }  // namespace
 
+std::string_view to_string(CopyOrder order) {
+  return order == CopyOrder::kByDeadline ? "by-deadline" : "prefetches-latest-first";
+}
+
+std::optional<CopyOrder> copy_order_from_string(std::string_view name) {
+  if (name == "best") return std::nullopt;
+  if (name == "by-deadline") return CopyOrder::kByDeadline;
+  if (name == "prefetches-latest-first") return CopyOrder::kPrefetchesLatestFirst;
+  throw std::invalid_argument("--kfac-offload-copies: '" + std::string(name) +
+                              "' (allowed: best, by-deadline, prefetches-latest-first)");
+}
+
 OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostModel& costs,
                                const OffloadOptions& options, const sim::SimOptions& sim_options) {
   const sched::Schedule& schedule = pipefisher.schedule;
@@ -548,8 +543,10 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
   OffloadReport& report = result.report;
   std::optional<OffloadResult> lowest_peak;  // auto: the plan tried with the lowest peak
   for (;;) {
-    // The copies placed both ways, each simulated; the better kept.
-    for (const CopyOrder order : {CopyOrder::kByDeadline, CopyOrder::kPrefetchesLatestFirst}) {
+    // The copies placed each way asked for, each simulated; the better kept.
+    std::vector<CopyOrder> orders{CopyOrder::kByDeadline, CopyOrder::kPrefetchesLatestFirst};
+    if (options.copy_order) orders = {*options.copy_order};
+    for (const CopyOrder order : orders) {
       OffloadReport tried;
       tried.workers.resize(static_cast<std::size_t>(workers));
       tried.copy_order = std::string(to_string(order));
@@ -561,7 +558,7 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
       }
       sched::validate(placed);
       sim::SimResult simulated = sim::simulate(placed, costs, simulation);
-      if (order == CopyOrder::kByDeadline || better_placement(simulated, result.after, budget)) {
+      if (order == orders.front() || better_placement(simulated, result.after, budget)) {
         result.schedule = std::move(placed);
         result.after = std::move(simulated);
         report = std::move(tried);
@@ -652,11 +649,13 @@ std::string format_offload_report(const OffloadReport& report) {
   }
   std::snprintf(line, sizeof line,
                 "%d Linears offloaded, %d copies per refresh; step time %.3f ms -> %.3f ms "
-                "(%+.2f%%); peak device memory %s -> %s; copies placed %s\n",
+                "(%+.2f%%); peak device memory %s -> %s%s%s\n",
                 report.offloaded_linears, report.transfers, 1e3 * report.step_time_before_s,
                 1e3 * report.step_time_after_s, 100 * report.step_time_overhead,
                 mib(report.max_peak_memory_before).c_str(),
-                mib(report.max_peak_memory_after).c_str(), report.copy_order.c_str());
+                mib(report.max_peak_memory_after).c_str(),
+                report.transfers > 0 ? "; copies placed " : "",
+                report.transfers > 0 ? report.copy_order.c_str() : "");
   text += line;
   if (!report.warning.empty()) text += report.warning + "\n";
   return text;

@@ -8,10 +8,13 @@
 // - prefetch_inverses (host -> device) before each step's preconditioning, released after it.
 // Each prefetch goes into the latest idle stretch of the host link that still ends before its
 // consumer starts in the PipeFisher pass's simulated timeline (so it is on the device in time
-// and the inverses stay there as briefly as possible); where no stretch is long enough it goes
-// as early as its own dependencies allow. sched::validate checks the order of every copy and its
-// consumer.
+// and the inverses stay there as briefly as possible), of the stretches the copies placed before
+// it left (CopyOrder); where no stretch is long enough it goes as early as its own dependencies
+// allow. sched::validate checks the order of every copy and its consumer.
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -21,9 +24,29 @@
 
 namespace pf::pipefisher {
 
+// The order a worker's copies are placed in, each where the link is free in the room the ones
+// placed before it left (docs/offload.md, "Placing the copies"):
+enum class CopyOrder : std::uint8_t {
+  // Every copy by its deadline (a prefetch's consumer's start, a write-back's inversion's end).
+  // Slack before the consumers; but where the link is busy before a run of consumers, each
+  // prefetch goes before those placed already: a step's prefetches stack up in reverse order.
+  kByDeadline,
+  // The write-backs first, as early as they can go; then the prefetches backwards from the
+  // latest deadline: they arrive in their consumers' order, as late as the link allows.
+  kPrefetchesLatestFirst,
+};
+// "by-deadline" | "prefetches-latest-first".
+std::string_view to_string(CopyOrder order);
+// --kfac-offload-copies: "best" (nullopt) or one of the above; throws std::invalid_argument
+// naming the flag otherwise.
+std::optional<CopyOrder> copy_order_from_string(std::string_view name);
+
 struct OffloadOptions {
   OffloadMode mode = OffloadMode::kNone;
   double device_memory_budget_bytes = 0.0;  // --device-memory-budget (MiB on the command line)
+  // One order, or (nullopt) both, each simulated, the better kept: within the budget (auto),
+  // else the shorter step, else the lower peak.
+  std::optional<CopyOrder> copy_order;
 };
 
 struct WorkerOffloadReport {

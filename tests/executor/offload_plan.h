@@ -136,7 +136,7 @@ inline Plans plan_offload_run(const OffloadCase& c, const model::BertConfig& con
     for (const auto& w : pass.after.workers) state = std::max(state, w.peak_memory_bytes - other);
     budget = other + 0.5 * state;
   }
-  auto offload = pipefisher::run_offload_pass(pass, costs, {c.mode, budget});
+  auto offload = pipefisher::run_offload_pass(pass, costs, {c.mode, budget, {}});
   return {pass.schedule, std::move(offload.schedule), std::move(offload.plan)};
 }
 

@@ -127,7 +127,7 @@ TEST_P(OffloadPass, HostOffloadIsValidTimelyAndFreesTheDeviceState) {
   kfac.refresh_steps = c.refresh;
   const auto pass =
       run_pipefisher(compiled(c.kind, c.workers, c.microbatches, c.chunks), costs, kfac);
-  const auto offload = run_offload_pass(pass, costs, {OffloadMode::kHost, 0.0});
+  const auto offload = run_offload_pass(pass, costs, {OffloadMode::kHost, 0.0, {}});
   EXPECT_NO_THROW(sched::validate(offload.schedule));
   const int k = offload.schedule.num_steps;
   std::size_t linears = 0;
@@ -196,9 +196,9 @@ TEST(OffloadPass, ASlowHostLinkCostsStepTime) {
   kfac.refresh_steps = 1;
   const auto base = compiled(ScheduleKind::kOneFOneB, 4, 8);
   const auto fast_run =
-      run_offload_pass(run_pipefisher(base, fast, kfac), fast, {OffloadMode::kHost, 0.0});
+      run_offload_pass(run_pipefisher(base, fast, kfac), fast, {OffloadMode::kHost, 0.0, {}});
   const auto slow_run =
-      run_offload_pass(run_pipefisher(base, slow, kfac), slow, {OffloadMode::kHost, 0.0});
+      run_offload_pass(run_pipefisher(base, slow, kfac), slow, {OffloadMode::kHost, 0.0, {}});
   EXPECT_GT(slow_run.after.step_time_s, fast_run.after.step_time_s + 1.0);
   EXPECT_GT(slow_run.report.step_time_overhead, 0.1);
   int late = 0;
@@ -217,7 +217,7 @@ TEST(OffloadPass, InversePrefetchesOnABusyLinkArriveInTheirConsumersOrder) {
   KfacOptions kfac;
   kfac.refresh_steps = 2;
   const auto pass = run_pipefisher(compiled(ScheduleKind::kOneFOneB, 4, 8), costs, kfac);
-  const auto offload = run_offload_pass(pass, costs, {OffloadMode::kHost, 0.0});
+  const auto offload = run_offload_pass(pass, costs, {OffloadMode::kHost, 0.0, {}});
   EXPECT_NO_THROW(sched::validate(offload.schedule));
   EXPECT_NEAR(offload.after.step_time_s, pass.after.step_time_s, 1e-9);
   EXPECT_EQ(offload.report.copy_order, "prefetches-latest-first");
@@ -260,8 +260,8 @@ TEST(OffloadPass, AutoMeetsTheBudgetWithTheFewestLinears) {
   double other = 0.0;
   for (const auto& w : pass.before.workers) other = std::max(other, w.peak_memory_bytes);
   const double budget = other + 4000.0;
-  const auto automatic = run_offload_pass(pass, costs, {OffloadMode::kAuto, budget});
-  const auto host = run_offload_pass(pass, costs, {OffloadMode::kHost, 0.0});
+  const auto automatic = run_offload_pass(pass, costs, {OffloadMode::kAuto, budget, {}});
+  const auto host = run_offload_pass(pass, costs, {OffloadMode::kHost, 0.0, {}});
   EXPECT_TRUE(automatic.report.fits) << automatic.report.warning;
   for (int w = 0; w < automatic.schedule.num_workers(); ++w) {
     const auto& plan = automatic.plan.workers[static_cast<std::size_t>(w)];
@@ -274,9 +274,9 @@ TEST(OffloadPass, AutoMeetsTheBudgetWithTheFewestLinears) {
               automatic.after.workers[w].peak_memory_bytes);
   }
   EXPECT_LT(automatic.report.transfers, host.report.transfers);
-  EXPECT_THROW(run_offload_pass(pass, costs, {OffloadMode::kAuto, 0.0}), std::invalid_argument);
+  EXPECT_THROW(run_offload_pass(pass, costs, {OffloadMode::kAuto, 0.0, {}}), std::invalid_argument);
   // A budget below what even full offload needs: a warning, not an error.
-  const auto tight = run_offload_pass(pass, costs, {OffloadMode::kAuto, other + 10.0});
+  const auto tight = run_offload_pass(pass, costs, {OffloadMode::kAuto, other + 10.0, {}});
   EXPECT_FALSE(tight.report.fits);
   EXPECT_NE(tight.report.warning.find("not met"), std::string::npos);
 }
@@ -294,7 +294,7 @@ TEST(OffloadPass, ZeroLengthInversionsKeepTheirCopiesInOrder) {
     kfac.refresh_steps = refresh;
     const auto pass = run_pipefisher(compiled(ScheduleKind::kOneFOneB, 2, 8), costs, kfac);
     OffloadResult offload;
-    ASSERT_NO_THROW(offload = run_offload_pass(pass, costs, {OffloadMode::kHost, 0.0}))
+    ASSERT_NO_THROW(offload = run_offload_pass(pass, costs, {OffloadMode::kHost, 0.0, {}}))
         << "k = " << refresh;
     EXPECT_GT(count(offload.schedule, OpKind::kPrefetchFactors), 0U);
   }
@@ -327,7 +327,7 @@ TEST(OffloadPass, ShardedStateWindowsReachTheInverseBroadcast) {
     SCOPED_TRACE(kfac::to_string(placement));
     const auto pass = sharded_pass(costs, placement);
     OffloadResult offload;
-    ASSERT_NO_THROW(offload = run_offload_pass(pass, costs, {OffloadMode::kHost, 0.0}));
+    ASSERT_NO_THROW(offload = run_offload_pass(pass, costs, {OffloadMode::kHost, 0.0, {}}));
     EXPECT_NO_THROW(sched::validate(offload.schedule));
     const bool broadcasts = count(pass.schedule, OpKind::kBroadcastInverses) > 0;
     EXPECT_EQ(broadcasts, placement == kFactorsShardedInversesReplicated);
@@ -367,7 +367,7 @@ TEST(OffloadPass, ShardedStateWindowsReachTheInverseBroadcast) {
 TEST(OffloadValidation, AWriteBackBeforeItsInverseBroadcastIsRefused) {
   const sim::UniformCostModel costs(offload_costs(1e5));
   const auto offload = run_offload_pass(sharded_pass(costs, kFactorsShardedInversesReplicated),
-                                        costs, {OffloadMode::kHost, 0.0});
+                                        costs, {OffloadMode::kHost, 0.0, {}});
   const auto refusal = [](const sched::Schedule& s) {
     try {
       sched::validate(s);
@@ -418,7 +418,7 @@ sched::Schedule offloaded_schedule() {
   KfacOptions kfac;
   kfac.refresh_steps = 2;
   return run_offload_pass(run_pipefisher(compiled(ScheduleKind::kOneFOneB, 2, 4), costs, kfac),
-                          costs, {OffloadMode::kHost, 0.0})
+                          costs, {OffloadMode::kHost, 0.0, {}})
       .schedule;
 }
 
