@@ -130,6 +130,46 @@ void BM_Curvature(benchmark::State& state) {
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The curvature divided by token blocks, as the pass's pieces run it (each piece a SYRK over
+// its rows into the same sum): arg 1 the pieces (1: whole). With BM_InverseChain and
+// BM_PreconditionRows, (t(8) - t(1)) / 7 is what a piece costs beyond its share of the work:
+// the per-task overhead the cost models charge every piece (kfac_task_overhead_s, 10 us by
+// default, docs/pipefisher.md).
+void BM_CurvaturePieces(benchmark::State& state) {
+  const auto d = state.range(0);
+  const auto pieces = state.range(1);
+  const std::int64_t tokens = 4096;
+  KfacCuda kfac(device().backend, &device().stream);
+  DeviceArray x(static_cast<std::size_t>(tokens * d)), sum(static_cast<std::size_t>(d * d));
+  time_on_gpu(state, 5, [&] {
+    for (std::int64_t p = 0; p < pieces; ++p) {
+      const std::int64_t begin = tokens * p / pieces, end = tokens * (p + 1) / pieces;
+      kfac.add_gram_lower(sum.data, d, x.data + begin * d, end - begin, 1.0F / 4096);
+    }
+  });
+  state.SetLabel(std::to_string(pieces) + (pieces == 1 ? " piece" : " pieces"));
+}
+
+// The preconditioning divided by gradient rows (KfacCuda::precondition_rows, as the executor's
+// pieces run it): arg 2 the pieces.
+void BM_PreconditionRows(benchmark::State& state) {
+  const auto d_out = state.range(0), d_in = state.range(1);
+  const auto pieces = static_cast<int>(state.range(2));
+  KfacCuda kfac(device().backend, &device().stream);
+  DeviceArray a_inv(static_cast<std::size_t>(d_in * d_in)),
+      b_inv(static_cast<std::size_t>(d_out * d_out)), grad(static_cast<std::size_t>(d_out * d_in)),
+      bias(static_cast<std::size_t>(d_out)), out(static_cast<std::size_t>(d_out * d_in)),
+      out_bias(static_cast<std::size_t>(d_out));
+  time_on_gpu(state, 5, [&] {
+    for (int p = 0; p < pieces; ++p) {
+      kfac.precondition_rows(a_inv.data, b_inv.data, grad.data, bias.data, d_out, d_in,
+                             pf::kfac::kPieceUnits * p / pieces,
+                             pf::kfac::kPieceUnits * (p + 1) / pieces, out.data, out_bias.data);
+    }
+  });
+  state.SetLabel(std::to_string(pieces) + (pieces == 1 ? " piece" : " pieces"));
+}
+
 void BM_Precondition(benchmark::State& state) {
   const auto d_out = state.range(0), d_in = state.range(1);
   KfacCuda kfac(device().backend, &device().stream);
@@ -192,6 +232,14 @@ BENCHMARK(BM_Curvature)
     ->Arg(1024)
     ->Arg(3072)
     ->Arg(4096)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CurvaturePieces)
+    ->ArgsProduct({{1024, 4096}, {1, 8}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_PreconditionRows)
+    ->ArgsProduct({{1024, 4096}, {1024}, {1, 8}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Precondition)
