@@ -29,7 +29,7 @@ for c in json.load(open(path))["candidates"]:
 PY
   done
 }
-echo "| search | --kfac-offload | configuration | K-FAC state | closed form | simulated | error |"
+echo "| search | --kfac-offload | configuration | K-FAC state | closed form | simulated | difference |"
 echo "|---|---|---|---|---|---|---|"
 search "GPT-3 6.7B, 32 A100s" --model gpt3-6.7b --gpus 32 --global-batch 32 --cluster dgx-a100 \
   --precision fp16 --tensor-parallel 1 --stages 4 --micro-batch-sizes 1 --schedules 1f1b \
