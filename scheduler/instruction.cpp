@@ -188,7 +188,11 @@ std::string short_label(const Instruction& in) {
       label += "HI";  // host -> device: inverses
       break;
   }
-  if (in.microbatch >= 0) label += std::to_string(in.microbatch);
+  if (is_factors_only(in)) {
+    label += "f";  // factors only: the inverses stay on the device
+  } else if (in.microbatch >= 0) {
+    label += std::to_string(in.microbatch);
+  }
   chunk_suffix();
   if (is_kfac(in.kind)) layer_suffix();
   if (is_piece(in)) {

@@ -44,6 +44,8 @@ enum class OpKind : std::uint8_t {
   kWriteBackState,    // device -> host: factors and new inverses after the refresh's last
                       // inversion; the device copies are freed
   kPrefetchInverses,  // host -> device: the inverses one preconditioning uses (freed after it)
+  // A Linear offloaded "factors only" (--kfac-offload factors; is_factors_only) has only the
+  // first two: its inverses stay on the device, the write-back moves the factors alone.
 };
 inline constexpr int kNumOpKinds = static_cast<int>(OpKind::kPrefetchInverses) + 1;
 
@@ -99,6 +101,15 @@ bool is_divisible(OpKind kind);
 // previous window (only inversions are placed there by the pass).
 inline bool is_wrapped(const Instruction& in) {
   return in.step < 0;
+}
+// A factor prefetch or write-back of a Linear offloaded factors only (--kfac-offload factors,
+// docs/offload.md): its inverses stay on the device (no prefetch_inverses), and the write-back
+// moves the factors alone. Marked in `microbatch`, which the copies do not use otherwise (-1);
+// every factor prefetch and write-back of such a Linear carries the mark (validated).
+inline constexpr std::int32_t kFactorsOnlyCopy = 0;
+inline bool is_factors_only(const Instruction& in) {
+  return (in.kind == OpKind::kPrefetchFactors || in.kind == OpKind::kWriteBackState) &&
+         in.microbatch == kFactorsOnlyCopy;
 }
 // Share of its task's work, piece_end - piece_begin over kPieceUnits.
 inline double piece_share(const Instruction& in) {

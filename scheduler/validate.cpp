@@ -1205,6 +1205,8 @@ class Validator {
   // whose write-backs may end an unfinished chain of pieces). With sharded state (inverse
   // broadcasts) the broadcast runs inside the factor window of the refresh's last inversion,
   // and its write-back follows it (the broadcast reads or fills the new inverses on the device).
+  // A Linear offloaded factors only (its factor copies marked, sched::is_factors_only) keeps its
+  // inverses on the device: no inverse prefetch of it anywhere, its preconditionings need none.
   void check_kfac_offload() const {
     using LinearOf = std::tuple<int, int, int>;  // pipeline, layer, linear
     struct Residency {
@@ -1222,6 +1224,9 @@ class Validator {
       std::set<int> inverse_steps;  // steps whose inverses were prefetched
       int fetched_step = -1;        // the step whose prefetched inverses are on the device
       std::int32_t factors_position = kNone;
+      // Offloaded factors only (sched::is_factors_only on its factor copies): the inverses stay
+      // on the device, so no inverse prefetch, and its preconditionings need none.
+      bool factors_only = false;
     };
     const bool pipelined = s_.kfac_pipelined_refresh;
     for (int w = 0; w < workers_; ++w) {
@@ -1231,9 +1236,32 @@ class Validator {
         const Instruction& in = stream[i];
         if (!is_kfac_transfer(in.kind)) continue;
         const ChunkRef ref = kfac_chunk(w, static_cast<std::int32_t>(i), in);
-        offloaded[{ref.pipeline, in.layer, static_cast<int>(in.linear)}];
+        Residency& r = offloaded[{ref.pipeline, in.layer, static_cast<int>(in.linear)}];
+        if (is_factors_only(in)) r.factors_only = true;
       }
       if (offloaded.empty()) continue;
+      // A factors-only Linear's factor copies all say so, and it has no inverse prefetch.
+      for (std::size_t i = 0; i < stream.size(); ++i) {
+        const Instruction& in = stream[i];
+        if (!is_kfac_transfer(in.kind)) continue;
+        const auto pos = static_cast<std::int32_t>(i);
+        const ChunkRef ref = kfac_chunk(w, pos, in);
+        const Residency& r = offloaded.at({ref.pipeline, in.layer, static_cast<int>(in.linear)});
+        if (!r.factors_only) continue;
+        const std::string name = "layer " + str(in.layer) + " " + std::string(to_string(in.linear));
+        if (in.kind == OpKind::kPrefetchInverses) {
+          fail(w, pos,
+               "inverse prefetch of " + name +
+                   ", offloaded factors only (its inverses stay on the device; a Linear whose "
+                   "inverses are offloaded marks no factor copy factors-only)");
+        }
+        if (!is_factors_only(in)) {
+          fail(w, pos,
+               "factor copy of " + name +
+                   " not marked factors-only while another of its copies is (every factor "
+                   "prefetch and write-back of a Linear offloaded factors only carries the mark)");
+        }
+      }
       for (std::size_t i = 0; i < stream.size(); ++i) {
         const Instruction& in = stream[i];
         const bool completes = (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) &&
@@ -1351,6 +1379,7 @@ class Validator {
             r.fetched_step = in.step;
             break;
           case OpKind::kPrecondition:
+            if (r.factors_only) break;  // the inverses are on the device
             if (r.fetched_step != in.step) {
               fail(w, pos,
                    "precondition of " + name + " in step " + str(in.step) +

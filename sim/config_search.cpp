@@ -480,6 +480,11 @@ void SearchOptions::validate() const {
   if (kfac_offload != pipefisher::OffloadMode::kNone && !kfac) {
     throw std::invalid_argument("--kfac-offload offloads K-FAC state: add --kfac");
   }
+  if (kfac_offload == pipefisher::OffloadMode::kFactors) {
+    throw std::invalid_argument(
+        "--kfac-offload factors: the search prices whole Linears only (none, host, auto); run "
+        "pipefisher_sim --kfac-offload factors on a configuration it found");
+  }
   for (Offload offload : optimizer_offload) {
     if (!fits_offload(cluster, offload)) {
       throw std::invalid_argument("--optimizer-offload " + std::string(to_string(offload)) +

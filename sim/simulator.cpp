@@ -858,12 +858,22 @@ class Engine {
     // prefetch's start to its write-back's end, what that write-back moves (the factors and the
     // new inverses, its bytes); from an inverse prefetch's start to the end of its
     // preconditioning's last piece, its bytes.
+    // A Linear offloaded factors only (sched::is_factors_only; offloaded_ 2) keeps its inverses
+    // on the device: they count from its first inversion's start on, as a kept Linear's state
+    // (the factors' bytes, the same size: its factor prefetch's, or where that is 0, a replica
+    // holding the inverses alone, its K-FAC state), its factors only inside their windows.
     offloaded_.assign(keys_.layers * sched::kNumLinearKinds, 0);
+    std::vector<double> factor_bytes(offloaded_.size(), 0.0);
     for (std::int64_t g = offset_[w]; g < offset_[w + 1]; ++g) {
       const Instruction& in = *instr_[g];
       if (sched::is_kfac_transfer(in.kind) && in.layer >= 0) {
-        offloaded_[std::int64_t{in.layer} * sched::kNumLinearKinds + static_cast<int>(in.linear)] =
-            1;
+        const std::int64_t slot =
+            std::int64_t{in.layer} * sched::kNumLinearKinds + static_cast<int>(in.linear);
+        offloaded_[slot] =
+            std::max<std::uint8_t>(offloaded_[slot], sched::is_factors_only(in) ? 2 : 1);
+        if (in.kind == OpKind::kPrefetchFactors) {
+          factor_bytes[slot] = std::max(factor_bytes[slot], static_cast<double>(in.bytes));
+        }
       }
     }
     // Per factor prefetch: the bytes of the write-back that ends its residency (the next one of
@@ -907,6 +917,20 @@ class Engine {
             if (in.piece_end == sched::kPieceUnits && fetched_inverses[linear_slot] > 0.0) {
               events.push_back(Event{end_[g], -fetched_inverses[linear_slot], 0});
               fetched_inverses[linear_slot] = 0.0;
+            }
+            break;
+          case OpKind::kInvertA:
+          case OpKind::kInvertB:
+            if (offloaded_[linear_slot] == 2 && !kfac_seen_[linear_slot]) {
+              kfac_seen_[linear_slot] = 1;  // the inverses, from now on
+              double bytes = factor_bytes[linear_slot];
+              if (bytes <= 0.0) {
+                bytes = options_.kfac_state_bytes
+                            ? options_.kfac_state_bytes(w, in.layer, in.linear)
+                            : costs_.kfac_bytes(schedule_, in.layer, in.linear);
+              }
+              check_duration(bytes, in, w, position_of(g), "K-FAC bytes");
+              events.push_back(Event{start_[g], bytes, 0});
             }
             break;
           default:

@@ -109,6 +109,9 @@ struct KfacSlot {
   bool broadcasts_gradient = false;  // ... and its preconditioned-gradient broadcasts
   // Offloaded to host memory (the stream holds its offload copies; docs/offload.md).
   bool offloaded = false;
+  // ... factors only (its factor copies are marked sched::is_factors_only): the inverses stay
+  // on the device as a kept Linear's; a write-back moves the factors alone.
+  bool factors_only = false;
   // Device path: the copy stream's prefetch of this Linear's matrices, which the compute stream
   // waits for before the first instruction that reads them (null: none outstanding).
   std::shared_ptr<tensor::Event> prefetched;
@@ -485,6 +488,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         slot.broadcasts_gradient = true;
       } else if (sched::is_kfac_transfer(in.kind)) {
         slot.offloaded = true;
+        if (sched::is_factors_only(in)) slot.factors_only = true;
       }
     }
     if (!has_kfac) return;
@@ -2263,18 +2267,21 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     for (const auto& [key, slot] : kfac_slots) {
       if (!slot.offloaded || key.pipeline != pipeline) continue;
       auto& layer = kfac_layer_of(key);  // on a device: the host copy the layer was loaded from
+      // Factors only: the value moves, the inverse stays on the device.
+      const bool inverse_moves = !slot.factors_only;
       for (const bool a : {true, false}) {
         auto& factor = a ? layer.a : layer.b;
-        const OffloadedFactor host{factor.value, factor.inverse, {}};
+        const OffloadedFactor host{
+            factor.value, inverse_moves ? factor.inverse : Eigen::MatrixXf(), {}};
         const std::int64_t d = a ? layer.d_in : layer.d_out;
         if (runtime) {
           pinned_kfac.at(key).load(offload_streams(), a, d, host, false);
           (void)device_kfac.at(key)->detach(a, Matrix::kValue);
-          (void)device_kfac.at(key)->detach(a, Matrix::kInverse);
+          if (inverse_moves) (void)device_kfac.at(key)->detach(a, Matrix::kInverse);
         } else {
           host_kfac.at(key).load(a, d, host, false);
           factor.value = Eigen::MatrixXf();
-          factor.inverse = Eigen::MatrixXf();
+          if (inverse_moves) factor.inverse = Eigen::MatrixXf();
         }
       }
     }
@@ -2335,9 +2342,11 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   // prefetch only to the factor holders, a write-back and an inverse prefetch only on the
   // inverse holders (those without factors write back the inverses the owner broadcast);
   // nothing on the others, which hold neither.
+  // A factors-only Linear's copies move the factors alone: only on the factor holders.
   bool moves_here(const Instruction& in, const KfacSlot& slot) const {
-    return in.kind == OpKind::kPrefetchFactors ? slot.placement.holds_factors(replica)
-                                               : slot.placement.holds_inverses(replica);
+    return in.kind == OpKind::kPrefetchFactors || slot.factors_only
+               ? slot.placement.holds_factors(replica)
+               : slot.placement.holds_inverses(replica);
   }
   // The inverses a write-back moves, per factor (A, B), and whether they are the current
   // round's refresh's. A write-back of the window's own inversions moves the inverses computed
@@ -2379,6 +2388,10 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         host.prefetch_factors(layer);
         break;
       case OpKind::kWriteBackState: {
+        if (slot.factors_only) {  // the factors alone: the inverses stay on the device
+          host.write_back(layer, false, false, !sched::is_wrapped(in));
+          break;
+        }
         const auto moved =
             write_back_of(in, slot, host.written_back(true), host.written_back(false),
                           layer.a.inverse.size() != 0, layer.b.inverse.size() != 0);
@@ -2450,9 +2463,11 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         mark_prefetched(slot);
         break;
       case OpKind::kWriteBackState: {
-        const auto moved =
-            write_back_of(in, slot, host.written_back(true), host.written_back(false),
-                          layer.has_inverse(true, false), layer.has_inverse(false, false));
+        WriteBack moved{false, false, !sched::is_wrapped(in)};  // factors only: the factors alone
+        if (!slot.factors_only) {
+          moved = write_back_of(in, slot, host.written_back(true), host.written_back(false),
+                                layer.has_inverse(true, false), layer.has_inverse(false, false));
+        }
         if (current_span) {
           // The span holds the copies, not the copy stream's wait for the inversion.
           const auto computed = backend().create_event();
@@ -2489,7 +2504,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   // refresh's new inverses stay until their write-back.
   void release_inverses(const Instruction& in) {
     auto& slot = kfac_slot(in);
-    if (!slot.offloaded) return;
+    if (!slot.offloaded || slot.factors_only) return;  // factors only: the inverses stay
     if (runtime) {
       using Matrix = device::DeviceKfacLayer::Matrix;
       auto& layer = *device_kfac.at({in.pipeline, in.layer, in.linear});

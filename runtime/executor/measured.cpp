@@ -129,11 +129,20 @@ sim::Profile measured_profile(const sched::Schedule& schedule,
   // no longer than its refresh interval): those samples stand in for a kind the later steps
   // never ran, rather than pricing it as free.
   std::map<std::pair<int, int>, KfacTimes> kfac_warmup;
+  // The same for the offload copies (factors-only offload copies only around inversions).
+  std::vector<double> host_rates_warmup;
+  bool saw_host_copy_warmup = false;
   for (const auto& event : events) {
     if (event.global_step < warmup_steps) {
       const auto& in = event.instruction;
       if (event.bucket < 0 && is_timed_kfac(in.kind)) {
         record_kfac(kfac_warmup[{in.layer, static_cast<int>(in.linear)}], in.kind, event.busy_s);
+      }
+      if (sched::is_kfac_transfer(in.kind)) {
+        saw_host_copy_warmup = true;
+        if (event.busy_s > 0 && event.bytes > 0) {
+          host_rates_warmup.push_back(static_cast<double>(event.bytes) / event.busy_s);
+        }
       }
       continue;
     }
@@ -210,6 +219,10 @@ sim::Profile measured_profile(const sched::Schedule& schedule,
   profile.reduction.bandwidth =
       reduction_rates.empty() ? profile.communication.bandwidth : typical(reduction_rates);
   // Copies too short for the clock: as good as free (as sends without a rate).
+  if (!saw_host_copy && saw_host_copy_warmup) {
+    saw_host_copy = true;
+    host_rates = std::move(host_rates_warmup);
+  }
   if (saw_host_copy) profile.host_link.bandwidth = host_rates.empty() ? 1e12 : typical(host_rates);
   profile.optimizer_step_s = typical(optimizer);
   for (const auto& entry : kfac_warmup) kfac.try_emplace(entry.first);

@@ -558,7 +558,9 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
       auto offload = pipefisher::run_offload_pass(pass, measured, offload_options);
       std::ostringstream line;
       line << "K-FAC offload (" << offload.report.mode << "): " << offload.report.offloaded_linears
-           << " Linears' state in host memory, " << offload.report.transfers
+           << " Linears' state in host memory ("
+           << offload.report.offloaded_linears - offload.report.factors_only_linears << " whole, "
+           << offload.report.factors_only_linears << " factors only), " << offload.report.transfers
            << " copies per refresh; predicted step time " << std::fixed << std::setprecision(3)
            << 1e3 * offload.report.step_time_before_s << " -> "
            << 1e3 * offload.report.step_time_after_s << " ms, peak memory "

@@ -97,9 +97,12 @@ void add_kfac_options(CLI::App& app, KfacCommandOptions& options) {
   app.add_option("--kfac-offload", options.offload,
                  "K-FAC state in host memory (ZeRO-Infinity): none, host (every Linear's factors "
                  "and inverses, prefetched over the host link before use and written back after "
-                 "the refresh; on a GPU in pinned host memory, copied on a copy stream), or auto "
-                 "(only the largest Linears needed to fit under --device-memory-budget)")
-      ->check(CLI::IsMember({"none", "host", "auto"}));
+                 "the refresh; on a GPU in pinned host memory, copied on a copy stream), factors "
+                 "(every Linear's factors only, moved around its inversions once per refresh; "
+                 "the inverses stay on the device), or auto (to fit under "
+                 "--device-memory-budget: the factors of the largest Linears first, then the "
+                 "largest Linears whole)")
+      ->check(CLI::IsMember({"none", "host", "factors", "auto"}));
   app.add_option("--device-memory-budget", options.device_memory_budget_mib,
                  "Device memory per GPU in MiB that --kfac-offload auto must fit under (weights, "
                  "optimizer state, activations and the K-FAC state kept on the device)")

@@ -284,7 +284,7 @@ std::vector<Instruction> insert_copies(
     WorkerOffloadReport& worker_report) {
   const sched::Schedule& schedule = pipefisher.schedule;
   const auto& stream = schedule.streams[static_cast<std::size_t>(w)];
-  if (plan.offloaded.empty()) return stream;
+  if (plan.offloaded.empty() && plan.factors_only.empty()) return stream;
   const int n = static_cast<int>(stream.size());
   const auto& timeline = pipefisher.after.times[static_cast<std::size_t>(w)];
   WorkerPlacer placer(schedule, w, timeline, costs);
@@ -299,18 +299,24 @@ std::vector<Instruction> insert_copies(
     LinearKey key;
     int order;  // 0 write-back, 1 factor prefetch, 2 inverse prefetch
     int index;  // the window (write-back, factor prefetch) or the step (inverse prefetch)
+    bool factors_only = false;  // the Linear's inverses stay on the device
   };
   std::vector<Request> requests;
-  for (const auto& state : plan.offloaded) {
+  std::vector<std::pair<LinearState, bool>> chosen;  // the Linear, factors only
+  for (const auto& state : plan.offloaded) chosen.emplace_back(state, false);
+  for (const auto& state : plan.factors_only) chosen.emplace_back(state, true);
+  for (const auto& [state, factors_only] : chosen) {
     const LinearKey key{state.pipeline, state.layer, static_cast<int>(state.linear)};
     const LinearWork& lw = work.at(key);
     for (std::size_t x = 0; x < lw.windows.size(); ++x) {
       const auto& window = lw.windows[x];
       const int sequence = 2 * static_cast<int>(x);
-      requests.push_back({placer.start_of(window.first), sequence, key, 1, static_cast<int>(x)});
+      requests.push_back(
+          {placer.start_of(window.first), sequence, key, 1, static_cast<int>(x), factors_only});
       requests.push_back({timeline[static_cast<std::size_t>(window.last)].end_s, sequence + 1, key,
-                          0, static_cast<int>(x)});
+                          0, static_cast<int>(x), factors_only});
     }
+    if (factors_only) continue;  // its inverses stay on the device: no inverse prefetches
     const int after_windows = 2 * static_cast<int>(lw.windows.size());
     for (const auto& [step, positions] : lw.precondition) {
       requests.push_back({placer.start_of(positions.first), after_windows + step, key, 2, step});
@@ -373,6 +379,7 @@ std::vector<Instruction> insert_copies(
       const auto& window = lw.windows[static_cast<std::size_t>(request.index)];
       const int step = stream[static_cast<std::size_t>(window.first)].step;
       copy.instruction = transfer(OpKind::kPrefetchFactors, like, step, factor_bytes);
+      if (request.factors_only) copy.instruction.microbatch = sched::kFactorsOnlyCopy;
       const int earliest =
           previous_write_back == write_back_at.end() ? 0 : previous_write_back->second;
       copy.position =
@@ -381,8 +388,11 @@ std::vector<Instruction> insert_copies(
     } else if (request.order == 0) {  // factors and new inverses, after the window
       const auto& window = lw.windows[static_cast<std::size_t>(request.index)];
       const int step = stream[static_cast<std::size_t>(window.last)].step;
-      copy.instruction = transfer(OpKind::kWriteBackState, like, step,
-                                  factor_bytes + window.inverses * inverse_bytes / 2.0);
+      // Factors only: the new inverses stay on the device.
+      copy.instruction = transfer(
+          OpKind::kWriteBackState, like, step,
+          factor_bytes + (request.factors_only ? 0.0 : window.inverses * inverse_bytes / 2.0));
+      if (request.factors_only) copy.instruction.microbatch = sched::kFactorsOnlyCopy;
       int latest = n;
       if (static_cast<std::size_t>(request.index) + 1 < lw.windows.size()) {
         latest = lw.windows[static_cast<std::size_t>(request.index) + 1].first;
@@ -390,6 +400,7 @@ std::vector<Instruction> insert_copies(
       // Before the first preconditioning that reads its inverses: the refresh's last step's; a
       // pipelined refresh's wrapped window, every step's of the window it runs in.
       for (const auto& [step_of, positions] : lw.precondition) {
+        if (request.factors_only) break;  // the preconditionings read the device's inverses
         if (pipelined ? window.wrapped : step_of == last_step) {
           latest = std::min(latest, positions.first);
         }
@@ -572,11 +583,16 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
       // 62 s for the 517 Linears GPT-3 175B offloads at p = 8); the next simulation checks.
       const double excess = result.after.workers[w].peak_memory_bytes - budget;
       auto& plan = result.plan.workers[static_cast<std::size_t>(w)];
+      // The factors of every Linear first (half its state, moved once per refresh), then whole
+      // Linears (the other half, moved every step). The plan with every Linear's factors
+      // offloaded and none whole is simulated before any goes whole.
       for (double freed = 0.0; freed < excess;) {
-        const double kept = plan.kept_bytes;
-        if (!offload_largest_kept(plan)) break;
+        const double resident = resident_bytes(plan);
+        const bool kept_any = !plan.kept.empty();
+        if (!offload_next(plan)) break;
         more = true;
-        freed += kept - plan.kept_bytes;
+        freed += resident - resident_bytes(plan);
+        if (kept_any && plan.kept.empty()) break;
       }
     }
     if (!more) break;
@@ -593,11 +609,14 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
       overflowing += (overflowing.empty() ? "" : ", ") + std::string("worker ") +
                      std::to_string(w) + " needs " + mib(result.after.workers[w].peak_memory_bytes);
     }
-    worker_report.offloaded_linears = static_cast<int>(plan.offloaded.size());
+    worker_report.offloaded_linears =
+        static_cast<int>(plan.offloaded.size() + plan.factors_only.size());
+    worker_report.factors_only_linears = static_cast<int>(plan.factors_only.size());
     worker_report.kept_linears = static_cast<int>(plan.kept.size());
-    worker_report.kfac_device_bytes_before = plan.kept_bytes + plan.offloaded_bytes;
+    worker_report.kfac_device_bytes_before =
+        plan.kept_bytes + plan.offloaded_bytes + plan.factors_only_bytes;
     worker_report.kfac_device_bytes_after = plan.device_kfac_bytes;
-    worker_report.offloaded_bytes = plan.offloaded_bytes;
+    worker_report.offloaded_bytes = plan.offloaded_bytes + plan.factors_only_bytes / 2.0;
     worker_report.peak_memory_before = pipefisher.after.workers[w].peak_memory_bytes;
     worker_report.peak_memory_after = result.after.workers[w].peak_memory_bytes;
     report.max_peak_memory_before =
@@ -618,6 +637,7 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
   report.warning = result.plan.warning;
   report.fits = overflowing.empty();
   report.offloaded_linears = result.plan.offloaded_linears();
+  report.factors_only_linears = result.plan.factors_only_linears();
   report.step_time_before_s = pipefisher.after.step_time_s;
   report.step_time_after_s = result.after.step_time_s;
   report.step_time_overhead = report.step_time_before_s > 0.0
@@ -632,13 +652,15 @@ std::string format_offload_report(const OffloadReport& report) {
   if (report.budget_bytes > 0.0) text += ", device budget " + mib(report.budget_bytes);
   text += ")\n";
   text +=
-      "worker  offloaded  K-FAC on device before -> after  peak memory before -> after  "
-      "host link/refresh\n";
+      "worker  offloaded (whole+factors)  K-FAC on device before -> after  peak memory before "
+      "-> after  host link/refresh\n";
   for (std::size_t w = 0; w < report.workers.size(); ++w) {
     const auto& r = report.workers[w];
     std::snprintf(
-        line, sizeof line, "%6zu  %4d of %2d  %12s -> %-12s  %11s -> %-11s  %8.3f ms%s\n", w,
+        line, sizeof line,
+        "%6zu  %4d of %2d (%3d+%-3d)      %12s -> %-12s  %11s -> %-11s  %8.3f ms%s\n", w,
         r.offloaded_linears, r.offloaded_linears + r.kept_linears,
+        r.offloaded_linears - r.factors_only_linears, r.factors_only_linears,
         mib(r.kfac_device_bytes_before).c_str(), mib(r.kfac_device_bytes_after).c_str(),
         mib(r.peak_memory_before).c_str(), mib(r.peak_memory_after).c_str(), 1e3 * r.transfer_s,
         r.late_prefetches > 0
@@ -648,9 +670,10 @@ std::string format_offload_report(const OffloadReport& report) {
     text += line;
   }
   std::snprintf(line, sizeof line,
-                "%d Linears offloaded, %d copies per refresh; step time %.3f ms -> %.3f ms "
-                "(%+.2f%%); peak device memory %s -> %s%s%s\n",
-                report.offloaded_linears, report.transfers, 1e3 * report.step_time_before_s,
+                "%d Linears offloaded (%d whole, %d factors only), %d copies per refresh; step "
+                "time %.3f ms -> %.3f ms (%+.2f%%); peak device memory %s -> %s%s%s\n",
+                report.offloaded_linears, report.offloaded_linears - report.factors_only_linears,
+                report.factors_only_linears, report.transfers, 1e3 * report.step_time_before_s,
                 1e3 * report.step_time_after_s, 100 * report.step_time_overhead,
                 mib(report.max_peak_memory_before).c_str(),
                 mib(report.max_peak_memory_after).c_str(),
@@ -665,6 +688,8 @@ nlohmann::json offload_report_json(const OffloadReport& report) {
   nlohmann::json workers = nlohmann::json::array();
   for (const auto& r : report.workers) {
     workers.push_back({{"offloaded_linears", r.offloaded_linears},
+                       {"whole_linears", r.offloaded_linears - r.factors_only_linears},
+                       {"factors_only_linears", r.factors_only_linears},
                        {"kept_linears", r.kept_linears},
                        {"kfac_device_bytes_before", r.kfac_device_bytes_before},
                        {"kfac_device_bytes_after", r.kfac_device_bytes_after},
@@ -681,6 +706,8 @@ nlohmann::json offload_report_json(const OffloadReport& report) {
           {"fits", report.fits},
           {"warning", report.warning},
           {"offloaded_linears", report.offloaded_linears},
+          {"whole_linears", report.offloaded_linears - report.factors_only_linears},
+          {"factors_only_linears", report.factors_only_linears},
           {"transfers_per_refresh", report.transfers},
           {"step_time_before_s", report.step_time_before_s},
           {"step_time_after_s", report.step_time_after_s},

@@ -5,7 +5,9 @@
 // state lives in host memory between uses:
 // - prefetch_factors (host -> device) before the Linear's first inversion of the refresh,
 // - write_back_state (device -> host: factors and new inverses) right after its last inversion,
-// - prefetch_inverses (host -> device) before each step's preconditioning, released after it.
+// - prefetch_inverses (host -> device) before each step's preconditioning, released after it
+//   (not for a Linear offloaded factors only: its inverses stay on the device, its write-back
+//   moves the factors alone; sched::is_factors_only marks its copies).
 // Each prefetch goes into the latest idle stretch of the host link that still ends before its
 // consumer starts in the PipeFisher pass's simulated timeline (so it is on the device in time
 // and the inverses stay there as briefly as possible), of the stretches the copies placed before
@@ -50,25 +52,27 @@ struct OffloadOptions {
 };
 
 struct WorkerOffloadReport {
-  int offloaded_linears = 0;
+  int offloaded_linears = 0;     // whole and factors only
+  int factors_only_linears = 0;  // of those, factors only (the inverses on the device)
   int kept_linears = 0;
   double kfac_device_bytes_before = 0.0;  // all K-FAC state on the device
-  double kfac_device_bytes_after = 0.0;   // kept + the largest offloaded Linear's state
-  double offloaded_bytes = 0.0;
-  double peak_memory_before = 0.0;  // simulated peak, PipeFisher schedule without offload
-  double peak_memory_after = 0.0;   // simulated peak, with offload
-  int transfers = 0;                // copies per refresh (k steps)
-  double transfer_bytes = 0.0;      // per refresh
-  double transfer_s = 0.0;          // host-link time per refresh
-  int late_prefetches = 0;          // placed without a stretch that ends before their consumer
+  double kfac_device_bytes_after = 0.0;   // the planner's estimate (WorkerOffloadPlan)
+  double offloaded_bytes = 0.0;           // in host memory: whole states and factors
+  double peak_memory_before = 0.0;        // simulated peak, PipeFisher schedule without offload
+  double peak_memory_after = 0.0;         // simulated peak, with offload
+  int transfers = 0;                      // copies per refresh (k steps)
+  double transfer_bytes = 0.0;            // per refresh
+  double transfer_s = 0.0;                // host-link time per refresh
+  int late_prefetches = 0;  // placed without a stretch that ends before their consumer
 };
 
 struct OffloadReport {
   std::string mode = "none";
   double budget_bytes = 0.0;
   bool fits = true;
-  std::string warning;  // the planner's, when the budget is not met
-  int offloaded_linears = 0;
+  std::string warning;              // the planner's, when the budget is not met
+  int offloaded_linears = 0;        // whole and factors only
+  int factors_only_linears = 0;     // of those, factors only
   int transfers = 0;                // per refresh, all workers
   double step_time_before_s = 0.0;  // the PipeFisher schedule without offload
   double step_time_after_s = 0.0;

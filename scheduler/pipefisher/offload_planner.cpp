@@ -30,24 +30,48 @@ bool larger_first(const LinearState& x, const LinearState& y) {
   return x.linear < y.linear;
 }
 
+double sum_bytes(const std::vector<LinearState>& states) {
+  double bytes = 0.0;  // summed again after each move: no rounding residue
+  for (const auto& state : states) bytes += state.bytes;
+  return bytes;
+}
+
 double device_need(const WorkerOffloadPlan& plan) {
-  const double transient = plan.offloaded.empty() ? 0.0 : plan.offloaded.front().bytes;
-  return plan.kept_bytes + transient;
+  double transient = plan.offloaded.empty() ? 0.0 : plan.offloaded.front().bytes;
+  if (!plan.factors_only.empty()) {
+    transient = std::max(transient, plan.factors_only.front().bytes / 2.0);
+  }
+  return resident_bytes(plan) + transient;
+}
+
+// Moves the largest Linear of `from` to `to` (both kept largest first) and recounts the plan.
+bool move_largest(WorkerOffloadPlan& worker, std::vector<LinearState>& from,
+                  std::vector<LinearState>& to) {
+  if (from.empty()) return false;
+  std::sort(from.begin(), from.end(), larger_first);
+  to.push_back(from.front());
+  from.erase(from.begin());
+  std::sort(to.begin(), to.end(), larger_first);
+  worker.kept_bytes = sum_bytes(worker.kept);
+  worker.offloaded_bytes = sum_bytes(worker.offloaded);
+  worker.factors_only_bytes = sum_bytes(worker.factors_only);
+  worker.device_kfac_bytes = device_need(worker);
+  return true;
 }
 
 }  // namespace
 
+double resident_bytes(const WorkerOffloadPlan& worker) {
+  return worker.kept_bytes + worker.factors_only_bytes / 2.0;
+}
+
 bool offload_largest_kept(WorkerOffloadPlan& worker) {
-  if (worker.kept.empty()) return false;
-  // The kept list is sorted largest first: offloading from its front is largest first.
-  std::sort(worker.kept.begin(), worker.kept.end(), larger_first);
-  worker.offloaded.push_back(worker.kept.front());
-  worker.offloaded_bytes += worker.kept.front().bytes;
-  worker.kept.erase(worker.kept.begin());
-  worker.kept_bytes = 0.0;  // summed again: no rounding residue
-  for (const auto& state : worker.kept) worker.kept_bytes += state.bytes;
-  worker.device_kfac_bytes = device_need(worker);
-  return true;
+  return move_largest(worker, worker.kept, worker.offloaded);
+}
+
+bool offload_next(WorkerOffloadPlan& worker) {
+  return move_largest(worker, worker.kept, worker.factors_only) ||
+         move_largest(worker, worker.factors_only, worker.offloaded);
 }
 
 std::string_view to_string(OffloadMode mode) {
@@ -58,6 +82,8 @@ std::string_view to_string(OffloadMode mode) {
       return "host";
     case OffloadMode::kAuto:
       return "auto";
+    case OffloadMode::kFactors:
+      return "factors";
   }
   return "none";
 }
@@ -66,13 +92,22 @@ OffloadMode offload_mode_from_string(std::string_view name) {
   if (name == "none") return OffloadMode::kNone;
   if (name == "host") return OffloadMode::kHost;
   if (name == "auto") return OffloadMode::kAuto;
+  if (name == "factors") return OffloadMode::kFactors;
   throw std::invalid_argument("--kfac-offload: '" + std::string(name) +
-                              "' (allowed: none, host, auto)");
+                              "' (allowed: none, host, factors, auto)");
 }
 
 int OffloadPlan::offloaded_linears() const {
   int count = 0;
-  for (const auto& worker : workers) count += static_cast<int>(worker.offloaded.size());
+  for (const auto& worker : workers) {
+    count += static_cast<int>(worker.offloaded.size() + worker.factors_only.size());
+  }
+  return count;
+}
+
+int OffloadPlan::factors_only_linears() const {
+  int count = 0;
+  for (const auto& worker : workers) count += static_cast<int>(worker.factors_only.size());
   return count;
 }
 
@@ -110,8 +145,11 @@ OffloadPlan plan_offload(OffloadMode mode, const std::vector<std::vector<LinearS
     if (mode == OffloadMode::kHost) {
       while (offload_largest_kept(worker)) {
       }
+    } else if (mode == OffloadMode::kFactors) {
+      while (move_largest(worker, worker.kept, worker.factors_only)) {
+      }
     } else if (mode == OffloadMode::kAuto) {
-      while (!fits() && offload_largest_kept(worker)) {
+      while (!fits() && offload_next(worker)) {
       }
     }
     worker.fits = fits();

@@ -1,9 +1,13 @@
 #pragma once
 // Which Linears' K-FAC state to keep in host memory (ZeRO-Infinity for K-FAC; docs/offload.md).
-// `--kfac-offload host` offloads every Linear; `auto` offloads, per worker, the fewest Linears
-// that bring the worker's device memory under the budget: the largest first, since each one
-// offloaded saves its whole state (factors and inverses) but the largest offloaded one must still
-// fit while its refresh holds it on the device.
+// Two granularities: a Linear offloaded whole keeps its factors and inverses in host memory (the
+// inverses come back before every step's preconditioning); one offloaded factors only keeps its
+// factors there and its inverses on the device (its factors move only around its inversions:
+// half the state saved at 1/k of the traffic). `--kfac-offload host` offloads every Linear
+// whole, `factors` every Linear factors only; `auto` offloads, per worker, the fewest Linears
+// that bring the worker's device memory under the budget, the cheap granularity first: the
+// factors of the largest Linears, and only once every Linear's factors are offloaded, the
+// largest Linears whole.
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,9 +17,10 @@
 namespace pf::pipefisher {
 
 enum class OffloadMode : unsigned char {
-  kNone,  // every Linear's state on the device (no transfers)
-  kHost,  // every Linear's state in host memory
-  kAuto   // only what does not fit under the device-memory budget
+  kNone,     // every Linear's state on the device (no transfers)
+  kHost,     // every Linear's state in host memory
+  kAuto,     // only what does not fit under the device-memory budget (factors first)
+  kFactors,  // every Linear's factors in host memory, its inverses on the device
 };
 std::string_view to_string(OffloadMode mode);
 OffloadMode offload_mode_from_string(std::string_view name);  // throws naming the allowed values
@@ -31,11 +36,14 @@ struct LinearState {
 };
 
 struct WorkerOffloadPlan {
-  std::vector<LinearState> offloaded;  // largest first
-  std::vector<LinearState> kept;       // on the device
-  double kept_bytes = 0.0;             // K-FAC state resident all the time
-  double offloaded_bytes = 0.0;        // moved to host memory
-  // Device bytes K-FAC needs at most: the kept state plus the largest offloaded Linear's state
+  std::vector<LinearState> offloaded;     // whole (factors and inverses), largest first
+  std::vector<LinearState> factors_only;  // factors in host memory, inverses on the device
+  std::vector<LinearState> kept;          // on the device
+  double kept_bytes = 0.0;                // K-FAC state resident all the time
+  double offloaded_bytes = 0.0;           // state of the Linears offloaded whole
+  double factors_only_bytes = 0.0;        // whole state of the factors-only Linears (half moves)
+  // Device bytes K-FAC needs at most: the kept state, the factors-only Linears' inverses, plus
+  // the largest transient: an offloaded Linear's state, or a factors-only Linear's factors
   // (resident from its factor prefetch to its write-back).
   double device_kfac_bytes = 0.0;
   double other_bytes = 0.0;  // the worker's device memory without K-FAC (its peak)
@@ -47,7 +55,8 @@ struct OffloadPlan {
   double budget_bytes = 0.0;  // per device; 0: none
   std::vector<WorkerOffloadPlan> workers;
   std::string warning;  // one line when some worker does not fit even with everything offloaded
-  int offloaded_linears() const;
+  int offloaded_linears() const;     // whole and factors only
+  int factors_only_linears() const;  // factors only
 };
 
 // linears[w]: the Linears worker w holds; other_bytes[w]: its device memory peak without K-FAC
@@ -60,5 +69,11 @@ OffloadPlan plan_offload(OffloadMode mode, const std::vector<std::vector<LinearS
 // Moves the worker's largest kept Linear to the offloaded ones (false when none is kept), and
 // updates its byte counts (fits and the plan's warning are the caller's).
 bool offload_largest_kept(WorkerOffloadPlan& worker);
+// auto's next step: the largest kept Linear's factors (to factors_only); once none is kept, the
+// largest factors-only Linear whole (to offloaded). False when everything is offloaded whole.
+bool offload_next(WorkerOffloadPlan& worker);
+// K-FAC bytes resident on the device between refreshes: the kept state and the factors-only
+// Linears' inverses (half their state).
+double resident_bytes(const WorkerOffloadPlan& worker);
 
 }  // namespace pf::pipefisher

@@ -77,6 +77,8 @@ struct OffloadCase {
   float running_average = 0.0F;         // of the K-FAC factors (the value must come back to blend)
   kfac::StatePlacement placement = {};  // across the data-parallel replicas (--kfac-sharding)
   Refresh refresh = Refresh::kPlain;
+  // auto's budget: the memory without K-FAC and this share of one worker's K-FAC state.
+  double auto_state_share = 0.5;
 };
 
 // The Linears' dimensions of `config` per kind (KfacOptions::linear_dims).
@@ -134,7 +136,7 @@ inline Plans plan_offload_run(const OffloadCase& c, const model::BertConfig& con
     double other = 0.0, state = 0.0;
     for (const auto& w : pass.before.workers) other = std::max(other, w.peak_memory_bytes);
     for (const auto& w : pass.after.workers) state = std::max(state, w.peak_memory_bytes - other);
-    budget = other + 0.5 * state;
+    budget = other + c.auto_state_share * state;
   }
   auto offload = pipefisher::run_offload_pass(pass, costs, {c.mode, budget, {}});
   return {pass.schedule, std::move(offload.schedule), std::move(offload.plan)};
@@ -162,7 +164,9 @@ inline WrappedWork wrapped_work(const sched::Schedule& schedule) {
 // placement across the data-parallel replicas (kfac::plan_state over each worker's Linears in
 // the executor's order): `state`, the factors' values and inverses where it holds them (a
 // replica holding the inverses without the factors: the inverses); `host`, with offload, also
-// the inverses a refresh replaced (factor holders 1.5x their state, the others 2x).
+// the inverses a refresh replaced (factor holders 1.5x their state, the others 2x). A Linear
+// offloaded factors only moves its factors' values alone, on the factor holders: `state` and
+// `host` are those values (its inverses stay on the device).
 struct RankState {
   std::int64_t state = 0, host = 0;
 };
@@ -186,16 +190,25 @@ inline std::vector<RankState> offloaded_state_per_rank(const OffloadCase& c, con
     for (const auto& [pipeline, layer, linear] : linears) {
       const auto& placed = plan.layers[i];
       const auto& d = held[i++];
-      bool offloaded = false;
-      for (const auto& state : plans.plan.workers[static_cast<std::size_t>(w)].offloaded) {
-        offloaded |= state.pipeline == pipeline && state.layer == layer &&
-                     static_cast<int>(state.linear) == linear;
-      }
-      if (!offloaded) continue;
+      const auto& worker_plan = plans.plan.workers[static_cast<std::size_t>(w)];
+      const auto listed = [&](const std::vector<pipefisher::LinearState>& states) {
+        return std::any_of(states.begin(), states.end(), [&](const auto& state) {
+          return state.pipeline == pipeline && state.layer == layer &&
+                 static_cast<int>(state.linear) == linear;
+        });
+      };
+      const bool whole = listed(worker_plan.offloaded);
+      const bool factors_only = listed(worker_plan.factors_only);
+      if (!whole && !factors_only) continue;
       const std::int64_t set = 4 * (d.d_in * d.d_in + d.d_out * d.d_out);  // one of each factor
       for (int r = 0; r < c.data_parallel; ++r) {
         auto& rank = ranks[static_cast<std::size_t>(r * c.workers + w)];
-        if (placed.holds_factors(r)) {
+        if (factors_only) {
+          if (placed.holds_factors(r)) {
+            rank.state += set;
+            rank.host += set;
+          }
+        } else if (placed.holds_factors(r)) {
           rank.state += 2 * set;
           rank.host += 3 * set;
         } else if (placed.holds_inverses(r)) {

@@ -45,6 +45,10 @@ TEST_P(DeviceOffload, SameParametersBitForBitAndTheHostHoldsThePlan) {
   const auto config = device_test_config(4);
   const auto plans = plan_offload_run(c, config);
   ASSERT_GT(plans.plan.offloaded_linears(), 0);
+  if (c.name.ends_with("Mixed")) {  // a worker with Linears offloaded whole and factors only
+    ASSERT_FALSE(plans.plan.workers[0].offloaded.empty());
+    ASSERT_FALSE(plans.plan.workers[0].factors_only.empty());
+  }
   const bool pipelined = c.refresh != testing::Refresh::kPlain;
   if (pipelined) {
     ASSERT_GT(testing::wrapped_work(plans.with).instructions, 0);
@@ -77,8 +81,10 @@ TEST_P(DeviceOffload, SameParametersBitForBitAndTheHostHoldsThePlan) {
   for (std::size_t r = 0; r < with.kfac_state_bytes.size(); ++r) {
     const auto& worker = plans.plan.workers[r % static_cast<std::size_t>(c.workers)];
     const auto offloaded = static_cast<std::int64_t>(worker.offloaded_bytes);
+    // Factors only: their values (half the state) and nothing else.
+    const auto factors = static_cast<std::int64_t>(worker.factors_only_bytes / 2.0);
     if (c.placement == kfac::StatePlacement{}) {
-      EXPECT_EQ(expected[r].host, offloaded + offloaded / 2) << "rank " << r;
+      EXPECT_EQ(expected[r].host, offloaded + offloaded / 2 + factors) << "rank " << r;
     }
     EXPECT_EQ(with.kfac_host_bytes[r], expected[r].host) << "rank " << r;
     EXPECT_EQ(with.kfac_host_bytes[r], cpu_with.kfac_host_bytes[r]) << "rank " << r;
@@ -126,6 +132,38 @@ INSTANTIATE_TEST_SUITE_P(
                     pipefisher::OffloadMode::kAuto},
         OffloadCase{"ChimeraHost", sched::ScheduleKind::kChimera, 2, 1, 1, false,
                     pipefisher::OffloadMode::kHost, 0.5F},
+        // Factors only (--kfac-offload factors): the inverses stay on the device.
+        OffloadCase{"OneFOneBFactors", sched::ScheduleKind::kOneFOneB, 2, 1, 2, false,
+                    pipefisher::OffloadMode::kFactors, 0.5F},
+        // auto, a budget that takes every Linear's factors and some Linears whole.
+        OffloadCase{"OneFOneBAutoMixed",
+                    sched::ScheduleKind::kOneFOneB,
+                    2,
+                    1,
+                    2,
+                    false,
+                    pipefisher::OffloadMode::kAuto,
+                    0.5F,
+                    {},
+                    testing::Refresh::kPlain,
+                    0.3},
+        OffloadCase{"OneFOneBFactorsDividedTasks", sched::ScheduleKind::kOneFOneB, 2, 1, 0, true,
+                    pipefisher::OffloadMode::kFactors, 0.9F},
+        OffloadCase{"ChimeraDataParallelFactors", sched::ScheduleKind::kChimera, 2, 2, 2, false,
+                    pipefisher::OffloadMode::kFactors, 0.5F},
+        OffloadCase{"OneFOneBShardTwoReplicasFactors", sched::ScheduleKind::kOneFOneB, 2, 2, 2,
+                    false, pipefisher::OffloadMode::kFactors, 0.5F,
+                    kfac::uniform_placement({kfac::Placement::kShard, 0})},
+        OffloadCase{"OneFOneBPipelinedChainsOfPiecesFactors",
+                    sched::ScheduleKind::kOneFOneB,
+                    4,
+                    1,
+                    0,
+                    false,
+                    pipefisher::OffloadMode::kFactors,
+                    0.9F,
+                    {},
+                    testing::Refresh::kPipelinedChains},
         // K-FAC state sharded across the data-parallel replicas.
         OffloadCase{"OneFOneBShardTwoReplicas", sched::ScheduleKind::kOneFOneB, 2, 2, 2, false,
                     pipefisher::OffloadMode::kHost, 0.5F,

@@ -897,5 +897,29 @@ TEST(MeasuredProfile, KfacTasksOnlyInTheWarmUpStepAreNotFree) {
   EXPECT_DOUBLE_EQ(entry.curvature_b_s, 0.0);    // never ran at all
 }
 
+// Factors-only offload (--kfac-offload factors) copies only around inversions: a run as long as
+// its refresh interval may copy only in its warm-up step. The profile then prices the host link
+// from there (it had no host link, and replaying the schedule's copies threw); later samples
+// win where there are some.
+TEST(MeasuredProfile, HostCopiesOnlyInTheWarmUpStepGiveTheHostLink) {
+  using sched::OpKind;
+  const auto copy = [](std::int64_t step, double busy) {
+    auto event = timed(0, step, OpKind::kWriteBackState, 0.0, busy);
+    event.lane = Lane::kHostLink;
+    event.bytes = 1000;
+    return event;
+  };
+  std::vector<InstructionEvent> events;
+  for (int step = 0; step < 2; ++step) {
+    events.push_back(timed(0, step, OpKind::kForward, 0.0, 0.5));
+    events.push_back(timed(0, step, OpKind::kBackward, 0.5, 1.5));
+  }
+  events.push_back(copy(0, 0.5));
+  sched::Schedule schedule;
+  EXPECT_DOUBLE_EQ(measured_profile(schedule, events, 1, "test").host_link.bandwidth, 2000.0);
+  events.push_back(copy(1, 0.25));
+  EXPECT_DOUBLE_EQ(measured_profile(schedule, events, 1, "test").host_link.bandwidth, 4000.0);
+}
+
 }  // namespace
 }  // namespace pf::exec

@@ -116,7 +116,8 @@ TEST_F(ExecutorCuda, KfacInTheBubblesMatchesTheCpu) {
 // copy stream ordered by events; the parameters equal the run without offload bit for bit (the
 // copies are exact, the kernels the same), the host holds 1.5x the plan's bytes and the device
 // layers that much less (with sharded state what each rank holds); also with K-FAC state
-// sharded over two replicas and with a pipelined refresh.
+// sharded over two replicas, with a pipelined refresh, and factors only (the host and the
+// device's saving are the factors' values).
 TEST_F(ExecutorCuda, KfacOffloadEqualsNoOffloadBitForBit) {
   const auto config = device_test_config(4);
   for (const auto& c :
@@ -124,6 +125,20 @@ TEST_F(ExecutorCuda, KfacOffloadEqualsNoOffloadBitForBit) {
                              pipefisher::OffloadMode::kHost},
         testing::OffloadCase{"ChimeraHost", sched::ScheduleKind::kChimera, 2, 1, 1, false,
                              pipefisher::OffloadMode::kHost},
+        // Factors only (--kfac-offload factors): the inverses stay on the device.
+        testing::OffloadCase{"OneFOneBFactors", sched::ScheduleKind::kOneFOneB, 2, 1, 2, false,
+                             pipefisher::OffloadMode::kFactors},
+        testing::OffloadCase{"OneFOneBAutoMixed",
+                             sched::ScheduleKind::kOneFOneB,
+                             2,
+                             1,
+                             2,
+                             false,
+                             pipefisher::OffloadMode::kAuto,
+                             0.0F,
+                             {},
+                             testing::Refresh::kPlain,
+                             0.3},
         testing::OffloadCase{
             "OneFOneBShardTwoReplicas", sched::ScheduleKind::kOneFOneB, 2, 2, 2, false,
             pipefisher::OffloadMode::kHost, 0.0F,

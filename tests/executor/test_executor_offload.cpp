@@ -84,6 +84,14 @@ TEST_P(OffloadEquivalence, SameParametersBitForBitAndLessDeviceState) {
   const auto c = GetParam();
   const auto offload = testing::plan_offload_run(c, test_config());
   ASSERT_GT(offload.plan.offloaded_linears(), 0);
+  if (c.mode == pipefisher::OffloadMode::kFactors) {
+    ASSERT_EQ(offload.plan.factors_only_linears(), offload.plan.offloaded_linears());
+  }
+  if (c.name.ends_with("Mixed")) {  // a worker with Linears offloaded whole and factors only
+    const auto& plan = offload.plan.workers[0];
+    ASSERT_FALSE(plan.offloaded.empty());
+    ASSERT_FALSE(plan.factors_only.empty());
+  }
   const int k = offload.without.num_steps;
   const bool pipelined = c.refresh != testing::Refresh::kPlain;
   if (pipelined) {
@@ -122,7 +130,9 @@ TEST_P(OffloadEquivalence, SameParametersBitForBitAndLessDeviceState) {
     const auto& plan = offload.plan.workers[r % static_cast<std::size_t>(c.workers)];
     EXPECT_EQ(without.kfac_bytes[r] - with.kfac_bytes[r], expected[r].state) << "rank " << r;
     if (c.placement == kfac::StatePlacement{}) {
-      EXPECT_EQ(expected[r].state, static_cast<std::int64_t>(plan.offloaded_bytes));
+      // Whole Linears their state, factors-only ones their factors (half their state).
+      EXPECT_EQ(expected[r].state,
+                static_cast<std::int64_t>(plan.offloaded_bytes + plan.factors_only_bytes / 2.0));
     }
     EXPECT_EQ(without.host_bytes[r], 0);
     // Host: factors, the newest inverses and the ones they replaced.
@@ -141,6 +151,38 @@ INSTANTIATE_TEST_SUITE_P(
                              pipefisher::OffloadMode::kAuto, 0.0F},
         testing::OffloadCase{"ChimeraHost", sched::ScheduleKind::kChimera, 2, 1, 1, false,
                              pipefisher::OffloadMode::kHost, 0.5F},
+        // Factors only (--kfac-offload factors): the inverses stay on the device.
+        testing::OffloadCase{"OneFOneBFactors", sched::ScheduleKind::kOneFOneB, 2, 1, 2, false,
+                             pipefisher::OffloadMode::kFactors, 0.5F},
+        // auto, a budget that takes every Linear's factors and some Linears whole.
+        testing::OffloadCase{"OneFOneBAutoMixed",
+                             sched::ScheduleKind::kOneFOneB,
+                             2,
+                             1,
+                             2,
+                             false,
+                             pipefisher::OffloadMode::kAuto,
+                             0.5F,
+                             {},
+                             testing::Refresh::kPlain,
+                             0.3},
+        testing::OffloadCase{"OneFOneBFactorsDividedTasks", sched::ScheduleKind::kOneFOneB, 2, 1, 0,
+                             true, pipefisher::OffloadMode::kFactors, 0.9F},
+        testing::OffloadCase{"ChimeraDataParallelFactors", sched::ScheduleKind::kChimera, 2, 2, 2,
+                             false, pipefisher::OffloadMode::kFactors, 0.5F},
+        testing::OffloadCase{
+            "GPipeFactorsShardedInversesReplicatedFactors", sched::ScheduleKind::kGPipe, 2, 2, 2,
+            false, pipefisher::OffloadMode::kFactors, 0.0F, kFactorsShardedInversesReplicated},
+        testing::OffloadCase{"OneFOneBPipelinedChainsOfPiecesFactors",
+                             sched::ScheduleKind::kOneFOneB,
+                             4,
+                             1,
+                             0,
+                             false,
+                             pipefisher::OffloadMode::kFactors,
+                             0.9F,
+                             {},
+                             testing::Refresh::kPipelinedChains},
         testing::OffloadCase{"ChimeraDataParallelHost", sched::ScheduleKind::kChimera, 2, 2, 2,
                              false, pipefisher::OffloadMode::kHost, 0.5F},
         // K-FAC state sharded across the data-parallel replicas.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <tuple>
 
@@ -45,23 +46,70 @@ TEST(OffloadPlanner, NoneKeepsEverythingHostOffloadsEverything) {
 }
 
 TEST(OffloadPlanner, AutoOffloadsTheFewestLargestLinearsThatFit) {
-  // 1000 other + 800 K-FAC: a budget of 1700 needs the 400-byte Linear offloaded (1000 + 400
-  // kept + 400 while it is refreshed = 1800 > 1700: so also the 300 one: 1000 + 100 + 400).
-  auto plan = plan_offload(OffloadMode::kAuto, {three_linears()}, {1000.0}, 1500.0);
-  ASSERT_EQ(plan.workers[0].offloaded.size(), 2U);
-  EXPECT_EQ(plan.workers[0].offloaded[0].linear, LinearKind::kFfnIn);
-  EXPECT_EQ(plan.workers[0].offloaded[1].linear, LinearKind::kFfnOut);
-  EXPECT_DOUBLE_EQ(plan.workers[0].kept_bytes, 100.0);
-  EXPECT_DOUBLE_EQ(plan.workers[0].device_kfac_bytes, 500.0);
-  EXPECT_TRUE(plan.workers[0].fits);
-  // A budget that holds everything offloads nothing.
-  plan = plan_offload(OffloadMode::kAuto, {three_linears()}, {1000.0}, 1800.0);
+  // (What it offloads: OffloadPlanner.AutoOffloadsFactorsFirstThenWholeLinears.) A budget that
+  // holds everything offloads nothing.
+  auto plan = plan_offload(OffloadMode::kAuto, {three_linears()}, {1000.0}, 1800.0);
   EXPECT_EQ(plan.offloaded_linears(), 0);
   // Per worker: only the worker over the budget offloads.
   plan =
       plan_offload(OffloadMode::kAuto, {three_linears(), three_linears()}, {1000.0, 200.0}, 1500.0);
   EXPECT_EQ(plan.workers[0].offloaded.size(), 2U);
   EXPECT_EQ(plan.workers[1].offloaded.size(), 0U);
+  EXPECT_EQ(plan.workers[1].factors_only.size(), 0U);
+}
+
+TEST(OffloadPlanner, FactorsOffloadsEveryLinearsFactorsAndKeepsItsInverses) {
+  const auto plan = plan_offload(OffloadMode::kFactors, {three_linears()}, {1000.0}, 0.0);
+  const auto& worker = plan.workers[0];
+  EXPECT_TRUE(worker.offloaded.empty());
+  EXPECT_TRUE(worker.kept.empty());
+  ASSERT_EQ(worker.factors_only.size(), 3U);
+  EXPECT_EQ(worker.factors_only[0].linear, LinearKind::kFfnIn);  // largest first
+  EXPECT_EQ(plan.offloaded_linears(), 3);
+  EXPECT_EQ(plan.factors_only_linears(), 3);
+  EXPECT_DOUBLE_EQ(worker.factors_only_bytes, 800.0);
+  EXPECT_DOUBLE_EQ(resident_bytes(worker), 400.0);  // every inverse
+  // ... and the largest Linear's factors while it is refreshed.
+  EXPECT_DOUBLE_EQ(worker.device_kfac_bytes, 600.0);
+  EXPECT_EQ(offload_mode_from_string("factors"), OffloadMode::kFactors);
+  EXPECT_EQ(to_string(OffloadMode::kFactors), "factors");
+}
+
+TEST(OffloadPlanner, AutoOffloadsFactorsFirstThenWholeLinears) {
+  // 1000 other + 800 K-FAC. A budget of 1650: the factors of the two largest (kept 100, their
+  // inverses 350, the 400-byte Linear's factors while refreshed 200: 1650), none whole.
+  auto plan = plan_offload(OffloadMode::kAuto, {three_linears()}, {1000.0}, 1650.0);
+  auto* worker = &plan.workers[0];
+  EXPECT_TRUE(worker->offloaded.empty());
+  ASSERT_EQ(worker->factors_only.size(), 2U);
+  EXPECT_EQ(worker->factors_only[0].linear, LinearKind::kFfnIn);
+  EXPECT_EQ(worker->factors_only[1].linear, LinearKind::kFfnOut);
+  EXPECT_DOUBLE_EQ(worker->device_kfac_bytes, 650.0);
+  EXPECT_TRUE(worker->fits);
+  // 1500: every Linear's factors are not enough (400 + 200 = 600 > 500); then the largest
+  // factors-only Linears whole: the 400 (inverses 200 + the 400 one's refresh: 600), the 300
+  // (inverses 50 + 400 = 450).
+  plan = plan_offload(OffloadMode::kAuto, {three_linears()}, {1000.0}, 1500.0);
+  worker = &plan.workers[0];
+  ASSERT_EQ(worker->offloaded.size(), 2U);
+  EXPECT_EQ(worker->offloaded[0].linear, LinearKind::kFfnIn);
+  EXPECT_EQ(worker->offloaded[1].linear, LinearKind::kFfnOut);
+  ASSERT_EQ(worker->factors_only.size(), 1U);
+  EXPECT_EQ(worker->factors_only[0].linear, LinearKind::kQuery);
+  EXPECT_TRUE(worker->kept.empty());
+  EXPECT_DOUBLE_EQ(worker->device_kfac_bytes, 450.0);
+  EXPECT_TRUE(worker->fits);
+  // offload_next: kept -> factors only -> whole, largest first; false once all are whole.
+  WorkerOffloadPlan steps;
+  steps.kept = three_linears();
+  steps.kept_bytes = 800.0;
+  std::vector<std::pair<std::size_t, std::size_t>> seen;  // (factors only, whole)
+  while (offload_next(steps)) seen.emplace_back(steps.factors_only.size(), steps.offloaded.size());
+  const std::vector<std::pair<std::size_t, std::size_t>> expected{{1, 0}, {2, 0}, {3, 0},
+                                                                  {2, 1}, {1, 2}, {0, 3}};
+  EXPECT_EQ(seen, expected);
+  EXPECT_DOUBLE_EQ(steps.offloaded_bytes, 800.0);
+  EXPECT_DOUBLE_EQ(resident_bytes(steps), 0.0);
 }
 
 TEST(OffloadPlanner, ABudgetNothingMeetsIsAWarningAndBadInputIsRefused) {
@@ -189,6 +237,124 @@ INSTANTIATE_TEST_SUITE_P(Schedules, OffloadPass,
                                   std::to_string(param_info.param.refresh);
                          });
 
+// --kfac-offload factors: per Linear its factor windows (a prefetch before, a write-back of the
+// factors alone after), marked factors-only, and no inverse prefetch; the inverses stay on the
+// device from the Linear's first inversion on, so the K-FAC memory at the refresh's end falls
+// by exactly the factors.
+TEST_P(OffloadPass, FactorsOnlyOffloadMovesTheFactorsAlone) {
+  const auto c = GetParam();
+  const sim::UniformCostModel costs(offload_costs(1e5));  // a 500-byte copy: 5 ms
+  KfacOptions kfac;
+  kfac.refresh_steps = c.refresh;
+  const auto pass =
+      run_pipefisher(compiled(c.kind, c.workers, c.microbatches, c.chunks), costs, kfac);
+  const auto offload = run_offload_pass(pass, costs, {OffloadMode::kFactors, 0.0, {}});
+  EXPECT_NO_THROW(sched::validate(offload.schedule));
+  std::size_t linears = 0;
+  for (const auto& w : offload.plan.workers) {
+    EXPECT_TRUE(w.offloaded.empty());
+    EXPECT_TRUE(w.kept.empty());
+    linears += w.factors_only.size();
+  }
+  ASSERT_GT(linears, 0U);
+  EXPECT_EQ(offload.report.offloaded_linears, static_cast<int>(linears));
+  EXPECT_EQ(offload.report.factors_only_linears, static_cast<int>(linears));
+  EXPECT_EQ(count(offload.schedule, OpKind::kPrefetchInverses), 0U);
+  const std::size_t windows = count(offload.schedule, OpKind::kPrefetchFactors);
+  EXPECT_GE(windows, linears);
+  EXPECT_LE(windows, 2 * linears);
+  EXPECT_EQ(count(offload.schedule, OpKind::kWriteBackState), windows);
+  for (const auto& stream : offload.schedule.streams) {
+    for (const auto& in : stream) {
+      if (!sched::is_kfac_transfer(in.kind)) continue;
+      EXPECT_TRUE(sched::is_factors_only(in)) << sched::short_label(in);
+      EXPECT_EQ(in.bytes, 500) << sched::short_label(in);  // the factors: half of 1000
+    }
+  }
+  EXPECT_NEAR(offload.after.step_time_s, pass.after.step_time_s, 1e-9);
+  // The whole-Linear plan's copies: each window's, and one inverse prefetch per step.
+  const auto host = run_offload_pass(pass, costs, {OffloadMode::kHost, 0.0, {}});
+  EXPECT_LT(offload.report.transfers, host.report.transfers);
+  for (int w = 0; w < offload.schedule.num_workers(); ++w) {
+    const auto& plan = offload.plan.workers[static_cast<std::size_t>(w)];
+    const double before = pass.after.workers[w].memory.back().bytes;
+    const double after = offload.after.workers[w].memory.back().bytes;
+    EXPECT_DOUBLE_EQ(before - after, plan.factors_only_bytes / 2.0) << "worker " << w;
+    EXPECT_DOUBLE_EQ(offload.report.workers[w].offloaded_bytes, plan.factors_only_bytes / 2.0);
+    EXPECT_LE(offload.after.workers[w].peak_memory_bytes, pass.after.workers[w].peak_memory_bytes);
+    // Whole offload frees twice as much at the refresh's end.
+    EXPECT_LT(host.after.workers[w].memory.back().bytes, after);
+  }
+  const auto text = sched::to_json(offload.schedule).dump();
+  EXPECT_EQ(sched::schedule_from_json(nlohmann::json::parse(text), "round trip").streams,
+            offload.schedule.streams);
+  const auto json = offload_report_json(offload.report);
+  EXPECT_EQ(json.at("factors_only_linears"), static_cast<int>(linears));
+  EXPECT_EQ(json.at("whole_linears"), 0);
+  EXPECT_NE(format_offload_report(offload.report)
+                .find("(0 whole, " + std::to_string(linears) + " factors only)"),
+            std::string::npos)
+      << format_offload_report(offload.report);
+}
+
+// The simulator's memory of a factors-only Linear: nothing of it before its first inversion
+// (the factors come with the prefetch), its inverses from that inversion on, its factors only
+// between a prefetch's start and its write-back's end.
+TEST(OffloadPass, FactorsOnlyInversesCountFromTheirFirstInversion) {
+  const sim::UniformCostModel costs(offload_costs(1e5));
+  KfacOptions kfac;
+  kfac.refresh_steps = 1;
+  const auto pass = run_pipefisher(compiled(ScheduleKind::kOneFOneB, 2, 4), costs, kfac);
+  const auto offload = run_offload_pass(pass, costs, {OffloadMode::kFactors, 0.0, {}});
+  // One Linear factors-only alone in a stream of worker 0: its copies and K-FAC work.
+  sched::Schedule s = offload.schedule;
+  const auto& stream = s.streams[0];
+  const auto first = std::find_if(stream.begin(), stream.end(), [](const auto& in) {
+    return in.kind == OpKind::kPrefetchFactors;
+  });
+  ASSERT_NE(first, stream.end());
+  const int layer = first->layer;
+  const LinearKind linear = first->linear;
+  std::vector<sched::Instruction> kept;
+  for (const auto& in : stream) {
+    if (sched::is_kfac(in.kind) && (in.layer != layer || in.linear != linear)) continue;
+    kept.push_back(in);
+  }
+  s.streams[0] = kept;
+  sched::validate(s);
+  const auto simulated = sim::simulate(s, costs);
+  const auto& times = simulated.times[0];
+  const auto& memory = simulated.workers[0].memory;
+  const auto at = [&](double t) {  // the memory just after time t
+    double bytes = memory.front().bytes;
+    for (const auto& sample : memory) {
+      if (sample.time_s <= t) bytes = sample.bytes;
+    }
+    return bytes;
+  };
+  double factors_start = -1, inversion_start = -1, write_back_end = -1;
+  for (std::size_t i = 0; i < s.streams[0].size(); ++i) {
+    const auto& in = s.streams[0][i];
+    if (in.kind == OpKind::kPrefetchFactors && factors_start < 0) factors_start = times[i].start_s;
+    if ((in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) && inversion_start < 0) {
+      inversion_start = times[i].start_s;
+    }
+    if (in.kind == OpKind::kWriteBackState) write_back_end = times[i].end_s;
+  }
+  ASSERT_LT(factors_start, inversion_start);
+  ASSERT_LT(inversion_start, write_back_end);
+  // What changes at an instant (activations are 10 bytes, the K-FAC copies 500).
+  const auto jump = [&](double t) { return at(t) - at(std::nextafter(t, -1.0)); };
+  EXPECT_NEAR(jump(factors_start), 500.0, 50.0);    // the factors come in
+  EXPECT_NEAR(jump(inversion_start), 500.0, 50.0);  // the inverses, from now on
+  EXPECT_NEAR(jump(write_back_end), -500.0, 50.0);  // the factors leave
+  // At the end: the inverses beside what the stream without K-FAC holds.
+  sched::Schedule bare = s;
+  std::erase_if(bare.streams[0], [](const auto& in) { return sched::is_kfac(in.kind); });
+  EXPECT_DOUBLE_EQ(memory.back().bytes - sim::simulate(bare, costs).workers[0].memory.back().bytes,
+                   500.0);
+}
+
 TEST(OffloadPass, ASlowHostLinkCostsStepTime) {
   const sim::UniformCostModel fast(offload_costs(1e5));
   const sim::UniformCostModel slow(offload_costs(50.0));  // a 500-byte copy: 10 s
@@ -265,8 +431,12 @@ TEST(OffloadPass, AutoMeetsTheBudgetWithTheFewestLinears) {
   EXPECT_TRUE(automatic.report.fits) << automatic.report.warning;
   for (int w = 0; w < automatic.schedule.num_workers(); ++w) {
     const auto& plan = automatic.plan.workers[static_cast<std::size_t>(w)];
-    EXPECT_GE(plan.offloaded.size(), 1U);
+    // The factors first: whole Linears only once every Linear's factors are offloaded.
+    EXPECT_GE(plan.offloaded.size() + plan.factors_only.size(), 1U);
     EXPECT_LT(plan.offloaded.size(), 6U);  // fewer than everything
+    if (!plan.offloaded.empty()) {
+      EXPECT_TRUE(plan.kept.empty());
+    }
     EXPECT_TRUE(plan.fits);
     EXPECT_LE(automatic.after.workers[w].peak_memory_bytes, budget) << "worker " << w;
     EXPECT_GT(pass.after.workers[w].peak_memory_bytes, budget) << "worker " << w;
@@ -442,6 +612,79 @@ TEST(OffloadValidation, EveryUseNeedsItsCopy) {
   expect_refused_without(OpKind::kPrefetchInverses, "without its inverses on the device");
   expect_refused_without(OpKind::kPrefetchFactors, "without its factors on the device");
   expect_refused_without(OpKind::kWriteBackState, "not written back");
+}
+
+sched::Schedule factors_only_schedule() {
+  const sim::UniformCostModel costs(offload_costs(1e5));
+  KfacOptions kfac;
+  kfac.refresh_steps = 2;
+  return run_offload_pass(run_pipefisher(compiled(ScheduleKind::kOneFOneB, 2, 4), costs, kfac),
+                          costs, {OffloadMode::kFactors, 0.0, {}})
+      .schedule;
+}
+
+std::string refusal_of(const sched::Schedule& s) {
+  try {
+    sched::validate(s);
+  } catch (const sched::ValidationError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A factors-only Linear needs no inverse prefetch, and has none: one inverse prefetch before
+// one of its preconditionings (a schedule with inverse prefetches for some steps but not all)
+// is refused; so is a factor copy of it not marked, and a Linear whose copies are all unmarked
+// (then offloaded whole) without its inverse prefetches.
+TEST(OffloadValidation, AFactorsOnlyLinearHasNoInversePrefetch) {
+  const auto base = factors_only_schedule();
+  ASSERT_EQ(refusal_of(base), "");
+  ASSERT_EQ(count(base, OpKind::kPrefetchInverses), 0U);
+  const auto& stream0 = base.streams[0];
+  const auto precondition = std::find_if(stream0.begin(), stream0.end(), [](const auto& in) {
+    return in.kind == OpKind::kPrecondition && in.piece_begin == 0 && in.step == 0;
+  });
+  ASSERT_NE(precondition, stream0.end());
+  {  // an inverse prefetch for step 0 only
+    auto s = base;
+    auto& stream = s.streams[0];
+    sched::Instruction fetch = *precondition;
+    fetch.kind = OpKind::kPrefetchInverses;
+    fetch.microbatch = -1;
+    fetch.piece_begin = 0;
+    fetch.piece_end = sched::kPieceUnits;
+    fetch.bytes = 500;
+    stream.insert(stream.begin() + (precondition - stream0.begin()), fetch);
+    EXPECT_NE(refusal_of(s).find("offloaded factors only"), std::string::npos) << refusal_of(s);
+  }
+  const auto is_copy_of = [&](const sched::Instruction& in) {
+    return sched::is_kfac_transfer(in.kind) && in.layer == precondition->layer &&
+           in.linear == precondition->linear;
+  };
+  {  // one of its factor copies unmarked
+    auto s = base;
+    auto& stream = s.streams[0];
+    const auto copy = std::find_if(stream.begin(), stream.end(), is_copy_of);
+    ASSERT_NE(copy, stream.end());
+    copy->microbatch = -1;
+    EXPECT_NE(refusal_of(s).find("not marked factors-only"), std::string::npos) << refusal_of(s);
+  }
+  {  // all unmarked: offloaded whole, so every preconditioning needs its prefetch
+    auto s = base;
+    for (auto& in : s.streams[0]) {
+      if (is_copy_of(in)) in.microbatch = -1;
+    }
+    EXPECT_NE(refusal_of(s).find("without its inverses on the device"), std::string::npos)
+        << refusal_of(s);
+  }
+  // The other rules hold for factors-only Linears too.
+  for (const auto kind : {OpKind::kPrefetchFactors, OpKind::kWriteBackState}) {
+    auto s = base;
+    auto& stream = s.streams[0];
+    stream.erase(std::find_if(stream.begin(), stream.end(),
+                              [&](const auto& in) { return in.kind == kind; }));
+    EXPECT_NE(refusal_of(s), "") << sched::to_string(kind);
+  }
 }
 
 TEST(OffloadValidation, AWriteBackBeforeItsInversionIsRefused) {

@@ -231,6 +231,18 @@ TEST(ConfigSearch, KfacOffloadPlacesItsCopiesAndFitsWhatTheDeviceCannot) {
   const nlohmann::json json = search_json(o, r, 1);
   EXPECT_EQ(json["candidates"][0]["kfac_state"]["offload"], "auto");
   EXPECT_GT(json["candidates"][0]["kfac_state"]["offloaded_linears"].get<int>(), 0);
+  // Factors-only offload (pipefisher_sim --kfac-offload factors) is not priced here: refused,
+  // in one line naming the flag.
+  o.kfac_offload = pipefisher::OffloadMode::kFactors;
+  try {
+    (void)search_configurations(o);
+    ADD_FAILURE() << "the search accepted --kfac-offload factors";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind("--kfac-offload factors: ", 0), 0U) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+  o.kfac_offload = pipefisher::OffloadMode::kAuto;
   // Offload needs K-FAC.
   o.kfac.reset();
   EXPECT_THROW((void)search_configurations(o), std::invalid_argument);

@@ -348,31 +348,33 @@ TEST_F(CheckpointingTest, PipelinedKfacRefreshResumesAfterAnyStepOnTheDevicePath
   // restore sums that the resumed window's start sets aside.
 }
 
-// pipefisher_train --kfac-offload host --checkpoint-dir: saved one step into a refresh and
-// resumed (the checkpoint's schedule, with its offload copies), bit-identical to the straight
-// run, on the CPU path and on the device path (HostDeviceLaunch: pinned host memory).
+// pipefisher_train --kfac-offload host|factors --checkpoint-dir: saved one step into a refresh
+// and resumed (the checkpoint's schedule, with its offload copies), bit-identical to the
+// straight run, on the CPU path and on the device path (HostDeviceLaunch: pinned host memory).
 TEST_F(CheckpointingTest, ResumeIsBitIdenticalWithKfacOffloadMidRefresh) {
-  for (const bool on_device : {false, true}) {
-    SCOPED_TRACE(on_device ? "device path" : "CPU path");
-    auto o = small_run(on_device ? "offload-device" : "offload");
-    o.optimizer = "adamw";
-    o.kfac.enabled = true;
-    o.kfac.refresh_steps = 2;
-    o.kfac.offload = "host";
-    o.kfac_profile = kfac_profile(o);
-    testing::HostDeviceLaunch device;
-    run_split_and_straight(o, 3, on_device ? &device : nullptr);
-    const auto state = nlohmann::json::parse(
-        read_file(fs::path(o.checkpoint_dir) / "step-00000003" / "state.json"));
-    EXPECT_EQ(state.at("state").at("kfac").at("round_phase"), 1);
-    const auto kfac =
-        ckpt::load_safetensors(fs::path(o.checkpoint_dir) / "step-00000003" / "kfac.safetensors");
-    bool offload_records = false;
-    for (const auto& [name, record] : kfac.tensors) {
-      offload_records |= name.find(".offload.A_value") != std::string::npos;
+  for (const std::string mode : {"host", "factors"}) {
+    for (const bool on_device : {false, true}) {
+      SCOPED_TRACE(mode + (on_device ? ", device path" : ", CPU path"));
+      auto o = small_run(mode + (on_device ? "-offload-device" : "-offload"));
+      o.optimizer = "adamw";
+      o.kfac.enabled = true;
+      o.kfac.refresh_steps = 2;
+      o.kfac.offload = mode;
+      o.kfac_profile = kfac_profile(o);
+      testing::HostDeviceLaunch device;
+      run_split_and_straight(o, 3, on_device ? &device : nullptr);
+      const auto state = nlohmann::json::parse(
+          read_file(fs::path(o.checkpoint_dir) / "step-00000003" / "state.json"));
+      EXPECT_EQ(state.at("state").at("kfac").at("round_phase"), 1);
+      const auto kfac =
+          ckpt::load_safetensors(fs::path(o.checkpoint_dir) / "step-00000003" / "kfac.safetensors");
+      bool offload_records = false;
+      for (const auto& [name, record] : kfac.tensors) {
+        offload_records |= name.find(".offload.A_value") != std::string::npos;
+      }
+      EXPECT_TRUE(offload_records) << "no host copies in the checkpoint";
+      expect_identical(o, 3);
     }
-    EXPECT_TRUE(offload_records) << "no host copies in the checkpoint";
-    expect_identical(o, 3);
   }
 }
 
@@ -471,9 +473,18 @@ TEST_P(OffloadCheckpoints, ResumeAfterAnyStepEqualsTheStraightRun) {
     const auto without = run(plans.without, plans.without, 0);
     same(straight.weights, without.weights, "weights with and without offload", false);
     same(straight.kfac, without.kfac, "K-FAC state with and without offload", true);
-    bool offload_records = false;
+    // Whole Linears leave the inverses a refresh replaced on the host, factors-only ones their
+    // factors' values (their inverses stay on the device: none on the host).
+    const bool factors_only = plans.plan.factors_only_linears() > 0;
+    bool offload_records = false, host_inverses = false;
     for (const auto& record : straight.kfac) {
-      offload_records |= record.name.find(".offload.A_prev_inv") != std::string::npos;
+      offload_records |=
+          record.name.find(factors_only ? ".offload.A_value" : ".offload.A_prev_inv") !=
+          std::string::npos;
+      host_inverses |= record.name.find(".offload.A_inv") != std::string::npos;
+    }
+    if (c.mode == pipefisher::OffloadMode::kFactors) {
+      EXPECT_FALSE(host_inverses);
     }
     EXPECT_TRUE(offload_records) << "no host copies in the checkpoint";
     for (std::int64_t split = 1; split < steps; ++split) {
@@ -507,6 +518,21 @@ INSTANTIATE_TEST_SUITE_P(
                                    2, false, pipefisher::OffloadMode::kHost, 0.5F},
         exec::testing::OffloadCase{"ChimeraHost", sched::ScheduleKind::kChimera, 2, 1, 1, false,
                                    pipefisher::OffloadMode::kHost},
+        // Factors only: the inverses stay on the device.
+        exec::testing::OffloadCase{"OneFOneBFactors", sched::ScheduleKind::kOneFOneB, 2, 1, 2,
+                                   false, pipefisher::OffloadMode::kFactors, 0.5F},
+        exec::testing::OffloadCase{"ChimeraDataParallelFactors", sched::ScheduleKind::kChimera, 2,
+                                   2, 2, false, pipefisher::OffloadMode::kFactors, 0.5F},
+        exec::testing::OffloadCase{"OneFOneBPipelinedWholeInversionsFactors",
+                                   sched::ScheduleKind::kOneFOneB,
+                                   4,
+                                   1,
+                                   2,
+                                   false,
+                                   pipefisher::OffloadMode::kFactors,
+                                   0.5F,
+                                   {},
+                                   exec::testing::Refresh::kPipelinedWhole},
         exec::testing::OffloadCase{"GPipeDataParallelAuto", sched::ScheduleKind::kGPipe, 2, 2, 3,
                                    false, pipefisher::OffloadMode::kAuto},
         // Sharded K-FAC state: the owner's and the other replicas' records.
