@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The configuration search's closed-form memory estimate against the PipeFisher and offload
 # passes' simulated peak, for the K-FAC finalists of a few searches, with and without K-FAC
-# offload (docs/scale.md; figures in docs/benchmarks.md).
+# offload whole (host) and factors only (docs/scale.md; figures in docs/benchmarks.md).
 # Usage: scripts/search_memory_estimate.sh [path/to/pipefisher_sim]
 set -euo pipefail
 sim=${1:-build/release/sim/cli/pipefisher_sim}
@@ -11,7 +11,7 @@ trap 'rm -rf "$work"' EXIT
 search() {  # label, search arguments...
   local label=$1
   shift
-  for offload in none host; do
+  for offload in none host factors; do
     "$sim" search "$@" --kfac --kfac-sharding replicate,shard --kfac-offload "$offload" \
       --top 4 --kfac-top 4 --out "$work/out.json" >/dev/null
     python3 - "$label" "$offload" "$work/out.json" <<'PY'

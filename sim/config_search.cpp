@@ -187,12 +187,14 @@ bool estimate_kfac(const ParallelCostModel& model, const SearchOptions& options,
   c.kfac_memory_bytes = c.kfac_replicated_bytes = c.kfac_overhead_estimate_s = 0.0;
   c.kfac_load_estimate_s = 0.0;
   // K-FAC state may live in host memory, replicated or sharded: on the device the largest
-  // Linear's state the busiest replica holds (host) or what fits beside the rest (auto); the
-  // copies run on the host link, their own lane, and each replica moves only what it holds
-  // (docs/offload.md: a factor prefetch where it holds the factors, a write-back and an inverse
-  // prefetch where it holds the inverses).
+  // Linear's state the busiest replica holds (host), its inverses and the largest Linear's
+  // factors (factors), or what fits beside the rest, factors first (auto); the copies run on
+  // the host link, their own lane, and each replica moves only what it holds (docs/offload.md:
+  // a factor prefetch where it holds the factors, a write-back and an inverse prefetch where it
+  // holds the inverses; factors only: the factor holders' prefetch and write-back).
   c.kfac_offloaded = options.kfac_offload != pipefisher::OffloadMode::kNone;
   c.kfac_host_bytes_per_step = 0.0;
+  c.kfac_estimate_factors = c.kfac_estimate_whole = false;
   const double host_bandwidth = model.cluster().host_bandwidth > 0.0
                                     ? model.cluster().host_bandwidth
                                     : model.cluster().device.host_bandwidth;
@@ -220,11 +222,9 @@ bool estimate_kfac(const ParallelCostModel& model, const SearchOptions& options,
         const double link = inverses_in / host_bandwidth;
         waiting = inverses_in * std::max(0.0, 1.0 - cost.precondition_seconds_per_step / link);
       }
-      least = layers[w] > 0.0 ? std::min(layer.largest_linear_bytes + waiting, device) : 0.0;
-      device = options.kfac_offload == pipefisher::OffloadMode::kHost
-                   ? least
-                   : std::min(device,
-                              std::max(least, options.cluster.gpu_memory_bytes - workers[w].peak));
+      // Whole Linears (host): one Linear's state and the waiting inverses stay.
+      const double whole_least =
+          layers[w] > 0.0 ? std::min(layer.largest_linear_bytes + waiting, device) : 0.0;
       // Per step the inverses a replica holds come in; per refresh the factors it holds come
       // in and go back with their new inverses, and a replica holding only the inverses of a
       // Linear writes back the broadcast ones: with S the state of one kind (factors or
@@ -233,15 +233,61 @@ bool estimate_kfac(const ParallelCostModel& model, const SearchOptions& options,
       // greedily) moves at most that plus the largest Linear's copies.
       const double state = cost.replicated_bytes / 2.0;
       const double all = state * (1.0 + 3.0 / k_max);
-      double copies = state * (inverse_share + (2.0 * factor_share + inverse_share) / k_max);
+      double whole_copies = state * (inverse_share + (2.0 * factor_share + inverse_share) / k_max);
       if (spread) {
-        copies = std::min(all, copies + cost.largest_linear_bytes / 2.0 * (1.0 + 3.0 / k_max));
+        whole_copies =
+            std::min(all, whole_copies + cost.largest_linear_bytes / 2.0 * (1.0 + 3.0 / k_max));
       }
-      // auto keeps what fits: only the rest moves (host: every Linear, one at a time on the
-      // device).
-      if (device > least && cost.busiest_memory_bytes > 0.0) {
-        copies *= (cost.busiest_memory_bytes - device) / cost.busiest_memory_bytes;
+      // Factors only (docs/offload.md): the inverses the busiest replica holds stay (its
+      // inverse share, plus the largest Linear's where the owners are balanced greedily) and
+      // the factors of the Linear being refreshed come in; only the factor holders move, per
+      // refresh the factors in and out, S 2 f / k per step, nothing per step otherwise.
+      double inverses_kept = state * inverse_share;
+      double factor_copies = state * 2.0 * factor_share / k_max;
+      if (spread) {
+        inverses_kept = std::min(state, inverses_kept + cost.largest_linear_bytes / 2.0);
+        factor_copies = std::min(state * 2.0 / k_max,
+                                 factor_copies + cost.largest_linear_bytes / 2.0 * 2.0 / k_max);
       }
+      const double factors_least =
+          layers[w] > 0.0 ? std::min(device, inverses_kept + cost.largest_linear_bytes / 2.0) : 0.0;
+      const double room = options.cluster.gpu_memory_bytes - workers[w].peak;
+      double copies = 0.0;
+      bool factors = false, whole = false;
+      switch (options.kfac_offload) {
+        case pipefisher::OffloadMode::kHost:
+          least = device = whole_least;
+          copies = whole_copies;
+          whole = true;
+          break;
+        case pipefisher::OffloadMode::kFactors:
+          least = device = factors_least;
+          copies = factor_copies;
+          factors = true;
+          break;
+        default: {
+          // auto, as the planner: the factors of the largest Linears until the worker fits, and
+          // only once every Linear's factors are offloaded, the largest Linears whole; the
+          // bytes moved in proportion to the state each granularity takes off the device.
+          least = std::min(whole_least, factors_least);
+          device = std::min(device, std::max(least, room));
+          if (device >= factors_least) {
+            if (device < cost.busiest_memory_bytes && cost.busiest_memory_bytes > factors_least) {
+              copies = factor_copies * (cost.busiest_memory_bytes - device) /
+                       (cost.busiest_memory_bytes - factors_least);
+              factors = true;
+            }
+          } else {
+            const double share =
+                factors_least > least ? (factors_least - device) / (factors_least - least) : 1.0;
+            copies = factor_copies + std::max(0.0, whole_copies - factor_copies) * share;
+            factors = whole = true;
+          }
+          break;
+        }
+      }
+      c.kfac_estimate_factors = c.kfac_estimate_factors || (factors && copies > 0.0);
+      c.kfac_estimate_whole = c.kfac_estimate_whole || (whole && copies > 0.0);
       c.kfac_host_bytes_per_step = std::max(c.kfac_host_bytes_per_step, copies);
       // Time beyond the step delays it.
       if (host_bandwidth > 0.0) {
@@ -342,10 +388,19 @@ bool better(const Candidate& a, const Candidate& b) {
 }  // namespace
 
 std::string Candidate::kfac_state_name() const {
-  // "+offload" where some state moves: the offload pass offloaded a Linear (kfac_run), else the
-  // closed form moves bytes (auto keeps on the device what fits).
-  const bool moved = kfac_run ? kfac_offloaded_linears > 0 : kfac_host_bytes_per_step > 0.0;
-  return kfac::to_string(kfac_placement) + (kfac_offloaded && moved ? "+offload" : "");
+  // Where some state moves (the offload pass offloaded a Linear (kfac_run), else the closed
+  // form moves bytes: auto keeps on the device what fits): "+factors" where every offloaded
+  // Linear moves its factors only, "+offload" where every one moves whole, "+factors+offload"
+  // where some of each (auto).
+  if (!kfac_offloaded) return kfac::to_string(kfac_placement);
+  bool factors = kfac_estimate_factors, whole = kfac_estimate_whole;
+  if (kfac_run) {
+    factors = kfac_factors_only_linears > 0;
+    whole = kfac_offloaded_linears > kfac_factors_only_linears;
+  } else if (kfac_host_bytes_per_step <= 0.0) {
+    factors = whole = false;
+  }
+  return kfac::to_string(kfac_placement) + (factors ? "+factors" : "") + (whole ? "+offload" : "");
 }
 
 std::string Candidate::state_name() const {
@@ -479,11 +534,6 @@ void SearchOptions::validate() const {
   for (int stage : zero_stages) (void)zero_sharding(stage);
   if (kfac_offload != pipefisher::OffloadMode::kNone && !kfac) {
     throw std::invalid_argument("--kfac-offload offloads K-FAC state: add --kfac");
-  }
-  if (kfac_offload == pipefisher::OffloadMode::kFactors) {
-    throw std::invalid_argument(
-        "--kfac-offload factors: the search prices whole Linears only (none, host, auto); run "
-        "pipefisher_sim --kfac-offload factors on a configuration it found");
   }
   for (Offload offload : optimizer_offload) {
     if (!fits_offload(cluster, offload)) {
@@ -707,6 +757,7 @@ SearchResult search_configurations(const SearchOptions& options) {
         peak = offload.report.max_peak_memory_after;
         step = offload.report.step_time_after_s;
         c.kfac_offloaded_linears = offload.report.offloaded_linears;
+        c.kfac_factors_only_linears = offload.report.factors_only_linears;
         for (const auto& w : offload.report.workers) {
           c.kfac_host_link_s_per_refresh = std::max(c.kfac_host_link_s_per_refresh, w.transfer_s);
         }
@@ -830,6 +881,7 @@ nlohmann::json search_json(const SearchOptions& options, const SearchResult& res
       }
       if (c.kfac_offloaded && c.kfac_run) {
         item["kfac_state"]["offloaded_linears"] = c.kfac_offloaded_linears;
+        item["kfac_state"]["factors_only_linears"] = c.kfac_factors_only_linears;
         item["kfac_state"]["host_link_seconds_per_refresh"] = c.kfac_host_link_s_per_refresh;
         item["kfac_state"]["peak_before_offload_bytes"] = c.kfac_peak_before_offload_bytes;
       }

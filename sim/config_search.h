@@ -63,7 +63,8 @@ struct SearchOptions {
   // with (empty: default_kfac_placements(d)); its state joins the memory the search prunes by.
   std::vector<kfac::StatePlacement> kfac_placements;
   // With kfac: K-FAC state in host memory (docs/offload.md) for every placement, replicated or
-  // sharded: host offloads every Linear, auto what does not fit the GPU; the offload pass places
+  // sharded: host offloads every Linear whole, factors every Linear's factors only, auto what
+  // does not fit the GPU (factors first, then whole Linears); the offload pass places
   // the copies on each GPU's host link after the PipeFisher pass (with sharded state each
   // replica moves only what it holds; the estimate and the pass price the busiest replica).
   pipefisher::OffloadMode kfac_offload = pipefisher::OffloadMode::kNone;
@@ -108,9 +109,13 @@ struct Candidate {
   double kfac_load_estimate_s = 0.0;
   double kfac_peak_memory_bytes = 0.0;  // the pass's simulated peak with K-FAC (kfac_run)
   // K-FAC state in host memory (SearchOptions::kfac_offload): the estimate keeps on the device
-  // the largest Linear's state (host) or what fits (auto); the offload pass's figures.
+  // the largest Linear's state (host), the inverses and the largest Linear's factors (factors),
+  // or what fits, factors first (auto); the offload pass's figures.
   bool kfac_offloaded = false;
-  int kfac_offloaded_linears = 0;
+  int kfac_offloaded_linears = 0;     // the pass's, whole and factors only
+  int kfac_factors_only_linears = 0;  // of those, factors only
+  // The closed form moves some Linears' factors only / some whole (auto: factors first).
+  bool kfac_estimate_factors = false, kfac_estimate_whole = false;
   double kfac_host_link_s_per_refresh = 0.0;  // the busiest worker's copies
   // The closed form's bytes the busiest replica of the worst worker moves over its host link per
   // step (per-refresh copies spread over k_max steps).
@@ -125,8 +130,9 @@ struct Candidate {
 
   std::string schedule_name() const;  // "1f1b", "interleaved v=2", ...
   std::string state_name() const;     // "zero0", "zero3+cpu", ...
-  // kfac::to_string of the placement, "+offload" where some of its state moves to host memory
-  // ("shard+offload").
+  // kfac::to_string of the placement, and where some of its state moves to host memory
+  // "+offload" (whole Linears: "shard+offload"), "+factors" (factors only: "replicate+factors")
+  // or "+factors+offload" (some of each, auto).
   std::string kfac_state_name() const;
 };
 

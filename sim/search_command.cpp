@@ -77,9 +77,9 @@ CLI::App* add_search_command(CLI::App& app, SearchCommandOptions& options) {
   command
       ->add_option("--kfac-offload", options.kfac_offload,
                    "With --kfac: K-FAC state in host memory, replicated or sharded (none, host: "
-                   "every Linear, auto: what does not fit the GPU), its copies on each GPU's host "
-                   "link (factors, pipefisher_sim's factors-only offload, is refused: the search "
-                   "prices whole Linears)")
+                   "every Linear whole, factors: every Linear's factors only, its inverses on the "
+                   "device, auto: what does not fit the GPU, factors first), its copies on each "
+                   "GPU's host link")
       ->check(CLI::IsMember({"none", "host", "factors", "auto"}))
       ->capture_default_str();
   command->add_option("--out", options.out, "Write the top configurations as JSON");
