@@ -129,12 +129,14 @@ class WorkerPlacer {
     return t;
   }
 
-  // A copy inserted before original position q waits for the link from `ready` on; it must get
-  // it before the instruction after it would start (in-order issue: a copy waiting for the link
-  // holds up the stream behind it). The time it starts, or a negative value when it cannot.
+  // A copy inserted before original position q waits for its data (`ready`) and the link; it
+  // must start before the instruction after it would (in-order issue: a copy waiting holds up
+  // the stream behind it, on every lane: a write-back placed right after its inversion held up
+  // a curvature sync that ran beside the inversion on the collective lane). The time it starts,
+  // or a negative value when it cannot.
   double start_without_delay(int q, double ready, double seconds) const {
     const double t = link_free_at(std::max(issue_time(q), ready), seconds);
-    return t <= std::max(start_of(q), ready) + 1e-12 ? t : -1.0;
+    return t <= start_of(q) + 1e-12 ? t : -1.0;
   }
 
   // A prefetch: the latest position in [earliest, consumer] where the copy gets the link
