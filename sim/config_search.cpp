@@ -212,15 +212,18 @@ bool estimate_kfac(const ParallelCostModel& model, const SearchOptions& options,
       // seconds, longer than its preconditioning P, the copies start L - P before it and about
       // I (1 - P / L) bytes wait on the device when it begins (every replica holds all the
       // inverses when they are replicated).
-      double inverses_in = cost.replicated_bytes / 2.0 * inverse_share;
-      if (spread) {
-        inverses_in =
-            std::min(cost.replicated_bytes / 2.0, inverses_in + cost.largest_linear_bytes / 2.0);
-      }
+      const double state = cost.replicated_bytes / 2.0;  // one kind: factors or inverses
+      // The busiest replica's part of a per-replica average `value`: with sharded state the
+      // owners are balanced greedily, so up to `extra` (the largest Linear's) more, at most `cap`.
+      const auto busiest = [spread](double value, double cap, double extra) {
+        return spread ? std::min(cap, value + extra) : value;
+      };
+      const double inverses_held =
+          busiest(state * inverse_share, state, cost.largest_linear_bytes / 2.0);
       double waiting = 0.0;
-      if (host_bandwidth > 0.0 && inverses_in > 0.0) {
-        const double link = inverses_in / host_bandwidth;
-        waiting = inverses_in * std::max(0.0, 1.0 - cost.precondition_seconds_per_step / link);
+      if (host_bandwidth > 0.0 && inverses_held > 0.0) {
+        const double link = inverses_held / host_bandwidth;
+        waiting = inverses_held * std::max(0.0, 1.0 - cost.precondition_seconds_per_step / link);
       }
       // Whole Linears (host): one Linear's state and the waiting inverses stay.
       const double whole_least =
@@ -231,26 +234,17 @@ bool estimate_kfac(const ParallelCostModel& model, const SearchOptions& options,
       // inverses) of the worker's Linears, S (i + (2 f + i) / k) per step on average, i and f
       // the replicas' shares (replicate: S (1 + 3 / k)). The busiest replica (owners balanced
       // greedily) moves at most that plus the largest Linear's copies.
-      const double state = cost.replicated_bytes / 2.0;
-      const double all = state * (1.0 + 3.0 / k_max);
-      double whole_copies = state * (inverse_share + (2.0 * factor_share + inverse_share) / k_max);
-      if (spread) {
-        whole_copies =
-            std::min(all, whole_copies + cost.largest_linear_bytes / 2.0 * (1.0 + 3.0 / k_max));
-      }
+      const double whole_copies = busiest(
+          state * (inverse_share + (2.0 * factor_share + inverse_share) / k_max),
+          state * (1.0 + 3.0 / k_max), cost.largest_linear_bytes / 2.0 * (1.0 + 3.0 / k_max));
       // Factors only (docs/offload.md): the inverses the busiest replica holds stay (its
       // inverse share, plus the largest Linear's where the owners are balanced greedily) and
       // the factors of the Linear being refreshed come in; only the factor holders move, per
       // refresh the factors in and out, S 2 f / k per step, nothing per step otherwise.
-      double inverses_kept = state * inverse_share;
-      double factor_copies = state * 2.0 * factor_share / k_max;
-      if (spread) {
-        inverses_kept = std::min(state, inverses_kept + cost.largest_linear_bytes / 2.0);
-        factor_copies = std::min(state * 2.0 / k_max,
-                                 factor_copies + cost.largest_linear_bytes / 2.0 * 2.0 / k_max);
-      }
+      const double factor_copies = busiest(state * 2.0 * factor_share / k_max, state * 2.0 / k_max,
+                                           cost.largest_linear_bytes / 2.0 * 2.0 / k_max);
       const double factors_least =
-          layers[w] > 0.0 ? std::min(device, inverses_kept + cost.largest_linear_bytes / 2.0) : 0.0;
+          layers[w] > 0.0 ? std::min(device, inverses_held + cost.largest_linear_bytes / 2.0) : 0.0;
       const double room = options.cluster.gpu_memory_bytes - workers[w].peak;
       double copies = 0.0;
       bool factors = false, whole = false;
