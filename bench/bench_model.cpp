@@ -4,6 +4,9 @@
 // Eigen. bias_backward/...: the bias gradient's column sum (kernels::bias_backward) at the step's
 // largest shapes (the FFN's 4096x1024 and the MLM decoder's 640x30522) against Eigen's
 // colwise().sum() of the same row-major matrix (eigen_colwise:1, what bias_backward did before).
+// gemm/...: the step's matrix products (BERT-mini's, and BERT-Large's at 32 x 128 tokens) through
+// kernels::gemm (OpenBLAS where CMake found it) against Eigen's GEMM on the same row-major data
+// (eigen:1, what kernels::gemm did before), on the --threads threads.
 #include <omp.h>
 
 #include <cstdlib>
@@ -74,8 +77,60 @@ void BM_BiasBackward(benchmark::State& state) {
                           static_cast<std::int64_t>(sizeof(float)));
 }
 
+// C = op(A) B, A m x k (or k x m when transposed: the weight gradients' dy^T x), row-major.
+void BM_Gemm(benchmark::State& state) {
+  const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const bool transpose_a = state.range(3) != 0;
+  const bool eigen = state.range(4) != 0;
+  std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)),
+      c(static_cast<std::size_t>(m * n));
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 89) * 0.01F - 0.4F;
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i % 83) * 0.01F - 0.4F;
+  const pf::kernels::ConstMatrixView<float> va(a.data(), transpose_a ? k : m, transpose_a ? m : k);
+  const pf::kernels::ConstMatrixView<float> vb(b.data(), k, n);
+  const pf::kernels::MatrixView<float> vc(c.data(), m, n);
+  for (auto _ : state) {
+    if (eigen) {
+      auto out = pf::kernels::cpu::map(vc);
+      if (transpose_a) {
+        out.noalias() = pf::kernels::cpu::map(va).transpose() * pf::kernels::cpu::map(vb);
+      } else {
+        out.noalias() = pf::kernels::cpu::map(va) * pf::kernels::cpu::map(vb);
+      }
+    } else {
+      pf::kernels::gemm<float>(
+          va, transpose_a ? pf::kernels::Transpose::kYes : pf::kernels::Transpose::kNo, vb,
+          pf::kernels::Transpose::kNo, vc);
+    }
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k),
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
 }  // namespace
 
+BENCHMARK(BM_Gemm)
+    ->Name("gemm")
+    ->ArgNames({"m", "n", "k", "ta", "eigen"})
+    // BERT-mini (4096 tokens, hidden 256, FFN 1024, MLM decoder over 640 positions): QKV,
+    // FFN in, FFN out, decoder, and the FFN-in weight gradient.
+    ->Args({4096, 768, 256, 0, 0})
+    ->Args({4096, 768, 256, 0, 1})
+    ->Args({4096, 1024, 256, 0, 0})
+    ->Args({4096, 1024, 256, 0, 1})
+    ->Args({4096, 256, 1024, 0, 0})
+    ->Args({4096, 256, 1024, 0, 1})
+    ->Args({640, 30522, 256, 0, 0})
+    ->Args({640, 30522, 256, 0, 1})
+    ->Args({1024, 256, 4096, 1, 0})
+    ->Args({1024, 256, 4096, 1, 1})
+    // BERT-Large (4096 tokens, hidden 1024, FFN 4096): FFN in.
+    ->Args({4096, 4096, 1024, 0, 0})
+    ->Args({4096, 4096, 1024, 0, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_BiasBackward)
     ->Name("bias_backward")
     ->ArgNames({"rows", "cols", "eigen_colwise"})

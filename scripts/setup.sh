@@ -10,7 +10,7 @@ set -euo pipefail
 with_torch=0
 packages=(
   build-essential cmake ninja-build pkg-config ccache git
-  libeigen3-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libeigen3-dev libopenblas-pthread-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin libutf8proc-dev libcli11-dev clang-format
   python3 python3.11-doc
 )

@@ -1,12 +1,21 @@
-// Matrix products through Eigen. Large products are split by rows of the result over the
-// OpenMP threads, each block a single-threaded Eigen GEMM (Eigen runs sequentially inside a
-// parallel region). Eigen's own parallel GEMM synchronises its threads by spinning on shared
-// flags, which collapses when the machine is oversubscribed (one descheduled thread stalls the
-// others for whole time slices); a block split needs one barrier per product.
+// Matrix products on the CPU. A product goes to a CBLAS GEMM on the calling thread (Debian's
+// OpenBLAS, found by CMake: PF_HAVE_CBLAS; 1.3-1.4x Eigen's GEMM on this machine's AVX2 cores,
+// docs/benchmarks.md, "CPU matrix products") or, without one, to Eigen's. Large products are cut
+// into blocks of rows (or of columns, when the result is wide and short) and the blocks spread
+// over the OpenMP threads. The cut depends on the shape only, never on the thread count: OpenBLAS
+// rounds a row differently depending on where a block boundary falls, so a cut by thread count
+// would make the result depend on it. One barrier per product: Eigen's own parallel GEMM
+// synchronises its threads by spinning on shared flags, which collapses when the machine is
+// oversubscribed (one descheduled thread stalls the others for whole time slices).
 #include <omp.h>
 
 #include <algorithm>
+#include <mutex>
 #include <vector>
+
+#if PF_HAVE_CBLAS
+#include <cblas.h>
+#endif
 
 #include "kernels/cpu/eigen_maps.h"
 #include "kernels/ops.h"
@@ -18,8 +27,42 @@ std::string dims(std::int64_t rows, std::int64_t cols) {
   return std::to_string(rows) + "x" + std::to_string(cols);
 }
 
+#if PF_HAVE_CBLAS
+CBLAS_TRANSPOSE cblas_transpose(bool transpose) {
+  return transpose ? CblasTrans : CblasNoTrans;
+}
+
+// Every call runs on its caller's thread: the threading is ours (by shape-only blocks), and an
+// OpenBLAS thread pool under our OpenMP threads would oversubscribe the cores and make the bits
+// depend on the thread count. (The threaded build, because its serial one is not safe to call
+// from several threads at once.) The library's setting is process-wide; we own the threading.
+void use_one_blas_thread_per_call() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+void blas_product(bool ta, bool tb, std::int64_t k, ConstMatrixView<float> a,
+                  ConstMatrixView<float> b, MatrixView<float> c, float alpha, float beta) {
+  use_one_blas_thread_per_call();
+  cblas_sgemm(CblasRowMajor, cblas_transpose(ta), cblas_transpose(tb), static_cast<int>(c.rows),
+              static_cast<int>(c.cols), static_cast<int>(k), alpha, a.data,
+              static_cast<int>(std::max<std::int64_t>(a.ld, 1)), b.data,
+              static_cast<int>(std::max<std::int64_t>(b.ld, 1)), beta, c.data,
+              static_cast<int>(std::max<std::int64_t>(c.ld, 1)));
+}
+
+void blas_product(bool ta, bool tb, std::int64_t k, ConstMatrixView<double> a,
+                  ConstMatrixView<double> b, MatrixView<double> c, double alpha, double beta) {
+  use_one_blas_thread_per_call();
+  cblas_dgemm(CblasRowMajor, cblas_transpose(ta), cblas_transpose(tb), static_cast<int>(c.rows),
+              static_cast<int>(c.cols), static_cast<int>(k), alpha, a.data,
+              static_cast<int>(std::max<std::int64_t>(a.ld, 1)), b.data,
+              static_cast<int>(std::max<std::int64_t>(b.ld, 1)), beta, c.data,
+              static_cast<int>(std::max<std::int64_t>(c.ld, 1)));
+}
+#else
 template <typename T, typename A, typename B>
-void product(const A& a, const B& b, MatrixView<T> c, T alpha, T beta) {
+void eigen_product(const A& a, const B& b, MatrixView<T> c, T alpha, T beta) {
   auto out = cpu::map(c);
   if (beta == T(0)) {
     if (alpha == T(1)) {
@@ -35,6 +78,48 @@ void product(const A& a, const B& b, MatrixView<T> c, T alpha, T beta) {
       out.noalias() += alpha * (a * b);
     }
   }
+}
+#endif
+
+// One block of the result, on the calling thread.
+template <typename T>
+void block_product(ConstMatrixView<T> a, bool ta, ConstMatrixView<T> b, bool tb, std::int64_t k,
+                   MatrixView<T> c, T alpha, T beta) {
+#if PF_HAVE_CBLAS
+  blas_product(ta, tb, k, a, b, c, alpha, beta);
+#else
+  (void)k;
+  auto ma = cpu::map(a);
+  auto mb = cpu::map(b);
+  if (!ta && !tb) eigen_product(ma, mb, c, alpha, beta);
+  if (!ta && tb) eigen_product(ma, mb.transpose(), c, alpha, beta);
+  if (ta && !tb) eigen_product(ma.transpose(), mb, c, alpha, beta);
+  if (ta && tb) eigen_product(ma.transpose(), mb.transpose(), c, alpha, beta);
+#endif
+}
+
+// The cut of an m x n result into blocks: along its longer side, into at most kMaxBlocks blocks
+// of at least kMinBlock rows or columns (a multiple of 32), one block for small products.
+// Blocks of 128-256 rows run as fast as the whole product in OpenBLAS (docs/benchmarks.md).
+struct ProductCut {
+  bool by_rows = true;
+  std::int64_t block = 0;  // rows or columns per block
+  std::int64_t count = 1;
+};
+
+ProductCut cut_product(std::int64_t m, std::int64_t n, std::int64_t k) {
+  constexpr std::int64_t kParallelWork = std::int64_t{1} << 18;  // multiply-adds
+  constexpr std::int64_t kMaxBlocks = 16;
+  constexpr std::int64_t kMinBlock = 128;
+  ProductCut cut;
+  cut.by_rows = m >= n;
+  const std::int64_t length = cut.by_rows ? m : n;
+  cut.block = length;
+  if (m * n * k < kParallelWork || length < 2 * kMinBlock) return cut;
+  const std::int64_t per_block = (length + kMaxBlocks - 1) / kMaxBlocks;
+  cut.block = std::max(kMinBlock, (per_block + 31) / 32 * 32);
+  cut.count = (length + cut.block - 1) / cut.block;
+  return cut;
 }
 
 }  // namespace
@@ -60,27 +145,28 @@ void gemm(ConstMatrixView<T> a, Transpose transpose_a, ConstMatrixView<T> b, Tra
     }
     return;
   }
-  constexpr std::int64_t kParallelWork = std::int64_t{1} << 18;  // multiply-adds
-  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (threads > 1 && m >= 2 * threads && m * n * k >= kParallelWork) {
-    const std::int64_t block = (m + threads - 1) / threads;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int t = 0; t < threads; ++t) {
-      const std::int64_t first = t * block;
-      const std::int64_t rows = std::min(block, m - first);
-      if (rows <= 0) continue;
-      // Rows [first, first + rows) of op(a): rows of a, or columns of a when transposed.
-      ConstMatrixView<T> a_block = ta ? a.block_cols(first, rows) : a.block_rows(first, rows);
-      gemm(a_block, transpose_a, b, transpose_b, c.block_rows(first, rows), alpha, beta);
-    }
+  const ProductCut cut = cut_product(m, n, k);
+  if (cut.count == 1) {
+    block_product(a, ta, b, tb, k, c, alpha, beta);
     return;
   }
-  auto ma = cpu::map(a);
-  auto mb = cpu::map(b);
-  if (!ta && !tb) product(ma, mb, c, alpha, beta);
-  if (!ta && tb) product(ma, mb.transpose(), c, alpha, beta);
-  if (ta && !tb) product(ma.transpose(), mb, c, alpha, beta);
-  if (ta && tb) product(ma.transpose(), mb.transpose(), c, alpha, beta);
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (std::int64_t i = 0; i < cut.count; ++i) {
+    const std::int64_t first = i * cut.block;
+    const std::int64_t length = std::min(cut.block, (cut.by_rows ? m : n) - first);
+    if (cut.by_rows) {
+      // Rows [first, first + length) of op(a): rows of a, or columns of a when transposed.
+      const ConstMatrixView<T> a_block =
+          ta ? a.block_cols(first, length) : a.block_rows(first, length);
+      block_product(a_block, ta, b, tb, k, c.block_rows(first, length), alpha, beta);
+    } else {
+      // Columns [first, first + length) of op(b): columns of b, or rows of b when transposed.
+      const ConstMatrixView<T> b_block =
+          tb ? b.block_rows(first, length) : b.block_cols(first, length);
+      block_product(a, ta, b_block, tb, k, c.block_cols(first, length), alpha, beta);
+    }
+  }
 }
 
 template <typename T>

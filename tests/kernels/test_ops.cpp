@@ -90,6 +90,44 @@ TEST(Gemm, ThreadedRowSplitMatchesTheDefinition) {
   omp_set_num_threads(saved);
 }
 
+TEST(Gemm, BitsAreTheSameForAnyThreadCount) {
+  // The products are cut into blocks by their shape only (kernels/cpu/gemm.cpp): a BLAS rounds
+  // a row differently depending on where a block boundary falls, so a cut by thread count would
+  // change the result with it. Tall (cut by rows), wide (cut by columns), each transposition.
+  const int saved = omp_get_max_threads();
+  std::mt19937_64 rng(16);
+  struct Shape {
+    std::int64_t m, n, k;
+  };
+  for (const Shape shape : {Shape{1000, 70, 64}, Shape{40, 900, 96}, Shape{300, 300, 33}}) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        const auto [m, n, k] = shape;
+        std::vector<float> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n));
+        std::uniform_real_distribution<float> uniform(-1.0F, 1.0F);
+        for (float& x : a) x = uniform(rng);
+        for (float& x : b) x = uniform(rng);
+        std::vector<std::vector<float>> results;
+        for (int threads : {1, 2, 3}) {
+          omp_set_num_threads(threads);
+          std::vector<float> c(static_cast<std::size_t>(m * n), 0.25F);
+          gemm<float>(
+              ta ? ConstMatrixView<float>(a.data(), k, m) : ConstMatrixView<float>(a.data(), m, k),
+              ta ? Transpose::kYes : Transpose::kNo,
+              tb ? ConstMatrixView<float>(b.data(), n, k) : ConstMatrixView<float>(b.data(), k, n),
+              tb ? Transpose::kYes : Transpose::kNo, MatrixView<float>(c.data(), m, n), 0.5F, 1.0F);
+          results.push_back(std::move(c));
+        }
+        EXPECT_EQ(results[0], results[1])
+            << m << "x" << n << "x" << k << " ta " << ta << " tb " << tb;
+        EXPECT_EQ(results[0], results[2])
+            << m << "x" << n << "x" << k << " ta " << ta << " tb " << tb;
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 TEST(Bias, BackwardAddsColumnSumsTheSameForAnyThreadCount) {
   // Rows span several 256-row chunks, columns a few 16-wide blocks plus a remainder, and the
   // view is strided (ld > cols); large enough for the threaded path. The float sums are
