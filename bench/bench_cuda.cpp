@@ -2,8 +2,9 @@
 // what docs/benchmarks.md quotes): GEMMs of BERT-Large's shapes in bf16-operands / BF16 / TF32 /
 // fp32 (fp32 storage; registered in that order so that a run cut short still compares the bf16
 // paths), the bf16-operand product alone and the fp32 -> bf16 conversion alone (the two parts of
-// bf16-operands), bf16 storage, attention forward+backward at sequence 128 and 512, LayerNorm
-// forward+backward. bench/torch_cuda_bench.py times the same work in PyTorch.
+// bf16-operands), bf16 storage, attention forward+backward at sequence 128 and 512 (batched
+// GEMMs beside the fused kernels), LayerNorm forward+backward. bench/torch_cuda_bench.py times the
+// same work in PyTorch.
 #include <benchmark/benchmark.h>
 #include <cuda_bf16.h>
 
@@ -11,6 +12,8 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/cublas_gemm.h"
@@ -49,6 +52,20 @@ struct DeviceArray {
   ~DeviceArray() { device().backend.deallocate(data, bytes); }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
+  float* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+// A device array of `count` floats set to zero on the device: outputs and scratch, where
+// drawing values on the host would only cost time.
+struct DeviceZeros {
+  explicit DeviceZeros(std::size_t count) : bytes(count * sizeof(float)) {
+    data = static_cast<float*>(device().backend.allocate(bytes));
+    CUDA_CHECK(cudaMemset(data, 0, bytes));
+  }
+  ~DeviceZeros() { device().backend.deallocate(data, bytes); }
+  DeviceZeros(const DeviceZeros&) = delete;
+  DeviceZeros& operator=(const DeviceZeros&) = delete;
   float* data = nullptr;
   std::size_t bytes = 0;
 };
@@ -172,34 +189,43 @@ void BM_GemmBf16Storage(benchmark::State& state) {
 }
 
 // Attention core forward + backward (BERT-Large heads: 16 x 64), with the padding mask and
-// dropout 0.1 on the probabilities.
+// dropout 0.1 on the probabilities; arguments batch, seq, GemmPrecision, AttentionAlgorithm
+// (0 batched GEMMs, 1 fused). The fused kernels compute in fp32 whatever the precision.
 void BM_AttentionForwardBackward(benchmark::State& state) {
   const AttentionShape shape{state.range(0), state.range(1), 16, 64};
   const auto precision = static_cast<GemmPrecision>(state.range(2));
+  const auto algorithm = static_cast<cuda::AttentionAlgorithm>(state.range(3));
   const std::int64_t tokens = shape.tokens(), hidden = shape.hidden();
-  cuda::CudaOps ops(device().backend, &device().stream, precision);
-  DeviceArray qkv(static_cast<std::size_t>(tokens * 3 * hidden)),
-      dctx(static_cast<std::size_t>(tokens * hidden)),
-      ctx(static_cast<std::size_t>(tokens * hidden)),
+  cuda::CudaOps ops(device().backend, &device().stream, precision, algorithm);
+  // The inputs drawn once per size for the whole program (16 instances x repetitions would
+  // otherwise spend most of a session's limit drawing them), the outputs zeroed on the device.
+  const DeviceArray& qkv = shared_array(static_cast<std::size_t>(tokens * 3 * hidden));
+  const DeviceArray& dctx = shared_array(static_cast<std::size_t>(tokens * hidden));
+  DeviceZeros ctx(static_cast<std::size_t>(tokens * hidden)),
       dqkv(static_cast<std::size_t>(tokens * 3 * hidden)),
-      probs(static_cast<std::size_t>(pf::kernels::attention_probs_size(shape))),
+      saved(static_cast<std::size_t>(ops.attention_saved_size(shape))),
       work(static_cast<std::size_t>(ops.attention_workspace_size(shape)));
   std::vector<std::int64_t> mask(static_cast<std::size_t>(tokens), 1);
   auto* d_mask = static_cast<std::int64_t*>(device().backend.allocate(mask.size() * 8));
   CUDA_CHECK(cudaMemcpy(d_mask, mask.data(), mask.size() * 8, cudaMemcpyHostToDevice));
   time_on_gpu(state, 5, [&] {
-    ops.attention_forward(shape, {qkv.data, tokens, 3 * hidden}, d_mask, 0.1F, 1, probs.data,
+    ops.attention_forward(shape, {qkv.data, tokens, 3 * hidden}, d_mask, 0.1F, 1, saved.data,
                           work.data, {ctx.data, tokens, hidden});
-    ops.attention_backward(shape, {qkv.data, tokens, 3 * hidden}, probs.data,
-                           {dctx.data, tokens, hidden}, 0.1F, 1, work.data,
-                           {dqkv.data, tokens, 3 * hidden});
+    ops.attention_backward(shape, {qkv.data, tokens, 3 * hidden}, d_mask,
+                           {ctx.data, tokens, hidden}, saved.data, {dctx.data, tokens, hidden},
+                           0.1F, 1, work.data, {dqkv.data, tokens, 3 * hidden});
   });
-  // 2 products forward, 4 backward, each 2 B N S^2 D.
+  // 2 products forward, 4 backward, each 2 B N S^2 D (the fused backward's recomputation of
+  // Q K^T is not counted: the rate compares the two algorithms on the same work).
   const double flops = 6.0 * 2.0 * static_cast<double>(shape.batch * shape.heads) *
                        static_cast<double>(shape.seq * shape.seq * shape.head_dim);
   state.counters["TFLOP/s"] =
       benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(std::string(pf::kernels::to_string(precision)));
+  // What the forward keeps for the backward (per micro-batch and layer in the model).
+  state.counters["saved_MiB"] =
+      static_cast<double>(ops.attention_saved_size(shape)) * 4.0 / (1024.0 * 1024.0);
+  state.SetLabel(std::string(pf::kernels::to_string(precision)) + " " +
+                 std::string(cuda::to_string(algorithm)));
   device().backend.deallocate(d_mask, mask.size() * 8);
 }
 
@@ -228,16 +254,17 @@ void BM_LayerNormForwardBackward(benchmark::State& state) {
 // residual, LayerNorm; the backward in reverse (parameter gradients accumulated).
 void BM_BertLayerForwardBackward(benchmark::State& state) {
   const auto precision = static_cast<GemmPrecision>(state.range(0));
+  const auto algorithm = static_cast<cuda::AttentionAlgorithm>(state.range(1));
   const std::int64_t B = 32, S = 128, H = 1024, N = 16, I = 4096, T = B * S;
   const AttentionShape shape{B, S, N, H / N};
-  cuda::CudaOps ops(device().backend, &device().stream, precision);
+  cuda::CudaOps ops(device().backend, &device().stream, precision, algorithm);
   const auto n = [](std::int64_t count) { return static_cast<std::size_t>(count); };
   DeviceArray w_qkv(n(3 * H * H), 0.02F), b_qkv(n(3 * H)), w_o(n(H * H), 0.02F), b_o(n(H)),
       w_i(n(I * H), 0.02F), b_i(n(I)), w_out(n(H * I), 0.02F), b_out(n(H)), g1(n(H)), be1(n(H)),
       g2(n(H)), be2(n(H));
   DeviceArray dw_qkv(n(3 * H * H)), db_qkv(n(3 * H)), dw_o(n(H * H)), db_o(n(H)), dw_i(n(I * H)),
       db_i(n(I)), dw_out(n(H * I)), db_out(n(H)), dg1(n(H)), dbe1(n(H)), dg2(n(H)), dbe2(n(H));
-  DeviceArray x(n(T * H)), qkv(n(T * 3 * H)), probs(n(pf::kernels::attention_probs_size(shape))),
+  DeviceArray x(n(T * H)), qkv(n(T * 3 * H)), probs(n(ops.attention_saved_size(shape))),
       work(n(ops.attention_workspace_size(shape))), ctx(n(T * H)), h1_pre(n(T * H)), h1(n(T * H)),
       mean1(n(T)), rstd1(n(T)), ffn_pre(n(T * I)), act(n(T * I)), h2_pre(n(T * H)), y(n(T * H)),
       mean2(n(T)), rstd2(n(T)), dy(n(T * H)), d_h2(n(T * H)), d_tmp(n(T * H)), d_act(n(T * I)),
@@ -279,8 +306,8 @@ void BM_BertLayerForwardBackward(benchmark::State& state) {
     ops.dropout_backward(m(d_h1, T, H), m(d_tmp, T, H), p, 2, 0);
     ops.linear_backward(m(ctx, T, H), m(w_o, H, H), m(d_tmp, T, H), m(d_ctx, T, H), m(dw_o, H, H),
                         db_o.data);
-    ops.attention_backward(shape, m(qkv, T, 3 * H), probs.data, m(d_ctx, T, H), p, 1, work.data,
-                           m(d_qkv, T, 3 * H));
+    ops.attention_backward(shape, m(qkv, T, 3 * H), d_mask, m(ctx, T, H), probs.data,
+                           m(d_ctx, T, H), p, 1, work.data, m(d_qkv, T, 3 * H));
     ops.linear_backward(m(x, T, H), m(w_qkv, 3 * H, H), m(d_qkv, T, 3 * H), m(dx, T, H),
                         m(dw_qkv, 3 * H, H), db_qkv.data);
     ops.accumulate(m(d_h1, T, H), m(dx, T, H));
@@ -290,7 +317,8 @@ void BM_BertLayerForwardBackward(benchmark::State& state) {
              4.0 * static_cast<double>(B * N) * static_cast<double>(S * S * (H / N)));
   state.counters["TFLOP/s"] =
       benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(std::string(pf::kernels::to_string(precision)));
+  state.SetLabel(std::string(pf::kernels::to_string(precision)) + " " +
+                 std::string(cuda::to_string(algorithm)));
   device().backend.deallocate(d_mask, mask.size() * 8);
 }
 
@@ -331,22 +359,30 @@ BENCHMARK(BM_GemmBf16Storage)
     ->Args({4096, 1024, 4096})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
+// Batched GEMMs and fused beside each other per precision: BERT-Large's 32 x 128 tokens, and
+// the same 4096 tokens as 8 x 512.
+void attention_shapes(benchmark::internal::Benchmark* b) {
+  constexpr int kBatched = static_cast<int>(cuda::AttentionAlgorithm::kBatchedGemm);
+  constexpr int kFused = static_cast<int>(cuda::AttentionAlgorithm::kFused);
+  for (const auto& [batch, seq] : {std::pair{32, 128}, std::pair{8, 512}}) {
+    for (const int p : {kFp32, kTf32, kBf16, kBf16Operands}) {
+      b->Args({batch, seq, p, kBatched});
+      b->Args({batch, seq, p, kFused});
+    }
+  }
+}
 BENCHMARK(BM_AttentionForwardBackward)
-    ->Args({32, 128, kFp32})
-    ->Args({32, 128, kTf32})
-    ->Args({32, 128, kBf16})
-    ->Args({32, 128, kBf16Operands})
-    ->Args({8, 512, kFp32})
-    ->Args({8, 512, kTf32})
-    ->Args({8, 512, kBf16})
-    ->Args({8, 512, kBf16Operands})
+    ->Apply(attention_shapes)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
+// Arguments: GemmPrecision, AttentionAlgorithm (0 batched, 1 fused).
 BENCHMARK(BM_BertLayerForwardBackward)
-    ->Arg(kFp32)
-    ->Arg(kTf32)
-    ->Arg(kBf16)
-    ->Arg(kBf16Operands)
+    ->Args({kFp32, 0})
+    ->Args({kTf32, 0})
+    ->Args({kTf32, 1})
+    ->Args({kBf16, 0})
+    ->Args({kBf16, 1})
+    ->Args({kBf16Operands, 0})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_LayerNormForwardBackward)

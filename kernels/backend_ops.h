@@ -80,13 +80,21 @@ class BackendOps {
   virtual void softmax_backward(ConstMatrixView<T> probabilities, ConstMatrixView<T> dprobabilities,
                                 T scale, MatrixView<T> dx) = 0;
 
+  // Elements of T the attention forward saves for its backward in `saved`: the probabilities
+  // [batch, heads, seq, seq] (attention_probs_size) where the backward multiplies by them, one
+  // log-sum-exp per (sequence, head, query) row where a fused backward recomputes them (CUDA's
+  // AttentionAlgorithm::kFused). The backward reads `saved` unchanged.
+  virtual std::int64_t attention_saved_size(const AttentionShape& shape) const = 0;
   // Elements of T the backend's attention needs as workspace (it may differ per backend).
   virtual std::int64_t attention_workspace_size(const AttentionShape& shape) const = 0;
   virtual void attention_forward(const AttentionShape& shape, ConstMatrixView<T> qkv,
                                  const std::int64_t* attention_mask, float dropout,
-                                 std::uint64_t seed, T* probs, T* workspace, MatrixView<T> ctx) = 0;
+                                 std::uint64_t seed, T* saved, T* workspace, MatrixView<T> ctx) = 0;
+  // attention_mask and ctx are the forward's mask and output (a fused backward recomputes the
+  // probabilities from qkv, the mask and `saved`, and needs rowsum(dctx * ctx)).
   virtual void attention_backward(const AttentionShape& shape, ConstMatrixView<T> qkv,
-                                  const T* probs, ConstMatrixView<T> dctx, float dropout,
+                                  const std::int64_t* attention_mask, ConstMatrixView<T> ctx,
+                                  const T* saved, ConstMatrixView<T> dctx, float dropout,
                                   std::uint64_t seed, T* workspace, MatrixView<T> dqkv) = 0;
 
   virtual void embedding_forward(ConstMatrixView<T> table, const std::int64_t* ids,

@@ -8,7 +8,12 @@
 #   bf16   the bf16-operands experiment alone (docs/cuda.md, "bf16 operands"; ~2 min): its
 #          CUDA tests, then its GEMMs and the BERT-Large stage against bf16 and TF32 (limit
 #          PF_BF16_BENCH_TIMEOUT, default 120 s a program; figures in bench.log and session.log)
-#   bench  first the bf16 part's work (once, also under all), then the CUDA benchmarks
+#   attention  the fused (flash-style) attention against the batched GEMMs (docs/cuda.md,
+#          "attention: fused vs batched"; ~1 min): its CUDA tests, then BM_AttentionForwardBackward
+#          (both algorithms at 32 x 128 and 8 x 512, fp32/TF32/bf16/bf16-operands) and the
+#          BERT-Large layer in TF32 and bf16 with each (3 repetitions unless PF_BENCH_REPS; limit
+#          PF_ATTENTION_BENCH_TIMEOUT, default 120 s)
+#   bench  first the bf16 and attention parts' work (once, also under all), then the CUDA benchmarks
 #          (GEMM, attention, LayerNorm, BERT-Large layer and stage in fp32/TF32/BF16/
 #          bf16-operands, K-FAC, optimizers) and the PyTorch baseline bench/torch_cuda_bench.py
 #          (the same ops; the BERT-Large layer forward+backward under bf16 autocast)
@@ -38,7 +43,8 @@
 #          and check on the development machine:
 #            tar xzf calib.tar.gz && scripts/gpu_calibration.py fit calib/measurements.json \
 #              --out-dir out/h200-fit
-#   scripts/gpu_session.sh [build|test|bf16|bench|train|offload|nccl|calib|all]...   (default: all)
+#   scripts/gpu_session.sh [build|test|bf16|attention|bench|train|offload|nccl|calib|all]...
+#   (default: all)
 # Exit status 1 when a step failed; every step still runs. A lease is short: PF_GPU_DEADLINE
 # (seconds since the epoch) skips the training runs that would start after it, and each run is
 # stopped after PF_GPU_RUN_TIMEOUT seconds (default 150) or at the deadline, whichever is first.
@@ -112,9 +118,27 @@ if want bench || want bf16; then
     grep -E "^BM_|error" | tee -a "$OUT/session.log"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
+# The fused attention against the batched GEMMs (docs/cuda.md, "attention: fused vs batched"),
+# second in the bench part and alone as the attention part, under a limit of its own: its tests
+# (against the CPU, the batched path's dropout mask, bit-for-bit repeats), then the attention
+# core and the BERT-Large layer with each algorithm. The general bench run then skips them.
+attention_filter='^BM_AttentionForwardBackward/|^BM_BertLayerForwardBackward/(1|2)/'
+if want bench || want attention; then
+  note "attention: fused vs batched, tests then benchmarks (logs: tests_attention.log, bench.log)"
+  scripts/gpu_check.sh build >/dev/null 2>&1 || { note "attention: build failed (build.log)"; status=1; }
+  echo "== build/gpu/tests/kernels/test_kernels_cuda (attention)" | tee -a "$OUT/tests_attention.log"
+  timeout "${PF_GPU_TEST_TIMEOUT:-180}" build/gpu/tests/kernels/test_kernels_cuda \
+    '--gtest_filter=FusedAttentionTest.*:CudaOpsTest.*Attention*' 2>&1 |
+    tee -a "$OUT/tests_attention.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  PF_GPU_BENCHES="bench_cuda" PF_BENCH_FILTER="$attention_filter" PF_BENCH_REPS="${PF_BENCH_REPS:-3}" \
+    PF_BENCH_TIMEOUT="${PF_ATTENTION_BENCH_TIMEOUT:-120}" scripts/gpu_check.sh bench 2>&1 |
+    grep -E "^BM_|error" | tee -a "$OUT/session.log"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
 if want bench; then
   note "CUDA benchmarks and the PyTorch baseline (logs: bench.log, torch.log)"
-  PF_BENCH_FILTER="${PF_BENCH_FILTER:--$bf16_filter}" scripts/gpu_check.sh bench torch 2>&1 |
+  PF_BENCH_FILTER="${PF_BENCH_FILTER:--$bf16_filter|$attention_filter}" scripts/gpu_check.sh bench torch 2>&1 |
     tail -n 200 >>"$OUT/session.log" || status=1
 fi
 

@@ -82,18 +82,23 @@ class CpuOps final : public BackendOps<T> {
                         T scale, MatrixView<T> dx) override {
     kernels::softmax_backward<T>(probabilities, dprobabilities, scale, dx);
   }
+  // The CPU saves the probabilities: its backward needs neither the mask nor ctx.
+  std::int64_t attention_saved_size(const AttentionShape& shape) const override {
+    return kernels::attention_probs_size(shape);
+  }
   std::int64_t attention_workspace_size(const AttentionShape& shape) const override {
     return kernels::attention_workspace_size(shape);
   }
   void attention_forward(const AttentionShape& shape, ConstMatrixView<T> qkv,
                          const std::int64_t* attention_mask, float dropout, std::uint64_t seed,
-                         T* probs, T* workspace, MatrixView<T> ctx) override {
-    kernels::attention_forward<T>(shape, qkv, attention_mask, dropout, seed, probs, workspace, ctx);
+                         T* saved, T* workspace, MatrixView<T> ctx) override {
+    kernels::attention_forward<T>(shape, qkv, attention_mask, dropout, seed, saved, workspace, ctx);
   }
-  void attention_backward(const AttentionShape& shape, ConstMatrixView<T> qkv, const T* probs,
-                          ConstMatrixView<T> dctx, float dropout, std::uint64_t seed, T* workspace,
-                          MatrixView<T> dqkv) override {
-    kernels::attention_backward<T>(shape, qkv, probs, dctx, dropout, seed, workspace, dqkv);
+  void attention_backward(const AttentionShape& shape, ConstMatrixView<T> qkv,
+                          const std::int64_t* /*attention_mask*/, ConstMatrixView<T> /*ctx*/,
+                          const T* saved, ConstMatrixView<T> dctx, float dropout,
+                          std::uint64_t seed, T* workspace, MatrixView<T> dqkv) override {
+    kernels::attention_backward<T>(shape, qkv, saved, dctx, dropout, seed, workspace, dqkv);
   }
   void embedding_forward(ConstMatrixView<T> table, const std::int64_t* ids, MatrixView<T> out,
                          const char* what, bool accumulate_output) override {

@@ -108,10 +108,16 @@ void* RetainingScratch::ensure(std::size_t bytes) {
   return blocks_.back().data;
 }
 
-CudaOps::CudaOps(CudaBackend& backend, tensor::Stream* stream, GemmPrecision precision)
+std::string_view to_string(AttentionAlgorithm algorithm) {
+  return algorithm == AttentionAlgorithm::kFused ? "fused" : "batched";
+}
+
+CudaOps::CudaOps(CudaBackend& backend, tensor::Stream* stream, GemmPrecision precision,
+                 AttentionAlgorithm attention)
     : backend_(&backend),
       stream_(stream_of(stream)),
       precision_(precision),
+      attention_(attention),
       flags_(backend, stream_),
       pointers_(backend, stream_),
       partials_(backend, stream_),
@@ -291,21 +297,57 @@ void CudaOps::softmax_backward(ConstMatrixView<float> probabilities,
   cuda::softmax_backward(probabilities, dprobabilities, scale, 0.0F, 0, dx, stream_);
 }
 
-// --- attention: batched products over (sequence, head) pairs through pointer arrays (the
-// heads' columns of the fused QKV are not a constant stride apart), the softmax with the mask
-// and the dropout fused.
+// --- attention: the algorithm's choice, then the batched products over (sequence, head) pairs
+// through pointer arrays (the heads' columns of the fused QKV are not a constant stride apart),
+// the softmax with the mask and the dropout fused. The fused kernels are flash_attention.cu's.
+
+std::int64_t CudaOps::attention_saved_size(const AttentionShape& shape) const {
+  return attention_ == AttentionAlgorithm::kFused ? fused_attention_saved_size(shape)
+                                                  : kernels::attention_probs_size(shape);
+}
 
 std::int64_t CudaOps::attention_workspace_size(const AttentionShape& shape) const {
-  return kernels::attention_probs_size(shape);
+  return attention_ == AttentionAlgorithm::kFused ? fused_attention_workspace_size(shape)
+                                                  : kernels::attention_probs_size(shape);
 }
 
 void CudaOps::attention_forward(const AttentionShape& shape, ConstMatrixView<float> qkv,
                                 const std::int64_t* attention_mask, float dropout,
-                                std::uint64_t seed, float* probs, float* workspace,
+                                std::uint64_t seed, float* saved, float* workspace,
                                 MatrixView<float> ctx) {
   check_attention(shape, qkv.rows, qkv.cols, ctx.rows, ctx.cols, "cuda::attention_forward");
   require(dropout >= 0.0F && dropout < 1.0F, "cuda::attention_forward",
           "dropout must lie in [0, 1)");
+  if (attention_ == AttentionAlgorithm::kFused) {
+    fused_attention_forward(shape, qkv, attention_mask, dropout, seed, saved, ctx, stream_);
+    return;
+  }
+  batched_attention_forward(shape, qkv, attention_mask, dropout, seed, saved, workspace, ctx);
+}
+
+void CudaOps::attention_backward(const AttentionShape& shape, ConstMatrixView<float> qkv,
+                                 const std::int64_t* attention_mask, ConstMatrixView<float> ctx,
+                                 const float* saved, ConstMatrixView<float> dctx, float dropout,
+                                 std::uint64_t seed, float* workspace, MatrixView<float> dqkv) {
+  check_attention(shape, qkv.rows, qkv.cols, dctx.rows, dctx.cols, "cuda::attention_backward");
+  check_attention(shape, dqkv.rows, dqkv.cols, dctx.rows, dctx.cols, "cuda::attention_backward");
+  require(dropout >= 0.0F && dropout < 1.0F, "cuda::attention_backward",
+          "dropout must lie in [0, 1)");
+  if (attention_ == AttentionAlgorithm::kFused) {
+    check_attention(shape, qkv.rows, qkv.cols, ctx.rows, ctx.cols, "cuda::attention_backward");
+    require(ctx.data != nullptr, "cuda::attention_backward",
+            "the fused backward needs the forward's context");
+    fused_attention_backward(shape, qkv, attention_mask, ctx, saved, dctx, dropout, seed, workspace,
+                             dqkv, stream_);
+    return;
+  }
+  batched_attention_backward(shape, qkv, saved, dctx, dropout, seed, workspace, dqkv);
+}
+
+void CudaOps::batched_attention_forward(const AttentionShape& shape, ConstMatrixView<float> qkv,
+                                        const std::int64_t* attention_mask, float dropout,
+                                        std::uint64_t seed, float* probs, float* workspace,
+                                        MatrixView<float> ctx) {
   const std::int64_t seq = shape.seq;
   const std::int64_t d = shape.head_dim;
   const std::int64_t pairs = shape.batch * shape.heads;
@@ -364,11 +406,10 @@ void CudaOps::attention_forward(const AttentionShape& shape, ConstMatrixView<flo
                        MatrixView<float>(nullptr, seq, d, ctx.ld), p.ctx, 1.0F, 0.0F, precision_);
 }
 
-void CudaOps::attention_backward(const AttentionShape& shape, ConstMatrixView<float> qkv,
-                                 const float* probs, ConstMatrixView<float> dctx, float dropout,
-                                 std::uint64_t seed, float* workspace, MatrixView<float> dqkv) {
-  check_attention(shape, qkv.rows, qkv.cols, dctx.rows, dctx.cols, "cuda::attention_backward");
-  check_attention(shape, dqkv.rows, dqkv.cols, dctx.rows, dctx.cols, "cuda::attention_backward");
+void CudaOps::batched_attention_backward(const AttentionShape& shape, ConstMatrixView<float> qkv,
+                                         const float* probs, ConstMatrixView<float> dctx,
+                                         float dropout, std::uint64_t seed, float* workspace,
+                                         MatrixView<float> dqkv) {
   const std::int64_t seq = shape.seq;
   const std::int64_t d = shape.head_dim;
   const std::int64_t pairs = shape.batch * shape.heads;

@@ -4,6 +4,8 @@
 // pipeline worker sharing the GPU with others owns its own. Ops that must report bad input
 // (an index out of range) or return a value wait for the stream; all others are asynchronous.
 #include <cstddef>
+#include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "kernels/backend_ops.h"
@@ -55,15 +57,30 @@ class RetainingScratch {
   std::vector<Block> blocks_;  // back(): the one in use
 };
 
+// How CudaOps computes the attention core. kBatchedGemm: cuBLAS pointer-batched products (Q K^T,
+// P V and the backward's four) around the fused masked-softmax+dropout row kernel; saves the
+// probabilities [batch, heads, seq, seq]. kFused: FlashAttention-2-style kernels
+// (flash_attention.cu, fp32 arithmetic in every GemmPrecision, head_dim <= 128); saves one
+// log-sum-exp per query row and recomputes the probabilities in the backward. Both give the same
+// dropout mask bit for bit. The batched path stays the default until a GPU measures which is
+// faster (docs/cuda.md, "attention: fused vs batched").
+enum class AttentionAlgorithm : std::uint8_t { kBatchedGemm, kFused };
+std::string_view to_string(AttentionAlgorithm algorithm);
+
 class CudaOps final : public BackendOps<float> {
  public:
   // stream: the CudaStream to issue on (null: the default stream). The backend must outlive this.
   explicit CudaOps(CudaBackend& backend, tensor::Stream* stream = nullptr,
-                   GemmPrecision precision = GemmPrecision::kFp32);
+                   GemmPrecision precision = GemmPrecision::kFp32,
+                   AttentionAlgorithm attention = AttentionAlgorithm::kBatchedGemm);
   ~CudaOps() override;
 
   GemmPrecision precision() const { return precision_; }
   void set_precision(GemmPrecision precision) { precision_ = precision; }
+  // Changing the algorithm between an attention forward and its backward is an error the ops
+  // cannot see (the saved data differ): set it before the model's first step.
+  AttentionAlgorithm attention_algorithm() const { return attention_; }
+  void set_attention_algorithm(AttentionAlgorithm algorithm) { attention_ = algorithm; }
   cudaStream_t stream() const { return stream_; }
   CublasHandle& cublas() { return cublas_; }
 
@@ -111,12 +128,14 @@ class CudaOps final : public BackendOps<float> {
   void softmax_backward(ConstMatrixView<float> probabilities, ConstMatrixView<float> dprobabilities,
                         float scale, MatrixView<float> dx) override;
 
+  std::int64_t attention_saved_size(const AttentionShape& shape) const override;
   std::int64_t attention_workspace_size(const AttentionShape& shape) const override;
   void attention_forward(const AttentionShape& shape, ConstMatrixView<float> qkv,
                          const std::int64_t* attention_mask, float dropout, std::uint64_t seed,
-                         float* probs, float* workspace, MatrixView<float> ctx) override;
+                         float* saved, float* workspace, MatrixView<float> ctx) override;
   void attention_backward(const AttentionShape& shape, ConstMatrixView<float> qkv,
-                          const float* probs, ConstMatrixView<float> dctx, float dropout,
+                          const std::int64_t* attention_mask, ConstMatrixView<float> ctx,
+                          const float* saved, ConstMatrixView<float> dctx, float dropout,
                           std::uint64_t seed, float* workspace, MatrixView<float> dqkv) override;
 
   void embedding_forward(ConstMatrixView<float> table, const std::int64_t* ids,
@@ -147,10 +166,20 @@ class CudaOps final : public BackendOps<float> {
   void reset_bad_row();
   // Every array's sum (of squares) into one double on the stream, in order, then one wait.
   double reduce(std::span<const std::span<const float>> arrays, bool squares);
+  // The batched-GEMM attention (AttentionAlgorithm::kBatchedGemm); probs: the saved
+  // probabilities.
+  void batched_attention_forward(const AttentionShape& shape, ConstMatrixView<float> qkv,
+                                 const std::int64_t* attention_mask, float dropout,
+                                 std::uint64_t seed, float* probs, float* workspace,
+                                 MatrixView<float> ctx);
+  void batched_attention_backward(const AttentionShape& shape, ConstMatrixView<float> qkv,
+                                  const float* probs, ConstMatrixView<float> dctx, float dropout,
+                                  std::uint64_t seed, float* workspace, MatrixView<float> dqkv);
 
   CudaBackend* backend_;
   cudaStream_t stream_;
   GemmPrecision precision_;
+  AttentionAlgorithm attention_;
   CublasHandle cublas_;
   // Small fixed block: [0] bad-row flag (u64), [8] non-finite flag (u32), [16] two doubles.
   DeviceScratch flags_;

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/matrix_view.h"
+#include "kernels/ops.h"
 
 namespace pf::kernels::cuda {
 
@@ -108,6 +109,27 @@ void fill_attention_pointers(const __nv_bfloat16* qkv, std::int64_t ld_qkv,
                              const __nv_bfloat16* scores, std::int64_t batch, std::int64_t heads,
                              std::int64_t seq, std::int64_t head_dim,
                              AttentionOperandPointers pointers, cudaStream_t stream);
+
+// --- fused attention (flash_attention.cu): the attention core of kernels/ops.h without the
+// [batch, heads, seq, seq] probabilities, FlashAttention-2's algorithm in fp32 arithmetic (every
+// GemmPrecision). Same mask and dropout keep bits as masked_softmax_forward on the batched path.
+// head_dim up to kFusedAttentionMaxHeadDim (larger throws std::invalid_argument), any seq.
+constexpr std::int64_t kFusedAttentionMaxHeadDim = 128;
+// Floats the forward saves for the backward: one log-sum-exp per (sequence, head, query) row.
+std::int64_t fused_attention_saved_size(const AttentionShape& shape);
+// Floats of the backward's workspace: one dO.O per row, and a partial dQ per block of 64 keys.
+std::int64_t fused_attention_workspace_size(const AttentionShape& shape);
+// ctx = dropout(softmax(Q K^T / sqrt(D) + mask)) V, and log_sum_exp of each row's masked logits.
+void fused_attention_forward(const AttentionShape& shape, ConstMatrixView<float> qkv,
+                             const std::int64_t* attention_mask, float dropout, std::uint64_t seed,
+                             float* log_sum_exp, MatrixView<float> ctx, cudaStream_t stream);
+// dqkv (overwritten) from dctx, recomputing the probabilities from qkv, the mask and the
+// forward's log_sum_exp; ctx is the forward's output. Deterministic (no atomics).
+void fused_attention_backward(const AttentionShape& shape, ConstMatrixView<float> qkv,
+                              const std::int64_t* attention_mask, ConstMatrixView<float> ctx,
+                              const float* log_sum_exp, ConstMatrixView<float> dctx, float dropout,
+                              std::uint64_t seed, float* workspace, MatrixView<float> dqkv,
+                              cudaStream_t stream);
 
 // --- bf16 operands (convert.cu)
 // The count matrices of src (the i-th at src.data + i * src_stride; rows, cols and leading

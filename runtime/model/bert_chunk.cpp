@@ -102,9 +102,11 @@ template <typename T>
 struct BertChunk<T>::Stash {
   struct Layer {
     const T* input = nullptr;
-    T *qkv = nullptr, *probs = nullptr, *ctx = nullptr, *attn_sum = nullptr, *mean1 = nullptr,
-      *rstd1 = nullptr, *h1 = nullptr, *ffn_pre = nullptr, *ffn_act = nullptr, *ffn_sum = nullptr,
-      *mean2 = nullptr, *rstd2 = nullptr, *out = nullptr;
+    // attention_saved: what the attention forward keeps for its backward (the probabilities, or
+    // a fused kernel's log-sum-exps: ops_->attention_saved_size).
+    T *qkv = nullptr, *attention_saved = nullptr, *ctx = nullptr, *attn_sum = nullptr,
+      *mean1 = nullptr, *rstd1 = nullptr, *h1 = nullptr, *ffn_pre = nullptr, *ffn_act = nullptr,
+      *ffn_sum = nullptr, *mean2 = nullptr, *rstd2 = nullptr, *out = nullptr;
     // Output gradients of the Linears, kept by backward_input for backward_weight.
     T *d_qkv = nullptr, *d_attn_out = nullptr, *d_ffn_in = nullptr, *d_ffn_out = nullptr;
   };
@@ -484,13 +486,13 @@ ForwardResult<T> BertChunk<T>::forward_stashed(Stash& st, const Batch& batch,
     a.qkv = buffer(tokens * 3 * H);
     ops_->linear_forward(in, {values + w.qkv_w, 3 * H, H}, values + w.qkv_b,
                          {a.qkv, tokens, 3 * H});
-    a.probs = buffer(kernels::attention_probs_size(shape));
+    a.attention_saved = buffer(ops_->attention_saved_size(shape));
     a.ctx = buffer(tokens * H);
     T* workspace = st.attention_dropout > 0.0F
                        ? scratch_->template allocate_array<T>(ops_->attention_workspace_size(shape))
                        : nullptr;
     ops_->attention_forward(shape, {a.qkv, tokens, 3 * H}, st.mask, st.attention_dropout,
-                            site_seed(st.seed, w.global, 0), a.probs, workspace,
+                            site_seed(st.seed, w.global, 0), a.attention_saved, workspace,
                             {a.ctx, tokens, H});
     ConstMatrixView<T> ctx(a.ctx, tokens, H);
     if (capture != nullptr) capture->on_input(w.global, LinearKind::kAttentionOut, microbatch, ctx);
@@ -732,7 +734,8 @@ void BertChunk<T>::backward_input(int microbatch, ConstMatrixView<T> grad_output
     MatrixView<T> dctx(d_ctx, tokens, H);
     linear_input_grad(dattn_out, {values + w.o_w, H, H}, dctx);
     MatrixView<T> dqkv(a.d_qkv, tokens, 3 * H);
-    ops_->attention_backward(shape, {a.qkv, tokens, 3 * H}, a.probs, dctx, st.attention_dropout,
+    ops_->attention_backward(shape, {a.qkv, tokens, 3 * H}, st.mask, {a.ctx, tokens, H},
+                             a.attention_saved, dctx, st.attention_dropout,
                              site_seed(st.seed, w.global, 0), workspace, dqkv);
     if (capture != nullptr) {
       capture->on_output_grad(w.global, LinearKind::kQuery, microbatch, dqkv.block_cols(0, H));

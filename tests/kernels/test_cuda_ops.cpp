@@ -5,6 +5,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -401,13 +402,15 @@ TEST_F(CudaOpsTest, AttentionForwardAndBackwardWithPaddingAndDropout) {
     float* d_dqkv = upload(dqkv);
     cpu_.attention_forward(shape, {qkv.data(), tokens, 3 * hidden}, mask.data(), dropout, 42,
                            probs.data(), work.data(), {ctx.data(), tokens, hidden});
-    cpu_.attention_backward(shape, {qkv.data(), tokens, 3 * hidden}, probs.data(),
+    cpu_.attention_backward(shape, {qkv.data(), tokens, 3 * hidden}, mask.data(),
+                            {ctx.data(), tokens, hidden}, probs.data(),
                             {dctx.data(), tokens, hidden}, dropout, 42, work.data(),
                             {dqkv.data(), tokens, 3 * hidden});
     gpu_->attention_forward(shape, {d_qkv, tokens, 3 * hidden}, d_mask, dropout, 42, d_probs,
                             d_work, {d_ctx, tokens, hidden});
-    gpu_->attention_backward(shape, {d_qkv, tokens, 3 * hidden}, d_probs, {d_dctx, tokens, hidden},
-                             dropout, 42, d_work, {d_dqkv, tokens, 3 * hidden});
+    gpu_->attention_backward(shape, {d_qkv, tokens, 3 * hidden}, d_mask, {d_ctx, tokens, hidden},
+                             d_probs, {d_dctx, tokens, hidden}, dropout, 42, d_work,
+                             {d_dqkv, tokens, 3 * hidden});
     const std::string at = " seq=" + std::to_string(shape.seq) + " p=" + std::to_string(dropout);
     expect_close(get(d_probs, probs_size), probs, kRows, "probs" + at);
     expect_close(get(d_ctx, ctx.size()), ctx, kGemm, "ctx" + at);
@@ -436,14 +439,16 @@ TEST_F(CudaOpsTest, Bf16OperandAttentionProductsAreTheCpusOfRoundedOperands) {
     float* d_work = upload(Vec(work_size));
     float* d_ctx = upload(Vec(dctx.size()));
     float* d_dqkv = upload(Vec(qkv.size()));
-    gpu_->attention_forward(shape, {d_qkv, tokens, ld}, upload(mask), dropout, 42, d_probs, d_work,
+    const std::int64_t* d_mask = upload(mask);
+    gpu_->attention_forward(shape, {d_qkv, tokens, ld}, d_mask, dropout, 42, d_probs, d_work,
                             {d_ctx, tokens, hidden});
     const Vec probs = get(d_probs, probs_size);
     // The weights that multiplied V: the dropped copy in the workspace, or the probabilities.
     const Vec weights = dropout > 0.0F ? get(d_work, probs_size) : probs;
     const Vec ctx = get(d_ctx, dctx.size());
-    gpu_->attention_backward(shape, {d_qkv, tokens, ld}, d_probs, {upload(dctx), tokens, hidden},
-                             dropout, 42, d_work, {d_dqkv, tokens, ld});
+    gpu_->attention_backward(shape, {d_qkv, tokens, ld}, d_mask, {d_ctx, tokens, hidden}, d_probs,
+                             {upload(dctx), tokens, hidden}, dropout, 42, d_work,
+                             {d_dqkv, tokens, ld});
     const Vec ds = get(d_work, probs_size);  // the score gradient, left in the workspace
     const Vec dqkv = get(d_dqkv, qkv.size());
 
@@ -492,6 +497,208 @@ TEST_F(CudaOpsTest, Bf16OperandAttentionProductsAreTheCpusOfRoundedOperands) {
     expect_close(dqkv, expected_dqkv, kGemm, "dqkv" + at);
     if (dropout == 0.0F) expect_close(ds, expected_ds, kRows, "dS" + at);
   }
+}
+
+// --- the fused (flash-style) attention: against the CPU op, against the batched path with the
+// same dropout mask, its saved log-sum-exp, bit-for-bit repeats, and its head_dim limit.
+
+struct AttentionResult {
+  Vec ctx, dqkv, saved;
+};
+
+// Padding at the end of each sequence (a different count per sequence, none where seq < 4).
+Ids padding_mask(const AttentionShape& shape) {
+  Ids mask(static_cast<std::size_t>(shape.tokens()), 1);
+  for (std::int64_t b = 0; b < shape.batch; ++b) {
+    const std::int64_t padded = shape.seq < 4 ? 0 : (shape.seq / 4 + b) % shape.seq;
+    for (std::int64_t s = shape.seq - padded; s < shape.seq; ++s) {
+      mask[static_cast<std::size_t>(b * shape.seq + s)] = 0;
+    }
+  }
+  return mask;
+}
+
+// The CPU op's ctx and dqkv (saved: its probabilities).
+AttentionResult cpu_attention(CpuOps<float>& cpu, const AttentionShape& shape, const Vec& qkv,
+                              const Vec& dctx, const Ids& mask, float dropout) {
+  const std::int64_t tokens = shape.tokens(), hidden = shape.hidden();
+  AttentionResult r{Vec(dctx.size()), Vec(qkv.size()),
+                    Vec(static_cast<std::size_t>(cpu.attention_saved_size(shape)))};
+  Vec work(static_cast<std::size_t>(cpu.attention_workspace_size(shape)));
+  cpu.attention_forward(shape, {qkv.data(), tokens, 3 * hidden}, mask.data(), dropout, 42,
+                        r.saved.data(), work.data(), {r.ctx.data(), tokens, hidden});
+  cpu.attention_backward(shape, {qkv.data(), tokens, 3 * hidden}, mask.data(),
+                         {r.ctx.data(), tokens, hidden}, r.saved.data(),
+                         {dctx.data(), tokens, hidden}, dropout, 42, work.data(),
+                         {r.dqkv.data(), tokens, 3 * hidden});
+  return r;
+}
+
+class FusedAttentionTest : public CudaOpsTest {
+ protected:
+  // Forward and backward through gpu_ with `algorithm`; outputs start as garbage (NaN), so a
+  // value left unwritten shows.
+  AttentionResult gpu_attention(AttentionAlgorithm algorithm, const AttentionShape& shape,
+                                const Vec& qkv, const Vec& dctx, const Ids& mask, float dropout) {
+    gpu_->set_attention_algorithm(algorithm);
+    const std::int64_t tokens = shape.tokens(), hidden = shape.hidden();
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const auto saved_size = static_cast<std::size_t>(gpu_->attention_saved_size(shape));
+    float* d_qkv = upload(qkv);
+    float* d_dctx = upload(dctx);
+    const std::int64_t* d_mask = upload(mask);
+    float* d_saved = upload(Vec(saved_size, nan));
+    float* d_work =
+        upload(Vec(static_cast<std::size_t>(gpu_->attention_workspace_size(shape)), nan));
+    float* d_ctx = upload(Vec(dctx.size(), nan));
+    float* d_dqkv = upload(Vec(qkv.size(), nan));
+    gpu_->attention_forward(shape, {d_qkv, tokens, 3 * hidden}, d_mask, dropout, 42, d_saved,
+                            d_work, {d_ctx, tokens, hidden});
+    gpu_->attention_backward(shape, {d_qkv, tokens, 3 * hidden}, d_mask, {d_ctx, tokens, hidden},
+                             d_saved, {d_dctx, tokens, hidden}, dropout, 42, d_work,
+                             {d_dqkv, tokens, 3 * hidden});
+    AttentionResult r{get(d_ctx, dctx.size()), get(d_dqkv, qkv.size()), get(d_saved, saved_size)};
+    tensors_.clear();  // the device copies of this run
+    return r;
+  }
+};
+
+// log(sum_j exp(scale q_i . k_j + mask_j)) per (sequence, head, query) row, in double.
+Vec expected_log_sum_exp(const AttentionShape& shape, const Vec& qkv, const Ids& mask) {
+  const std::int64_t seq = shape.seq, d = shape.head_dim, hidden = shape.hidden();
+  const std::int64_t ld = 3 * hidden;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  Vec lse(static_cast<std::size_t>(shape.batch * shape.heads * seq));
+  for (std::int64_t b = 0; b < shape.batch; ++b) {
+    for (std::int64_t h = 0; h < shape.heads; ++h) {
+      for (std::int64_t i = 0; i < seq; ++i) {
+        std::vector<double> logits(static_cast<std::size_t>(seq));
+        double max = -INFINITY;
+        for (std::int64_t j = 0; j < seq; ++j) {
+          double dot = 0.0;
+          for (std::int64_t c = 0; c < d; ++c) {
+            dot +=
+                static_cast<double>(qkv[static_cast<std::size_t>((b * seq + i) * ld + h * d + c)]) *
+                qkv[static_cast<std::size_t>((b * seq + j) * ld + hidden + h * d + c)];
+          }
+          double logit = dot * scale;
+          if (mask[static_cast<std::size_t>(b * seq + j)] == 0) logit += kMaskedLogit;
+          logits[static_cast<std::size_t>(j)] = logit;
+          max = std::max(max, logit);
+        }
+        double total = 0.0;
+        for (const double l : logits) total += std::exp(l - max);
+        lse[static_cast<std::size_t>((b * shape.heads + h) * seq + i)] =
+            static_cast<float>(max + std::log(total));
+      }
+    }
+  }
+  return lse;
+}
+
+TEST_F(FusedAttentionTest, MatchesTheCpuAtOddSequencesPaddingAndDropout) {
+  // Sequences 1, 7, 128, 129 (a partial key and query block), 512; head_dim 64 (BERT), 20 and
+  // 96 (padded inside the 64 and 128 kernels), 128.
+  const AttentionCase cases[] = {
+      {{2, 1, 3, 64}, 0.0F},   {{2, 7, 2, 64}, 0.0F},   {{2, 7, 2, 64}, 0.1F},
+      {{2, 128, 2, 64}, 0.0F}, {{2, 128, 2, 64}, 0.1F}, {{2, 129, 2, 64}, 0.1F},
+      {{1, 512, 2, 64}, 0.0F}, {{1, 512, 2, 64}, 0.1F}, {{3, 13, 3, 20}, 0.1F},
+      {{2, 70, 2, 96}, 0.1F},  {{1, 65, 2, 128}, 0.0F}, {{1, 65, 2, 128}, 0.1F}};
+  for (const auto& [shape, dropout] : cases) {
+    const Vec qkv = random(static_cast<std::size_t>(shape.tokens() * 3 * shape.hidden()));
+    const Vec dctx = random(static_cast<std::size_t>(shape.tokens() * shape.hidden()));
+    const Ids mask = padding_mask(shape);
+    const AttentionResult expected = cpu_attention(cpu_, shape, qkv, dctx, mask, dropout);
+    const AttentionResult fused =
+        gpu_attention(AttentionAlgorithm::kFused, shape, qkv, dctx, mask, dropout);
+    const std::string at = " seq=" + std::to_string(shape.seq) +
+                           " d=" + std::to_string(shape.head_dim) + " p=" + std::to_string(dropout);
+    ASSERT_EQ(fused.saved.size(), static_cast<std::size_t>(shape.batch * shape.heads * shape.seq));
+    expect_close(fused.saved, expected_log_sum_exp(shape, qkv, mask), kRows, "lse" + at);
+    expect_close(fused.ctx, expected.ctx, kGemm, "ctx" + at);
+    expect_close(fused.dqkv, expected.dqkv, 1e-4, "dqkv" + at);
+    EXPECT_LT(nmse(fused.ctx, expected.ctx), 1e-10) << "ctx" << at;
+    EXPECT_LT(nmse(fused.dqkv, expected.dqkv), 1e-9) << "dqkv" << at;
+  }
+}
+
+// The fused kernels compute in fp32 under every precision (the batched path's products follow
+// it): within each precision's product tolerance of the CPU, as the other ops' tests.
+TEST_F(FusedAttentionTest, EveryPrecisionStaysWithinItsTolerance) {
+  const AttentionShape shape{2, 129, 4, 64};
+  const Vec qkv = random(static_cast<std::size_t>(shape.tokens() * 3 * shape.hidden()));
+  const Vec dctx = random(static_cast<std::size_t>(shape.tokens() * shape.hidden()));
+  const Ids mask = padding_mask(shape);
+  const AttentionResult expected = cpu_attention(cpu_, shape, qkv, dctx, mask, 0.1F);
+  const std::pair<GemmPrecision, double> limits[] = {{GemmPrecision::kFp32, 1e-9},
+                                                     {GemmPrecision::kTf32, 1e-5},
+                                                     {GemmPrecision::kBf16, 5e-3},
+                                                     {GemmPrecision::kBf16Operands, 5e-3}};
+  for (const auto& [precision, limit] : limits) {
+    gpu_->set_precision(precision);
+    const AttentionResult fused =
+        gpu_attention(AttentionAlgorithm::kFused, shape, qkv, dctx, mask, 0.1F);
+    const std::string at = " precision=" + std::string(to_string(precision));
+    EXPECT_LT(nmse(fused.ctx, expected.ctx), limit) << "ctx" << at;
+    EXPECT_LT(nmse(fused.dqkv, expected.dqkv), limit) << "dqkv" << at;
+  }
+}
+
+// Same inputs, same seed: the batched path and the fused kernels drop the same probabilities, so
+// their results agree to rounding (a different mask would differ by O(1)).
+TEST_F(FusedAttentionTest, DropoutMaskIsTheBatchedPathsBitForBit) {
+  const AttentionCase cases[] = {
+      {{4, 128, 4, 64}, 0.1F}, {{1, 512, 2, 64}, 0.1F}, {{3, 37, 2, 32}, 0.5F}};
+  for (const auto& [shape, dropout] : cases) {
+    const Vec qkv = random(static_cast<std::size_t>(shape.tokens() * 3 * shape.hidden()));
+    const Vec dctx = random(static_cast<std::size_t>(shape.tokens() * shape.hidden()));
+    const Ids mask = padding_mask(shape);
+    const AttentionResult batched =
+        gpu_attention(AttentionAlgorithm::kBatchedGemm, shape, qkv, dctx, mask, dropout);
+    const AttentionResult fused =
+        gpu_attention(AttentionAlgorithm::kFused, shape, qkv, dctx, mask, dropout);
+    const std::string at = " seq=" + std::to_string(shape.seq) + " p=" + std::to_string(dropout);
+    expect_close(fused.ctx, batched.ctx, kGemm, "ctx vs batched" + at);
+    expect_close(fused.dqkv, batched.dqkv, 1e-4, "dqkv vs batched" + at);
+  }
+}
+
+TEST_F(FusedAttentionTest, RepeatsBitForBit) {
+  const AttentionShape shape{3, 129, 4, 64};
+  const Vec qkv = random(static_cast<std::size_t>(shape.tokens() * 3 * shape.hidden()));
+  const Vec dctx = random(static_cast<std::size_t>(shape.tokens() * shape.hidden()));
+  const Ids mask = padding_mask(shape);
+  const AttentionResult first =
+      gpu_attention(AttentionAlgorithm::kFused, shape, qkv, dctx, mask, 0.1F);
+  for (int run = 0; run < 3; ++run) {
+    const AttentionResult again =
+        gpu_attention(AttentionAlgorithm::kFused, shape, qkv, dctx, mask, 0.1F);
+    ASSERT_EQ(std::memcmp(again.ctx.data(), first.ctx.data(), first.ctx.size() * sizeof(float)), 0)
+        << "ctx, run " << run;
+    ASSERT_EQ(
+        std::memcmp(again.saved.data(), first.saved.data(), first.saved.size() * sizeof(float)), 0)
+        << "lse, run " << run;
+    ASSERT_EQ(std::memcmp(again.dqkv.data(), first.dqkv.data(), first.dqkv.size() * sizeof(float)),
+              0)
+        << "dqkv, run " << run;
+  }
+}
+
+TEST_F(FusedAttentionTest, SizesAndTheHeadDimLimit) {
+  const AttentionShape shape{2, 129, 3, 64};
+  gpu_->set_attention_algorithm(AttentionAlgorithm::kBatchedGemm);
+  EXPECT_EQ(gpu_->attention_saved_size(shape), attention_probs_size(shape));
+  gpu_->set_attention_algorithm(AttentionAlgorithm::kFused);
+  EXPECT_EQ(gpu_->attention_saved_size(shape), 2 * 3 * 129);
+  // dO.O per row, and a partial dQ per block of 64 keys (3 blocks).
+  EXPECT_EQ(gpu_->attention_workspace_size(shape), 2 * 3 * 129 + 3 * 2 * 3 * 129 * 64);
+  const AttentionShape wide{1, 8, 2, 160};
+  float* qkv = upload(Vec(static_cast<std::size_t>(wide.tokens() * 3 * wide.hidden())));
+  float* ctx = upload(Vec(static_cast<std::size_t>(wide.tokens() * wide.hidden())));
+  float* saved = upload(Vec(static_cast<std::size_t>(gpu_->attention_saved_size(wide))));
+  EXPECT_THROW(gpu_->attention_forward(wide, {qkv, wide.tokens(), 3 * wide.hidden()}, nullptr, 0.0F,
+                                       1, saved, nullptr, {ctx, wide.tokens(), wide.hidden()}),
+               std::invalid_argument);
 }
 
 TEST_F(CudaOpsTest, EmbeddingGatherScatterAndBadIds) {
