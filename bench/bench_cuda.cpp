@@ -190,7 +190,8 @@ void BM_GemmBf16Storage(benchmark::State& state) {
 
 // Attention core forward + backward (BERT-Large heads: 16 x 64), with the padding mask and
 // dropout 0.1 on the probabilities; arguments batch, seq, GemmPrecision, AttentionAlgorithm
-// (0 batched GEMMs, 1 fused). The fused kernels compute in fp32 whatever the precision.
+// (0 batched GEMMs, 1 fused). The fused kernels use fp32 FMA under fp32 and TF32 tensor cores
+// under the other precisions.
 void BM_AttentionForwardBackward(benchmark::State& state) {
   const AttentionShape shape{state.range(0), state.range(1), 16, 64};
   const auto precision = static_cast<GemmPrecision>(state.range(2));

@@ -319,7 +319,9 @@ void CudaOps::attention_forward(const AttentionShape& shape, ConstMatrixView<flo
   require(dropout >= 0.0F && dropout < 1.0F, "cuda::attention_forward",
           "dropout must lie in [0, 1)");
   if (attention_ == AttentionAlgorithm::kFused) {
-    fused_attention_forward(shape, qkv, attention_mask, dropout, seed, saved, ctx, stream_);
+    // TF32 tensor cores under every precision but fp32 (bf16's products would round further).
+    fused_attention_forward(shape, qkv, attention_mask, dropout, seed,
+                            precision_ != GemmPrecision::kFp32, saved, ctx, stream_);
     return;
   }
   batched_attention_forward(shape, qkv, attention_mask, dropout, seed, saved, workspace, ctx);
@@ -337,8 +339,8 @@ void CudaOps::attention_backward(const AttentionShape& shape, ConstMatrixView<fl
     check_attention(shape, qkv.rows, qkv.cols, ctx.rows, ctx.cols, "cuda::attention_backward");
     require(ctx.data != nullptr, "cuda::attention_backward",
             "the fused backward needs the forward's context");
-    fused_attention_backward(shape, qkv, attention_mask, ctx, saved, dctx, dropout, seed, workspace,
-                             dqkv, stream_);
+    fused_attention_backward(shape, qkv, attention_mask, ctx, saved, dctx, dropout, seed,
+                             precision_ != GemmPrecision::kFp32, workspace, dqkv, stream_);
     return;
   }
   batched_attention_backward(shape, qkv, saved, dctx, dropout, seed, workspace, dqkv);

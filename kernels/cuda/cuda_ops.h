@@ -60,7 +60,8 @@ class RetainingScratch {
 // How CudaOps computes the attention core. kBatchedGemm: cuBLAS pointer-batched products (Q K^T,
 // P V and the backward's four) around the fused masked-softmax+dropout row kernel; saves the
 // probabilities [batch, heads, seq, seq]. kFused: FlashAttention-2-style kernels
-// (flash_attention.cu, fp32 arithmetic in every GemmPrecision, head_dim <= 128); saves one
+// (flash_attention.cu: fp32 FMA under kFp32, TF32 tensor cores under the other precisions where
+// head_dim <= 64; head_dim <= 128); saves one
 // log-sum-exp per query row and recomputes the probabilities in the backward. Both give the same
 // dropout mask bit for bit. The batched path stays the default until a GPU measures which is
 // faster (docs/cuda.md, "attention: fused vs batched").

@@ -111,9 +111,11 @@ void fill_attention_pointers(const __nv_bfloat16* qkv, std::int64_t ld_qkv,
                              AttentionOperandPointers pointers, cudaStream_t stream);
 
 // --- fused attention (flash_attention.cu): the attention core of kernels/ops.h without the
-// [batch, heads, seq, seq] probabilities, FlashAttention-2's algorithm in fp32 arithmetic (every
-// GemmPrecision). Same mask and dropout keep bits as masked_softmax_forward on the batched path.
-// head_dim up to kFusedAttentionMaxHeadDim (larger throws std::invalid_argument), any seq.
+// [batch, heads, seq, seq] probabilities, FlashAttention-2's algorithm. tensor_cores: the tile
+// products on TF32 tensor cores (WMMA, fp32 accumulation) where head_dim <= 64, else fp32 FMA;
+// the softmax, mask and dropout in fp32 either way. Same mask and dropout keep bits as
+// masked_softmax_forward on the batched path. head_dim up to kFusedAttentionMaxHeadDim (larger
+// throws std::invalid_argument), any seq.
 constexpr std::int64_t kFusedAttentionMaxHeadDim = 128;
 // Floats the forward saves for the backward: one log-sum-exp per (sequence, head, query) row.
 std::int64_t fused_attention_saved_size(const AttentionShape& shape);
@@ -122,14 +124,15 @@ std::int64_t fused_attention_workspace_size(const AttentionShape& shape);
 // ctx = dropout(softmax(Q K^T / sqrt(D) + mask)) V, and log_sum_exp of each row's masked logits.
 void fused_attention_forward(const AttentionShape& shape, ConstMatrixView<float> qkv,
                              const std::int64_t* attention_mask, float dropout, std::uint64_t seed,
-                             float* log_sum_exp, MatrixView<float> ctx, cudaStream_t stream);
+                             bool tensor_cores, float* log_sum_exp, MatrixView<float> ctx,
+                             cudaStream_t stream);
 // dqkv (overwritten) from dctx, recomputing the probabilities from qkv, the mask and the
 // forward's log_sum_exp; ctx is the forward's output. Deterministic (no atomics).
 void fused_attention_backward(const AttentionShape& shape, ConstMatrixView<float> qkv,
                               const std::int64_t* attention_mask, ConstMatrixView<float> ctx,
                               const float* log_sum_exp, ConstMatrixView<float> dctx, float dropout,
-                              std::uint64_t seed, float* workspace, MatrixView<float> dqkv,
-                              cudaStream_t stream);
+                              std::uint64_t seed, bool tensor_cores, float* workspace,
+                              MatrixView<float> dqkv, cudaStream_t stream);
 
 // --- bf16 operands (convert.cu)
 // The count matrices of src (the i-th at src.data + i * src_stride; rows, cols and leading

@@ -534,6 +534,11 @@ AttentionResult cpu_attention(CpuOps<float>& cpu, const AttentionShape& shape, c
   return r;
 }
 
+// TF32 products (10-bit mantissas) against the CPU's fp32: the GEMM tests' 1e-5 for the
+// forward, ten times that for the gradients (the softmax backward's P (dP - rowsum) cancels).
+constexpr double kTf32ContextNmse = 1e-5;
+constexpr double kTf32GradientNmse = 1e-4;
+
 class FusedAttentionTest : public CudaOpsTest {
  protected:
   // Forward and backward through gpu_ with `algorithm`; outputs start as garbage (NaN), so a
@@ -619,28 +624,41 @@ TEST_F(FusedAttentionTest, MatchesTheCpuAtOddSequencesPaddingAndDropout) {
     expect_close(fused.dqkv, expected.dqkv, 1e-4, "dqkv" + at);
     EXPECT_LT(nmse(fused.ctx, expected.ctx), 1e-10) << "ctx" << at;
     EXPECT_LT(nmse(fused.dqkv, expected.dqkv), 1e-9) << "dqkv" << at;
+    // TF32: the tensor-core kernels (head_dim <= 64; the fp32 ones above that), within TF32's
+    // product tolerance.
+    gpu_->set_precision(GemmPrecision::kTf32);
+    const AttentionResult tf32 =
+        gpu_attention(AttentionAlgorithm::kFused, shape, qkv, dctx, mask, dropout);
+    gpu_->set_precision(GemmPrecision::kFp32);
+    EXPECT_LT(nmse(tf32.ctx, expected.ctx), kTf32ContextNmse) << "TF32 ctx" << at;
+    EXPECT_LT(nmse(tf32.dqkv, expected.dqkv), kTf32GradientNmse) << "TF32 dqkv" << at;
+    EXPECT_LT(nmse(tf32.saved, fused.saved), kTf32ContextNmse) << "TF32 lse" << at;
   }
 }
 
-// The fused kernels compute in fp32 under every precision (the batched path's products follow
-// it): within each precision's product tolerance of the CPU, as the other ops' tests.
+// fp32 FMA under fp32, TF32 tensor cores under the other precisions (bf16 gets TF32's products
+// for now): within each precision's product tolerance of the CPU, as the other ops' tests.
 TEST_F(FusedAttentionTest, EveryPrecisionStaysWithinItsTolerance) {
   const AttentionShape shape{2, 129, 4, 64};
   const Vec qkv = random(static_cast<std::size_t>(shape.tokens() * 3 * shape.hidden()));
   const Vec dctx = random(static_cast<std::size_t>(shape.tokens() * shape.hidden()));
   const Ids mask = padding_mask(shape);
   const AttentionResult expected = cpu_attention(cpu_, shape, qkv, dctx, mask, 0.1F);
-  const std::pair<GemmPrecision, double> limits[] = {{GemmPrecision::kFp32, 1e-9},
-                                                     {GemmPrecision::kTf32, 1e-5},
-                                                     {GemmPrecision::kBf16, 5e-3},
-                                                     {GemmPrecision::kBf16Operands, 5e-3}};
-  for (const auto& [precision, limit] : limits) {
+  struct Limit {
+    GemmPrecision precision;
+    double ctx, dqkv;
+  };
+  const Limit limits[] = {{GemmPrecision::kFp32, 1e-10, 1e-9},
+                          {GemmPrecision::kTf32, kTf32ContextNmse, kTf32GradientNmse},
+                          {GemmPrecision::kBf16, 5e-3, 5e-3},
+                          {GemmPrecision::kBf16Operands, 5e-3, 5e-3}};
+  for (const auto& [precision, ctx_limit, dqkv_limit] : limits) {
     gpu_->set_precision(precision);
     const AttentionResult fused =
         gpu_attention(AttentionAlgorithm::kFused, shape, qkv, dctx, mask, 0.1F);
     const std::string at = " precision=" + std::string(to_string(precision));
-    EXPECT_LT(nmse(fused.ctx, expected.ctx), limit) << "ctx" << at;
-    EXPECT_LT(nmse(fused.dqkv, expected.dqkv), limit) << "dqkv" << at;
+    EXPECT_LT(nmse(fused.ctx, expected.ctx), ctx_limit) << "ctx" << at;
+    EXPECT_LT(nmse(fused.dqkv, expected.dqkv), dqkv_limit) << "dqkv" << at;
   }
 }
 
@@ -660,6 +678,13 @@ TEST_F(FusedAttentionTest, DropoutMaskIsTheBatchedPathsBitForBit) {
     const std::string at = " seq=" + std::to_string(shape.seq) + " p=" + std::to_string(dropout);
     expect_close(fused.ctx, batched.ctx, kGemm, "ctx vs batched" + at);
     expect_close(fused.dqkv, batched.dqkv, 1e-4, "dqkv vs batched" + at);
+    // The tensor-core kernels draw the same mask.
+    gpu_->set_precision(GemmPrecision::kTf32);
+    const AttentionResult tf32 =
+        gpu_attention(AttentionAlgorithm::kFused, shape, qkv, dctx, mask, dropout);
+    gpu_->set_precision(GemmPrecision::kFp32);
+    EXPECT_LT(nmse(tf32.ctx, batched.ctx), kTf32ContextNmse) << "TF32 ctx vs batched" << at;
+    EXPECT_LT(nmse(tf32.dqkv, batched.dqkv), kTf32GradientNmse) << "TF32 dqkv vs batched" << at;
   }
 }
 
@@ -668,19 +693,23 @@ TEST_F(FusedAttentionTest, RepeatsBitForBit) {
   const Vec qkv = random(static_cast<std::size_t>(shape.tokens() * 3 * shape.hidden()));
   const Vec dctx = random(static_cast<std::size_t>(shape.tokens() * shape.hidden()));
   const Ids mask = padding_mask(shape);
-  const AttentionResult first =
-      gpu_attention(AttentionAlgorithm::kFused, shape, qkv, dctx, mask, 0.1F);
-  for (int run = 0; run < 3; ++run) {
-    const AttentionResult again =
+  // fp32: the FMA kernels; TF32: the tensor-core ones.
+  for (const GemmPrecision precision : {GemmPrecision::kFp32, GemmPrecision::kTf32}) {
+    gpu_->set_precision(precision);
+    const std::string at = std::string(to_string(precision)) + ", run ";
+    const AttentionResult first =
         gpu_attention(AttentionAlgorithm::kFused, shape, qkv, dctx, mask, 0.1F);
-    ASSERT_EQ(std::memcmp(again.ctx.data(), first.ctx.data(), first.ctx.size() * sizeof(float)), 0)
-        << "ctx, run " << run;
-    ASSERT_EQ(
-        std::memcmp(again.saved.data(), first.saved.data(), first.saved.size() * sizeof(float)), 0)
-        << "lse, run " << run;
-    ASSERT_EQ(std::memcmp(again.dqkv.data(), first.dqkv.data(), first.dqkv.size() * sizeof(float)),
-              0)
-        << "dqkv, run " << run;
+    for (int run = 0; run < 3; ++run) {
+      const AttentionResult again =
+          gpu_attention(AttentionAlgorithm::kFused, shape, qkv, dctx, mask, 0.1F);
+      const auto same = [](const Vec& a, const Vec& b) {
+        return a.size() == b.size() &&
+               std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+      };
+      EXPECT_TRUE(same(again.ctx, first.ctx)) << "ctx, " << at << run;
+      EXPECT_TRUE(same(again.saved, first.saved)) << "lse, " << at << run;
+      EXPECT_TRUE(same(again.dqkv, first.dqkv)) << "dqkv, " << at << run;
+    }
   }
 }
 
