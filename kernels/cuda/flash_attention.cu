@@ -528,8 +528,7 @@ __global__ void __launch_bounds__(kFlashThreads)
 #pragma unroll
       for (int j = 0; j < kPerThread; ++j) o_tile[r * kTcStride + tx + kGrid * j] *= correction;
     }
-    __syncthreads();  // weights and rescaled O are whole
-// O += weights V, each warp its two fragments of O.
+    __syncthreads();  // weights and rescaled O are whole; O += weights V, two fragments a warp
 #pragma unroll
     for (int f = 0; f < kTcFragmentsPerWarp; ++f) {
       const int row_block = warp / 2;
