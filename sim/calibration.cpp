@@ -225,9 +225,16 @@ Measurement parse_record(const nlohmann::json& record, const std::string& where,
       append(m.timed, layer.backward_weight);
       m.timed_backward = true;
     } else if (op == "layer_curvature") {
+      // Timed after the micro-batch's forward and backward, which produce what the factors are
+      // computed from (PipeFisher's harness times forward + backward + curvature less forward +
+      // backward: the curvature's launches queue behind the backward's device work).
+      m.before = layer.forward;
+      m.before_backward = layer.backward_input;
+      append(m.before_backward, layer.backward_weight);
+      const bool running_average = r.flag("running_average", true);
       for (const auto& d : linears) {
-        append(m.timed, curvature_kernels(products, T, d.in, e));
-        append(m.timed, curvature_kernels(products, T, d.out, e));
+        append(m.timed, curvature_kernels(products, T, d.in, e, running_average));
+        append(m.timed, curvature_kernels(products, T, d.out, e, running_average));
       }
     } else if (op == "layer_inversion") {
       for (const auto& d : linears) {
@@ -509,8 +516,8 @@ std::vector<Measurement> measurements_from_json(const nlohmann::json& json,
     nlohmann::json record = defaults;
     for (const auto& [key, value] : entry.items()) record[key] = value;
     out.push_back(parse_record(record, where, device));
-    kernels += total_kernels(out.back().before) + total_kernels(out.back().timed) +
-               total_kernels(out.back().backward);
+    kernels += total_kernels(out.back().before) + total_kernels(out.back().before_backward) +
+               total_kernels(out.back().timed) + total_kernels(out.back().backward);
     if (kernels > kMaxMeasurementKernels) {
       throw std::invalid_argument(where + ": the measurements so far describe " +
                                   std::to_string(kernels) + " kernels (allowed: at most " +
@@ -535,14 +542,16 @@ std::vector<Measurement> measurements_from_json_file(const std::filesystem::path
 
 double predict(const DeviceSpec& device, const Measurement& m) {
   const PricedKernels before = price(device, m.before);
+  const PricedKernels before_backward = price(device, m.before_backward);
   const PricedKernels timed = price(device, m.timed);
   const PricedKernels backward = price(device, m.backward);
   const double launch = m.timed_backward ? device.backward_launch_s() : device.launch_overhead_s;
-  const std::array<QueuedPart, 3> parts = {QueuedPart{&before, 1, device.launch_overhead_s},
-                                           QueuedPart{&timed, 1, launch},
-                                           QueuedPart{&backward, 1, device.backward_launch_s()}};
+  const std::array<QueuedPart, 4> parts = {
+      QueuedPart{&before, 1, device.launch_overhead_s},
+      QueuedPart{&before_backward, 1, device.backward_launch_s()}, QueuedPart{&timed, 1, launch},
+      QueuedPart{&backward, 1, device.backward_launch_s()}};
   return queued_seconds(parts, device.launch_overhead_s) -
-         queued_seconds(before, device.launch_overhead_s);
+         queued_seconds(std::span<const QueuedPart>(parts.data(), 2), device.launch_overhead_s);
 }
 
 void hold_out(std::vector<Measurement>& measurements, const std::string& rule) {
@@ -581,6 +590,8 @@ std::string FitParameter::name() const {
       return "launch_overhead_s";
     case Kind::kBackwardLaunch:
       return "backward_launch_overhead_s";
+    case Kind::kCurvatureHost:
+      return "curvature_host_overhead_s";
     case Kind::kHalfEfficiencySize:
       return "classes." + std::string(to_string(static_cast<OpClass>(index))) +
              ".half_efficiency_size";
@@ -607,6 +618,8 @@ double FitParameter::get(const DeviceSpec& device) const {
       return device.launch_overhead_s;
     case Kind::kBackwardLaunch:
       return device.backward_launch_s();
+    case Kind::kCurvatureHost:
+      return device.curvature_host_overhead_s;
     case Kind::kHalfEfficiencySize:
       return device.classes[static_cast<std::size_t>(index)].half_efficiency_size;
     case Kind::kSizeExponent:
@@ -637,6 +650,9 @@ void FitParameter::set(DeviceSpec& device, double value) const {
     case Kind::kBackwardLaunch:
       device.backward_launch_overhead_s = value;
       break;
+    case Kind::kCurvatureHost:
+      device.curvature_host_overhead_s = value;
+      break;
     case Kind::kHalfEfficiencySize:
       device.classes[i].half_efficiency_size = value;
       break;
@@ -662,11 +678,27 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
   std::array<bool, kNumOpClasses> classes{};
   std::array<bool, 4> precisions{};
   std::array<std::set<double>, kNumOpClasses> sizes;
-  bool backward = false, any = false;
+  bool backward = false, any = false, curvature = false;
   std::array<bool, kElementWorkFields.size()> element_work{};  // in kElementWorkFields' order
   // exp and erf can be told apart only when some record times one without the other (a whole
   // layer always does both, in the same proportion): otherwise one value prices both.
   bool exp_apart_from_erf = false;
+  // The orders of each fitted record's factorizations (and eigendecompositions): a class's
+  // latency per panel and its rate can be told apart only by records of different orders (every
+  // layer_inversion record of one model inverts the same 12 factors: one equation for two
+  // unknowns).
+  std::array<std::set<std::vector<double>>, kNumOpClasses> order_sets;
+  for (const auto& m : measurements) {
+    if (m.held_out) continue;
+    for (const OpClass c : {OpClass::kFactorization, OpClass::kEigendecomposition}) {
+      std::vector<double> orders;
+      for (const Kernel& k : m.timed) {
+        if (k.op_class == c) orders.insert(orders.end(), static_cast<std::size_t>(k.count), k.size);
+      }
+      std::sort(orders.begin(), orders.end());
+      if (!orders.empty()) order_sets[static_cast<std::size_t>(c)].insert(orders);
+    }
+  }
   for (const auto& m : measurements) {
     if (m.held_out) continue;
     any = true;
@@ -682,7 +714,8 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
       }
     }
     exp_apart_from_erf = exp_apart_from_erf || ((exps > 0.0) != (erfs > 0.0));
-    for (const auto* list : {&m.before, &m.timed, &m.backward}) {
+    for (const Kernel& k : m.timed) curvature = curvature || k.curvature_host;
+    for (const auto* list : {&m.before, &m.before_backward, &m.timed, &m.backward}) {
       for (const Kernel& k : *list) {
         classes[static_cast<std::size_t>(k.op_class)] = true;
         // The memory class's curve is in the bytes (caches).
@@ -712,7 +745,11 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
           out.push_back({Kind::kGemmPrecisionEfficiency, p});
         }
       }
-    } else {
+    } else if ((c != static_cast<int>(OpClass::kFactorization) &&
+                c != static_cast<int>(OpClass::kEigendecomposition)) ||
+               order_sets[static_cast<std::size_t>(c)].size() >= 2) {
+      // A factorization timed at one set of orders only fits its latency: its rate stays at
+      // the start device's (the datasheet prior), not wherever the optimizer leaves it.
       out.push_back({Kind::kEfficiency, c});
     }
     out.push_back({Kind::kLatency, c});
@@ -731,6 +768,7 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
   }
   out.push_back({Kind::kLaunch, 0});
   if (backward) out.push_back({Kind::kBackwardLaunch, 0});
+  if (curvature) out.push_back({Kind::kCurvatureHost, 0});
   return out;
 }
 
@@ -890,13 +928,23 @@ FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& me
   for (const auto& p : result.parameters) {
     if (!is_shape_term(p)) flat.push_back(p);
   }
-  StageResult best = fit_stage(start, flat, fitted, options, result.evaluations);
+  // The flat stage runs from the start device and from a neutral point (every fitted
+  // efficiency 0.5, every fitted time 10 us): with a few dozen records the flat model has
+  // several minima (a per-product latency against a launch floor, a rate against a latency),
+  // and the start device's values can lie in the basin of a worse one. The full stage then runs
+  // from each of the two flat optima.
+  DeviceSpec neutral = start;
+  for (const auto& p : flat) p.set(neutral, is_efficiency(p) ? 0.5 : 1e-5);
+  std::vector<StageResult> flats;
+  for (const DeviceSpec& from : {start, neutral}) {
+    flats.push_back(fit_stage(from, flat, fitted, options, result.evaluations));
+  }
+  StageResult best = flats[0].cost <= flats[1].cost ? flats[0] : flats[1];
   if (flat.size() < result.parameters.size()) {
     // The shape terms sit behind a max() and a saturating curve: where they barely act their
     // gradient is ~0, so the second stage also starts from where they clearly act: each curve
     // halving its class at the smallest size (FLOP classes) or the largest bytes (memory) the
     // records have, each element-wise term pricing an operation like 8 bytes of bandwidth.
-    DeviceSpec acting = best.device;
     std::array<double, kNumOpClasses> smallest{}, largest{};
     for (const Measurement* m : fitted) {
       for (const auto* list : {&m->timed, &m->backward}) {
@@ -909,22 +957,25 @@ FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& me
         }
       }
     }
-    for (const auto& p : result.parameters) {
-      if (p.kind == FitParameter::Kind::kHalfEfficiencySize) {
-        const auto c = static_cast<std::size_t>(p.index);
-        p.set(acting, p.index == static_cast<int>(OpClass::kMemory)
-                          ? std::sqrt(smallest[c] * largest[c])
-                          : smallest[c]);
-      } else if (p.kind == FitParameter::Kind::kCacheSlowdown) {
-        p.set(acting, 2.0);
-      } else if (p.kind == FitParameter::Kind::kElementWork) {
-        p.set(acting, 8.0 / (acting.memory_bandwidth * acting.efficiency(OpClass::kMemory)));
+    for (const StageResult& flat_optimum : flats) {
+      DeviceSpec acting = flat_optimum.device;
+      for (const auto& p : result.parameters) {
+        if (p.kind == FitParameter::Kind::kHalfEfficiencySize) {
+          const auto c = static_cast<std::size_t>(p.index);
+          p.set(acting, p.index == static_cast<int>(OpClass::kMemory)
+                            ? std::sqrt(smallest[c] * largest[c])
+                            : smallest[c]);
+        } else if (p.kind == FitParameter::Kind::kCacheSlowdown) {
+          p.set(acting, 2.0);
+        } else if (p.kind == FitParameter::Kind::kElementWork) {
+          p.set(acting, 8.0 / (acting.memory_bandwidth * acting.efficiency(OpClass::kMemory)));
+        }
       }
-    }
-    for (const DeviceSpec& from : {best.device, acting}) {
-      const StageResult full =
-          fit_stage(from, result.parameters, fitted, options, result.evaluations);
-      if (full.cost < best.cost) best = full;
+      for (const DeviceSpec& from : {flat_optimum.device, acting}) {
+        const StageResult full =
+            fit_stage(from, result.parameters, fitted, options, result.evaluations);
+        if (full.cost < best.cost) best = full;
+      }
     }
   }
   result.device = best.device;

@@ -63,6 +63,7 @@ struct Measurement {
   double seconds = 0.0;
   nlohmann::json record;  // after defaults
   Kernels before;
+  Kernels before_backward;  // untimed backward work after `before` (layer_curvature)
   Kernels timed;
   bool timed_backward = false;
   // Timed too, after `timed`, dispatched as backward work (chunk_forward_backward: a forward and
@@ -108,6 +109,7 @@ struct FitParameter {
     kGemmPrecisionEfficiency,
     kLaunch,
     kBackwardLaunch,
+    kCurvatureHost,       // DeviceSpec::curvature_host_overhead_s
     kHalfEfficiencySize,  // ClassRate::half_efficiency_size of class `index`
     kSizeExponent,        // ClassRate::size_exponent of class `index`
     kCacheSlowdown,       // the memory class's beyond_cache_slowdown
@@ -145,7 +147,11 @@ struct FitResult {
 // kernels use (per precision for gemm; not triangular_solve, which no record times apart from its
 // factorization: it keeps the fp32 gemm rate), the launch overhead, and the backward launch
 // overhead when a record times backward work alone (not chunk_forward_backward, where only the
-// two overheads' sum acts; without such a record backward work keeps the launch overhead). A
+// two overheads' sum acts; without such a record backward work keeps the launch overhead), and
+// the curvature host overhead when a record times K-FAC curvature. A factorization's (or
+// eigendecomposition's) efficiency only when the fitted records time it at two or more
+// different sets of orders: from one set (every layer_inversion record of one model) its latency
+// per panel and its rate are one equation, so the rate stays at the start device's. A
 // class's efficiency curve in the kernel size
 // (half_efficiency_size, size_exponent) is fitted when its kernels in the fitted records have at
 // least kMinSizesForCurve distinct sizes (fewer cannot tell a curve from the flat efficiency),

@@ -199,6 +199,7 @@ void DeviceSpec::validate(std::string_view source) const {
   if (backward_launch_overhead_s >= 0.0 || !std::isfinite(backward_launch_overhead_s)) {
     check(backward_launch_overhead_s, "backward_launch_overhead_s", true);
   }
+  check(curvature_host_overhead_s, "curvature_host_overhead_s", true);
 }
 
 std::vector<std::string> device_preset_names() {
@@ -359,6 +360,8 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
   d.host_latency_s = number(json, "host_latency_s", "host_latency_s", false, 0.0);
   d.backward_launch_overhead_s =
       number(json, "backward_launch_overhead_s", "backward_launch_overhead_s", false, -1.0);
+  d.curvature_host_overhead_s =
+      number(json, "curvature_host_overhead_s", "curvature_host_overhead_s", false, 0.0);
   d.validate(where);
   return d;
 }
@@ -389,6 +392,9 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
                          {"launch_overhead_s", d.launch_overhead_s}};
   if (d.backward_launch_overhead_s >= 0.0) {
     json["backward_launch_overhead_s"] = d.backward_launch_overhead_s;
+  }
+  if (d.curvature_host_overhead_s > 0.0) {
+    json["curvature_host_overhead_s"] = d.curvature_host_overhead_s;
   }
   if (d.host_bandwidth > 0.0) {
     json["host_bandwidth"] = d.host_bandwidth;

@@ -109,6 +109,11 @@ struct DeviceSpec {
   // The same for backward kernels; < 0: launch_overhead_s. (Eager frameworks dispatch the
   // forward from Python and the backward from a C++ autograd engine.)
   double backward_launch_overhead_s = -1.0;
+  // Host time per K-FAC factor whose curvature is computed, before its kernels are issued: the
+  // K-FAC library's bookkeeping (PipeFisher's asdl, in Python: the hooks that save the factor's
+  // inputs or output gradients in the forward and backward, and the loop around its product).
+  // 0: none (this project's runtime, the presets).
+  double curvature_host_overhead_s = 0.0;
 
   // Efficiency and latency of a class after the defaults above.
   double efficiency(OpClass op_class) const;
@@ -136,6 +141,7 @@ std::vector<std::string> device_preset_names();
 // {"name": "...", "peak_flops": {"fp32": F, "tf32": F, "bf16": F, "fp16": F},
 //  "matmul_efficiency": E, "memory_bandwidth": B, "link_bandwidth": B, "link_latency_s": S,
 //  optional: "launch_overhead_s": S, "backward_launch_overhead_s": S,
+//            "curvature_host_overhead_s": S,
 //            "host_bandwidth": B, "host_latency_s": S (PCIe to host memory),
 //            "classes": {"gemm": {"efficiency": E, "latency_s": S, "by_precision": {"bf16": E},
 //                                 "half_efficiency_size": D, "size_exponent": P},

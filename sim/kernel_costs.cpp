@@ -97,9 +97,11 @@ PricedKernels price(const DeviceSpec& device, const Kernels& kernels) {
   PricedKernels priced;
   for (const Kernel& kernel : kernels) {
     const double seconds = kernel_seconds(device, kernel);
+    const double host = kernel.curvature_host ? device.curvature_host_overhead_s : 0.0;
     for (int i = 0; i < kernel.count; ++i) {
       priced.seconds.push_back(seconds);
       priced.host_sync.push_back(kernel.host_sync);
+      priced.host_s.push_back(host);
     }
   }
   return priced;
@@ -113,7 +115,7 @@ double queued_seconds(std::span<const QueuedPart> parts, double launch_overhead_
         part.launch_overhead_s >= 0.0 ? part.launch_overhead_s : launch_overhead_s;
     for (int r = 0; r < part.repeat; ++r) {
       for (std::size_t i = 0; i < k.seconds.size(); ++i) {
-        host += launch;
+        host += launch + k.host_s[i];
         device = std::max(device, host) + k.seconds[i];
         if (k.host_sync[i]) host = device;
       }

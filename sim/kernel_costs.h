@@ -45,6 +45,10 @@ struct Kernel {
   double random_numbers = 0.0;
   int count = 1;  // identical kernels in a row
   bool host_sync = false;
+  // The first kernel of one K-FAC factor's curvature: the host spends
+  // DeviceSpec::curvature_host_overhead_s (the K-FAC library's bookkeeping for the factor) before
+  // issuing it, on top of its launch.
+  bool curvature_host = false;
 };
 using Kernels = std::vector<Kernel>;
 
@@ -77,6 +81,7 @@ double kernel_seconds(const DeviceSpec& device, const Kernel& kernel);
 struct PricedKernels {
   std::vector<double> seconds;  // per kernel (one entry per count)
   std::vector<bool> host_sync;
+  std::vector<double> host_s;  // host time before the kernel's launch (curvature bookkeeping)
 };
 PricedKernels price(const DeviceSpec& device, const Kernels& kernels);
 

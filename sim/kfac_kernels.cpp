@@ -17,13 +17,15 @@ Kernel matrix_function(OpClass op_class, double flops, double order, double byte
 }  // namespace
 
 Kernels curvature_kernels(Precision product_precision, double rows, double order,
-                          double input_element_bytes) {
+                          double input_element_bytes, bool running_average) {
   Kernel product;
   product.op_class = OpClass::kGemm;
   product.precision = product_precision;
   product.flops = 2.0 * rows * order * order;
   product.bytes = 2.0 * input_element_bytes * rows * order + 4.0 * order * order;
   product.size = std::min(rows, order);
+  product.curvature_host = true;
+  if (!running_average) return {product};
   // factor = scale * product (+ running average): read both, write one, fp32.
   return {product,
           elementwise_kernel(3.0 * 4.0 * order * order, per_element(order * order, {.flops = 3}))};

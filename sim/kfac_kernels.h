@@ -2,7 +2,9 @@
 // The kernels of K-FAC's work on one Linear d_in -> d_out (fp32 factors), by operation class:
 // - curvature of a factor of order d from T rows (activations a: T x d_in for A, output
 //   gradients g: T x d_out for B): the product a^T a (2 T d^2 FLOPs, gemm) and its scaling into
-//   the running factor (memory);
+//   the running factor (memory; running_average = false: the product is the factor, as when
+//   PipeFisher's asdl computes one micro-batch's factors); the host spends the device's
+//   curvature_host_overhead_s on the factor before issuing the product;
 // - inversion, Cholesky (PipeFisher / asdl, and kfac/inverse.h): damping added to the
 //   diagonal, potrf (d^3 / 3 FLOPs, factorization; the host waits for its info flag), then the
 //   inverse solved against the identity (two triangular solves with d right-hand sides, 2 d^3
@@ -19,7 +21,7 @@ namespace pf::sim {
 enum class KfacInversion { kCholesky, kEigen };
 
 Kernels curvature_kernels(Precision product_precision, double rows, double order,
-                          double input_element_bytes);
+                          double input_element_bytes, bool running_average = true);
 Kernels inversion_kernels(double order, KfacInversion method = KfacInversion::kCholesky);
 Kernels precondition_kernels(Precision product_precision, double d_in, double d_out);
 

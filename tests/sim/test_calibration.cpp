@@ -757,6 +757,83 @@ TEST(SimCalibration, ForwardBackwardRecordsTimeBothPasses) {
             std::string::npos);
 }
 
+// A layer_curvature record (PipeFisher's harness): timed after its micro-batch's forward and
+// backward, one product per factor without a running average where the record says so; the
+// curvature host overhead is paid once per factor, moves only curvature work, and is fitted
+// back from synthetic records.
+TEST(SimCalibration, CurvatureHostOverheadIsPerFactorAndOnlyCurvatures) {
+  const DeviceSpec device = device_preset("v100");
+  const nlohmann::json defaults = {{"model", "base"},
+                                   {"seq_len", 128},
+                                   {"precision", "fp32"},
+                                   {"input_requires_grad", false},
+                                   {"separate_grad_accumulation", true},
+                                   {"running_average", false}};
+  nlohmann::json records = nlohmann::json::array();
+  for (int b : {1, 4, 16, 64}) {
+    for (const char* op : {"layer_forward", "layer_backward", "layer_curvature", "layer_inversion",
+                           "layer_precondition"}) {
+      records.push_back({{"operation", op}, {"micro_batch_size", b}, {"seconds", 1e-3}});
+    }
+  }
+  const nlohmann::json file = {
+      {"format_version", 1}, {"defaults", defaults}, {"measurements", records}};
+  auto m = measurements_from_json(file, "curvature", device);
+  const Measurement& curvature = m[2];
+  ASSERT_EQ(curvature.operation, "layer_curvature");
+  EXPECT_EQ(total_kernels(curvature.timed), 12);  // one product per factor
+  EXPECT_FALSE(curvature.before.empty());
+  EXPECT_FALSE(curvature.before_backward.empty());
+  nlohmann::json averaged = file;
+  averaged["defaults"]["running_average"] = true;
+  EXPECT_EQ(total_kernels(measurements_from_json(averaged, "avg", device)[2].timed), 24);
+  // Launch-bound (a huge device): 12 factors x (launch + host overhead).
+  DeviceSpec fast = device;
+  fast.peak_fp32_flops = 1e30;
+  fast.memory_bandwidth = 1e30;
+  fast.launch_overhead_s = 1e-6;
+  fast.curvature_host_overhead_s = 100e-6;
+  EXPECT_NEAR(predict(fast, curvature), 12 * 101e-6, 1e-9);
+  // Only curvature records move with it; the analytic model's curvature tasks too.
+  DeviceSpec slower = device;
+  slower.launch_overhead_s = 20e-6;
+  DeviceSpec more = slower;
+  more.curvature_host_overhead_s = 300e-6;
+  for (const auto& r : m) {
+    if (r.operation == "layer_curvature") {
+      // Host-bound at micro-batch 1; at 64 the overhead may hide behind the backward's tail.
+      const int b = r.record.at("micro_batch_size").get<int>();
+      if (b == 1) {
+        EXPECT_GT(predict(more, r), predict(slower, r) + 1e-3) << r.label;
+      } else {
+        EXPECT_GE(predict(more, r), predict(slower, r)) << r.label;
+      }
+    } else {
+      EXPECT_DOUBLE_EQ(predict(more, r), predict(slower, r)) << r.label;
+    }
+  }
+  EXPECT_NEAR(
+      queued_seconds(price(more, curvature_kernels(Precision::kFp32, 128, 768, 4.0)), 0.0) -
+          queued_seconds(price(slower, curvature_kernels(Precision::kFp32, 128, 768, 4.0)), 0.0),
+      300e-6, 1e-12);
+  // The fit recovers it (with the other parameters) from synthetic durations.
+  DeviceSpec truth = device;
+  truth.classes[static_cast<std::size_t>(OpClass::kGemm)].efficiency = 0.8;
+  truth.classes[static_cast<std::size_t>(OpClass::kAttention)].efficiency = 0.5;
+  truth.classes[static_cast<std::size_t>(OpClass::kMemory)].efficiency = 0.7;
+  truth.launch_overhead_s = 40e-6;
+  truth.backward_launch_overhead_s = 20e-6;
+  truth.curvature_host_overhead_s = 200e-6;
+  for (auto& r : m) r.seconds = predict(truth, r);
+  // (Every inversion record is the same 12 factors: its latency and efficiency are kept.)
+  FitOptions options;
+  options.keep = {"classes.factorization.*"};
+  const FitResult fit = fit_device(device, m, options);
+  EXPECT_LT(fit.rms_log_error, 1e-2);
+  EXPECT_NEAR(fit.device.curvature_host_overhead_s / 200e-6, 1.0, 0.03);
+  EXPECT_NEAR(fit.device.launch_overhead_s / 40e-6, 1.0, 0.03);
+}
+
 TEST(SimCalibration, DeviceJsonRoundTripsTheClasses) {
   DeviceSpec d = simple_device();
   d.classes[static_cast<std::size_t>(OpClass::kAttention)].efficiency = 0.25;
