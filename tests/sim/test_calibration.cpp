@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -832,6 +833,45 @@ TEST(SimCalibration, CurvatureHostOverheadIsPerFactorAndOnlyCurvatures) {
   EXPECT_LT(fit.rms_log_error, 1e-2);
   EXPECT_NEAR(fit.device.curvature_host_overhead_s / 200e-6, 1.0, 0.03);
   EXPECT_NEAR(fit.device.launch_overhead_s / 40e-6, 1.0, 0.03);
+}
+
+// One model's layer_inversion records all invert the same 12 factors: one equation for the
+// factorization's latency and rate, so only the latency is fitted; Cholesky inverses of two
+// orders (or both models' layers) fit both.
+TEST(SimCalibration, AFactorizationAtOneSetOfOrdersFitsItsLatencyOnly) {
+  const DeviceSpec device = device_preset("v100");
+  auto fits = [&](const nlohmann::json& records) {
+    const auto m = measurements_from_json(
+        {{"format_version", 1}, {"defaults", {{"seq_len", 128}}}, {"measurements", records}},
+        "inversion", device);
+    std::vector<std::string> names;
+    for (const auto& p : parameters_of(m)) names.push_back(p.name());
+    const auto has = [&](const std::string& n) {
+      return std::find(names.begin(), names.end(), n) != names.end();
+    };
+    return std::pair{has("classes.factorization.efficiency"),
+                     has("classes.factorization.latency_s")};
+  };
+  nlohmann::json one_model = nlohmann::json::array();
+  for (int b : {1, 8, 64}) {
+    one_model.push_back({{"operation", "layer_inversion"},
+                         {"model", "large"},
+                         {"micro_batch_size", b},
+                         {"seconds", 0.08}});
+  }
+  EXPECT_EQ(fits(one_model), std::pair(false, true));
+  nlohmann::json both_models = one_model;
+  both_models.push_back({{"operation", "layer_inversion"},
+                         {"model", "base"},
+                         {"micro_batch_size", 1},
+                         {"seconds", 0.05}});
+  EXPECT_EQ(fits(both_models), std::pair(true, true));
+  const nlohmann::json one_order = {
+      {{"operation", "cholesky_inverse"}, {"order", 1024}, {"seconds", 0.01}}};
+  EXPECT_EQ(fits(one_order), std::pair(false, true));
+  nlohmann::json two_orders = one_order;
+  two_orders.push_back({{"operation", "cholesky_inverse"}, {"order", 2048}, {"seconds", 0.05}});
+  EXPECT_EQ(fits(two_orders), std::pair(true, true));
 }
 
 TEST(SimCalibration, DeviceJsonRoundTripsTheClasses) {
