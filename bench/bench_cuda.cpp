@@ -195,7 +195,7 @@ void BM_GemmBf16Storage(benchmark::State& state) {
 void BM_AttentionForwardBackward(benchmark::State& state) {
   const AttentionShape shape{state.range(0), state.range(1), 16, 64};
   const auto precision = static_cast<GemmPrecision>(state.range(2));
-  const auto algorithm = static_cast<cuda::AttentionAlgorithm>(state.range(3));
+  const auto algorithm = static_cast<pf::kernels::AttentionAlgorithm>(state.range(3));
   const std::int64_t tokens = shape.tokens(), hidden = shape.hidden();
   cuda::CudaOps ops(device().backend, &device().stream, precision, algorithm);
   // The inputs drawn once per size for the whole program (16 instances x repetitions would
@@ -226,7 +226,7 @@ void BM_AttentionForwardBackward(benchmark::State& state) {
   state.counters["saved_MiB"] =
       static_cast<double>(ops.attention_saved_size(shape)) * 4.0 / (1024.0 * 1024.0);
   state.SetLabel(std::string(pf::kernels::to_string(precision)) + " " +
-                 std::string(cuda::to_string(algorithm)));
+                 std::string(pf::kernels::to_string(algorithm)));
   device().backend.deallocate(d_mask, mask.size() * 8);
 }
 
@@ -255,7 +255,7 @@ void BM_LayerNormForwardBackward(benchmark::State& state) {
 // residual, LayerNorm; the backward in reverse (parameter gradients accumulated).
 void BM_BertLayerForwardBackward(benchmark::State& state) {
   const auto precision = static_cast<GemmPrecision>(state.range(0));
-  const auto algorithm = static_cast<cuda::AttentionAlgorithm>(state.range(1));
+  const auto algorithm = static_cast<pf::kernels::AttentionAlgorithm>(state.range(1));
   const std::int64_t B = 32, S = 128, H = 1024, N = 16, I = 4096, T = B * S;
   const AttentionShape shape{B, S, N, H / N};
   cuda::CudaOps ops(device().backend, &device().stream, precision, algorithm);
@@ -319,7 +319,7 @@ void BM_BertLayerForwardBackward(benchmark::State& state) {
   state.counters["TFLOP/s"] =
       benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(std::string(pf::kernels::to_string(precision)) + " " +
-                 std::string(cuda::to_string(algorithm)));
+                 std::string(pf::kernels::to_string(algorithm)));
   device().backend.deallocate(d_mask, mask.size() * 8);
 }
 
@@ -363,8 +363,8 @@ BENCHMARK(BM_GemmBf16Storage)
 // Batched GEMMs and fused beside each other per precision: BERT-Large's 32 x 128 tokens, and
 // the same 4096 tokens as 8 x 512.
 void attention_shapes(benchmark::internal::Benchmark* b) {
-  constexpr int kBatched = static_cast<int>(cuda::AttentionAlgorithm::kBatchedGemm);
-  constexpr int kFused = static_cast<int>(cuda::AttentionAlgorithm::kFused);
+  constexpr int kBatched = static_cast<int>(pf::kernels::AttentionAlgorithm::kBatchedGemm);
+  constexpr int kFused = static_cast<int>(pf::kernels::AttentionAlgorithm::kFused);
   for (const auto& [batch, seq] : {std::pair{32, 128}, std::pair{8, 512}}) {
     for (const int p : {kFp32, kTf32, kBf16, kBf16Operands}) {
       b->Args({batch, seq, p, kBatched});

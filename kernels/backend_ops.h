@@ -29,6 +29,17 @@ std::string_view to_string(GemmPrecision precision);
 // otherwise.
 GemmPrecision parse_gemm_precision(std::string_view text);
 
+// How a backend computes the attention core. kBatchedGemm: batched products around a masked
+// softmax (+dropout) kernel; the forward saves the probabilities [batch, heads, seq, seq].
+// kFused: CUDA's flash-style kernels (kernels/cuda/flash_attention.cu); the forward saves one
+// log-sum-exp per query row and the backward recomputes the probabilities. Both give the same
+// dropout mask bit for bit. The CPU has kBatchedGemm only; CUDA defaults to it until a GPU has
+// measured which is faster (docs/cuda.md, "attention: fused vs batched").
+enum class AttentionAlgorithm : std::uint8_t { kBatchedGemm, kFused };
+std::string_view to_string(AttentionAlgorithm algorithm);
+// "batched" | "fused"; throws std::invalid_argument naming the value otherwise.
+AttentionAlgorithm parse_attention_algorithm(std::string_view text);
+
 template <typename T>
 class BackendOps {
  public:

@@ -20,14 +20,20 @@ bool cuda_ops_compiled() {
 
 template <typename T>
 std::unique_ptr<BackendOps<T>> make_ops(tensor::Backend& backend, tensor::Stream* stream,
-                                        GemmPrecision precision) {
+                                        GemmPrecision precision, AttentionAlgorithm attention) {
   const tensor::Device device = backend.device();
-  if (device.kind == tensor::DeviceKind::kCpu) return std::make_unique<CpuOps<T>>();
+  if (device.kind == tensor::DeviceKind::kCpu) {
+    if (attention != AttentionAlgorithm::kBatchedGemm) {
+      throw std::invalid_argument("make_ops: the CPU has the batched attention only, not " +
+                                  std::string(to_string(attention)));
+    }
+    return std::make_unique<CpuOps<T>>();
+  }
 #if PF_HAVE_CUDA
   if constexpr (std::is_same_v<T, float>) {
     if (device.kind == tensor::DeviceKind::kCuda) {
       return std::make_unique<cuda::CudaOps>(dynamic_cast<cuda::CudaBackend&>(backend), stream,
-                                             precision);
+                                             precision, attention);
     }
   }
 #else
@@ -40,8 +46,8 @@ std::unique_ptr<BackendOps<T>> make_ops(tensor::Backend& backend, tensor::Stream
 }
 
 template std::unique_ptr<BackendOps<float>> make_ops<float>(tensor::Backend&, tensor::Stream*,
-                                                            GemmPrecision);
+                                                            GemmPrecision, AttentionAlgorithm);
 template std::unique_ptr<BackendOps<double>> make_ops<double>(tensor::Backend&, tensor::Stream*,
-                                                              GemmPrecision);
+                                                              GemmPrecision, AttentionAlgorithm);
 
 }  // namespace pf::kernels

@@ -12,7 +12,9 @@
 #          "attention: fused vs batched"; ~1 min): its CUDA tests, then BM_AttentionForwardBackward
 #          (both algorithms at 32 x 128 and 8 x 512, fp32/TF32/bf16/bf16-operands) and the
 #          BERT-Large layer in TF32 and bf16 with each (3 repetitions unless PF_BENCH_REPS; limit
-#          PF_ATTENTION_BENCH_TIMEOUT, default 120 s)
+#          PF_ATTENTION_BENCH_TIMEOUT, default 120 s); alone (not under bench) also
+#          pipefisher_train --attention batched|fused: BERT-Large bf16 one worker, and BERT-mini
+#          fp32 losses side by side
 #   bench  first the bf16 and attention parts' work (once, also under all), then the CUDA benchmarks
 #          (GEMM, attention, LayerNorm, BERT-Large layer and stage in fp32/TF32/BF16/
 #          bf16-operands, K-FAC, optimizers) and the PyTorch baseline bench/torch_cuda_bench.py
@@ -161,6 +163,29 @@ train() {  # train NAME ARGS...: one pipefisher_train run, its log, its exit sta
   tail -n 4 "$OUT/train_$name.log" | tee -a "$OUT/session.log"
   return $rc
 }
+
+# The attention part, end to end: BERT-Large bf16 on one worker with each attention algorithm
+# (host-timed seq/s in the step lines), and BERT-mini fp32 losses with each, side by side (the
+# same dropout masks, so they agree to rounding).
+if want attention; then
+  if [[ ! -x $bin ]]; then
+    note "attention: $bin is not built (run the build part)"
+    status=1
+  else
+    for algorithm in batched fused; do
+      train "attention_large_$algorithm" --data synthetic --seq-len 128 --seed 1 --log-every 2 \
+        --model large --device cuda --precision bf16 --attention "$algorithm" --schedule 1f1b \
+        --stages 1 --microbatches 4 --micro-batch-size 8 --steps 6 || status=1
+      rm -f "$OUT/metrics_attention_$algorithm.jsonl"
+      train "attention_mini_$algorithm" --data synthetic --seq-len 128 --seed 1 --log-every 1 \
+        --model mini --device cuda --precision fp32 --attention "$algorithm" --schedule 1f1b \
+        --stages 2 --microbatches 4 --micro-batch-size 4 --optimizer sgd --steps 6 \
+        --metrics "$OUT/metrics_attention_$algorithm.jsonl" || status=1
+    done
+    compare_losses "batched" "fused" "$OUT/metrics_attention_batched.jsonl" \
+      "$OUT/metrics_attention_fused.jsonl"
+  fi
+fi
 
 if want train; then
   if [[ ! -x $bin ]]; then

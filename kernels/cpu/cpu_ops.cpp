@@ -28,6 +28,16 @@ GemmPrecision parse_gemm_precision(std::string_view text) {
                               "' is not one of fp32, tf32, bf16, bf16-operands");
 }
 
+std::string_view to_string(AttentionAlgorithm algorithm) {
+  return algorithm == AttentionAlgorithm::kFused ? "fused" : "batched";
+}
+
+AttentionAlgorithm parse_attention_algorithm(std::string_view text) {
+  if (text == "batched") return AttentionAlgorithm::kBatchedGemm;
+  if (text == "fused") return AttentionAlgorithm::kFused;
+  throw std::invalid_argument("attention '" + std::string(text) + "' is not one of batched, fused");
+}
+
 template class CpuOps<float>;
 template class CpuOps<double>;
 

@@ -108,10 +108,6 @@ void* RetainingScratch::ensure(std::size_t bytes) {
   return blocks_.back().data;
 }
 
-std::string_view to_string(AttentionAlgorithm algorithm) {
-  return algorithm == AttentionAlgorithm::kFused ? "fused" : "batched";
-}
-
 CudaOps::CudaOps(CudaBackend& backend, tensor::Stream* stream, GemmPrecision precision,
                  AttentionAlgorithm attention)
     : backend_(&backend),

@@ -57,17 +57,6 @@ class RetainingScratch {
   std::vector<Block> blocks_;  // back(): the one in use
 };
 
-// How CudaOps computes the attention core. kBatchedGemm: cuBLAS pointer-batched products (Q K^T,
-// P V and the backward's four) around the fused masked-softmax+dropout row kernel; saves the
-// probabilities [batch, heads, seq, seq]. kFused: FlashAttention-2-style kernels
-// (flash_attention.cu: fp32 FMA under kFp32, TF32 tensor cores under the other precisions where
-// head_dim <= 64; head_dim <= 128); saves one
-// log-sum-exp per query row and recomputes the probabilities in the backward. Both give the same
-// dropout mask bit for bit. The batched path stays the default until a GPU measures which is
-// faster (docs/cuda.md, "attention: fused vs batched").
-enum class AttentionAlgorithm : std::uint8_t { kBatchedGemm, kFused };
-std::string_view to_string(AttentionAlgorithm algorithm);
-
 class CudaOps final : public BackendOps<float> {
  public:
   // stream: the CudaStream to issue on (null: the default stream). The backend must outlive this.
@@ -78,8 +67,11 @@ class CudaOps final : public BackendOps<float> {
 
   GemmPrecision precision() const { return precision_; }
   void set_precision(GemmPrecision precision) { precision_ = precision; }
-  // Changing the algorithm between an attention forward and its backward is an error the ops
-  // cannot see (the saved data differ): set it before the model's first step.
+  // The attention algorithm (kernels/backend_ops.h): kBatchedGemm's cuBLAS pointer-batched
+  // products in the run's GemmPrecision, or kFused's kernels (flash_attention.cu: fp32 FMA under
+  // kFp32, TF32 tensor cores under the other precisions where head_dim <= 64; head_dim <= 128).
+  // Changing it between an attention forward and its backward is an error the ops cannot see
+  // (the saved data differ): set it before the model's first step.
   AttentionAlgorithm attention_algorithm() const { return attention_; }
   void set_attention_algorithm(AttentionAlgorithm algorithm) { attention_ = algorithm; }
   cudaStream_t stream() const { return stream_; }

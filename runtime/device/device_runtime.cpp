@@ -19,12 +19,14 @@ bool cuda_runtime_compiled() {
 }
 
 std::shared_ptr<DeviceRuntime> open_device_runtime(tensor::Device device,
-                                                   kernels::GemmPrecision precision) {
+                                                   kernels::GemmPrecision precision,
+                                                   kernels::AttentionAlgorithm attention) {
   if (device.kind == tensor::DeviceKind::kCpu) return nullptr;
 #if PF_HAVE_CUDA
-  return std::make_shared<cuda::CudaDeviceRuntime>(device.index, precision);
+  return std::make_shared<cuda::CudaDeviceRuntime>(device.index, precision, attention);
 #else
   (void)precision;
+  (void)attention;
   throw DeviceUnavailableError("--device " + tensor::to_string(device) +
                                ": this build has no CUDA (configure with a CUDA toolkit and "
                                "-DPF_WITH_CUDA=ON)");

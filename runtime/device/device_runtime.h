@@ -212,6 +212,10 @@ class DeviceRuntime {
 
   virtual tensor::Device device() const = 0;
   virtual kernels::GemmPrecision precision() const = 0;
+  // How the model's attention core runs on this device (the CPU backend: batched only).
+  virtual kernels::AttentionAlgorithm attention() const {
+    return kernels::AttentionAlgorithm::kBatchedGemm;
+  }
   // Shared by every worker of the process (thread-safe).
   virtual tensor::Backend& backend() = 0;
   // Makes the calling thread use this device (each worker thread calls it before its work).
@@ -235,7 +239,8 @@ class DeviceRuntime {
 // Throws DeviceUnavailableError with one line: "--device cuda: this build has no CUDA (...)"
 // or "--device cuda:N: no CUDA device (...)".
 std::shared_ptr<DeviceRuntime> open_device_runtime(
-    tensor::Device device, kernels::GemmPrecision precision = kernels::GemmPrecision::kFp32);
+    tensor::Device device, kernels::GemmPrecision precision = kernels::GemmPrecision::kFp32,
+    kernels::AttentionAlgorithm attention = kernels::AttentionAlgorithm::kBatchedGemm);
 
 // True when this build can open a CUDA device runtime.
 bool cuda_runtime_compiled();

@@ -315,7 +315,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       slot.chunk = placed.chunk;
       slot.model = std::make_unique<model::BertChunk<T>>(
           setup.config, model::chunk_spec(placed), backend(), compute_stream.get(),
-          runtime ? runtime->precision() : kernels::GemmPrecision::kFp32);
+          runtime ? runtime->precision() : kernels::GemmPrecision::kFp32,
+          runtime ? runtime->attention() : kernels::AttentionAlgorithm::kBatchedGemm);
       slot.model->init_weights(setup.options.init_seed);
       slots.push_back(std::move(slot));
     }

@@ -137,12 +137,13 @@ struct BertChunk<T>::Stash {
 
 template <typename T>
 BertChunk<T>::BertChunk(const BertConfig& config, const ChunkSpec& spec, tensor::Backend& backend,
-                        tensor::Stream* stream, kernels::GemmPrecision precision)
+                        tensor::Stream* stream, kernels::GemmPrecision precision,
+                        kernels::AttentionAlgorithm attention)
     : config_(config),
       spec_(spec),
       backend_(&backend),
       stream_(stream),
-      ops_(kernels::make_ops<T>(backend, stream, precision)),
+      ops_(kernels::make_ops<T>(backend, stream, precision, attention)),
       offsets_(std::make_unique<Offsets>()),
       pool_(backend),
       scratch_(std::make_unique<tensor::Arena>(backend)) {
@@ -840,11 +841,13 @@ std::vector<std::unique_ptr<BertChunk<T>>> make_chunks(const BertConfig& config,
                                                        const std::vector<ChunkSpec>& specs,
                                                        tensor::Backend& backend, std::uint64_t seed,
                                                        tensor::Stream* stream,
-                                                       kernels::GemmPrecision precision) {
+                                                       kernels::GemmPrecision precision,
+                                                       kernels::AttentionAlgorithm attention) {
   validate_chunk_specs(config, specs);
   std::vector<std::unique_ptr<BertChunk<T>>> chunks;
   for (const auto& spec : specs) {
-    chunks.push_back(std::make_unique<BertChunk<T>>(config, spec, backend, stream, precision));
+    chunks.push_back(
+        std::make_unique<BertChunk<T>>(config, spec, backend, stream, precision, attention));
     chunks.back()->init_weights(seed);
   }
   return chunks;
@@ -854,9 +857,9 @@ template class BertChunk<float>;
 template class BertChunk<double>;
 template std::vector<std::unique_ptr<BertChunk<float>>> make_chunks<float>(
     const BertConfig&, const std::vector<ChunkSpec>&, tensor::Backend&, std::uint64_t,
-    tensor::Stream*, kernels::GemmPrecision);
+    tensor::Stream*, kernels::GemmPrecision, kernels::AttentionAlgorithm);
 template std::vector<std::unique_ptr<BertChunk<double>>> make_chunks<double>(
     const BertConfig&, const std::vector<ChunkSpec>&, tensor::Backend&, std::uint64_t,
-    tensor::Stream*, kernels::GemmPrecision);
+    tensor::Stream*, kernels::GemmPrecision, kernels::AttentionAlgorithm);
 
 }  // namespace pf::model

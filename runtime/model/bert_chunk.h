@@ -92,11 +92,13 @@ template <typename T>
 class BertChunk {
  public:
   // Ops issue on `stream` (null: the backend's default stream); `precision` picks how a GPU's
-  // matrix products run (the CPU always computes in T). Throws std::invalid_argument when this
-  // build has no ops of T for the backend's device.
+  // matrix products run (the CPU always computes in T), `attention` how a GPU computes the
+  // attention core. Throws std::invalid_argument when this build has no ops of T for the
+  // backend's device (or the backend has no such attention algorithm).
   BertChunk(const BertConfig& config, const ChunkSpec& spec, tensor::Backend& backend,
             tensor::Stream* stream = nullptr,
-            kernels::GemmPrecision precision = kernels::GemmPrecision::kFp32);
+            kernels::GemmPrecision precision = kernels::GemmPrecision::kFp32,
+            kernels::AttentionAlgorithm attention = kernels::AttentionAlgorithm::kBatchedGemm);
   ~BertChunk();
   BertChunk(const BertChunk&) = delete;
   BertChunk& operator=(const BertChunk&) = delete;
@@ -192,7 +194,8 @@ template <typename T>
 std::vector<std::unique_ptr<BertChunk<T>>> make_chunks(
     const BertConfig& config, const std::vector<ChunkSpec>& specs, tensor::Backend& backend,
     std::uint64_t seed, tensor::Stream* stream = nullptr,
-    kernels::GemmPrecision precision = kernels::GemmPrecision::kFp32);
+    kernels::GemmPrecision precision = kernels::GemmPrecision::kFp32,
+    kernels::AttentionAlgorithm attention = kernels::AttentionAlgorithm::kBatchedGemm);
 
 extern template class BertChunk<float>;
 extern template class BertChunk<double>;

@@ -134,7 +134,7 @@ Evaluator<T>::Evaluator(const model::BertConfig& config,
     stream_ = runtime_->backend().create_stream();
     model_ = std::make_unique<model::BertChunk<T>>(config, model::whole_model(config),
                                                    runtime_->backend(), stream_.get(),
-                                                   runtime_->precision());
+                                                   runtime_->precision(), runtime_->attention());
   }
 }
 

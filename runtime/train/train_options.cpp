@@ -27,6 +27,10 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
                  "bf16-operands: bf16 products whose operands are rounded to bf16 copies first "
                  "(an experiment, docs/cuda.md)")
       ->capture_default_str();
+  app.add_option("--attention", o.attention,
+                 "batched (cuBLAS products around a softmax kernel) or fused (flash-style "
+                 "kernels, --device cuda only): how the attention core runs (docs/cuda.md)")
+      ->capture_default_str();
   app.add_option("--device", o.device,
                  "cpu, or cuda / cuda:N: every worker on that one GPU (a compute and a "
                  "communication stream each)")
@@ -133,6 +137,12 @@ void validate_options(const TrainOptions& o) {
     }
   } else if (o.precision != "fp32" && o.precision != "fp64") {
     bad("--precision must be fp32 or fp64, got '" + o.precision + "'");
+  }
+  if (o.attention != "batched" && o.attention != "fused") {
+    bad("--attention must be batched or fused, got '" + o.attention + "'");
+  }
+  if (o.attention == "fused" && !on_cuda) {
+    bad("--attention fused runs on --device cuda only (the CPU has the batched attention)");
   }
   if (o.stages < 1) bad("--stages must be >= 1");
   if (o.chunks < 1) bad("--chunks must be >= 1");

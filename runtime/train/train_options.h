@@ -22,7 +22,8 @@ struct TrainOptions {
   // fp32 or fp64 (CPU); fp32, tf32, bf16 or bf16-operands products (cuda; see
   // kernels::GemmPrecision).
   std::string precision = "fp32";
-  std::string device = "cpu";  // cpu, cuda or cuda:N
+  std::string attention = "batched";  // batched | fused (cuda only)
+  std::string device = "cpu";         // cpu, cuda or cuda:N
   // Schedule.
   std::string schedule = "1f1b";
   int stages = 2;

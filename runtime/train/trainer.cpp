@@ -225,7 +225,8 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
         << context.seq_len << " tokens per step, " << o.optimizer << ", " << o.steps << " steps";
     if (context.device) {
       out << ", on " << tensor::to_string(context.device->device()) << " ("
-          << kernels::to_string(context.device->precision()) << " products)";
+          << kernels::to_string(context.device->precision()) << " products, "
+          << kernels::to_string(context.device->attention()) << " attention)";
     }
     out << "\n";
     if (!context.kfac_summary.empty()) out << context.kfac_summary;
@@ -404,9 +405,11 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
   const tensor::Device device = launch.place_device(
       device::parse_device(o.device),
       std::chrono::milliseconds(static_cast<std::int64_t>(o.wait_timeout_s * 1000.0)));
-  context.device = device::open_device_runtime(
-      device, device.kind == tensor::DeviceKind::kCpu ? kernels::GemmPrecision::kFp32
-                                                      : kernels::parse_gemm_precision(o.precision));
+  context.device = device::open_device_runtime(device,
+                                               device.kind == tensor::DeviceKind::kCpu
+                                                   ? kernels::GemmPrecision::kFp32
+                                                   : kernels::parse_gemm_precision(o.precision),
+                                               kernels::parse_attention_algorithm(o.attention));
   context.config = model::resolve_bert_config(o.model);
   const bool preset = !fs::exists(o.model);
   context.micro_batch_size = o.micro_batch_size;

@@ -263,6 +263,14 @@ TEST_F(TrainTest, DeviceChoicesAreCheckedBeforeAnyWork) {
     EXPECT_NO_THROW(validate_options(o)) << precision;
     EXPECT_EQ(products_precision(precision), precision == "bf16-operands" ? "bf16" : precision);
   }
+  // --attention: batched or fused; fused on a device only.
+  o = small_run();
+  o.attention = "flash";
+  expect_refused(o, "--attention must be batched or fused");
+  o.attention = "fused";  // on the CPU
+  expect_refused(o, "--attention fused runs on --device cuda only");
+  o.device = "cuda";
+  EXPECT_NO_THROW(validate_options(o));
   // Checkpoints run on a device (the device path's downloads and uploads): the options pass.
   o = small_run();
   o.device = "cuda:0";

@@ -57,6 +57,23 @@ TEST(BackendOps, PrecisionNamesRoundTripAndBadNamesThrow) {
   EXPECT_THROW(parse_gemm_precision("bf16_operands"), std::invalid_argument);
 }
 
+TEST(BackendOps, AttentionAlgorithmNamesRoundTripAndTheCpuHasBatchedOnly) {
+  for (const auto a : {AttentionAlgorithm::kBatchedGemm, AttentionAlgorithm::kFused}) {
+    EXPECT_EQ(parse_attention_algorithm(to_string(a)), a);
+  }
+  EXPECT_EQ(parse_attention_algorithm("batched"), AttentionAlgorithm::kBatchedGemm);
+  EXPECT_THROW(parse_attention_algorithm("flash"), std::invalid_argument);
+  tensor::CpuBackend cpu;
+  EXPECT_NO_THROW(
+      make_ops<float>(cpu, nullptr, GemmPrecision::kFp32, AttentionAlgorithm::kBatchedGemm));
+  EXPECT_THROW(make_ops<float>(cpu, nullptr, GemmPrecision::kFp32, AttentionAlgorithm::kFused),
+               std::invalid_argument);
+  // The CPU saves the probabilities.
+  CpuOps<float> ops;
+  const AttentionShape shape{2, 5, 3, 4};
+  EXPECT_EQ(ops.attention_saved_size(shape), attention_probs_size(shape));
+}
+
 // The host rounding is the reference of the GPU's bf16-operand products, so it must be
 // __float2bfloat16_rn's: nearest, ties to even, NaN kept, overflow to infinity.
 TEST(Bfloat16, RoundsToNearestWithTiesToEven) {

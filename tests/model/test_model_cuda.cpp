@@ -118,8 +118,10 @@ class BertCudaTest : public pf::testing::CudaTest {
   Chunks cpu_chunks(const std::vector<ChunkSpec>& specs) {
     return make_chunks<float>(config_, specs, cpu_, 9);
   }
-  Chunks gpu_chunks(const std::vector<ChunkSpec>& specs, GemmPrecision precision) {
-    return make_chunks<float>(config_, specs, *backend_, 9, nullptr, precision);
+  Chunks gpu_chunks(
+      const std::vector<ChunkSpec>& specs, GemmPrecision precision,
+      kernels::AttentionAlgorithm attention = kernels::AttentionAlgorithm::kBatchedGemm) {
+    return make_chunks<float>(config_, specs, *backend_, 9, nullptr, precision, attention);
   }
   // Every parameter's gradient (the tied copies kept apart: both chunkings are the same).
   std::vector<std::pair<std::string, std::vector<float>>> gradients(Chunks& chunks,
@@ -151,20 +153,27 @@ TEST_F(BertCudaTest, LossesAndGradientsMatchTheCpu) {
   auto cpu = cpu_chunks({whole_model(config_)});
   const double cpu_loss = run_step(cpu, cpu_, batches_);
   const auto expected = gradients(cpu, cpu_);
+  using kernels::AttentionAlgorithm;
   struct Case {
     GemmPrecision precision;
     std::vector<ChunkSpec> specs;
     double loss_tolerance, max_nmse;
+    AttentionAlgorithm attention = AttentionAlgorithm::kBatchedGemm;
   };
-  const std::vector<Case> cases = {{GemmPrecision::kFp32, {whole_model(config_)}, 1e-5, 1e-8},
-                                   {GemmPrecision::kFp32, three_chunks(), 1e-5, 1e-8},
-                                   {GemmPrecision::kTf32, {whole_model(config_)}, 2e-3, 1e-4},
-                                   {GemmPrecision::kBf16, three_chunks(), 2e-2, 5e-3},
-                                   {GemmPrecision::kBf16Operands, three_chunks(), 2e-2, 5e-3}};
+  const std::vector<Case> cases = {
+      {GemmPrecision::kFp32, {whole_model(config_)}, 1e-5, 1e-8},
+      {GemmPrecision::kFp32, three_chunks(), 1e-5, 1e-8},
+      {GemmPrecision::kTf32, {whole_model(config_)}, 2e-3, 1e-4},
+      {GemmPrecision::kBf16, three_chunks(), 2e-2, 5e-3},
+      {GemmPrecision::kBf16Operands, three_chunks(), 2e-2, 5e-3},
+      // The fused attention (the model's stash holds log-sum-exps instead of probabilities).
+      {GemmPrecision::kFp32, three_chunks(), 1e-5, 1e-8, AttentionAlgorithm::kFused},
+      {GemmPrecision::kTf32, {whole_model(config_)}, 2e-3, 1e-4, AttentionAlgorithm::kFused}};
   for (const auto& c : cases) {
     const std::string what = std::string(kernels::to_string(c.precision)) + ", " +
-                             std::to_string(c.specs.size()) + " chunk(s)";
-    auto gpu = gpu_chunks(c.specs, c.precision);
+                             std::to_string(c.specs.size()) + " chunk(s), " +
+                             std::string(kernels::to_string(c.attention)) + " attention";
+    auto gpu = gpu_chunks(c.specs, c.precision, c.attention);
     const double gpu_loss = run_step(gpu, *backend_, batches_);
     EXPECT_NEAR(gpu_loss, cpu_loss, c.loss_tolerance * std::abs(cpu_loss)) << what;
     // The whole model's tensors in its order; a split model holds the same ones plus the

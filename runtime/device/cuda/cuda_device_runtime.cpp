@@ -279,8 +279,9 @@ class CudaKfacLayer final : public DeviceKfacLayer {
 
 }  // namespace
 
-CudaDeviceRuntime::CudaDeviceRuntime(int index, kernels::GemmPrecision precision)
-    : index_(index), precision_(precision) {
+CudaDeviceRuntime::CudaDeviceRuntime(int index, kernels::GemmPrecision precision,
+                                     kernels::AttentionAlgorithm attention)
+    : index_(index), precision_(precision), attention_(attention) {
   const int count = kernels::cuda::device_count();
   if (count == 0) {
     throw DeviceUnavailableError("--device cuda:" + std::to_string(index) +

@@ -16,10 +16,13 @@ namespace pf::device::cuda {
 class CudaDeviceRuntime final : public DeviceRuntime {
  public:
   // Throws DeviceUnavailableError when device `index` does not exist.
-  CudaDeviceRuntime(int index, kernels::GemmPrecision precision);
+  CudaDeviceRuntime(
+      int index, kernels::GemmPrecision precision,
+      kernels::AttentionAlgorithm attention = kernels::AttentionAlgorithm::kBatchedGemm);
 
   tensor::Device device() const override { return backend_->device(); }
   kernels::GemmPrecision precision() const override { return precision_; }
+  kernels::AttentionAlgorithm attention() const override { return attention_; }
   tensor::Backend& backend() override { return *backend_; }
   void bind_thread() override;
   std::unique_ptr<TimingMark> create_timing_mark() override;
@@ -35,6 +38,7 @@ class CudaDeviceRuntime final : public DeviceRuntime {
  private:
   int index_;
   kernels::GemmPrecision precision_;
+  kernels::AttentionAlgorithm attention_;
   std::unique_ptr<kernels::cuda::CudaBackend> backend_;
   MessageExchange exchange_;
   std::mutex mutex_;
