@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/ops.h"
 #include "kfac/pieces.h"
 
 namespace pf::kfac {
@@ -12,6 +13,16 @@ namespace pf::kfac {
 namespace {
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using kernels::ConstMatrixView;
+using kernels::MatrixView;
+using kernels::Transpose;
+
+// A column-major inverse read as a row-major matrix is its transpose: multiply by it with
+// Transpose::kYes. The products go through kernels::gemm (OpenBLAS where CMake found it, its
+// blocks cut by shape only, so the bits do not depend on the thread count).
+ConstMatrixView<float> transposed_view(const Eigen::Ref<const Eigen::MatrixXf>& matrix) {
+  return {matrix.data(), matrix.cols(), matrix.rows(), matrix.outerStride()};
+}
 
 void check_sizes(Eigen::Index a_rows, Eigen::Index a_cols, Eigen::Index b_rows, Eigen::Index b_cols,
                  std::int64_t d_out, std::int64_t d_in, const float* grad_w, const float* out_w,
@@ -38,10 +49,14 @@ void precondition(const Eigen::Ref<const Eigen::MatrixXf>& a_inv,
                   float* out_b) {
   check_sizes(a_inv.rows(), a_inv.cols(), b_inv.rows(), b_inv.cols(), d_out, d_in, grad_w, out_w,
               grad_b, out_b);
-  const Eigen::Map<const RowMatrix> grad(grad_w, d_out, d_in);
-  // G A_inv first: A_inv is symmetric, and the temporary lets out alias grad.
-  const RowMatrix right = grad * a_inv;
-  Eigen::Map<RowMatrix>(out_w, d_out, d_in).noalias() = b_inv * right;
+  if (d_out > 0 && d_in > 0) {
+    // G A_inv first, into a temporary that lets out alias grad.
+    RowMatrix right(d_out, d_in);
+    kernels::gemm<float>({grad_w, d_out, d_in}, Transpose::kNo, transposed_view(a_inv),
+                         Transpose::kYes, {right.data(), d_out, d_in});
+    kernels::gemm<float>(transposed_view(b_inv), Transpose::kYes, {right.data(), d_out, d_in},
+                         Transpose::kNo, {out_w, d_out, d_in});
+  }
   if (grad_b != nullptr) {
     const Eigen::VectorXf bias = Eigen::Map<const Eigen::VectorXf>(grad_b, d_out);
     Eigen::Map<Eigen::VectorXf>(out_b, d_out).noalias() = b_inv * bias;
@@ -60,9 +75,12 @@ void precondition_rows(const Eigen::Ref<const Eigen::MatrixXf>& a_inv,
   }
   const ItemRange rows = piece_items(d_out, unit_begin, unit_end);
   if (rows.size() == 0 || d_in == 0) return;
-  const Eigen::Map<const RowMatrix> grad(grad_w, d_out, d_in);
-  const RowMatrix left = b_inv.middleRows(rows.begin, rows.size()) * grad;
-  Eigen::Map<RowMatrix>(out_w + rows.begin * d_in, rows.size(), d_in).noalias() = left * a_inv;
+  // B_inv's rows of the piece (columns of its transpose) times G, then times A_inv.
+  RowMatrix left(rows.size(), d_in);
+  kernels::gemm<float>(transposed_view(b_inv).block_cols(rows.begin, rows.size()), Transpose::kYes,
+                       {grad_w, d_out, d_in}, Transpose::kNo, {left.data(), rows.size(), d_in});
+  kernels::gemm<float>({left.data(), rows.size(), d_in}, Transpose::kNo, transposed_view(a_inv),
+                       Transpose::kYes, {out_w + rows.begin * d_in, rows.size(), d_in});
   if (grad_b != nullptr) {
     const Eigen::Map<const Eigen::VectorXf> bias(grad_b, d_out);
     Eigen::Map<Eigen::VectorXf>(out_b + rows.begin, rows.size()).noalias() =
