@@ -7,7 +7,32 @@
 #include <string>
 #include <vector>
 
+#if PF_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
+#include "kernels/cpu/blas_threads.h"
+
 namespace pf::kfac {
+
+namespace {
+
+// sum's lower triangle += scale * slice slice^T, slice a column-major d x t block of x^T: a SYRK
+// on the calling thread (OpenBLAS where CMake found it; Eigen's rank update otherwise).
+void syrk_lower(Eigen::Ref<Eigen::MatrixXf> sum, const Eigen::Ref<const Eigen::MatrixXf>& slice,
+                float scale) {
+#if PF_HAVE_CBLAS
+  kernels::cpu::use_one_blas_thread_per_call();
+  cblas_ssyrk(CblasColMajor, CblasLower, CblasNoTrans, static_cast<int>(slice.rows()),
+              static_cast<int>(slice.cols()), scale, slice.data(),
+              static_cast<int>(std::max<Eigen::Index>(slice.outerStride(), 1)), 1.0F, sum.data(),
+              static_cast<int>(std::max<Eigen::Index>(sum.outerStride(), 1)));
+#else
+  sum.selfadjointView<Eigen::Lower>().rankUpdate(slice, scale);
+#endif
+}
+
+}  // namespace
 
 void add_gram_lower(Eigen::Ref<Eigen::MatrixXf> sum, const float* x, std::int64_t rows,
                     std::int64_t cols, float scale) {
@@ -27,7 +52,7 @@ void add_gram_lower(Eigen::Ref<Eigen::MatrixXf> sum, const float* x, std::int64_
   const int threads =
       static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), rows / kMinRowsPerThread));
   if (threads <= 1 || cols < 64) {
-    sum.selfadjointView<Eigen::Lower>().rankUpdate(xt, scale);
+    syrk_lower(sum, xt, scale);
     return;
   }
   std::vector<Eigen::MatrixXf> partials(static_cast<std::size_t>(threads - 1));
@@ -38,11 +63,11 @@ void add_gram_lower(Eigen::Ref<Eigen::MatrixXf> sum, const float* x, std::int64_
     const std::int64_t end = rows * (thread + 1) / threads;
     const auto slice = xt.middleCols(begin, end - begin);
     if (thread == 0) {
-      sum.selfadjointView<Eigen::Lower>().rankUpdate(slice, scale);
+      syrk_lower(sum, slice, scale);
     } else {
       auto& partial = partials[static_cast<std::size_t>(thread - 1)];
       partial = Eigen::MatrixXf::Zero(cols, cols);
-      partial.selfadjointView<Eigen::Lower>().rankUpdate(slice, scale);
+      syrk_lower(partial, slice, scale);
     }
   }
   for (const auto& partial : partials) sum.triangularView<Eigen::Lower>() += partial;

@@ -17,10 +17,23 @@
 #include <cblas.h>
 #endif
 
+#include "kernels/cpu/blas_threads.h"
 #include "kernels/cpu/eigen_maps.h"
 #include "kernels/ops.h"
 
 namespace pf::kernels {
+
+namespace cpu {
+void use_one_blas_thread_per_call() {
+#if PF_HAVE_CBLAS
+  // The threaded OpenBLAS build, because its serial one is not safe to call from several threads
+  // at once (attention's per-head products came out wrong with it).
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+#endif
+}
+}  // namespace cpu
+
 namespace {
 
 std::string dims(std::int64_t rows, std::int64_t cols) {
@@ -32,18 +45,9 @@ CBLAS_TRANSPOSE cblas_transpose(bool transpose) {
   return transpose ? CblasTrans : CblasNoTrans;
 }
 
-// Every call runs on its caller's thread: the threading is ours (by shape-only blocks), and an
-// OpenBLAS thread pool under our OpenMP threads would oversubscribe the cores and make the bits
-// depend on the thread count. (The threaded build, because its serial one is not safe to call
-// from several threads at once.) The library's setting is process-wide; we own the threading.
-void use_one_blas_thread_per_call() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
-}
-
 void blas_product(bool ta, bool tb, std::int64_t k, ConstMatrixView<float> a,
                   ConstMatrixView<float> b, MatrixView<float> c, float alpha, float beta) {
-  use_one_blas_thread_per_call();
+  cpu::use_one_blas_thread_per_call();
   cblas_sgemm(CblasRowMajor, cblas_transpose(ta), cblas_transpose(tb), static_cast<int>(c.rows),
               static_cast<int>(c.cols), static_cast<int>(k), alpha, a.data,
               static_cast<int>(std::max<std::int64_t>(a.ld, 1)), b.data,
@@ -53,7 +57,7 @@ void blas_product(bool ta, bool tb, std::int64_t k, ConstMatrixView<float> a,
 
 void blas_product(bool ta, bool tb, std::int64_t k, ConstMatrixView<double> a,
                   ConstMatrixView<double> b, MatrixView<double> c, double alpha, double beta) {
-  use_one_blas_thread_per_call();
+  cpu::use_one_blas_thread_per_call();
   cblas_dgemm(CblasRowMajor, cblas_transpose(ta), cblas_transpose(tb), static_cast<int>(c.rows),
               static_cast<int>(c.cols), static_cast<int>(k), alpha, a.data,
               static_cast<int>(std::max<std::int64_t>(a.ld, 1)), b.data,
