@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #if PF_HAVE_CBLAS
@@ -45,24 +46,22 @@ CBLAS_TRANSPOSE cblas_transpose(bool transpose) {
   return transpose ? CblasTrans : CblasNoTrans;
 }
 
-void blas_product(bool ta, bool tb, std::int64_t k, ConstMatrixView<float> a,
-                  ConstMatrixView<float> b, MatrixView<float> c, float alpha, float beta) {
+template <typename T>
+void blas_product(bool ta, bool tb, std::int64_t k, ConstMatrixView<T> a, ConstMatrixView<T> b,
+                  MatrixView<T> c, T alpha, T beta) {
   cpu::use_one_blas_thread_per_call();
-  cblas_sgemm(CblasRowMajor, cblas_transpose(ta), cblas_transpose(tb), static_cast<int>(c.rows),
-              static_cast<int>(c.cols), static_cast<int>(k), alpha, a.data,
-              static_cast<int>(std::max<std::int64_t>(a.ld, 1)), b.data,
-              static_cast<int>(std::max<std::int64_t>(b.ld, 1)), beta, c.data,
-              static_cast<int>(std::max<std::int64_t>(c.ld, 1)));
-}
-
-void blas_product(bool ta, bool tb, std::int64_t k, ConstMatrixView<double> a,
-                  ConstMatrixView<double> b, MatrixView<double> c, double alpha, double beta) {
-  cpu::use_one_blas_thread_per_call();
-  cblas_dgemm(CblasRowMajor, cblas_transpose(ta), cblas_transpose(tb), static_cast<int>(c.rows),
-              static_cast<int>(c.cols), static_cast<int>(k), alpha, a.data,
-              static_cast<int>(std::max<std::int64_t>(a.ld, 1)), b.data,
-              static_cast<int>(std::max<std::int64_t>(b.ld, 1)), beta, c.data,
-              static_cast<int>(std::max<std::int64_t>(c.ld, 1)));
+  const auto ld = [](std::int64_t value) {
+    return static_cast<int>(std::max<std::int64_t>(value, 1));
+  };
+  const auto m = static_cast<int>(c.rows), n = static_cast<int>(c.cols),
+             depth = static_cast<int>(k);
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, cblas_transpose(ta), cblas_transpose(tb), m, n, depth, alpha, a.data,
+                ld(a.ld), b.data, ld(b.ld), beta, c.data, ld(c.ld));
+  } else {
+    cblas_dgemm(CblasRowMajor, cblas_transpose(ta), cblas_transpose(tb), m, n, depth, alpha, a.data,
+                ld(a.ld), b.data, ld(b.ld), beta, c.data, ld(c.ld));
+  }
 }
 #else
 template <typename T, typename A, typename B>
@@ -90,7 +89,7 @@ template <typename T>
 void block_product(ConstMatrixView<T> a, bool ta, ConstMatrixView<T> b, bool tb, std::int64_t k,
                    MatrixView<T> c, T alpha, T beta) {
 #if PF_HAVE_CBLAS
-  blas_product(ta, tb, k, a, b, c, alpha, beta);
+  blas_product<T>(ta, tb, k, a, b, c, alpha, beta);
 #else
   (void)k;
   auto ma = cpu::map(a);
