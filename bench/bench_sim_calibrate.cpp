@@ -200,9 +200,13 @@ void time_gemms(Recorder& rec, bool smoke) {
 }
 
 void time_attention(Recorder& rec, bool smoke) {
-  // Q K^T per (sequence, head): batch = b x heads products of [S x D] [D x S].
+  // Q K^T per (sequence, head): batch = b x heads products of [S x D] [D x S]. Head widths 16
+  // to 128 and sequences 64 to 512 in both shape sets (records alternate a, b), so that the
+  // fit sees the class's size curve (a product's smallest dimension) and the held-out shapes
+  // test it: a narrow head's short inner products run well below a wide one's rate.
   std::vector<std::array<std::int64_t, 3>> shapes = {
-      {32, 128, 64}, {64, 128, 32}, {128, 128, 64}, {32, 256, 64}};
+      {32, 128, 64},  {64, 128, 32},  {128, 128, 64}, {32, 256, 64}, {128, 128, 16},
+      {32, 128, 128}, {16, 256, 128}, {16, 512, 32},  {128, 64, 32}, {8, 512, 64}};
   if (smoke) shapes = {{4, 16, 8}};
   for (const auto& [batch, s, d] : shapes) {
     auto q = buffer(batch * s * d), k = buffer(batch * s * d), c = buffer(batch * s * s);

@@ -62,7 +62,8 @@ PieceKernels encoder_layer_kernels(const Workload& w, const LayerKernelOptions& 
     kernel.precision = p;
     kernel.flops = flops;
     kernel.bytes = bytes;
-    kernel.size = std::min(S, H / a);  // per-head products: S x S x head width
+    kernel.size = std::min(S, H / a);            // per-head products: S x S x head width
+    kernel.mean_size = 3.0 / (2.0 / S + a / H);  // their harmonic mean (both products alike)
     return kernel;
   };
   // Self-attention: Q, K, V; heads split (copies of Q and of K transposed); scores Q K^T;

@@ -331,6 +331,8 @@ std::pair<double, double> log_range(const FitParameter& p) {
       return {std::log(0.25), std::log(p.index == static_cast<int>(OpClass::kMemory) ? 8.0 : 2.0)};
     case FitParameter::Kind::kCacheSlowdown:  // of slowdown - 1
       return {std::log(1e-3), std::log(1e3)};
+    case FitParameter::Kind::kRooflineExponent:  // of exponent - 1: from near the sum to the max
+      return {std::log(1e-2), std::log(1e2)};
     default:
       return {-40.0, 5.0};
   }
@@ -341,12 +343,17 @@ std::pair<double, double> log_range(const FitParameter& p) {
 bool is_curve(const FitParameter& p) {
   return p.kind == FitParameter::Kind::kHalfEfficiencySize ||
          p.kind == FitParameter::Kind::kSizeExponent ||
-         p.kind == FitParameter::Kind::kCacheSlowdown;
+         p.kind == FitParameter::Kind::kCacheSlowdown ||
+         p.kind == FitParameter::Kind::kRooflineExponent;
 }
 
-// The slowdown beyond the caches is >= 1: it is fitted as log(slowdown - 1).
+// The slowdown beyond the caches and the roofline exponent are >= 1: each is fitted as
+// log(value - 1).
 double offset(const FitParameter& p) {
-  return p.kind == FitParameter::Kind::kCacheSlowdown ? 1.0 : 0.0;
+  return p.kind == FitParameter::Kind::kCacheSlowdown ||
+                 p.kind == FitParameter::Kind::kRooflineExponent
+             ? 1.0
+             : 0.0;
 }
 
 double to_free(const FitParameter& p, double value) {
@@ -355,6 +362,9 @@ double to_free(const FitParameter& p, double value) {
     return std::log(e / (1.0 - e));
   }
   const auto [lo, hi] = log_range(p);
+  // A roofline exponent of 0 means the max of the two terms: the top of its range, not the sum.
+  if (p.kind == FitParameter::Kind::kRooflineExponent && value == 0.0)
+    value = offset(p) + std::exp(hi);
   const double log_value = std::clamp(std::log(std::max(value - offset(p), 1e-300)), lo, hi);
   if (is_curve(p)) {
     // A logistic between the bounds: no flat plateau past a bound, where a clamp would leave a
@@ -599,6 +609,8 @@ std::string FitParameter::name() const {
       return "classes." + std::string(to_string(static_cast<OpClass>(index))) + ".size_exponent";
     case Kind::kCacheSlowdown:
       return "classes.memory.beyond_cache_slowdown";
+    case Kind::kRooflineExponent:
+      return "classes.memory.roofline_exponent";
     case Kind::kElementWork:
       if (index == kExpAndErfTogether) return "classes.memory.exponential_s=error_function_s";
       return "classes.memory." + std::string(kElementWorkFields[static_cast<std::size_t>(index)]);
@@ -626,6 +638,8 @@ double FitParameter::get(const DeviceSpec& device) const {
       return device.classes[static_cast<std::size_t>(index)].size_exponent;
     case Kind::kCacheSlowdown:
       return device.classes[static_cast<std::size_t>(OpClass::kMemory)].beyond_cache_slowdown;
+    case Kind::kRooflineExponent:
+      return device.classes[static_cast<std::size_t>(OpClass::kMemory)].roofline_exponent;
     case Kind::kElementWork:
       return element_work_rate(device.classes[static_cast<std::size_t>(OpClass::kMemory)], index);
   }
@@ -661,6 +675,9 @@ void FitParameter::set(DeviceSpec& device, double value) const {
       break;
     case Kind::kCacheSlowdown:
       device.classes[static_cast<std::size_t>(OpClass::kMemory)].beyond_cache_slowdown = value;
+      break;
+    case Kind::kRooflineExponent:
+      device.classes[static_cast<std::size_t>(OpClass::kMemory)].roofline_exponent = value;
       break;
     case Kind::kElementWork: {
       ClassRate& memory = device.classes[static_cast<std::size_t>(OpClass::kMemory)];
@@ -765,6 +782,13 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
   }
   for (int w = 0; w < static_cast<int>(element_work.size()); ++w) {
     if (element_work[static_cast<std::size_t>(w)]) out.push_back({Kind::kElementWork, w});
+  }
+  // How compute and bandwidth overlap shows only where both act: element-wise work priced, and
+  // sizes enough for the cache curve (the kernels past the caches, where the two are close).
+  const auto memory = static_cast<std::size_t>(OpClass::kMemory);
+  if (static_cast<int>(sizes[memory].size()) >= kMinSizesForCurve &&
+      std::any_of(element_work.begin(), element_work.end(), [](bool w) { return w; })) {
+    out.push_back({Kind::kRooflineExponent, static_cast<int>(memory)});
   }
   out.push_back({Kind::kLaunch, 0});
   if (backward) out.push_back({Kind::kBackwardLaunch, 0});
@@ -940,7 +964,14 @@ FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& me
     flats.push_back(fit_stage(from, flat, fitted, options, result.evaluations));
   }
   StageResult best = flats[0].cost <= flats[1].cost ? flats[0] : flats[1];
-  if (flat.size() < result.parameters.size()) {
+  const auto overlap = std::find_if(
+      result.parameters.begin(), result.parameters.end(),
+      [](const FitParameter& p) { return p.kind == FitParameter::Kind::kRooflineExponent; });
+  std::vector<FitParameter> shapes;  // every parameter but the roofline exponent
+  for (auto p = result.parameters.begin(); p != result.parameters.end(); ++p) {
+    if (p != overlap) shapes.push_back(*p);
+  }
+  if (flat.size() < shapes.size()) {
     // The shape terms sit behind a max() and a saturating curve: where they barely act their
     // gradient is ~0, so the second stage also starts from where they clearly act: each curve
     // halving its class at the smallest size (FLOP classes) or the largest bytes (memory) the
@@ -972,10 +1003,23 @@ FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& me
         }
       }
       for (const DeviceSpec& from : {flat_optimum.device, acting}) {
-        const StageResult full =
-            fit_stage(from, result.parameters, fitted, options, result.evaluations);
+        const StageResult full = fit_stage(from, shapes, fitted, options, result.evaluations);
         if (full.cost < best.cost) best = full;
       }
+    }
+  }
+  if (overlap != result.parameters.end()) {
+    // The roofline exponent last: it only bends kernels whose two terms are close, so it is
+    // told apart only once the cache curve and the element-wise rates are in place (fitted
+    // together from the start, the curve ran off to its bound and the exponent took its role).
+    // From the optimum without it (the max of the two terms), and from a clear overlap.
+    const StageResult without = best;
+    for (const double exponent : {0.0, 2.0}) {
+      DeviceSpec from = without.device;
+      overlap->set(from, exponent);
+      const StageResult full =
+          fit_stage(from, result.parameters, fitted, options, result.evaluations);
+      if (full.cost < best.cost) best = full;
     }
   }
   result.device = best.device;

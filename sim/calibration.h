@@ -113,6 +113,7 @@ struct FitParameter {
     kHalfEfficiencySize,  // ClassRate::half_efficiency_size of class `index`
     kSizeExponent,        // ClassRate::size_exponent of class `index`
     kCacheSlowdown,       // the memory class's beyond_cache_slowdown
+    kRooflineExponent,    // the memory class's roofline_exponent
     kElementWork          // the memory class's element_flop_s (index 0), exponential_s (1),
                           // error_function_s (2), random_number_s (3), or exponential_s and
                           // error_function_s as one value (kExpAndErfTogether)

@@ -190,6 +190,13 @@ void DeviceSpec::validate(std::string_view source) const {
     check(rate.exponential_s, (field + ".exponential_s").c_str(), true);
     check(rate.error_function_s, (field + ".error_function_s").c_str(), true);
     check(rate.random_number_s, (field + ".random_number_s").c_str(), true);
+    if (!std::isfinite(rate.roofline_exponent) ||
+        (rate.roofline_exponent != 0.0 && !(rate.roofline_exponent >= 1.0))) {
+      throw std::invalid_argument(
+          std::string(source) + ": field '" + field +
+          ".roofline_exponent' = " + std::to_string(rate.roofline_exponent) +
+          " (must be >= 1, or 0 for the max of the two terms)");
+    }
   }
   for (std::size_t p = 0; p < kPrecisionNames.size(); ++p) {
     fraction(gemm_efficiency_by_precision[p],
@@ -285,17 +292,21 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
         if (field != "efficiency" && field != "latency_s" &&
             !(field == "by_precision" && op_class == OpClass::kGemm) &&
             field != "half_efficiency_size" && field != "size_exponent" &&
-            !(field == "size_measure" && op_class == OpClass::kGemm) &&
+            !(field == "size_measure" &&
+              (op_class == OpClass::kGemm || op_class == OpClass::kAttention)) &&
             !(memory && (field == "element_flop_s" || field == "exponential_s" ||
                          field == "error_function_s" || field == "special_function_s" ||
-                         field == "beyond_cache_slowdown" || field == "random_number_s"))) {
+                         field == "beyond_cache_slowdown" || field == "random_number_s" ||
+                         field == "roofline_exponent"))) {
           throw std::invalid_argument(
               where + ": unknown field '" + path + "." + field +
               "' (allowed: efficiency, latency_s" +
-              (op_class == OpClass::kGemm ? ", by_precision, size_measure" : "") +
+              (op_class == OpClass::kGemm        ? ", by_precision, size_measure"
+               : op_class == OpClass::kAttention ? ", size_measure"
+                                                 : "") +
               ", half_efficiency_size, size_exponent" +
               (memory ? ", beyond_cache_slowdown, element_flop_s, exponential_s, "
-                        "error_function_s, random_number_s"
+                        "error_function_s, random_number_s, roofline_exponent"
                       : "") +
               ")");
         }
@@ -325,6 +336,8 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
           number(value, "error_function_s", path + ".error_function_s", false, special_function_s);
       rate.random_number_s =
           number(value, "random_number_s", path + ".random_number_s", false, 0.0);
+      rate.roofline_exponent =
+          number(value, "roofline_exponent", path + ".roofline_exponent", false, 0.0);
       const auto by_precision = value.find("by_precision");
       if (by_precision != value.end()) {
         if (!by_precision->is_object()) {
@@ -417,6 +430,7 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
     if (rate.exponential_s > 0.0) entry["exponential_s"] = rate.exponential_s;
     if (rate.error_function_s > 0.0) entry["error_function_s"] = rate.error_function_s;
     if (rate.random_number_s > 0.0) entry["random_number_s"] = rate.random_number_s;
+    if (rate.roofline_exponent > 0.0) entry["roofline_exponent"] = rate.roofline_exponent;
     if (op_class == OpClass::kGemm) {
       nlohmann::json by_precision = nlohmann::json::object();
       for (std::size_t p = 0; p < kPrecisionNames.size(); ++p) {

@@ -66,7 +66,14 @@ OpClass op_class_from_string(std::string_view name);  // throws naming the allow
 //         erfs x error_function_s + draws x random_number_s)
 //   so GELU and LayerNorm can be compute-bound where an add of the same bytes is not. 0:
 //   element-wise arithmetic is free (bandwidth-bound only).
-// - size_measure (gemm class): which size of a product the curve reads: its smallest dimension
+// - roofline_exponent q >= 1 (memory class): the two terms above combine as
+//     (compute^q + bandwidth^q)^(1/q)
+//   instead of their max: a core that computes while it waits for memory overlaps the two only
+//   in part, most where one term dwarfs the other (q = 1: no overlap, their sum; q -> infinity:
+//   the max). A LayerNorm or GELU past the caches, where both terms are comparable, is slower
+//   than either. 0: the max.
+// - size_measure (gemm and attention classes): which size of a product the curve reads: its
+// smallest dimension
 //   (the default), or the harmonic mean of its three, 3 / (1/m + 1/n + 1/k), so that a product
 //   is as efficient as its shape as a whole allows: wide products (all three dimensions large)
 //   approach the class efficiency, skinny ones (any dimension small) fall off smoothly.
@@ -81,6 +88,7 @@ struct ClassRate {
   double exponential_s = 0.0;
   double error_function_s = 0.0;
   double random_number_s = 0.0;
+  double roofline_exponent = 0.0;
   SizeMeasure size_measure = SizeMeasure::kSmallest;
 };
 

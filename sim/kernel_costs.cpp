@@ -90,7 +90,16 @@ double kernel_seconds(const DeviceSpec& device, const Kernel& kernel) {
   const double panels = is_matrix_function(kernel.op_class)
                             ? std::max(1.0, std::ceil(kernel.size / kPanelColumns))
                             : 1.0;
-  return device.latency_s(kernel.op_class) * panels + std::max(compute, memory);
+  const double roofline_exponent = elementwise.roofline_exponent;
+  const double busy =
+      kernel.op_class == OpClass::kMemory && roofline_exponent > 0.0 && compute > 0.0 &&
+              memory > 0.0
+          ? std::max(compute, memory) *
+                std::pow(1.0 + std::pow(std::min(compute, memory) / std::max(compute, memory),
+                                        roofline_exponent),
+                         1.0 / roofline_exponent)
+          : std::max(compute, memory);
+  return device.latency_s(kernel.op_class) * panels + busy;
 }
 
 PricedKernels price(const DeviceSpec& device, const Kernels& kernels) {

@@ -196,6 +196,52 @@ TEST(SimKernelCosts, ShapeTermsMoveOnlyTheirClass) {
   EXPECT_NEAR(kernel_seconds(work, softmax), 1e6 * (4 * 1e-10 + 3e-9), 1e-15);
 }
 
+TEST(SimKernelCosts, RooflineExponentOverlapsComputeAndBandwidthOfElementWiseWorkOnly) {
+  DeviceSpec base = simple_device();
+  auto& memory = base.classes[static_cast<std::size_t>(OpClass::kMemory)];
+  memory.element_flop_s = 1e-11;
+  memory.error_function_s = 7e-11;        // GELU: 1e6 x (4e-11 + 7e-11) = 1.1e-4 s of arithmetic
+  const double bandwidth_s = 8e6 / 1e11;  // and 8e-5 s of bytes
+  const Kernel gelu = elementwise_kernel(8e6, per_element(1e6, {.flops = 4, .error_functions = 1}));
+  const Kernel add = memory_kernel(8e6);  // no element-wise work priced: bytes only
+  const Kernel gemm = gemm_kernel(Precision::kFp32, 512, 512, 512, 4.0);
+  Kernel attention = gemm;
+  attention.op_class = OpClass::kAttention;
+  Kernel potrf;
+  for (const Kernel& k : inversion_kernels(1024)) {
+    if (k.op_class == OpClass::kFactorization) potrf = k;
+  }
+  ASSERT_NEAR(kernel_seconds(base, gelu), 1.1e-4, 1e-15);  // 0: the max of the two
+  auto with = [&](double exponent) {
+    DeviceSpec d = base;
+    d.classes[static_cast<std::size_t>(OpClass::kMemory)].roofline_exponent = exponent;
+    return d;
+  };
+  EXPECT_NEAR(kernel_seconds(with(1.0), gelu), 1.1e-4 + bandwidth_s, 1e-15);  // no overlap
+  EXPECT_NEAR(kernel_seconds(with(2.0), gelu), std::hypot(1.1e-4, bandwidth_s), 1e-15);
+  EXPECT_NEAR(kernel_seconds(with(64.0), gelu), 1.1e-4, 1e-9);  // towards the max
+  for (const double exponent : {1.0, 2.0, 4.0}) {
+    const DeviceSpec d = with(exponent);
+    EXPECT_DOUBLE_EQ(kernel_seconds(d, add), kernel_seconds(base, add)) << exponent;
+    EXPECT_DOUBLE_EQ(kernel_seconds(d, gemm), kernel_seconds(base, gemm)) << exponent;
+    EXPECT_DOUBLE_EQ(kernel_seconds(d, attention), kernel_seconds(base, attention)) << exponent;
+    EXPECT_DOUBLE_EQ(kernel_seconds(d, potrf), kernel_seconds(base, potrf)) << exponent;
+  }
+  // The file field: written when set, read back, and refused below 1 with its name.
+  const DeviceSpec back = device_from_json(device_to_json(with(2.5)), "round trip");
+  EXPECT_DOUBLE_EQ(back.classes[static_cast<std::size_t>(OpClass::kMemory)].roofline_exponent, 2.5);
+  EXPECT_FALSE(device_to_json(base)["classes"]["memory"].contains("roofline_exponent"));
+  nlohmann::json bad = device_to_json(with(2.5));
+  bad["classes"]["memory"]["roofline_exponent"] = 0.5;
+  EXPECT_NE(
+      error_of([&] { device_from_json(bad, "bad"); }).find("classes.memory.roofline_exponent"),
+      std::string::npos);
+  bad = device_to_json(base);
+  bad["classes"]["gemm"]["roofline_exponent"] = 2.0;
+  EXPECT_NE(error_of([&] { device_from_json(bad, "bad"); }).find("classes.gemm.roofline_exponent"),
+            std::string::npos);
+}
+
 TEST(SimKernelCosts, HarmonicMeanSizeRanksProductsByTheirWholeShape) {
   // The gemm curve on the harmonic mean of m, n, k: a wide product (4096 x 4096 x 4096) is
   // closer to the class efficiency than one of the same smallest dimension but skinny in the
@@ -229,9 +275,14 @@ TEST(SimKernelCosts, HarmonicMeanSizeRanksProductsByTheirWholeShape) {
   json["classes"]["gemm"]["size_measure"] = "largest";
   EXPECT_NE(error_of([&] { device_from_json(json, "bad"); }).find("smallest, harmonic_mean"),
             std::string::npos);
-  json["classes"]["attention"]["size_measure"] = "harmonic_mean";
+  // The attention class reads either size too (its per-head products are products); the other
+  // classes have one size each.
   json["classes"]["gemm"]["size_measure"] = "smallest";
-  EXPECT_NE(error_of([&] { device_from_json(json, "bad"); }).find("classes.attention.size_measure"),
+  json["classes"]["attention"]["size_measure"] = "harmonic_mean";
+  EXPECT_EQ(device_from_json(json, "attention").classes[1].size_measure,
+            SizeMeasure::kHarmonicMean);
+  json["classes"]["memory"]["size_measure"] = "harmonic_mean";
+  EXPECT_NE(error_of([&] { device_from_json(json, "bad"); }).find("classes.memory.size_measure"),
             std::string::npos);
 }
 
@@ -409,6 +460,7 @@ TEST(SimCalibration, FitRecoversKnownShapeTermsFromSyntheticDurations) {
   rate(OpClass::kMemory).exponential_s = 2e-9;
   rate(OpClass::kMemory).error_function_s = 1e-9;
   rate(OpClass::kMemory).random_number_s = 5e-9;
+  rate(OpClass::kMemory).roofline_exponent = 3.0;
   rate(OpClass::kFactorization).efficiency = 0.3;
   rate(OpClass::kFactorization).half_efficiency_size = 600;
   rate(OpClass::kFactorization).size_exponent = 1.5;
@@ -435,6 +487,7 @@ TEST(SimCalibration, FitRecoversKnownShapeTermsFromSyntheticDurations) {
   near(at(OpClass::kMemory).exponential_s, 2e-9, "exponential");
   near(at(OpClass::kMemory).error_function_s, 1e-9, "error function");
   near(at(OpClass::kMemory).random_number_s, 5e-9, "random number");
+  near(at(OpClass::kMemory).roofline_exponent, 3.0, "roofline exponent");
   near(at(OpClass::kFactorization).half_efficiency_size, 600, "factorization half size");
   near(at(OpClass::kFactorization).size_exponent, 1.5, "factorization size exponent");
   for (const auto& r : residuals(fit.device, measurements)) {
