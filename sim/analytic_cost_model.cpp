@@ -25,6 +25,8 @@ AnalyticCostModel::AnalyticCostModel(Workload workload, DeviceSpec device,
   workload_.validate();
   device_.validate("device '" + device_.name + "'");
   (void)device_.peak_flops(workload_.precision);  // throws when the device lacks the precision
+  check_fused_attention_device(device_, workload_.attention, workload_.precision,
+                               workload_.config.head_dim());
   layer_ = price_piece(encoder_layer_kernels(workload_));
   embeddings_ = price_piece(embeddings_kernels(workload_));
   heads_ = price_piece(heads_kernels(workload_));

@@ -1,5 +1,6 @@
 #include "sim/bert_costs.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -26,6 +27,23 @@ void Workload::validate() const {
     throw std::invalid_argument("max_predictions " + std::to_string(predictions()) +
                                 " exceeds the sequence length " + std::to_string(seq_len));
   }
+  if (attention == AttentionAlgorithm::kFused) {
+    check_fused_attention_head(config.head_dim());
+  }
+}
+
+AttentionShape attention_shape(const Workload& w) {
+  const auto& c = w.config;
+  AttentionShape s;
+  s.batch = w.micro_batch_size;
+  s.seq = w.seq_len;
+  s.heads = c.num_heads;
+  s.kv_heads = c.num_heads;
+  s.head_dim = c.head_dim();
+  s.element_bytes = w.storage_bytes();
+  s.precision = w.precision;
+  s.product_size = std::min(s.seq, s.head_dim);  // as the batched products' (bert_kernels.cpp)
+  return s;
 }
 
 double encoder_layer_params(const model::BertConfig& c) {
@@ -52,6 +70,12 @@ double encoder_layer_activation_bytes(const Workload& w) {
   // Korthikanti et al.'s count for 16-bit training, generalised to any FFN width:
   // attention 11 T H + 5 a b S^2, MLP 3 T H + 4 T I, LayerNorms 4 T H (with I = 4H this is
   // T H (34 + 5 a S / H)). 32-bit elements double it (dropout masks included: an overestimate).
+  // 5 a b S^2 are the scores' softmax output, dropout mask and dropout output; the fused
+  // attention keeps none of them, only its fp32 log-sum-exps.
+  if (w.attention == AttentionAlgorithm::kFused) {
+    return T * (18.0 * H + 4.0 * I) * w.storage_bytes() / 2.0 +
+           fused_attention_saved_bytes(attention_shape(w));
+  }
   const double sixteen_bit = T * (18.0 * H + 4.0 * I) + 5.0 * a * b * S * S;
   return sixteen_bit * w.storage_bytes() / 2.0;
 }

@@ -9,6 +9,7 @@
 
 #include "runtime/model/bert_config.h"
 #include "scheduler/instruction.h"
+#include "sim/attention_kernels.h"
 #include "sim/device.h"
 
 namespace pf::sim {
@@ -26,6 +27,9 @@ struct Workload {
   // MLM positions scored per sequence; <= 0 means round(S * 20 / 128) (NVIDIA's recipe: 20 at
   // S = 128, 80 at S = 512).
   int max_predictions = 0;
+  // How the attention core runs (sim/attention_kernels.h): batched products with the scores in
+  // memory, or pipefisher_train's fused (flash-style) kernel.
+  AttentionAlgorithm attention = AttentionAlgorithm::kBatched;
 
   int predictions() const;
   double tokens() const { return double{1.0} * micro_batch_size * seq_len; }
@@ -35,6 +39,9 @@ struct Workload {
   void validate() const;
 };
 
+// The attention core of one micro-batch of an encoder layer (sim/attention_kernels.h).
+AttentionShape attention_shape(const Workload& w);
+
 // Parameter counts.
 double encoder_layer_params(const model::BertConfig& c);  // 4H^2 + 2HI + 9H + I
 double embeddings_params(const model::BertConfig& c);     // (V + positions + types) H + 2H
@@ -42,7 +49,8 @@ double embeddings_params(const model::BertConfig& c);     // (V + positions + ty
 // weight V*H when it is not tied to embeddings held by the same chunk.
 double heads_params(const model::BertConfig& c, bool holds_tied_embeddings);
 
-// Bytes stashed per micro-batch until the backward has used them.
+// Bytes stashed per micro-batch until the backward has used them. The fused attention keeps no
+// [S, S] probabilities or dropout mask, only one fp32 log-sum-exp per query row.
 double encoder_layer_activation_bytes(const Workload& w);
 double embeddings_activation_bytes(const Workload& w);
 double heads_activation_bytes(const Workload& w);

@@ -66,18 +66,26 @@ PieceKernels encoder_layer_kernels(const Workload& w, const LayerKernelOptions& 
     kernel.mean_size = 3.0 / (2.0 / S + a / H);  // their harmonic mean (both products alike)
     return kernel;
   };
-  // Self-attention: Q, K, V; heads split (copies of Q and of K transposed); scores Q K^T;
-  // scale; mask; softmax; dropout; V split; probabilities x V; heads merged.
+  // Self-attention: Q, K, V, then the attention core. Batched: heads split (copies of Q and of
+  // K transposed); scores Q K^T; scale; mask; softmax; dropout; V split; probabilities x V;
+  // heads merged. Fused: one kernel reading Q, K and V in place and writing the merged heads.
+  const bool fused = w.attention == AttentionAlgorithm::kFused;
+  const AttentionCoreKernels fused_core =
+      fused ? fused_attention_kernels(attention_shape(w)) : AttentionCoreKernels{};
   for (int i = 0; i < 3; ++i) linear_forward(f, p, e, T, H, H);
-  f.push_back(memory_kernel(2.0 * e * T * H, 2));
-  f.push_back(attention(2.0 * b * S * S * H, e * (2.0 * T * H + N)));
-  f.push_back(elementwise_kernel(2.0 * e * N, sums(N), 2));  // scale, + mask
-  f.push_back(
-      elementwise_kernel(2.0 * e * N, per_element(N, {.flops = 4, .exponentials = 1})));  // softmax
-  f.push_back(elementwise_kernel(dropout_bytes(N, e), dropout_forward(N)));
-  f.push_back(memory_kernel(2.0 * e * T * H));
-  f.push_back(attention(2.0 * b * S * S * H, e * (N + 2.0 * T * H)));
-  f.push_back(memory_kernel(2.0 * e * T * H));
+  if (fused) {
+    f.insert(f.end(), fused_core.forward.begin(), fused_core.forward.end());
+  } else {
+    f.push_back(memory_kernel(2.0 * e * T * H, 2));
+    f.push_back(attention(2.0 * b * S * S * H, e * (2.0 * T * H + N)));
+    f.push_back(elementwise_kernel(2.0 * e * N, sums(N), 2));  // scale, + mask
+    f.push_back(elementwise_kernel(2.0 * e * N,
+                                   per_element(N, {.flops = 4, .exponentials = 1})));  // softmax
+    f.push_back(elementwise_kernel(dropout_bytes(N, e), dropout_forward(N)));
+    f.push_back(memory_kernel(2.0 * e * T * H));
+    f.push_back(attention(2.0 * b * S * S * H, e * (N + 2.0 * T * H)));
+    f.push_back(memory_kernel(2.0 * e * T * H));
+  }
   // Attention output: dense, dropout, residual add, LayerNorm.
   linear_forward(f, p, e, T, H, H);
   f.push_back(elementwise_kernel(dropout_bytes(T * H, e), dropout_forward(T * H)));
@@ -112,16 +120,20 @@ PieceKernels encoder_layer_kernels(const Workload& w, const LayerKernelOptions& 
   layer_norm_backward();
   bi.push_back(elementwise_kernel(dropout_bytes(T * H, e), dropout_backward(T * H)));
   linear_backward(k, p, e, T, H, H, true);
-  bi.push_back(memory_kernel(2.0 * e * T * H));                         // heads merged
-  bi.push_back(attention(2.0 * b * S * S * H, e * (N + 2.0 * T * H)));  // d probabilities
-  bi.push_back(attention(2.0 * b * S * S * H, e * (N + 2.0 * T * H)));  // d V
-  bi.push_back(memory_kernel(2.0 * e * T * H));                         // V split
-  bi.push_back(elementwise_kernel(dropout_bytes(N, e), dropout_backward(N)));
-  bi.push_back(elementwise_kernel(3.0 * e * N, per_element(N, {.flops = 4})));  // softmax
-  bi.push_back(elementwise_kernel(2.0 * e * N, sums(N)));                       // scale
-  bi.push_back(attention(2.0 * b * S * S * H, e * (N + 2.0 * T * H)));          // d Q
-  bi.push_back(attention(2.0 * b * S * S * H, e * (N + 2.0 * T * H)));          // d K
-  bi.push_back(memory_kernel(2.0 * e * T * H, 2));                              // Q, K split
+  if (fused) {  // rowsum(dO O), the key-block kernel (recomputes the scores), the dQ sum
+    bi.insert(bi.end(), fused_core.backward.begin(), fused_core.backward.end());
+  } else {
+    bi.push_back(memory_kernel(2.0 * e * T * H));                         // heads merged
+    bi.push_back(attention(2.0 * b * S * S * H, e * (N + 2.0 * T * H)));  // d probabilities
+    bi.push_back(attention(2.0 * b * S * S * H, e * (N + 2.0 * T * H)));  // d V
+    bi.push_back(memory_kernel(2.0 * e * T * H));                         // V split
+    bi.push_back(elementwise_kernel(dropout_bytes(N, e), dropout_backward(N)));
+    bi.push_back(elementwise_kernel(3.0 * e * N, per_element(N, {.flops = 4})));  // softmax
+    bi.push_back(elementwise_kernel(2.0 * e * N, sums(N)));                       // scale
+    bi.push_back(attention(2.0 * b * S * S * H, e * (N + 2.0 * T * H)));          // d Q
+    bi.push_back(attention(2.0 * b * S * S * H, e * (N + 2.0 * T * H)));          // d K
+    bi.push_back(memory_kernel(2.0 * e * T * H, 2));                              // Q, K split
+  }
   for (int i = 0; i < 3; ++i) linear_backward(k, p, e, T, H, H, options.input_requires_grad);
   // The input's gradient sums the residual's and those of Q, K and V.
   if (options.input_requires_grad) {

@@ -1,7 +1,9 @@
 #pragma once
 // The kernels one micro-batch of each piece of BERT launches (an encoder layer, the embeddings,
 // the pooler + MLM/NSP heads), forward and backward, op by op as an eager framework runs them
-// (Hugging Face BertLayer on PyTorch). docs/simulator.md lists them with their FLOPs and bytes.
+// (Hugging Face BertLayer on PyTorch), the attention core as Workload::attention says (batched
+// products, or the fused kernel of sim/attention_kernels.h). docs/simulator.md lists them with
+// their FLOPs and bytes.
 // Notation: b micro-batch size, S sequence length, T = b S tokens, H hidden, I intermediate,
 // a heads, V vocabulary, P = b x predictions, e bytes per element, N = b a S^2 attention scores.
 #include "sim/bert_costs.h"

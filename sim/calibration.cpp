@@ -101,6 +101,15 @@ class RecordReader {
       fail("storage_precision", e.what());
     }
   }
+  // "attention": how the run's attention core ran ("batched" when absent, or "fused").
+  AttentionAlgorithm attention() const {
+    const std::string name = text("attention", "batched");
+    try {
+      return attention_from_string(name);
+    } catch (const std::invalid_argument& e) {
+      fail("attention", e.what());
+    }
+  }
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
     throw std::invalid_argument(where_ + ".'" + field + "' " + what);
   }
@@ -144,6 +153,7 @@ Workload layer_workload(const nlohmann::json& record, const RecordReader& r) {
   w.micro_batch_size = r.integer("micro_batch_size", 0, 1 << 20);
   w.precision = r.precision();
   w.storage_precision = r.storage();
+  w.attention = r.attention();
   try {
     w.validate();
   } catch (const std::invalid_argument& e) {

@@ -25,7 +25,9 @@
 //    {"operation": "optimizer_step", "params": 3.3e6, "seconds": ...}]}
 // "model" may also be a Hugging Face config object written into the record. Records of a model
 // and of "curvature" may give "storage_precision" (what activations and gradients are stored in,
-// when not "precision", the products': pipefisher_train's bf16 runs store fp32).
+// when not "precision", the products': pipefisher_train's bf16 runs store fp32). Records of a
+// model may give "attention": "batched" (the default) or "fused" (the run's --attention: its
+// layers are priced with that attention core, sim/attention_kernels.h).
 // chunk_* price a pipeline chunk as the analytic cost model does (its layers, the embeddings
 // in front, the heads behind); curvature, precondition and optimizer_step one K-FAC factor of a
 // micro-batch, one Linear's preconditioning and one optimizer step: the records

@@ -38,6 +38,8 @@ ParallelCostModel::ParallelCostModel(ParallelWorkload workload, ClusterSpec clus
   cluster_.validate("cluster '" + cluster_.name + "'");
   const DeviceSpec& device = cluster_.device;
   (void)device.peak_flops(workload_.precision);  // throws when the device lacks the precision
+  check_fused_attention_device(device, workload_.attention, workload_.precision,
+                               workload_.model.head_dim());
   layer_ = price_piece(transformer_layer_kernels(workload_));
   embeddings_ = price_piece(transformer_embedding_kernels(workload_));
   head_ = price_piece(transformer_head_kernels(workload_));

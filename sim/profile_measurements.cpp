@@ -22,6 +22,9 @@ nlohmann::json measurements_from_profile(const Profile& profile, const sched::Sc
   if (element_bytes(workload.storage_precision) != element_bytes(workload.precision)) {
     base["storage_precision"] = std::string(to_string(workload.storage_precision));
   }
+  if (workload.attention != AttentionAlgorithm::kBatched) {
+    base["attention"] = std::string(to_string(workload.attention));
+  }
   nlohmann::json records = nlohmann::json::array();
   const auto add = [&](const std::string& operation, double seconds, nlohmann::json fields) {
     if (!(seconds > 0.0)) return;

@@ -59,8 +59,25 @@ void linear_backward(PieceKernels& k, Precision p, double e, double rows, double
   if (bias) k.backward_weight.push_back(memory_kernel(e * rows * out_dim));
 }
 
-// The attention core: scores, (scale + mask + softmax fused), dropout, probabilities x V.
+// The fused attention core of one rank (its a / t heads, its copy of the key / value heads).
+AttentionShape attention_shape(const ParallelWorkload& w, const RankDims& d) {
+  AttentionShape s;
+  s.batch = d.b;
+  s.seq = d.S;
+  s.heads = d.heads_t;
+  s.kv_heads = d.kv_out / d.head_dim;
+  s.head_dim = d.head_dim;
+  s.element_bytes = d.e;
+  s.precision = w.precision;
+  return s;  // no product_size: the batched core's products here have none either
+}
+
+// The attention core: scores, (scale + mask + softmax fused), dropout, probabilities x V; or the
+// fused kernel.
 Kernels attention_core_forward(const ParallelWorkload& w, const RankDims& d) {
+  if (w.attention == AttentionAlgorithm::kFused) {
+    return fused_attention_kernels(attention_shape(w, d)).forward;
+  }
   const Precision p = w.precision;
   const double products = 2.0 * d.b * d.heads_t * d.S * d.S * d.head_dim;
   Kernels f;
@@ -149,6 +166,7 @@ void ParallelWorkload::validate() const {
         "got " +
         std::to_string(kfac_state.factors) + " and " + std::to_string(kfac_state.inverses));
   }
+  if (attention == AttentionAlgorithm::kFused) check_fused_attention_head(model.head_dim());
   if (tensor_parallel <= 0 || model.num_heads % tensor_parallel != 0 ||
       model.intermediate_size % tensor_parallel != 0) {
     throw std::invalid_argument("--tensor-parallel " + std::to_string(tensor_parallel) +
@@ -205,14 +223,19 @@ PieceKernels transformer_layer_kernels(const ParallelWorkload& w) {
   bi.push_back(memory_kernel(residual));
   bi.push_back(memory_kernel(2.0 * d.e * d.T * d.H + mask));
   linear_backward(k, p, d.e, d.T, d.q_out, d.H, bias);
-  const double products = 2.0 * d.b * d.heads_t * d.S * d.S * d.head_dim;
-  const double product_bytes = d.e * (d.N + d.T * (d.q_out + d.kv_out));
-  bi.push_back(attention_kernel(p, products, product_bytes));  // d probabilities
-  bi.push_back(attention_kernel(p, products, product_bytes));  // d V
-  if (m.dropout) bi.push_back(memory_kernel(d.N * (2.0 * d.e + 1.0)));
-  bi.push_back(memory_kernel(3.0 * d.e * d.N));                // softmax
-  bi.push_back(attention_kernel(p, products, product_bytes));  // d Q
-  bi.push_back(attention_kernel(p, products, product_bytes));  // d K
+  if (w.attention == AttentionAlgorithm::kFused) {
+    const Kernels core_backward = fused_attention_kernels(attention_shape(w, d)).backward;
+    bi.insert(bi.end(), core_backward.begin(), core_backward.end());
+  } else {
+    const double products = 2.0 * d.b * d.heads_t * d.S * d.S * d.head_dim;
+    const double product_bytes = d.e * (d.N + d.T * (d.q_out + d.kv_out));
+    bi.push_back(attention_kernel(p, products, product_bytes));  // d probabilities
+    bi.push_back(attention_kernel(p, products, product_bytes));  // d V
+    if (m.dropout) bi.push_back(memory_kernel(d.N * (2.0 * d.e + 1.0)));
+    bi.push_back(memory_kernel(3.0 * d.e * d.N));                // softmax
+    bi.push_back(attention_kernel(p, products, product_bytes));  // d Q
+    bi.push_back(attention_kernel(p, products, product_bytes));  // d K
+  }
   if (!m.learned_positions && m.family != ModelFamily::kBert) {
     bi.push_back(memory_kernel(2.0 * d.e * d.T * (d.q_out + d.kv_out)));
   }
@@ -292,6 +315,10 @@ double transformer_layer_activation_bytes(const ParallelWorkload& w) {
   const double replicated = d.T * d.H * (m.dropout ? 10.0 : 8.0);
   const double attention = 4.0 * d.T * d.q_out + 4.0 * d.T * d.kv_out;
   const double mlp = (m.gated_mlp ? 6.0 : 4.0) * d.T * d.I_t;
+  if (w.attention == AttentionAlgorithm::kFused) {
+    return scale * (replicated + attention + mlp) +
+           fused_attention_saved_bytes(attention_shape(w, d));
+  }
   const double scores = w.recompute == Recompute::kSelective ? 0.0 : (m.dropout ? 5.0 : 2.0) * d.N;
   return scale * (replicated + attention + mlp + scores);
 }
@@ -325,15 +352,17 @@ double transformer_hardware_flops_per_sequence(const ParallelWorkload& w) {
   const double model = transformer_model_flops_per_sequence(m, w.seq_len, w.scored_positions());
   const double layer_forward =
       m.num_layers * S * transformer_layer_forward_flops_per_token(m, w.seq_len);
+  const double rescored =
+      w.attention == AttentionAlgorithm::kFused ? m.num_layers * S * 2.0 * S * H : 0.0;
   switch (w.recompute) {
     case Recompute::kFull:
-      return model + layer_forward;
+      return model + layer_forward + rescored;
     case Recompute::kSelective:
-      return model + m.num_layers * S * 4.0 * S * H;
+      return model + m.num_layers * S * 4.0 * S * H + rescored;
     case Recompute::kNone:
       break;
   }
-  return model;
+  return model + rescored;
 }
 
 }  // namespace pf::sim

@@ -8,6 +8,7 @@
 // whole layer; selective: the attention core) to the backward-input list.
 // Notation (per rank): T = b S tokens, H hidden, a_t = a / t heads, kv_t = max(1, kv / t) key /
 // value heads, d head size, I_t = I / t, N = b a_t S^2 attention scores, e bytes per element.
+#include "sim/attention_kernels.h"
 #include "sim/bert_kernels.h"
 #include "sim/cluster.h"
 #include "sim/transformer_spec.h"
@@ -54,6 +55,9 @@ struct ParallelWorkload {
   Offload optimizer_offload = Offload::kNone;
   RankOrder rank_order = RankOrder::kMegatron;  // which groups share a node (sim/cluster.h)
   KfacStateHolders kfac_state;                  // K-FAC state over the data-parallel group
+  // The attention core (sim/attention_kernels.h): batched products with the scores in memory, or
+  // the fused kernel (no [S, S] tensor stored; the backward recomputes the scores).
+  AttentionAlgorithm attention = AttentionAlgorithm::kBatched;
 
   double tokens() const { return double{1.0} * micro_batch_size * seq_len; }
   // BERT's scored positions per sequence (round(20 S / 128)); every position for decoders.
@@ -70,7 +74,8 @@ PieceKernels transformer_head_kernels(const ParallelWorkload& w);
 // count generalised to gated MLPs and grouped-query attention; 16-bit baseline scaled by e / 2):
 // none: T (10 H + (4 H + 4 kv d + 4 I') / t) + 5 N' (5: scores, dropout mask and output; 2
 // without attention dropout), I' = I (2 I for a gated MLP's two inputs + 1 I output: 6 I / 4),
-// selective: the same without the N' terms; full: the layer's input only, 2 T H.
+// selective: the same without the N' terms; full: the layer's input only, 2 T H. The fused
+// attention drops the N' terms and keeps b a_t S fp32 log-sum-exps instead.
 double transformer_layer_activation_bytes(const ParallelWorkload& w);
 // The largest transient of full recomputation: one layer's activations rebuilt during its
 // backward (held once per rank, not per stashed micro-batch). 0 for none / selective.
@@ -80,7 +85,8 @@ double transformer_head_activation_bytes(const ParallelWorkload& w);
 
 // Executed matrix-product FLOPs of one sequence on all t ranks, forward + backward +
 // recomputation (what "achieved TFLOP/s per GPU" counts in the Megatron-LM paper: 4x the
-// layers' forward with full recomputation, 3x without; 3x for the head).
+// layers' forward with full recomputation, 3x without; 3x for the head), plus the fused
+// attention backward's recomputed Q K^T (2 S^2 H per layer).
 double transformer_hardware_flops_per_sequence(const ParallelWorkload& w);
 
 }  // namespace pf::sim
