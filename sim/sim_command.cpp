@@ -16,6 +16,7 @@
 #include "scheduler/grid.h"
 #include "scheduler/pipefisher/report_json.h"
 #include "sim/analytic_cost_model.h"
+#include "sim/attention_kernels.h"
 #include "sim/config_search.h"
 #include "sim/measured_cost_model.h"
 #include "sim/parallel_cost_model.h"
@@ -36,6 +37,7 @@ sim::Workload workload_of(const SimCommandOptions& options) {
   if (!options.storage_precision.empty()) {
     workload.storage_precision = sim::precision_from_string(options.storage_precision);
   }
+  workload.attention = sim::attention_from_string(options.attention);
   workload.validate();
   return workload;
 }
@@ -47,7 +49,8 @@ std::string workload_details(const sim::Workload& w, const sim::DeviceSpec& devi
          (w.storage_precision
               ? " (stored " + std::string(sim::to_string(*w.storage_precision)) + ")"
               : "") +
-         " on " + device.name;
+         (w.attention == sim::AttentionAlgorithm::kFused ? ", fused attention" : "") + " on " +
+         device.name;
 }
 
 sim::SimOptions sim_options(const SimCommandOptions& options) {
@@ -334,6 +337,12 @@ void add_sim_options(CLI::App& app, SimCommandOptions& options) {
                  "What activations, gradients and messages are stored in (BERT analytic model), "
                  "when not --precision: pipefisher_train stores fp32 with bf16 products")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}));
+  app.add_option("--attention", options.attention,
+                 "Attention core (analytic models): batched (products with the scores in memory, "
+                 "the runtime's default) or fused (pipefisher_train --attention fused's "
+                 "flash-style kernel: no S x S tensor stored, scores recomputed in the backward)")
+      ->check(CLI::IsMember({"batched", "fused"}))
+      ->capture_default_str();
   app.add_option_function<std::string>(
          "--device",
          [&options](const std::string& value) {
@@ -444,6 +453,7 @@ CostSetup make_parallel_setup(const SimCommandOptions& options,
   workload.sharding = {options.shard_parameters, options.shard_gradients, options.shard_optimizer};
   workload.optimizer_offload = sim::offload_from_string(options.offload_optimizer);
   workload.rank_order = sim::rank_order_from_string(options.rank_order);
+  workload.attention = sim::attention_from_string(options.attention);
   if (kfac.enabled) {
     const auto choice = kfac::parse_kfac_sharding(kfac.sharding);
     if (choice.automatic) {
@@ -475,12 +485,14 @@ CostSetup make_parallel_setup(const SimCommandOptions& options,
   setup.run.hardware_flops_per_sequence = sim::transformer_hardware_flops_per_sequence(workload);
   setup.run.peak_flops_per_worker = cluster.device.peak_flops(workload.precision);
   setup.run.tensor_parallel = workload.tensor_parallel;
-  setup.run.details = std::string(sim::to_string(workload.model.family)) + " " +
-                      workload.model.name + ", S=" + std::to_string(workload.seq_len) +
-                      ", b=" + std::to_string(workload.micro_batch_size) + ", " +
-                      std::string(sim::to_string(workload.precision)) +
-                      ", t=" + std::to_string(workload.tensor_parallel) + ", recompute " +
-                      options.recompute + " on " + cluster.name + " (" + cluster.device.name + ")";
+  setup.run.details =
+      std::string(sim::to_string(workload.model.family)) + " " + workload.model.name +
+      ", S=" + std::to_string(workload.seq_len) +
+      ", b=" + std::to_string(workload.micro_batch_size) + ", " +
+      std::string(sim::to_string(workload.precision)) +
+      ", t=" + std::to_string(workload.tensor_parallel) + ", recompute " + options.recompute +
+      (workload.attention == sim::AttentionAlgorithm::kFused ? ", fused attention" : "") + " on " +
+      cluster.name + " (" + cluster.device.name + ")";
   const auto& shard = workload.sharding;
   if (shard.parameters != 1 || shard.gradients != 1 || shard.optimizer != 1) {
     setup.run.details += ", sharded p/g/o " + std::to_string(shard.parameters) + "/" +
@@ -497,6 +509,10 @@ CostSetup make_parallel_setup(const SimCommandOptions& options,
 
 CostSetup make_cost_setup(const SimCommandOptions& options,
                           const pipefisher::KfacCommandOptions& kfac) {
+  if (sim::attention_from_string(options.attention) != sim::AttentionAlgorithm::kBatched &&
+      options.model.empty()) {
+    throw std::invalid_argument("--attention fused prices a model's attention: give --model");
+  }
   if (parallel_requested(options)) return make_parallel_setup(options, kfac);
   CostSetup setup;
   std::shared_ptr<const sim::AnalyticCostModel> analytic;
@@ -519,6 +535,11 @@ CostSetup make_cost_setup(const SimCommandOptions& options,
   }
   setup.run.micro_batch_size = options.micro_batch_size;
   if (!options.profile.empty()) {
+    if (sim::attention_from_string(options.attention) != sim::AttentionAlgorithm::kBatched) {
+      throw std::invalid_argument(
+          "--attention fused prices the analytic model's attention; a measured --profile "
+          "already times the attention its run used");
+    }
     setup.costs = std::make_shared<sim::MeasuredCostModel>(
         sim::profile_from_json_file(options.profile), options.profile);
     setup.run.cost_model = "measured";
@@ -547,6 +568,9 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
     if (kfac.enabled) {
       throw std::invalid_argument(
           "--kfac sizes K-FAC work with a cost model: give --model (or --uniform / --profile)");
+    }
+    if (sim::attention_from_string(options.attention) != sim::AttentionAlgorithm::kBatched) {
+      throw std::invalid_argument("--attention fused prices a model's attention: give --model");
     }
     if (!options.report.empty() || options.no_overlap) {
       throw std::invalid_argument(

@@ -608,6 +608,87 @@ TEST(SimCommand, CalibrateLeavesOutNoisyRecords) {
   EXPECT_NE(error.find("every record"), std::string::npos) << error;
 }
 
+// --attention fused prices pipefisher_train's fused attention: a smaller stash (no S x S
+// scores), another step time, named in the summary; other values are refused.
+TEST(SimCommand, AttentionFlag) {
+  const auto run = [](const std::string& attention, const std::string& device) {
+    CompileCommandOptions compile;
+    SimCommandOptions options;
+    const fs::path report = scratch("attention_" + attention + ".json");
+    parse({"--schedule",
+           "gpipe",
+           "-p",
+           "1",
+           "-m",
+           "2",
+           "--model",
+           "large",
+           "--device",
+           device,
+           "--precision",
+           "bf16",
+           "--storage-precision",
+           "fp32",
+           "--seq-len",
+           "512",
+           "--micro-batch-size",
+           "8",
+           "--attention",
+           attention,
+           "--grid",
+           "none",
+           "--report",
+           report.string()},
+          compile, options);
+    EXPECT_EQ(options.attention, attention);
+    std::ostringstream out;
+    EXPECT_EQ(run_sim_command(compile, options, out), 0);
+    return std::make_pair(read_json(report), out.str());
+  };
+  const auto [batched, batched_text] = run("batched", "h100");
+  const auto [fused, fused_text] = run("fused", "h100");
+  EXPECT_NE(fused_text.find("fused attention"), std::string::npos) << fused_text;
+  EXPECT_EQ(batched_text.find("fused attention"), std::string::npos) << batched_text;
+  // 2 stashed micro-batches x 24 layers x (5 a b S^2 x 2 bytes less 4 a b S of log-sum-exps).
+  const double a = 16, b = 8, S = 512;
+  const double saved = batched["workers"][0]["peak_memory_bytes"].get<double>() -
+                       fused["workers"][0]["peak_memory_bytes"].get<double>();
+  EXPECT_NEAR(saved, 2 * 24 * (5 * a * b * S * S * 2 - 4 * a * b * S), 1e-9 * saved);
+  EXPECT_NE(batched["step_time_s"].get<double>(), fused["step_time_s"].get<double>());
+  {
+    CompileCommandOptions compile;
+    SimCommandOptions options;
+    EXPECT_THROW(parse({"--model", "large", "--attention", "flash"}, compile, options),
+                 CLI::ValidationError);
+  }
+  auto error_of = [](SimCommandOptions options) -> std::string {
+    CompileCommandOptions compile;
+    compile.grid = "none";
+    std::ostringstream out;
+    try {
+      run_sim_command(compile, options, out);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  SimCommandOptions o;
+  o.model = "large";
+  o.attention = "flash";
+  EXPECT_NE(error_of(o).find("--attention 'flash' is not one of batched, fused"), std::string::npos)
+      << error_of(o);
+  o = {};
+  o.attention = "fused";  // the plain compiler prices nothing
+  EXPECT_NE(error_of(o).find("give --model"), std::string::npos) << error_of(o);
+  o.uniform = "1,2";
+  EXPECT_NE(error_of(o).find("give --model"), std::string::npos) << error_of(o);
+  o = {};
+  o.attention = "fused";
+  o.model = "large";
+  o.profile = "profile.json";  // a measured profile times the attention its run used
+  EXPECT_NE(error_of(o).find("measured --profile"), std::string::npos) << error_of(o);
+}
+
 TEST(SimCommand, BadInputGivesClearErrors) {
   auto error_of = [](CompileCommandOptions compile, SimCommandOptions options) -> std::string {
     std::ostringstream out;
