@@ -321,7 +321,8 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
           .config = config,
           .seq_len = static_cast<int>(context.seq_len),
           .micro_batch_size = static_cast<int>(context.micro_batch_size),
-          .precision = sim::precision_from_string(products_precision(o.precision))};
+          .precision = sim::precision_from_string(products_precision(o.precision)),
+          .attention = sim::attention_from_string(o.attention)};
       const nlohmann::json tags = {
           {"schedule", std::string(sched::to_string(schedule.params.kind))},
           {"stages", schedule.params.workers},
