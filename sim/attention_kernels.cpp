@@ -14,6 +14,7 @@ Kernel core_product(const AttentionShape& s, double flops, double bytes) {
   kernel.flops = flops;
   kernel.bytes = bytes;
   kernel.size = s.product_size;
+  kernel.mean_size = s.product_mean_size;
   return kernel;
 }
 

@@ -40,6 +40,8 @@ struct AttentionShape {
   // Kernel::size of the core's product kernels (the shape factor's dimension; 0: none), as the
   // caller's batched products use it, so that both algorithms meet the same efficiency curve.
   double product_size = 0.0;
+  // Kernel::mean_size of the same products (their harmonic mean dimension; 0: none).
+  double product_mean_size = 0.0;
 };
 
 // The arithmetic of the fused kernel's products: TF32 under tf32, bf16 and fp16 with

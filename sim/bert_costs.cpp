@@ -42,7 +42,9 @@ AttentionShape attention_shape(const Workload& w) {
   s.head_dim = c.head_dim();
   s.element_bytes = w.storage_bytes();
   s.precision = w.precision;
-  s.product_size = std::min(s.seq, s.head_dim);  // as the batched products' (bert_kernels.cpp)
+  // As the batched products' (bert_kernels.cpp): S x S x head width.
+  s.product_size = std::min(s.seq, s.head_dim);
+  s.product_mean_size = 3.0 / (2.0 / s.seq + 1.0 / s.head_dim);
   return s;
 }
 

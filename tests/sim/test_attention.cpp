@@ -4,6 +4,7 @@
 // no [S, S] tensor in the stash, and travels from pipefisher_train's calibration records.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -137,6 +138,15 @@ TEST(SimAttention, FusedKernelsPriceFlashAttentionsWork) {
   // Q, K, V read, O written, one fp32 log-sum-exp per query row: no S x S term.
   EXPECT_DOUBLE_EQ(forward.bytes, e * 4 * T * H + 4 * b * a * S);
   EXPECT_DOUBLE_EQ(forward.size, d);
+  EXPECT_DOUBLE_EQ(forward.mean_size, 3 / (2 / S + 1 / d));
+  // The same sizes as the batched products': both algorithms read the class's curve alike.
+  const Kernels batched_forward = encoder_layer_kernels(bw).forward;
+  const auto product =
+      std::find_if(batched_forward.begin(), batched_forward.end(),
+                   [](const Kernel& k) { return k.op_class == OpClass::kAttention; });
+  ASSERT_NE(product, batched_forward.end());
+  EXPECT_DOUBLE_EQ(forward.size, product->size);
+  EXPECT_DOUBLE_EQ(forward.mean_size, product->mean_size);
   const Kernel& row_dot = core.backward[0];
   EXPECT_EQ(row_dot.op_class, OpClass::kMemory);
   EXPECT_DOUBLE_EQ(row_dot.bytes, e * 2 * T * H + 4 * b * a * S);
