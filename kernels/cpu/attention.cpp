@@ -2,9 +2,13 @@
 // pairs; each pair's small GEMMs run single-threaded inside the parallel region.
 #include <array>
 #include <cmath>
+#include <string>
+#include <vector>
 
+#include "kernels/cpu/dropout_select.h"
 #include "kernels/cpu/eigen_maps.h"
 #include "kernels/ops.h"
+#include "kernels/rng.h"
 
 namespace pf::kernels {
 namespace {
@@ -76,31 +80,57 @@ void attention_backward(const AttentionShape& shape, ConstMatrixView<T> qkv, con
                         MatrixView<T> dqkv) {
   check(shape, qkv.rows, qkv.cols, dctx.rows, dctx.cols, "attention_backward");
   check(shape, dqkv.rows, dqkv.cols, dctx.rows, dctx.cols, "attention_backward");
+  require(dropout >= 0.0F && dropout < 1.0F, "attention_backward",
+          "dropout must lie in [0, 1), got " + std::to_string(dropout));
   const std::int64_t seq = shape.seq;
   const std::int64_t head_dim = shape.head_dim;
+  const std::int64_t square = seq * seq;
   const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
   const std::int64_t pairs = shape.batch * shape.heads;
-#pragma omp parallel for schedule(static)
-  for (std::int64_t pair = 0; pair < pairs; ++pair) {
-    const std::int64_t b = pair / shape.heads;
-    const std::int64_t h = pair % shape.heads;
-    const auto [q, k, v] = head_qkv(qkv, shape, b, h);
-    const auto [dq, dk, dv] = head_qkv(dqkv, shape, b, h);
-    auto dout = dctx.block_rows(b * seq, seq).block_cols(h * head_dim, head_dim);
-    ConstMatrixView<T> p(probs + pair * seq * seq, seq, seq);
-    MatrixView<T> w(workspace + pair * seq * seq, seq, seq);
-    const auto offset = static_cast<std::uint64_t>(pair * seq * seq);
-    if (dropout > 0.0F) {
-      dropout_forward<T>(p, w, dropout, seed, offset);
-      gemm<T>(w, Transpose::kYes, dout, Transpose::kNo, dv);
-    } else {
-      gemm<T>(p, Transpose::kYes, dout, Transpose::kNo, dv);
+  const std::uint32_t threshold = dropout > 0.0F ? dropout_threshold(dropout) : 0U;
+  const T keep_scale = T(1) / (T(1) - static_cast<T>(dropout));
+  const std::uint64_t key = stream_key(seed);
+#pragma omp parallel
+  {
+    // The pair's dropout bits, drawn once and applied twice (to the probabilities for dV and to
+    // dP): the same values as two calls of dropout_forward, half the hashing.
+    std::vector<std::uint32_t> bits(dropout > 0.0F ? static_cast<std::size_t>(square) : 0);
+#pragma omp for schedule(static)
+    for (std::int64_t pair = 0; pair < pairs; ++pair) {
+      const std::int64_t b = pair / shape.heads;
+      const std::int64_t h = pair % shape.heads;
+      const auto [q, k, v] = head_qkv(qkv, shape, b, h);
+      const auto [dq, dk, dv] = head_qkv(dqkv, shape, b, h);
+      auto dout = dctx.block_rows(b * seq, seq).block_cols(h * head_dim, head_dim);
+      const T* p_data = probs + pair * square;
+      ConstMatrixView<T> p(p_data, seq, seq);
+      T* w_data = workspace + pair * square;
+      MatrixView<T> w(w_data, seq, seq);
+      if (dropout > 0.0F) {
+        std::uint32_t* draw = bits.data();
+        const auto offset = static_cast<std::uint64_t>(pair * square);
+#pragma omp simd
+        for (std::int64_t i = 0; i < square; ++i) {
+          draw[i] = bits_for_key(key, offset + static_cast<std::uint64_t>(i));
+        }
+#pragma omp simd
+        for (std::int64_t i = 0; i < square; ++i) {
+          w_data[i] = cpu::keep_or_zero(p_data[i] * keep_scale, draw[i] >= threshold);
+        }
+        gemm<T>(w, Transpose::kYes, dout, Transpose::kNo, dv);
+        gemm<T>(dout, Transpose::kNo, v, Transpose::kYes, w);
+#pragma omp simd
+        for (std::int64_t i = 0; i < square; ++i) {
+          w_data[i] = cpu::keep_or_zero(w_data[i] * keep_scale, draw[i] >= threshold);
+        }
+      } else {
+        gemm<T>(p, Transpose::kYes, dout, Transpose::kNo, dv);
+        gemm<T>(dout, Transpose::kNo, v, Transpose::kYes, w);
+      }
+      softmax_backward<T>(p, w, scale, w);
+      gemm<T>(w, Transpose::kNo, k, Transpose::kNo, dq);
+      gemm<T>(w, Transpose::kYes, q, Transpose::kNo, dk);
     }
-    gemm<T>(dout, Transpose::kNo, v, Transpose::kYes, w);
-    if (dropout > 0.0F) dropout_backward<T>(w, w, dropout, seed, offset);
-    softmax_backward<T>(p, w, scale, w);
-    gemm<T>(w, Transpose::kNo, k, Transpose::kNo, dq);
-    gemm<T>(w, Transpose::kYes, q, Transpose::kNo, dk);
   }
 }
 

@@ -1,5 +1,6 @@
 // Elementwise ops, LayerNorm, softmax and reductions. Rows are split over OpenMP threads; each
 // row is processed with vectorised Eigen array expressions.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -7,6 +8,7 @@
 #include <omp.h>
 #include <unsupported/Eigen/SpecialFunctions>
 
+#include "kernels/cpu/dropout_select.h"
 #include "kernels/cpu/eigen_maps.h"
 #include "kernels/ops.h"
 #include "kernels/rng.h"
@@ -103,7 +105,7 @@ void dropout_forward(ConstMatrixView<T> x, MatrixView<T> y, float probability, s
 #pragma omp simd
     for (std::int64_t j = 0; j < x.cols; ++j) {
       const bool keep = bits_for_key(key, base + static_cast<std::uint64_t>(j)) >= threshold;
-      out[j] = keep ? in[j] * scale : T(0);
+      out[j] = cpu::keep_or_zero(in[j] * scale, keep);
     }
   }
 }
@@ -115,25 +117,57 @@ void dropout_backward(ConstMatrixView<T> dy, MatrixView<T> dx, float probability
   dropout_forward(dy, dx, probability, seed, index_offset);
 }
 
+// One pass: y = (keep ? x * scale : 0) + residual, the bits of dropout_forward followed by
+// accumulate (the product is rounded before the sum: the bitwise select between them keeps the
+// compiler from contracting the two into one FMA). y may alias x or residual.
 template <typename T>
 void dropout_add_forward(ConstMatrixView<T> x, ConstMatrixView<T> residual, MatrixView<T> y,
                          float probability, std::uint64_t seed) {
   require_same_shape(x, residual, "dropout_add_forward");
-  dropout_forward(x, y, probability, seed);
-  accumulate(residual, y);
+  require_same_shape(x, y, "dropout_add_forward");
+  require(probability >= 0.0F && probability < 1.0F, "dropout_add_forward",
+          "probability must lie in [0, 1), got " + std::to_string(probability));
+  if (probability == 0.0F) {
+    add(x, residual, y);
+    return;
+  }
+  const auto threshold = dropout_threshold(probability);
+  const T scale = T(1) / (T(1) - static_cast<T>(probability));
+  const std::uint64_t key = stream_key(seed);
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(x.size()))
+  for (std::int64_t i = 0; i < x.rows; ++i) {
+    const T* in = x.row(i);
+    const T* res = residual.row(i);
+    T* out = y.row(i);
+    const auto base = static_cast<std::uint64_t>(i * x.cols);
+#pragma omp simd
+    for (std::int64_t j = 0; j < x.cols; ++j) {
+      const bool keep = bits_for_key(key, base + static_cast<std::uint64_t>(j)) >= threshold;
+      out[j] = cpu::keep_or_zero(in[j] * scale, keep) + res[j];
+    }
+  }
 }
 
+// Row-parallel (a plain Eigen expression runs on one thread): each element's sum is the same
+// for any thread count.
 template <typename T>
 void add(ConstMatrixView<T> a, ConstMatrixView<T> b, MatrixView<T> y) {
   require_same_shape(a, b, "add");
   require_same_shape(a, y, "add");
-  cpu::map(y) = cpu::map(a) + cpu::map(b);
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(a.size()) && !omp_in_parallel())
+  for (std::int64_t i = 0; i < a.rows; ++i) {
+    const T* left = a.row(i);
+    const T* right = b.row(i);
+    T* out = y.row(i);
+#pragma omp simd
+    for (std::int64_t j = 0; j < a.cols; ++j) out[j] = left[j] + right[j];
+  }
 }
 
 template <typename T>
 void accumulate(ConstMatrixView<T> x, MatrixView<T> y) {
   require_same_shape(x, y, "accumulate");
-  cpu::map(y) += cpu::map(x);
+  add(ConstMatrixView<T>(y), x, y);
 }
 
 template <typename T>
@@ -156,41 +190,61 @@ void layernorm_forward(ConstMatrixView<T> x, const T* gamma, const T* beta, T ep
   }
 }
 
+// Rows are taken in fixed chunks of kLayerNormChunkRows; each chunk sums its rows' dgamma and
+// dbeta terms into its own partial, and the partials are added to dgamma and dbeta in chunk order
+// afterwards: the same sums for any thread count (a per-thread partial would make the parameter
+// gradients depend on how the rows were shared out). Per row, two passes: the two means, then
+// dx and the partial sums.
+constexpr std::int64_t kLayerNormChunkRows = 64;
+
 template <typename T>
 void layernorm_backward(ConstMatrixView<T> x, ConstMatrixView<T> dy, const T* gamma, const T* mean,
                         const T* rstd, MatrixView<T> dx, T* dgamma, T* dbeta) {
   require_same_shape(x, dy, "layernorm_backward");
   require_same_shape(x, dx, "layernorm_backward");
   const std::int64_t cols = x.cols;
-  auto g = cpu::array(gamma, cols);
   const T inv_cols = T(1) / static_cast<T>(cols);
-  const bool parallel = cpu::worth_parallel(x.size());
-  const int threads = parallel ? omp_get_max_threads() : 1;
-  // Per-thread partial sums of dgamma and dbeta, added in thread order (deterministic).
-  std::vector<T> partial(static_cast<std::size_t>(2 * threads * cols), T(0));
-#pragma omp parallel num_threads(threads) if (parallel)
-  {
-    const int thread = omp_get_thread_num();
-    auto pg = cpu::array(partial.data() + 2 * thread * cols, cols);
-    auto pb = cpu::array(partial.data() + (2 * thread + 1) * cols, cols);
-#pragma omp for schedule(static)
-    for (std::int64_t i = 0; i < x.rows; ++i) {
-      auto in = cpu::array(x.row(i), cols);
-      auto d = cpu::array(dy.row(i), cols);
+  const std::int64_t chunks = (x.rows + kLayerNormChunkRows - 1) / kLayerNormChunkRows;
+  std::vector<T> partial(static_cast<std::size_t>(2 * chunks * cols));
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(x.size()) && !omp_in_parallel())
+  for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+    T* pg = partial.data() + 2 * chunk * cols;
+    T* pb = pg + cols;
+    std::fill(pg, pg + 2 * cols, T(0));
+    const std::int64_t last = std::min(x.rows, (chunk + 1) * kLayerNormChunkRows);
+    for (std::int64_t i = chunk * kLayerNormChunkRows; i < last; ++i) {
+      const T* in = x.row(i);
+      const T* d = dy.row(i);
+      T* out = dx.row(i);
       const T mu = mean[i];
       const T r = rstd[i];
-      const T mean_dg = (d * g).sum() * inv_cols;
-      const T mean_dg_xhat = (d * g * (in - mu)).sum() * r * inv_cols;
-      cpu::array(dx.row(i), cols) = r * (d * g - mean_dg - (in - mu) * (r * mean_dg_xhat));
-      pg += d * (in - mu) * r;
-      pb += d;
+      T sum_dg = T(0), sum_dg_xhat = T(0);
+#pragma omp simd reduction(+ : sum_dg, sum_dg_xhat)
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const T dg = d[j] * gamma[j];
+        sum_dg += dg;
+        sum_dg_xhat += dg * ((in[j] - mu) * r);
+      }
+      const T mean_dg = sum_dg * inv_cols;
+      const T mean_dg_xhat = sum_dg_xhat * inv_cols;
+#pragma omp simd
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const T dj = d[j];  // read before out[j] is written: dx may alias dy
+        const T xhat = (in[j] - mu) * r;
+        out[j] = r * (dj * gamma[j] - mean_dg - xhat * mean_dg_xhat);
+        pg[j] += dj * xhat;
+        pb[j] += dj;
+      }
     }
   }
-  auto out_g = cpu::array(dgamma, cols);
-  auto out_b = cpu::array(dbeta, cols);
-  for (int t = 0; t < threads; ++t) {
-    out_g += cpu::array(partial.data() + 2 * t * cols, cols);
-    out_b += cpu::array(partial.data() + (2 * t + 1) * cols, cols);
+  for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const T* pg = partial.data() + 2 * chunk * cols;
+    const T* pb = pg + cols;
+#pragma omp simd
+    for (std::int64_t j = 0; j < cols; ++j) {
+      dgamma[j] += pg[j];
+      dbeta[j] += pb[j];
+    }
   }
 }
 

@@ -102,8 +102,11 @@ void block_product(ConstMatrixView<T> a, bool ta, ConstMatrixView<T> b, bool tb,
 }
 
 // The cut of an m x n result into blocks: along its longer side, into at most kMaxBlocks blocks
-// of at least kMinBlock rows or columns (a multiple of 32), one block for small products.
-// Blocks of 128-256 rows run as fast as the whole product in OpenBLAS (docs/benchmarks.md).
+// of at least kMinBlock rows or columns (a multiple of 32), one block for small products. The
+// number of blocks is even (when there are several), so that two or four threads get equal
+// shares: the MLM head's 640-row products were cut into 5 blocks of 128, 3 on one thread and 2
+// on the other. Blocks of 128-256 rows run as fast as the whole product in OpenBLAS
+// (docs/benchmarks.md).
 struct ProductCut {
   bool by_rows = true;
   std::int64_t block = 0;  // rows or columns per block
@@ -119,9 +122,14 @@ ProductCut cut_product(std::int64_t m, std::int64_t n, std::int64_t k) {
   const std::int64_t length = cut.by_rows ? m : n;
   cut.block = length;
   if (m * n * k < kParallelWork || length < 2 * kMinBlock) return cut;
-  const std::int64_t per_block = (length + kMaxBlocks - 1) / kMaxBlocks;
-  cut.block = std::max(kMinBlock, (per_block + 31) / 32 * 32);
-  cut.count = (length + cut.block - 1) / cut.block;
+  // The most blocks (even, at least 2) whose 32-rounded size still gives an even count; two
+  // blocks always do.
+  for (std::int64_t blocks = std::min(kMaxBlocks, length / kMinBlock) / 2 * 2; blocks >= 2;
+       blocks -= 2) {
+    cut.block = ((length + blocks - 1) / blocks + 31) / 32 * 32;
+    cut.count = (length + cut.block - 1) / cut.block;
+    if (cut.count % 2 == 0) break;
+  }
   return cut;
 }
 
@@ -193,9 +201,12 @@ void linear_forward(ConstMatrixView<T> x, ConstMatrixView<T> weight, const T* bi
           "x " + dims(x.rows, x.cols) + ", weight " + dims(weight.rows, weight.cols) + ", y " +
               dims(y.rows, y.cols));
   if (bias != nullptr) {
-    auto out = cpu::map(y);
-    Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>> b(bias, y.cols);
-    out.rowwise() = b;
+    // The bias in every row (a copy, in parallel: the MLM decoder's is 640 x 30522), then the
+    // product adds to it.
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(y.size()) && !omp_in_parallel())
+    for (std::int64_t i = 0; i < y.rows; ++i) {
+      std::copy(bias, bias + y.cols, y.row(i));
+    }
     gemm(x, Transpose::kNo, weight, Transpose::kYes, y, T(1), T(1));
   } else {
     gemm(x, Transpose::kNo, weight, Transpose::kYes, y);
@@ -217,8 +228,12 @@ void linear_backward(ConstMatrixView<T> x, ConstMatrixView<T> weight, ConstMatri
 
 template <typename T>
 void bias_add(MatrixView<T> y, const T* bias) {
-  Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>> b(bias, y.cols);
-  cpu::map(y).rowwise() += b;
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(y.size()) && !omp_in_parallel())
+  for (std::int64_t i = 0; i < y.rows; ++i) {
+    T* row = y.row(i);
+#pragma omp simd
+    for (std::int64_t j = 0; j < y.cols; ++j) row[j] += bias[j];
+  }
 }
 
 // Column sums of dy, added to dbias. Rows are added one after another (contiguous, vectorised)

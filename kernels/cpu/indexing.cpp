@@ -1,5 +1,6 @@
 // Embedding gather/scatter, row gather/scatter and the softmax cross-entropy.
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/eigen_maps.h"
 #include "kernels/ops.h"
@@ -68,8 +69,10 @@ T cross_entropy_forward(MatrixView<T> logits, const std::int64_t* labels, const 
     if (w != T(0)) check_index(labels[r], logits.cols, r, "cross_entropy", what);
     total_weight += w;
   }
-  T total = T(0);
-#pragma omp parallel for schedule(static) reduction(+ : total) if (cpu::worth_parallel(logits.size()))
+  // Each row's loss, then their sum in row order: the same total for any thread count (an
+  // OpenMP reduction would add per-thread partial sums).
+  std::vector<T> row_loss(static_cast<std::size_t>(logits.rows), T(0));
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(logits.size()))
   for (std::int64_t r = 0; r < logits.rows; ++r) {
     auto row = cpu::array(logits.row(r), logits.cols);
     const T max = row.maxCoeff();
@@ -77,10 +80,12 @@ T cross_entropy_forward(MatrixView<T> logits, const std::int64_t* labels, const 
     const T normaliser = row.sum();
     const T w = weights == nullptr ? T(1) : weights[r];
     if (w != T(0)) {
-      total += w * (std::log(normaliser) - std::log(row[labels[r]]));
+      row_loss[static_cast<std::size_t>(r)] = w * (std::log(normaliser) - std::log(row[labels[r]]));
     }
     row *= T(1) / normaliser;
   }
+  T total = T(0);
+  for (const T loss : row_loss) total += loss;
   return total_weight == T(0) ? T(0) : total / total_weight;
 }
 
