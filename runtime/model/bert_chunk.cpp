@@ -500,8 +500,8 @@ ForwardResult<T> BertChunk<T>::forward_stashed(Stash& st, const Batch& batch,
     a.attn_sum = buffer(tokens * H);
     MatrixView<T> attn_sum(a.attn_sum, tokens, H);
     ops_->linear_forward(ctx, {values + w.o_w, H, H}, values + w.o_b, attn_sum);
-    ops_->dropout_forward(attn_sum, attn_sum, st.hidden_dropout, site_seed(st.seed, w.global, 1));
-    ops_->accumulate(in, attn_sum);
+    ops_->dropout_add_forward(attn_sum, in, attn_sum, st.hidden_dropout,
+                              site_seed(st.seed, w.global, 1));
     a.mean1 = buffer(tokens);
     a.rstd1 = buffer(tokens);
     a.h1 = buffer(tokens * H);
@@ -518,8 +518,8 @@ ForwardResult<T> BertChunk<T>::forward_stashed(Stash& st, const Batch& batch,
     a.ffn_sum = buffer(tokens * H);
     MatrixView<T> ffn_sum(a.ffn_sum, tokens, H);
     ops_->linear_forward(act, {values + w.out_w, H, I}, values + w.out_b, ffn_sum);
-    ops_->dropout_forward(ffn_sum, ffn_sum, st.hidden_dropout, site_seed(st.seed, w.global, 2));
-    ops_->accumulate(h1, ffn_sum);
+    ops_->dropout_add_forward(ffn_sum, h1, ffn_sum, st.hidden_dropout,
+                              site_seed(st.seed, w.global, 2));
     a.mean2 = buffer(tokens);
     a.rstd2 = buffer(tokens);
     a.out = buffer(tokens * H);
@@ -708,31 +708,32 @@ void BertChunk<T>::backward_input(int microbatch, ConstMatrixView<T> grad_output
     a.d_qkv = keep(tokens * 3 * H);
     const bool last = l == 0 && !spec_.has_embeddings;
     MatrixView<T> dinput = last ? grad_input : MatrixView<T>(ping, tokens, H);
-    // Output LayerNorm; its input is h1 + dropout(FFN(h1)).
-    MatrixView<T> dsum(d_sum, tokens, H);
-    ops_->layernorm_backward({a.ffn_sum, tokens, H}, d, values + w.ln2_g, a.mean2, a.rstd2, dsum,
+    // Output LayerNorm; its input is h1 + dropout(FFN(h1)). Its input gradient is the residual
+    // branch's share of dh1: written straight into dh1, the FFN-in product adds to it (beta 1).
+    MatrixView<T> dh1(d_ctx, tokens, H);
+    ops_->layernorm_backward({a.ffn_sum, tokens, H}, d, values + w.ln2_g, a.mean2, a.rstd2, dh1,
                              grads + w.ln2_g, grads + w.ln2_b);
     MatrixView<T> dffn_out(a.d_ffn_out, tokens, H);
-    ops_->dropout_backward(dsum, dffn_out, st.hidden_dropout, site_seed(st.seed, w.global, 2));
+    ops_->dropout_backward(dh1, dffn_out, st.hidden_dropout, site_seed(st.seed, w.global, 2));
     if (capture != nullptr)
       capture->on_output_grad(w.global, LinearKind::kFfnOut, microbatch, dffn_out);
     MatrixView<T> dact(a.d_ffn_in, tokens, I);
     linear_input_grad(dffn_out, {values + w.out_w, H, I}, dact);
     ops_->gelu_backward({a.ffn_pre, tokens, I}, dact, dact);
     if (capture != nullptr) capture->on_output_grad(w.global, LinearKind::kFfnIn, microbatch, dact);
-    // dh1 = FFN-in input gradient + the residual's.
-    MatrixView<T> dh1(d_ctx, tokens, H);
-    linear_input_grad(dact, {values + w.in_w, I, H}, dh1);
-    ops_->accumulate(dsum, dh1);
-    // Attention LayerNorm; its input is x + dropout(attention output projection).
-    ops_->layernorm_backward({a.attn_sum, tokens, H}, dh1, values + w.ln1_g, a.mean1, a.rstd1, dsum,
-                             grads + w.ln1_g, grads + w.ln1_b);
+    // dh1 = the residual's gradient (above) + the FFN-in input gradient.
+    ops_->gemm(dact, kernels::Transpose::kNo, {values + w.in_w, I, H}, kernels::Transpose::kNo, dh1,
+               T(1), T(1));
+    // Attention LayerNorm; its input is x + dropout(attention output projection). Its input
+    // gradient goes straight into dinput, to which the QKV product adds below.
+    ops_->layernorm_backward({a.attn_sum, tokens, H}, dh1, values + w.ln1_g, a.mean1, a.rstd1,
+                             dinput, grads + w.ln1_g, grads + w.ln1_b);
     MatrixView<T> dattn_out(a.d_attn_out, tokens, H);
-    ops_->dropout_backward(dsum, dattn_out, st.hidden_dropout, site_seed(st.seed, w.global, 1));
+    ops_->dropout_backward(dinput, dattn_out, st.hidden_dropout, site_seed(st.seed, w.global, 1));
     if (capture != nullptr) {
       capture->on_output_grad(w.global, LinearKind::kAttentionOut, microbatch, dattn_out);
     }
-    MatrixView<T> dctx(d_ctx, tokens, H);
+    MatrixView<T> dctx(d_ctx, tokens, H);  // dh1 is no longer needed
     linear_input_grad(dattn_out, {values + w.o_w, H, H}, dctx);
     MatrixView<T> dqkv(a.d_qkv, tokens, 3 * H);
     ops_->attention_backward(shape, {a.qkv, tokens, 3 * H}, st.mask, {a.ctx, tokens, H},
@@ -743,8 +744,8 @@ void BertChunk<T>::backward_input(int microbatch, ConstMatrixView<T> grad_output
       capture->on_output_grad(w.global, LinearKind::kKey, microbatch, dqkv.block_cols(H, H));
       capture->on_output_grad(w.global, LinearKind::kValue, microbatch, dqkv.block_cols(2 * H, H));
     }
-    linear_input_grad(dqkv, {values + w.qkv_w, 3 * H, H}, dinput);
-    ops_->accumulate(dsum, dinput);
+    ops_->gemm(dqkv, kernels::Transpose::kNo, {values + w.qkv_w, 3 * H, H}, kernels::Transpose::kNo,
+               dinput, T(1), T(1));
     d = dinput;
     std::swap(ping, pong);
   }
