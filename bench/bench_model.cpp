@@ -6,7 +6,7 @@
 // colwise().sum() of the same row-major matrix (eigen_colwise:1, what bias_backward did before).
 // gemm/...: the step's matrix products (BERT-mini's, and BERT-Large's at 32 x 128 tokens) through
 // kernels::gemm (OpenBLAS where CMake found it) against Eigen's GEMM on the same row-major data
-// (eigen:1, what kernels::gemm did before), on the --threads threads.
+// (eigen:1, what kernels::gemm did before), on the --threads threads. dropout/...: see BM_Dropout.
 #include <omp.h>
 
 #include <cstdlib>
@@ -19,6 +19,7 @@
 
 #include "kernels/cpu/eigen_maps.h"
 #include "kernels/ops.h"
+#include "kernels/rng.h"
 #include "runtime/model/bert_chunk.h"
 #include "runtime/tensor/cpu_backend.h"
 
@@ -77,6 +78,47 @@ void BM_BiasBackward(benchmark::State& state) {
                           static_cast<std::int64_t>(sizeof(float)));
 }
 
+// Dropout at p = 0.1 of the step's hidden activations (4096 x 256) and of one layer's attention
+// probabilities (32 x 4 x 128 rows of 128), through kernels::dropout_forward against the loop it
+// ran before (branchy:1: the same mask with `keep ? x * scale : 0` on floats, which GCC leaves as
+// a branch per element, unvectorised), on the --threads threads.
+void BM_Dropout(benchmark::State& state) {
+  const std::int64_t rows = state.range(0);
+  const std::int64_t cols = state.range(1);
+  const bool branchy = state.range(2) != 0;
+  std::vector<float> x(static_cast<std::size_t>(rows * cols)), y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 89) * 0.01F - 0.4F;
+  const pf::kernels::ConstMatrixView<float> in(x.data(), rows, cols);
+  const pf::kernels::MatrixView<float> out(y.data(), rows, cols);
+  constexpr float kProbability = 0.1F;
+  std::uint64_t seed = 0;
+  for (auto _ : state) {
+    ++seed;
+    if (branchy) {
+      const auto threshold = pf::kernels::dropout_threshold(kProbability);
+      const float scale = 1.0F / (1.0F - kProbability);
+      const std::uint64_t key = pf::kernels::stream_key(seed);
+#pragma omp parallel for schedule(static)
+      for (std::int64_t i = 0; i < rows; ++i) {
+        const float* row_in = in.row(i);
+        float* row_out = out.row(i);
+        const auto base = static_cast<std::uint64_t>(i * cols);
+#pragma omp simd
+        for (std::int64_t j = 0; j < cols; ++j) {
+          const bool keep =
+              pf::kernels::bits_for_key(key, base + static_cast<std::uint64_t>(j)) >= threshold;
+          row_out[j] = keep ? row_in[j] * scale : 0.0F;
+        }
+      }
+    } else {
+      pf::kernels::dropout_forward<float>(in, out, kProbability, seed);
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * rows * cols);
+}
+
 // C = op(A) B, A m x k (or k x m when transposed: the weight gradients' dy^T x), row-major.
 void BM_Gemm(benchmark::State& state) {
   const std::int64_t m = state.range(0), n = state.range(1), k = state.range(2);
@@ -130,6 +172,15 @@ BENCHMARK(BM_Gemm)
     ->Args({4096, 4096, 1024, 0, 0})
     ->Args({4096, 4096, 1024, 0, 1})
     ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_Dropout)
+    ->Name("dropout")
+    ->ArgNames({"rows", "cols", "branchy"})
+    ->Args({4096, 256, 0})
+    ->Args({4096, 256, 1})
+    ->Args({16384, 128, 0})
+    ->Args({16384, 128, 1})
+    ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 BENCHMARK(BM_BiasBackward)
     ->Name("bias_backward")
