@@ -45,27 +45,31 @@ void add_gram_lower(Eigen::Ref<Eigen::MatrixXf> sum, const float* x, std::int64_
   if (x == nullptr) throw std::invalid_argument("add_gram_lower: null input");
   // The row-major T x d input is, in memory, the column-major d x T matrix x^T.
   const Eigen::Map<const Eigen::MatrixXf> xt(x, cols, rows);
-  // Eigen's SYRK runs on one thread. Threads take contiguous slices of the tokens, each a full
-  // SYRK into its own d x d partial sum, added up at the end: a d^2 reduction against 2 T d^2 / 2
-  // of work. (Splitting the output into column blocks instead measured 30% less efficient.)
-  constexpr std::int64_t kMinRowsPerThread = 64;
-  const int threads =
-      static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), rows / kMinRowsPerThread));
-  if (threads <= 1 || cols < 64) {
+  // One SYRK runs on one thread. The tokens are cut into contiguous blocks, each a full SYRK into
+  // its own d x d partial sum (the first into `sum`), added up in block order at the end: a d^2
+  // reduction per block against 2 T d^2 / 2 of work. (Splitting the output into column blocks
+  // instead measured 30% less efficient.) The cut depends on the shape only, never on the thread
+  // count, so the bits are the same on any number of threads (as the products' are,
+  // kernels/cpu/gemm.cpp); at most kMaxBlocks partials bound the memory.
+  constexpr std::int64_t kMinRowsPerBlock = 256;
+  constexpr std::int64_t kMaxBlocks = 2;
+  const std::int64_t blocks =
+      cols < 64 ? 1 : std::clamp<std::int64_t>(rows / kMinRowsPerBlock, 1, kMaxBlocks);
+  if (blocks == 1) {
     syrk_lower(sum, xt, scale);
     return;
   }
-  std::vector<Eigen::MatrixXf> partials(static_cast<std::size_t>(threads - 1));
-#pragma omp parallel num_threads(threads)
-  {
-    const int thread = omp_get_thread_num();
-    const std::int64_t begin = rows * thread / threads;
-    const std::int64_t end = rows * (thread + 1) / threads;
+  std::vector<Eigen::MatrixXf> partials(static_cast<std::size_t>(blocks - 1));
+  const int threads = static_cast<int>(std::min<std::int64_t>(omp_get_max_threads(), blocks));
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (std::int64_t block = 0; block < blocks; ++block) {
+    const std::int64_t begin = rows * block / blocks;
+    const std::int64_t end = rows * (block + 1) / blocks;
     const auto slice = xt.middleCols(begin, end - begin);
-    if (thread == 0) {
+    if (block == 0) {
       syrk_lower(sum, slice, scale);
     } else {
-      auto& partial = partials[static_cast<std::size_t>(thread - 1)];
+      auto& partial = partials[static_cast<std::size_t>(block - 1)];
       partial = Eigen::MatrixXf::Zero(cols, cols);
       syrk_lower(partial, slice, scale);
     }

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/ops.h"
 #include "kfac/factors.h"
 
 namespace pf::kfac {
@@ -36,7 +37,16 @@ Eigen::MatrixXf eigen_inverse(const Eigen::Ref<const Eigen::MatrixXf>& factor, f
     throw std::runtime_error("damped_inverse: the factor is singular and damping is 0");
   }
   const Eigen::MatrixXf scaled = decomposition.vectors * shifted.cwiseInverse().asDiagonal();
-  Eigen::MatrixXf inverse = scaled * decomposition.vectors.transpose();
+  // inverse = scaled V^T through kernels::gemm (its blocks cut by shape only, so the bits do not
+  // depend on the thread count, as Eigen's threaded product's do). A column-major n x n matrix
+  // read row-major is its transpose: inverse^T = V scaled^T.
+  const auto n = factor.rows();
+  auto row_major = [n](const Eigen::MatrixXf& m) {
+    return kernels::ConstMatrixView<float>{m.data(), n, n, m.outerStride()};
+  };
+  Eigen::MatrixXf inverse(n, n);
+  kernels::gemm<float>(row_major(decomposition.vectors), kernels::Transpose::kYes,
+                       row_major(scaled), kernels::Transpose::kNo, {inverse.data(), n, n});
   symmetrize(inverse);
   return inverse;
 }
@@ -67,11 +77,16 @@ InverseResult damped_inverse(const Eigen::Ref<const Eigen::MatrixXf>& factor, fl
   // variant, L^-1 by block recursion then L^-T L^-1 by SYRK, measured no faster here.)
   const auto n = factor.rows();
   Eigen::MatrixXf inverse(n, n);
-  // Below a few hundred columns a parallel region costs more than the solve.
-  const int threads = n >= 256 ? omp_get_max_threads() : 1;
-  const Eigen::Index block = (n + threads - 1) / threads;
-#pragma omp parallel for schedule(static) if (threads > 1)
-  for (int part = 0; part < threads; ++part) {
+  // Below a few hundred columns a parallel region costs more than the solve. The blocks are cut
+  // by the order only (at most kMaxParts of at least 128 columns), not by the thread count: a
+  // blocked triangular solve rounds a column differently with the width of its block, and the
+  // inverse must be the same on any number of threads.
+  constexpr Eigen::Index kMaxParts = 8;
+  const Eigen::Index parts = n >= 256 ? std::min<Eigen::Index>(kMaxParts, n / 128) : 1;
+  const Eigen::Index block = (n + parts - 1) / parts;
+  const int threads = static_cast<int>(std::min<Eigen::Index>(omp_get_max_threads(), parts));
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (Eigen::Index part = 0; part < parts; ++part) {
     const Eigen::Index c0 = part * block;
     const Eigen::Index width = std::min(block, n - c0);
     if (width <= 0) continue;

@@ -121,15 +121,18 @@ void InverseChain::run_step(const InverseChainStep& step) {
     return;
   }
   // X[:, first:first+width] = L^-T L^-1 E: the identity's columns are zero above `first`, so
-  // the forward solve runs on rows [first, n). Threads take disjoint column slices.
+  // the forward solve runs on rows [first, n). Threads take disjoint column slices, cut by the
+  // shape only (at most 8 of at least 64 columns): a blocked triangular solve rounds a column
+  // differently with its slice's width, and the inverse must not depend on the thread count.
   const Eigen::Index below = n - first;
   auto columns = inverse_.middleCols(first, width);
   columns.setZero();
-  const int threads = n >= 256 ? std::min<int>(omp_get_max_threads(), static_cast<int>(width)) : 1;
+  const Eigen::Index parts = n >= 256 ? std::clamp<Eigen::Index>(width / 64, 1, 8) : 1;
+  const int threads = static_cast<int>(std::min<Eigen::Index>(omp_get_max_threads(), parts));
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (int part = 0; part < threads; ++part) {
-    const Eigen::Index c0 = width * part / threads;
-    const Eigen::Index c1 = width * (part + 1) / threads;
+  for (Eigen::Index part = 0; part < parts; ++part) {
+    const Eigen::Index c0 = width * part / parts;
+    const Eigen::Index c1 = width * (part + 1) / parts;
     if (c1 <= c0) continue;
     auto slice = columns.middleCols(c0, c1 - c0);
     for (Eigen::Index j = c0; j < c1; ++j) slice(first + j, j - c0) = 1.0F;

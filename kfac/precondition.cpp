@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/ops.h"
 #include "kfac/pieces.h"
@@ -97,15 +98,24 @@ void precondition_eigen_exact(const EigenFactor& a, const EigenFactor& b, float 
     throw std::invalid_argument("precondition_eigen_exact: eigenvalue counts do not match");
   }
   if (!(lambda >= 0.0F)) throw std::invalid_argument("precondition_eigen_exact: lambda < 0");
-  const Eigen::Map<const RowMatrix> grad(grad_w, d_out, d_in);
-  RowMatrix rotated = b.vectors.transpose() * (grad * a.vectors);
   const Eigen::ArrayXXf denominator = (b.values * a.values.transpose()).array() + lambda;
   if ((denominator <= 0.0F).any()) {
     throw std::invalid_argument("precondition_eigen_exact: singular factors need lambda > 0");
   }
-  rotated.array() /= denominator;
-  const RowMatrix right = rotated * a.vectors.transpose();
-  Eigen::Map<RowMatrix>(out_w, d_out, d_in).noalias() = b.vectors * right;
+  // The four products through kernels::gemm, as precondition()'s (bits independent of the
+  // thread count); transposed_view(Q) reads a column-major Q as Q^T.
+  RowMatrix right(d_out, d_in), rotated(d_out, d_in);
+  if (d_out > 0 && d_in > 0) {
+    kernels::gemm<float>({grad_w, d_out, d_in}, Transpose::kNo, transposed_view(a.vectors),
+                         Transpose::kYes, {right.data(), d_out, d_in});  // G Q_A
+    kernels::gemm<float>(transposed_view(b.vectors), Transpose::kNo, {right.data(), d_out, d_in},
+                         Transpose::kNo, {rotated.data(), d_out, d_in});  // Q_B^T G Q_A
+    rotated.array() /= denominator;
+    kernels::gemm<float>({rotated.data(), d_out, d_in}, Transpose::kNo, transposed_view(a.vectors),
+                         Transpose::kNo, {right.data(), d_out, d_in});  // (...) Q_A^T
+    kernels::gemm<float>(transposed_view(b.vectors), Transpose::kYes, {right.data(), d_out, d_in},
+                         Transpose::kNo, {out_w, d_out, d_in});  // Q_B (...)
+  }
   if (grad_b != nullptr) {
     Eigen::VectorXf bias = b.vectors.transpose() * Eigen::Map<const Eigen::VectorXf>(grad_b, d_out);
     bias.array() /= b.values.array() + lambda;
@@ -114,11 +124,21 @@ void precondition_eigen_exact(const EigenFactor& a, const EigenFactor& b, float 
 }
 
 double kl_clip_dot(const float* preconditioned, const float* grad, std::size_t size) {
-  double sum = 0.0;
-#pragma omp parallel for reduction(+ : sum) schedule(static) if (size > (1U << 16))
-  for (std::int64_t i = 0; i < static_cast<std::int64_t>(size); ++i) {
-    sum += double{preconditioned[i]} * grad[i];
+  // Fixed chunks, their partial sums added in chunk order: the same bits on any number of
+  // threads (an OpenMP reduction's depend on it, and the dot scales every update).
+  constexpr std::size_t kChunk = std::size_t{1} << 15;
+  const auto chunks = static_cast<std::int64_t>((size + kChunk - 1) / kChunk);
+  std::vector<double> partials(static_cast<std::size_t>(chunks), 0.0);
+#pragma omp parallel for schedule(static) if (size > (1U << 16))
+  for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const std::size_t begin = static_cast<std::size_t>(chunk) * kChunk;
+    const std::size_t end = std::min(size, begin + kChunk);
+    double partial = 0.0;
+    for (std::size_t i = begin; i < end; ++i) partial += double{preconditioned[i]} * grad[i];
+    partials[static_cast<std::size_t>(chunk)] = partial;
   }
+  double sum = 0.0;
+  for (const double partial : partials) sum += partial;
   return sum;
 }
 

@@ -2,6 +2,7 @@
 #include "kfac/eigen_core.h"  // first: silences GCC 12's AVX-512 false positives in Eigen
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <Eigen/Dense>
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "kfac/damping.h"
 #include "kfac/factors.h"
 #include "kfac/inverse.h"
+#include "kfac/inverse_chain.h"
 #include "kfac/layer_state.h"
 #include "kfac/precondition.h"
 #include "kfac/sharding.h"
@@ -80,6 +82,63 @@ TEST(KfacFactors, GramMatchesDenseProductOnOneThreadAndOnSeveral) {
   Eigen::MatrixXf wrong = Eigen::MatrixXf::Zero(4, 4);
   const auto x = random_matrix(3, 5, 1);
   EXPECT_THROW(add_gram_lower(wrong, x.data(), 3, 5, 1.0F), std::invalid_argument);
+}
+
+TEST(KfacFactors, CurvatureInverseAndPreconditioningBitsAreTheSameForAnyThreadCount) {
+  // The runtime's equivalence tests and checkpoint resumes compare bits: K-FAC's results must not
+  // depend on how many OpenMP threads the process has (as the model's step does not).
+  struct Result {
+    Eigen::MatrixXf gram, inverse, eigen_inverse, chain_inverse;
+    RowMatrixF preconditioned, eigen_preconditioned;
+    double kl_dot = 0.0;
+  };
+  auto run = [](std::int64_t rows, std::int64_t cols) {
+    const auto x = random_matrix(rows, cols, 91);
+    Result r;
+    r.gram = Eigen::MatrixXf::Zero(cols, cols);
+    add_gram_lower(r.gram, x.data(), rows, cols, 1.0F / static_cast<float>(rows));
+    fill_upper_from_lower(r.gram);
+    r.inverse = damped_inverse(r.gram, 0.05F, InverseMethod::kCholesky).inverse;
+    r.eigen_inverse = damped_inverse(r.gram, 0.05F, InverseMethod::kEigen).inverse;
+    InverseChain chain(r.gram, 0.05F);  // the divided inversion, in three pieces
+    chain.run(0, kPieceUnits / 3);
+    chain.run(kPieceUnits / 3, 2 * kPieceUnits / 3);
+    chain.run(2 * kPieceUnits / 3, kPieceUnits);
+    r.chain_inverse = chain.take().inverse;
+    const auto grad = random_matrix(cols, cols, 92);
+    r.preconditioned = RowMatrixF(cols, cols);
+    precondition(r.inverse, r.inverse, grad.data(), nullptr, cols, cols, r.preconditioned.data(),
+                 nullptr);
+    r.kl_dot =
+        kl_clip_dot(r.preconditioned.data(), grad.data(), static_cast<std::size_t>(cols * cols));
+    const EigenFactor factor = eigen_factor(r.gram);
+    r.eigen_preconditioned = RowMatrixF(cols, cols);
+    precondition_eigen_exact(factor, factor, 0.05F, grad.data(), nullptr, cols, cols,
+                             r.eigen_preconditioned.data(), nullptr);
+    return r;
+  };
+  const int original = omp_get_max_threads();
+  for (const auto& [rows, cols] :
+       {std::pair<std::int64_t, std::int64_t>{1024, 300}, {700, 600}, {200, 96}, {512, 513}}) {
+    omp_set_num_threads(1);
+    const Result one = run(rows, cols);
+    for (const int threads : {2, 3, 4}) {
+      omp_set_num_threads(threads);
+      const Result many = run(rows, cols);
+      EXPECT_TRUE(many.gram == one.gram) << rows << " x " << cols << ", " << threads << " threads";
+      EXPECT_TRUE(many.inverse == one.inverse) << rows << " x " << cols << ", " << threads;
+      EXPECT_TRUE(many.eigen_inverse == one.eigen_inverse)
+          << rows << " x " << cols << ", " << threads;
+      EXPECT_TRUE(many.chain_inverse == one.chain_inverse)
+          << rows << " x " << cols << ", " << threads;
+      EXPECT_TRUE(many.preconditioned == one.preconditioned)
+          << rows << " x " << cols << ", " << threads;
+      EXPECT_TRUE(many.eigen_preconditioned == one.eigen_preconditioned)
+          << rows << " x " << cols << ", " << threads;
+      EXPECT_EQ(many.kl_dot, one.kl_dot) << rows << " x " << cols << ", " << threads;
+    }
+  }
+  omp_set_num_threads(original);
 }
 
 TEST(KfacFactors, OneSampleKroneckerEqualsTheExactFisherBlock) {

@@ -1,6 +1,7 @@
 // Optimizer steps against reference values: AdamW and SGD from torch.optim (torch 1.13, float64),
 // LAMB from a numpy transcription of apex FusedLAMB's two stages (the script is in docs/kfac.md).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <array>
 #include <cmath>
@@ -227,6 +228,35 @@ TEST(Optimizers, LargeTensorsTakeTheParallelPathWithTheSameResult) {
       std::sqrt(std::inner_product(g.begin(), g.end(), g.begin(), 0.0, std::plus<>(),
                                    [](float a, float b) { return double{a} * b; }));
   EXPECT_NEAR(norm, by_hand, 1e-12 * by_hand + 1e-15);
+}
+
+TEST(Optimizers, NormsAndStepsAreBitIdenticalForAnyThreadCount) {
+  // The global gradient norm (LAMB's clipping) and LAMB's step with its trust-ratio norms, on a
+  // tensor large enough for the chunked OpenMP path: the same bits on 1, 2, 3 and 4 threads.
+  const std::size_t n = 300001;
+  std::vector<float> p0(n), g(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    p0[i] = std::sin(static_cast<float>(i) * 0.37F);
+    g[i] = std::cos(static_cast<float>(i) * 0.11F) * (1.0F + static_cast<float>(i % 7));
+  }
+  const int saved = omp_get_max_threads();
+  std::vector<double> norms;
+  std::vector<std::vector<float>> params;
+  for (const int threads : {1, 2, 3, 4}) {
+    omp_set_num_threads(threads);
+    auto p = p0;
+    const std::vector<ParamView> views{ParamView{"p", p.data(), g.data(), n, {1, 300001}, false}};
+    norms.push_back(global_grad_norm(views));
+    Lamb lamb({.max_grad_norm = 1.0});
+    lamb.step(views, 0.01F);
+    lamb.step(views, 0.01F);
+    params.push_back(p);
+  }
+  omp_set_num_threads(saved);
+  for (std::size_t t = 1; t < norms.size(); ++t) {
+    EXPECT_EQ(norms[t], norms[0]) << t + 1 << " threads";
+    EXPECT_TRUE(params[t] == params[0]) << t + 1 << " threads";
+  }
 }
 
 TEST(PolyWarmupSchedule, WarmUpBoundaryAndEnd) {
