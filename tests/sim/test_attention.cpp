@@ -22,18 +22,12 @@
 #include "sim/profile_measurements.h"
 #include "sim/simulator.h"
 #include "sim/transformer_kernels.h"
+#include "tests/sim/error_message.h"
 
 namespace pf::sim {
 namespace {
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 Workload bert_large(int seq, int batch, AttentionAlgorithm attention,
                     Precision precision = Precision::kBf16) {

@@ -22,18 +22,12 @@
 #include "sim/kernel_costs.h"
 #include "sim/kfac_kernels.h"
 #include "sim/profile_measurements.h"
+#include "tests/sim/error_message.h"
 
 namespace pf::sim {
 namespace {
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 // A device with simple numbers: 1 TFLOP/s fp32, 100 GB/s.
 DeviceSpec simple_device() {

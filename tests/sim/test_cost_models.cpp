@@ -15,6 +15,7 @@
 #include "sim/report.h"
 #include "sim/simulator.h"
 #include "sim/uniform_cost_model.h"
+#include "tests/sim/error_message.h"
 
 namespace pf::sim {
 namespace {
@@ -24,14 +25,7 @@ using sched::OpKind;
 using sched::ScheduleKind;
 using sched::ScheduleParams;
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 Workload bert(const char* preset, Precision precision, int seq = 128, int batch = 32) {
   Workload w;

@@ -16,18 +16,12 @@
 #include "sim/simulator.h"
 #include "sim/transformer_kernels.h"
 #include "sim/transformer_spec.h"
+#include "tests/sim/error_message.h"
 
 namespace pf::sim {
 namespace {
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 double matmul_flops(const Kernels& kernels) {
   double flops = 0.0;
