@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/ordered_sum.h"
 #include "kernels/ops.h"
 #include "kfac/pieces.h"
 
@@ -124,22 +125,16 @@ void precondition_eigen_exact(const EigenFactor& a, const EigenFactor& b, float 
 }
 
 double kl_clip_dot(const float* preconditioned, const float* grad, std::size_t size) {
-  // Fixed chunks, their partial sums added in chunk order: the same bits on any number of
-  // threads (an OpenMP reduction's depend on it, and the dot scales every update).
+  // Fixed chunks added in chunk order: the same bits on any number of threads (the dot scales
+  // every update).
   constexpr std::size_t kChunk = std::size_t{1} << 15;
-  const auto chunks = static_cast<std::int64_t>((size + kChunk - 1) / kChunk);
-  std::vector<double> partials(static_cast<std::size_t>(chunks), 0.0);
-#pragma omp parallel for schedule(static) if (size > (1U << 16))
-  for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
-    const std::size_t begin = static_cast<std::size_t>(chunk) * kChunk;
-    const std::size_t end = std::min(size, begin + kChunk);
-    double partial = 0.0;
-    for (std::size_t i = begin; i < end; ++i) partial += double{preconditioned[i]} * grad[i];
-    partials[static_cast<std::size_t>(chunk)] = partial;
-  }
-  double sum = 0.0;
-  for (const double partial : partials) sum += partial;
-  return sum;
+  return kernels::cpu::ordered_chunk_sum<double>(size, kChunk, 0,
+                                                 [=](std::size_t begin, std::size_t end) {
+                                                   double partial = 0.0;
+                                                   for (std::size_t i = begin; i < end; ++i)
+                                                     partial += double{preconditioned[i]} * grad[i];
+                                                   return partial;
+                                                 });
 }
 
 float kl_clip_scale(double total_dot, float learning_rate, float kappa) {

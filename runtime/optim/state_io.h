@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/ordered_sum.h"
 #include "runtime/checkpoint/safetensors.h"
 #include "runtime/optim/param_view.h"
 
@@ -78,46 +79,22 @@ void parallel_chunks(std::size_t size, Body&& body) {
   }
 }
 
-// The same with a double sum over the chunks (norms). Each chunk's partial sum is kept and the
-// partials are added in chunk order, so the result does not depend on the thread count (an
-// OpenMP reduction combines the threads' partials, which depend on it: the norms feed LAMB's
-// clipping and trust ratios, so their bits reach the parameters).
+// The same with a double sum over the chunks (norms), the partials added in chunk order so that
+// the bits do not depend on the thread count (the norms feed LAMB's clipping and trust ratios,
+// so they reach the parameters).
 template <typename Body>
 double parallel_sum(std::size_t size, Body&& body) {
   constexpr std::size_t kMinParallel = 1 << 15;
-  if (size < kMinParallel) return body(std::size_t{0}, size);
-  const auto chunks = static_cast<std::int64_t>((size + kMinParallel / 2 - 1) / (kMinParallel / 2));
-  std::vector<double> partials(static_cast<std::size_t>(chunks));
-#pragma omp parallel for schedule(static)
-  for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
-    const auto begin = static_cast<std::size_t>(chunk) * (kMinParallel / 2);
-    const auto end = std::min(size, begin + kMinParallel / 2);
-    partials[static_cast<std::size_t>(chunk)] = body(begin, end);
-  }
-  double total = 0.0;
-  for (const double partial : partials) total += partial;
-  return total;
+  return kernels::cpu::ordered_chunk_sum<double>(size, kMinParallel / 2, kMinParallel,
+                                                 std::forward<Body>(body));
 }
 
-// Two sums at once: body(begin, end) returns std::pair<double, double>; chunk order as above.
+// Two sums at once: body(begin, end) returns std::pair<double, double>.
 template <typename Body>
 std::pair<double, double> parallel_sum_pair(std::size_t size, Body&& body) {
   constexpr std::size_t kMinParallel = 1 << 15;
-  if (size < kMinParallel) return body(std::size_t{0}, size);
-  const auto chunks = static_cast<std::int64_t>((size + kMinParallel / 2 - 1) / (kMinParallel / 2));
-  std::vector<std::pair<double, double>> partials(static_cast<std::size_t>(chunks));
-#pragma omp parallel for schedule(static)
-  for (std::int64_t chunk = 0; chunk < chunks; ++chunk) {
-    const auto begin = static_cast<std::size_t>(chunk) * (kMinParallel / 2);
-    const auto end = std::min(size, begin + kMinParallel / 2);
-    partials[static_cast<std::size_t>(chunk)] = body(begin, end);
-  }
-  double first = 0.0, second = 0.0;
-  for (const auto& [a, b] : partials) {
-    first += a;
-    second += b;
-  }
-  return {first, second};
+  return kernels::cpu::ordered_chunk_sum<std::pair<double, double>>(
+      size, kMinParallel / 2, kMinParallel, std::forward<Body>(body));
 }
 
 }  // namespace pf::optim
