@@ -197,10 +197,8 @@ double AnalyticCostModel::duration(const sched::Schedule& schedule, int worker,
 double AnalyticCostModel::activation_bytes(const sched::Schedule& schedule, int pipeline,
                                            int chunk) const {
   const auto& placed = chunk_at(schedule, pipeline, chunk);
-  double bytes = placed.num_layers * encoder_layer_activation_bytes(workload_);
-  if (placed.has_embeddings) bytes += embeddings_activation_bytes(workload_);
-  if (placed.has_head) bytes += heads_activation_bytes(workload_);
-  return bytes;
+  return chunk_activation_bytes(workload_, placed.num_layers, placed.has_embeddings,
+                                placed.has_head);
 }
 
 double AnalyticCostModel::static_bytes(const sched::Schedule& schedule, int pipeline,

@@ -5,7 +5,9 @@
 // b micro-batch size, S sequence length, T = b*S tokens, H hidden, I intermediate (FFN), a heads, V
 // vocabulary, P = b * predictions (masked positions the MLM head scores), e bytes per activation
 // element.
+#include <cstdint>
 #include <optional>
+#include <string_view>
 
 #include "runtime/model/bert_config.h"
 #include "scheduler/instruction.h"
@@ -13,6 +15,16 @@
 #include "sim/device.h"
 
 namespace pf::sim {
+
+// How the stashed activations are counted. kRuntime: the buffers pipefisher_train's BertChunk keeps
+// between forward and backward (sim/runtime_stash.h; the default: the simulator predicts this
+// project's runtime). kEager: Korthikanti et al.'s count for an eager framework (Megatron-LM,
+// PyTorch autograd as PipeFisher's code runs it: the softmax output, dropout masks and outputs,
+// 16-bit counts scaled by e / 2), for comparisons with published figures.
+enum class ActivationStash : std::uint8_t { kRuntime, kEager };
+std::string_view to_string(ActivationStash stash);  // "runtime", "eager"
+// Throws std::invalid_argument naming the allowed values (the --stash flag).
+ActivationStash activation_stash_from_string(std::string_view name);
 
 struct Workload {
   model::BertConfig config;
@@ -30,6 +42,9 @@ struct Workload {
   // How the attention core runs (sim/attention_kernels.h): batched products with the scores in
   // memory, or pipefisher_train's fused (flash-style) kernel.
   AttentionAlgorithm attention = AttentionAlgorithm::kBatched;
+  // Whose activation stash the memory counts: pipefisher_train's (the tensors its BertChunk
+  // keeps, sim/runtime_stash.h) or an eager framework's (Korthikanti et al.'s count).
+  ActivationStash stash = ActivationStash::kRuntime;
 
   int predictions() const;
   double tokens() const { return double{1.0} * micro_batch_size * seq_len; }
@@ -49,11 +64,16 @@ double embeddings_params(const model::BertConfig& c);     // (V + positions + ty
 // weight V*H when it is not tied to embeddings held by the same chunk.
 double heads_params(const model::BertConfig& c, bool holds_tied_embeddings);
 
-// Bytes stashed per micro-batch until the backward has used them. The fused attention keeps no
-// [S, S] probabilities or dropout mask, only one fp32 log-sum-exp per query row.
+// Bytes stashed per micro-batch until the backward has used them, as w.stash counts them. The
+// fused attention keeps no [S, S] probabilities or dropout mask, only one log-sum-exp per query
+// row.
 double encoder_layer_activation_bytes(const Workload& w);
 double embeddings_activation_bytes(const Workload& w);
 double heads_activation_bytes(const Workload& w);
+// A chunk of num_layers encoder layers, with or without the embeddings and the heads: its pieces
+// plus, for the runtime's stash, what every chunk keeps (the mask, the incoming activation).
+double chunk_activation_bytes(const Workload& w, int num_layers, bool has_embeddings,
+                              bool has_head);
 // Hidden states crossing a chunk boundary (and their gradient): T * H * e.
 double boundary_bytes(const Workload& w);
 

@@ -38,6 +38,7 @@ sim::Workload workload_of(const SimCommandOptions& options) {
     workload.storage_precision = sim::precision_from_string(options.storage_precision);
   }
   workload.attention = sim::attention_from_string(options.attention);
+  if (!options.stash.empty()) workload.stash = sim::activation_stash_from_string(options.stash);
   workload.validate();
   return workload;
 }
@@ -49,8 +50,8 @@ std::string workload_details(const sim::Workload& w, const sim::DeviceSpec& devi
          (w.storage_precision
               ? " (stored " + std::string(sim::to_string(*w.storage_precision)) + ")"
               : "") +
-         (w.attention == sim::AttentionAlgorithm::kFused ? ", fused attention" : "") + " on " +
-         device.name;
+         (w.attention == sim::AttentionAlgorithm::kFused ? ", fused attention" : "") +
+         (w.stash == sim::ActivationStash::kEager ? ", eager stash" : "") + " on " + device.name;
 }
 
 sim::SimOptions sim_options(const SimCommandOptions& options) {
@@ -343,6 +344,13 @@ void add_sim_options(CLI::App& app, SimCommandOptions& options) {
                  "flash-style kernel: no S x S tensor stored, scores recomputed in the backward)")
       ->check(CLI::IsMember({"batched", "fused"}))
       ->capture_default_str();
+  app.add_option("--stash", options.stash,
+                 "Activation stash the BERT analytic model counts: runtime (the tensors "
+                 "pipefisher_train keeps between forward and backward, the default) or eager "
+                 "(Korthikanti et al.'s count for an eager framework, as Megatron-LM and "
+                 "PipeFisher's PyTorch code keep: softmax output, dropout masks; for published "
+                 "figures)")
+      ->check(CLI::IsMember({"runtime", "eager"}));
   app.add_option_function<std::string>(
          "--device",
          [&options](const std::string& value) {
@@ -436,6 +444,11 @@ CostSetup make_parallel_setup(const SimCommandOptions& options,
         "--storage-precision applies to the BERT analytic model; the parallel analytic model "
         "stores activations in --precision");
   }
+  if (!options.stash.empty()) {
+    throw std::invalid_argument(
+        "--stash applies to the BERT analytic model; the parallel analytic model counts "
+        "Korthikanti et al.'s stash (Megatron-LM's)");
+  }
   if (options.tensor_parallel <= 0) {
     throw std::invalid_argument("--tensor-parallel must be positive, got " +
                                 std::to_string(options.tensor_parallel));
@@ -513,6 +526,9 @@ CostSetup make_cost_setup(const SimCommandOptions& options,
       options.model.empty()) {
     throw std::invalid_argument("--attention fused prices a model's attention: give --model");
   }
+  if (!options.stash.empty() && options.model.empty()) {
+    throw std::invalid_argument("--stash counts a model's activations: give --model");
+  }
   if (parallel_requested(options)) return make_parallel_setup(options, kfac);
   CostSetup setup;
   std::shared_ptr<const sim::AnalyticCostModel> analytic;
@@ -539,6 +555,11 @@ CostSetup make_cost_setup(const SimCommandOptions& options,
       throw std::invalid_argument(
           "--attention fused prices the analytic model's attention; a measured --profile "
           "already times the attention its run used");
+    }
+    if (!options.stash.empty()) {
+      throw std::invalid_argument(
+          "--stash counts the analytic model's activations; a measured --profile carries its "
+          "own activation_bytes");
     }
     setup.costs = std::make_shared<sim::MeasuredCostModel>(
         sim::profile_from_json_file(options.profile), options.profile);
@@ -571,6 +592,9 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
     }
     if (sim::attention_from_string(options.attention) != sim::AttentionAlgorithm::kBatched) {
       throw std::invalid_argument("--attention fused prices a model's attention: give --model");
+    }
+    if (!options.stash.empty()) {
+      throw std::invalid_argument("--stash counts a model's activations: give --model");
     }
     if (!options.report.empty() || options.no_overlap) {
       throw std::invalid_argument(

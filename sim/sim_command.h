@@ -30,8 +30,10 @@ struct SimCommandOptions {
   // Activations and gradients stored in (BERT analytic model); empty: `precision`.
   std::string storage_precision;
   std::string attention = "batched";  // the attention core: batched or fused (analytic models)
-  std::string device = "h100";        // preset or device JSON
-  bool device_given = false;          // --device appeared (overrides the cluster's GPU)
+  // Whose activation stash the BERT analytic model counts: runtime or eager; empty: runtime.
+  std::string stash;
+  std::string device = "h100";  // preset or device JSON
+  bool device_given = false;    // --device appeared (overrides the cluster's GPU)
   // Parallel runs (PTD-P): any of these, or a GPT / Llama model, selects the parallel model.
   int tensor_parallel = 1;
   std::string cluster;             // dgx-a100, dgx-h100 or a cluster JSON

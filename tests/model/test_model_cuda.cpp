@@ -4,7 +4,7 @@
 // handed over in device memory) in fp32, TF32 and BF16 products; the zero-bubble split backward
 // against the fused one; a non-finite gradient named; K-FAC factors computed on the device from
 // the chunk's capture views (read in place, q/k/v strided) against the CPU's from its captures.
-// Skipped without a CUDA device.
+// The stash against the simulator's count, both attentions. Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +22,7 @@
 #include "runtime/model/bert_chunk.h"
 #include "runtime/tensor/cpu_backend.h"
 #include "runtime/tensor/tensor.h"
+#include "sim/bert_costs.h"
 #include "tests/kernels/cuda_test_util.h"
 
 namespace pf::model {
@@ -217,6 +218,35 @@ TEST_F(BertCudaTest, LossesAndGradientsMatchTheCpu) {
       } else {
         EXPECT_LT(nmse(sum, values), c.max_nmse) << name << ", " << what;
       }
+    }
+  }
+}
+
+// pipefisher_train's stash on the GPU is what the simulator's memory counts
+// (sim/runtime_stash.h), byte for byte, with either attention: the batched core keeps the
+// probabilities, the fused one a log-sum-exp per query row (flash_attention.cu).
+TEST_F(BertCudaTest, StashBytesAreTheSimulators) {
+  using kernels::AttentionAlgorithm;
+  for (const auto attention : {AttentionAlgorithm::kBatchedGemm, AttentionAlgorithm::kFused}) {
+    sim::Workload w;
+    w.config = config_;
+    w.seq_len = static_cast<int>(batches_[0].seq_len);
+    w.micro_batch_size = static_cast<int>(batches_[0].batch_size);
+    w.max_predictions = static_cast<int>(batches_[0].max_predictions);
+    w.precision = sim::Precision::kFp32;
+    w.attention = attention == AttentionAlgorithm::kFused ? sim::AttentionAlgorithm::kFused
+                                                          : sim::AttentionAlgorithm::kBatched;
+    const auto specs = three_chunks();
+    auto chunks = gpu_chunks(specs, GemmPrecision::kFp32, attention);
+    kernels::ConstMatrixView<float> activation;
+    ForwardOptions options;
+    options.seed = 3;
+    for (std::size_t c = 0; c < chunks.size(); ++c) {
+      activation = chunks[c]->forward(0, batches_[0], activation, options).output;
+      const auto& spec = specs[c];
+      EXPECT_EQ(static_cast<double>(chunks[c]->stash_bytes()),
+                sim::chunk_activation_bytes(w, spec.num_layers, spec.has_embeddings, spec.has_head))
+          << kernels::to_string(attention) << " attention, chunk " << c;
     }
   }
 }

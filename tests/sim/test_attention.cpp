@@ -174,11 +174,18 @@ TEST(SimAttention, FusedStashDropsExactlyTheScores) {
     const Workload bw = bert_large(seq, batch, AttentionAlgorithm::kBatched);
     const Workload fw = bert_large(seq, batch, AttentionAlgorithm::kFused);
     const double a = 16, S = seq, b = batch, e = 4;
-    // Korthikanti's 5 a b S^2 (softmax output, dropout mask, dropout output; 16-bit counts
-    // scaled by e / 2) out, the fp32 log-sum-exps in.
-    const double scores = 5 * a * b * S * S * e / 2, lse = 4 * a * b * S;
+    // pipefisher_train's stash (the default): the probabilities (e a b S^2) out, one log-sum-exp
+    // per query row (e a b S, in the chunk's element type) in.
+    const double scores = e * a * b * S * S, lse = e * a * b * S;
     EXPECT_DOUBLE_EQ(encoder_layer_activation_bytes(bw) - encoder_layer_activation_bytes(fw),
                      scores - lse)
+        << "S = " << seq;
+    // The eager count (--stash eager): Korthikanti's 5 a b S^2 (softmax output, dropout mask,
+    // dropout output; 16-bit counts scaled by e / 2) out, the fp32 log-sum-exps in.
+    Workload be = bw, fe = fw;
+    be.stash = fe.stash = ActivationStash::kEager;
+    EXPECT_DOUBLE_EQ(encoder_layer_activation_bytes(be) - encoder_layer_activation_bytes(fe),
+                     5 * a * b * S * S * e / 2 - 4 * a * b * S)
         << "S = " << seq;
     EXPECT_DOUBLE_EQ(embeddings_activation_bytes(bw), embeddings_activation_bytes(fw));
     EXPECT_DOUBLE_EQ(heads_activation_bytes(bw), heads_activation_bytes(fw));
