@@ -78,7 +78,7 @@ double heads_params(const model::BertConfig& c, bool holds_tied_embeddings) {
 }
 
 double encoder_layer_activation_bytes(const Workload& w) {
-  if (w.stash == ActivationStash::kRuntime) return runtime_layer_stash_bytes(w);
+  if (w.stash == ActivationStash::kRuntime) return runtime_layer_stash(w).total();
   const auto& c = w.config;
   const double T = w.tokens(), H = c.hidden_size, I = c.intermediate_size, a = c.num_heads;
   const double b = w.micro_batch_size, S = w.seq_len;
@@ -96,13 +96,13 @@ double encoder_layer_activation_bytes(const Workload& w) {
 }
 
 double embeddings_activation_bytes(const Workload& w) {
-  if (w.stash == ActivationStash::kRuntime) return runtime_embeddings_stash_bytes(w);
+  if (w.stash == ActivationStash::kRuntime) return runtime_embeddings_stash(w).total();
   const double T = w.tokens(), H = w.config.hidden_size, e = w.storage_bytes();
   return T * H * (2.0 * e + 1.0);  // LayerNorm input and output, dropout mask
 }
 
 double heads_activation_bytes(const Workload& w) {
-  if (w.stash == ActivationStash::kRuntime) return runtime_head_stash_bytes(w);
+  if (w.stash == ActivationStash::kRuntime) return runtime_head_stash(w).total();
   const double H = w.config.hidden_size, V = w.config.vocab_size, b = w.micro_batch_size;
   const double P = b * w.predictions(), e = w.storage_bytes();
   return e * 4.0 * P * H + 4.0 * P * V + e * 2.0 * b * H;  // transform, fp32 logits, pooler
@@ -110,12 +110,12 @@ double heads_activation_bytes(const Workload& w) {
 
 double chunk_activation_bytes(const Workload& w, int num_layers, bool has_embeddings,
                               bool has_head) {
+  if (w.stash == ActivationStash::kRuntime) {
+    return runtime_chunk_arena_bytes(w, num_layers, has_embeddings, has_head);
+  }
   double bytes = num_layers * encoder_layer_activation_bytes(w);
   if (has_embeddings) bytes += embeddings_activation_bytes(w);
   if (has_head) bytes += heads_activation_bytes(w);
-  if (w.stash == ActivationStash::kRuntime) {
-    bytes += runtime_chunk_base_stash_bytes(w, has_embeddings);
-  }
   return bytes;
 }
 

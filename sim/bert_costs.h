@@ -16,8 +16,8 @@
 
 namespace pf::sim {
 
-// How the stashed activations are counted. kRuntime: the buffers pipefisher_train's BertChunk keeps
-// between forward and backward (sim/runtime_stash.h; the default: the simulator predicts this
+// How the stashed activations are counted. kRuntime: the arena pipefisher_train's BertChunk
+// holds per stashed micro-batch (sim/runtime_stash.h; the default: the simulator predicts this
 // project's runtime). kEager: Korthikanti et al.'s count for an eager framework (Megatron-LM,
 // PyTorch autograd as PipeFisher's code runs it: the softmax output, dropout masks and outputs,
 // 16-bit counts scaled by e / 2), for comparisons with published figures.
@@ -64,14 +64,15 @@ double embeddings_params(const model::BertConfig& c);     // (V + positions + ty
 // weight V*H when it is not tied to embeddings held by the same chunk.
 double heads_params(const model::BertConfig& c, bool holds_tied_embeddings);
 
-// Bytes stashed per micro-batch until the backward has used them, as w.stash counts them. The
-// fused attention keeps no [S, S] probabilities or dropout mask, only one log-sum-exp per query
-// row.
+// Bytes a stashed micro-batch holds until its backward is done, as w.stash counts them: for the
+// runtime, its pooled arena (the forward's stash and the output gradients the backward keeps,
+// sim/runtime_stash.h); for the eager count, the activations. The fused attention keeps no
+// [S, S] probabilities or dropout mask, only one log-sum-exp per query row.
 double encoder_layer_activation_bytes(const Workload& w);
 double embeddings_activation_bytes(const Workload& w);
 double heads_activation_bytes(const Workload& w);
 // A chunk of num_layers encoder layers, with or without the embeddings and the heads: its pieces
-// plus, for the runtime's stash, what every chunk keeps (the mask, the incoming activation).
+// plus, for the runtime, what every chunk keeps (the mask, the incoming activation).
 double chunk_activation_bytes(const Workload& w, int num_layers, bool has_embeddings,
                               bool has_head);
 // Hidden states crossing a chunk boundary (and their gradient): T * H * e.

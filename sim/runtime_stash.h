@@ -1,9 +1,10 @@
 #pragma once
 // What pipefisher_train keeps per micro-batch from a chunk's forward until its backward: the
 // buffers BertChunk::forward (runtime/model/bert_chunk.cpp) allocates in the micro-batch's stash
-// arena, each rounded up to the arena's 64-byte alignment (runtime/tensor/arena.cpp), so that the
-// BERT analytic model's memory is this runtime's. BertChunk::stash_bytes() sums the same arena;
-// tests/model/test_runtime_stash.cpp compares the two exactly (CPU; test_model_cuda on a GPU for
+// arena, each rounded up to the arena's 64-byte alignment (runtime/tensor/arena.cpp), and what
+// its backward adds there, so that the BERT analytic model's memory is this runtime's.
+// BertChunk::stash_bytes() and reserved_stash_bytes() measure the same arenas;
+// tests/model/test_runtime_stash.cpp compares them exactly (CPU; test_model_cuda on a GPU for
 // both attention algorithms). Notation of sim/bert_costs.h: T = b S tokens, e bytes per stored
 // element (sizeof the chunk's element type: 4 for pipefisher_train's fp32 storage, 8 in fp64),
 // index arrays int64 (8 bytes); every term below is one buffer, rounded up to 64 bytes.
@@ -25,21 +26,44 @@
 // pre-activation, GELU output and LayerNorm output (4 x e R H), its mean and 1/std (2 x e R) and
 // the logits (e R V).
 //
-// Not counted, as the stash is not: the gradients the backward keeps for its weight gradients
-// (split backward), the per-chunk scratch (attention workspace, pooler pre-activation) and the
-// messages between chunks.
+// The backward adds to the same arena the output gradients of the Linears, which backward_input
+// keeps for backward_weight (the zero-bubble split; the plain backward runs the two back to back):
+// per layer the FFN output's and input's (e T H, e T I), the attention output's (e T H) and the
+// QKV projection's (3 e T H); the embeddings' LayerNorm input gradient (e T H); the pooler's
+// (e b H) and, with R > 0, the MLM transform's (e R H). The arena is pooled (BertChunk keeps a
+// released micro-batch's arena for the next one, and Arena::reset keeps one block of the whole
+// cycle), so after the first step each stashed micro-batch holds forward + backward bytes: that
+// is what the simulator's memory counts (BertChunk::reserved_stash_bytes()); an arena is at
+// least 1 MiB (tensor::Arena's smallest block), which only a toy model notices.
+//
+// Not counted: the per-chunk scratch (attention workspace, the backward's ping-pong buffers,
+// held once per chunk, not per micro-batch) and the messages between chunks.
 #include "sim/bert_costs.h"
 
 namespace pf::sim {
 
-// tensor::Arena's alignment of every allocation.
+// tensor::Arena's alignment of every allocation, and its smallest block.
 inline constexpr double kRuntimeStashAlignment = 64.0;
+inline constexpr double kRuntimeArenaMinBytes = 1024.0 * 1024.0;
 
-double runtime_layer_stash_bytes(const Workload& w);
-double runtime_embeddings_stash_bytes(const Workload& w);
-double runtime_head_stash_bytes(const Workload& w);
-// What every chunk keeps besides its layers, embeddings and head: the attention mask, and the
-// incoming activation's copy unless the chunk holds the embeddings.
-double runtime_chunk_base_stash_bytes(const Workload& w, bool has_embeddings);
+// Bytes of one micro-batch's arena: what the forward keeps, and what backward_input adds.
+struct RuntimeStash {
+  double forward = 0.0;
+  double backward = 0.0;
+  double total() const { return forward + backward; }
+};
+
+RuntimeStash runtime_layer_stash(const Workload& w);
+RuntimeStash runtime_embeddings_stash(const Workload& w);
+RuntimeStash runtime_head_stash(const Workload& w);
+// A chunk of num_layers encoder layers, with or without the embeddings and the heads, including
+// what every chunk keeps: the attention mask, and the incoming activation's copy unless the chunk
+// holds the embeddings.
+RuntimeStash runtime_chunk_stash(const Workload& w, int num_layers, bool has_embeddings,
+                                 bool has_head);
+// What one stashed micro-batch's arena of such a chunk holds after the first step:
+// max(forward + backward, kRuntimeArenaMinBytes).
+double runtime_chunk_arena_bytes(const Workload& w, int num_layers, bool has_embeddings,
+                                 bool has_head);
 
 }  // namespace pf::sim

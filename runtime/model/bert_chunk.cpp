@@ -618,6 +618,13 @@ std::size_t BertChunk<T>::stash_bytes() const {
 }
 
 template <typename T>
+std::size_t BertChunk<T>::reserved_stash_bytes() const {
+  std::size_t bytes = pool_.idle_capacity();
+  for (const auto& stash : in_flight_) bytes += stash->arena->capacity();
+  return bytes;
+}
+
+template <typename T>
 void BertChunk<T>::backward_input(int microbatch, ConstMatrixView<T> grad_output,
                                   MatrixView<T> grad_input, T loss_scale, KfacCapture<T>* capture) {
   Stash& st = stash_for(microbatch);

@@ -153,6 +153,11 @@ class BertChunk {
   // Bytes held by the stashes of in-flight micro-batches (activations awaiting their backward,
   // output gradients awaiting backward_weight).
   std::size_t stash_bytes() const;
+  // Bytes the stash arenas hold from the backend, in flight and pooled for the next micro-batches:
+  // after a first forward and backward, each holds that cycle's forward stash and the gradients
+  // its backward kept (what the simulator's memory counts per stashed micro-batch,
+  // sim/runtime_stash.h).
+  std::size_t reserved_stash_bytes() const;
   // Drops a forwarded micro-batch without a backward (evaluation).
   void discard(int microbatch);
   int in_flight() const;

@@ -28,7 +28,9 @@ void* Arena::allocate_bytes(std::size_t bytes) {
     offset_ = 0;
   }
   if (current_ == blocks_.size()) {
-    blocks_.emplace_back(*backend_, std::max({size, kMinBlock, capacity()}));
+    // Only what this allocation needs (small ones share a kMinBlock): reset() merges the cycle's
+    // blocks into one of the cycle's size, so doubling here would only inflate the warm-up peak.
+    blocks_.emplace_back(*backend_, std::max(size, kMinBlock));
     offset_ = 0;
   }
   void* pointer = static_cast<std::byte*>(blocks_[current_].data()) + offset_;
@@ -45,9 +47,10 @@ Tensor Arena::allocate(Shape shape, DType dtype) {
 
 void Arena::reset() {
   if (blocks_.size() > 1) {
-    // Padding lost at block ends is bounded by the sum of the blocks, so one block of the
-    // combined size always holds the same sequence of allocations.
-    const std::size_t total = capacity();
+    // One block of exactly what this cycle handed out (its allocations, aligned, back to back)
+    // holds the same sequence again, without the space lost at the ends of the blocks. It is at
+    // least the first block: the cycle overflowed it.
+    const std::size_t total = used_total_;
     blocks_.clear();
     blocks_.emplace_back(*backend_, total);
   }
@@ -61,6 +64,12 @@ std::unique_ptr<Arena> ArenaPool::acquire() {
   auto arena = std::move(free_.back());
   free_.pop_back();
   return arena;
+}
+
+std::size_t ArenaPool::idle_capacity() const {
+  std::size_t total = 0;
+  for (const auto& arena : free_) total += arena->capacity();
+  return total;
 }
 
 void ArenaPool::release(std::unique_ptr<Arena> arena) {

@@ -49,6 +49,8 @@ class ArenaPool {
   std::unique_ptr<Arena> acquire();
   void release(std::unique_ptr<Arena> arena);
   std::size_t idle() const { return free_.size(); }
+  // Bytes the idle arenas hold from the backend (Arena::capacity summed).
+  std::size_t idle_capacity() const;
 
  private:
   Backend* backend_;

@@ -55,6 +55,31 @@ TEST(Arena, SteadyStateAllocatesNothing) {
   EXPECT_EQ(backend.stats().allocations, after_warm_up);
 }
 
+// After the warm-up an arena holds exactly what its cycle hands out (a stash arena's memory is
+// BertChunk::stash_bytes(), what the simulator counts), and the warm-up itself holds little more.
+TEST(Arena, HoldsWhatItsCycleUsed) {
+  CpuBackend backend;
+  Arena arena(backend);
+  auto cycle = [&] {
+    arena.allocate({100}, DType::kF32);
+    for (int i = 0; i < 5; ++i) arena.allocate({700, 1000}, DType::kF32);  // 2.8 MB each
+    arena.allocate({100}, DType::kF32);
+    const std::size_t used = arena.bytes_used();
+    arena.reset();
+    return used;
+  };
+  const std::size_t used = cycle();
+  EXPECT_EQ(used, 5U * 2'800'000U + 2U * 448U);
+  EXPECT_EQ(arena.capacity(), used);
+  EXPECT_EQ(backend.stats().bytes_in_use, static_cast<std::int64_t>(used));
+  // Small allocations share 1 MiB blocks; the large ones get blocks of their own size.
+  EXPECT_LE(backend.stats().peak_bytes_in_use, static_cast<std::int64_t>(used + (2U << 20)));
+  const auto after_warm_up = backend.stats().allocations;
+  EXPECT_EQ(cycle(), used);
+  EXPECT_EQ(backend.stats().allocations, after_warm_up);
+  EXPECT_EQ(arena.capacity(), used);
+}
+
 TEST(ArenaPool, ReusesReleasedArenas) {
   CpuBackend backend;
   ArenaPool pool(backend);

@@ -126,11 +126,13 @@ TEST(SimAnalytic, FormulasOfOneLayerChunk) {
   in.piece_end = sched::kPieceUnits;
   EXPECT_DOUBLE_EQ(costs.kfac_bytes(schedule, 3, sched::LinearKind::kFfnIn),
                    8 * (d_in * d_in + d_out * d_out));
-  // Activations, as pipefisher_train keeps them (sim/runtime_stash.h): per layer QKV, context,
-  // the two LayerNorms' inputs, outputs and statistics, the FFN's two I-wide tensors and the
-  // probabilities, e bytes each; per chunk the int64 mask and the incoming activation's copy.
+  // Activations, as pipefisher_train's arena holds them (sim/runtime_stash.h): per layer QKV,
+  // context, the two LayerNorms' inputs, outputs and statistics, the FFN's two I-wide tensors and
+  // the probabilities, and the Linears' output gradients its backward keeps (5TH + TI), e bytes
+  // each; per chunk the int64 mask and the incoming activation's copy.
   EXPECT_DOUBLE_EQ(costs.activation_bytes(schedule, 0, 1),
-                   3 * e * (8 * T * H + 2 * T * I + 4 * T + a * 32 * S * S) + 8 * T + e * T * H);
+                   3 * e * (8 * T * H + 2 * T * I + 4 * T + a * 32 * S * S + 5 * T * H + T * I) +
+                       8 * T + e * T * H);
   // Korthikanti's T H (34 + 5 a S / H) for 16-bit, per layer, behind --stash eager.
   Workload eager = w;
   eager.stash = ActivationStash::kEager;

@@ -14,7 +14,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "runtime/model/bert_config.h"
 #include "scheduler/schedule_json.h"
+#include "sim/bert_costs.h"
 #include "sim/calibrate_command.h"
 #include "sim/device.h"
 #include "sim/sim_command.h"
@@ -691,7 +693,7 @@ TEST(SimCommand, AttentionFlag) {
   EXPECT_NE(error_of(o).find("measured --profile"), std::string::npos) << error_of(o);
 }
 
-// --stash: pipefisher_train's stash by default, Korthikanti et al.'s eager count on request (more
+// --stash: pipefisher_train's stash by default, Korthikanti et al.'s eager count on request (other
 // memory, the same time); only where the BERT analytic model counts activations.
 TEST(SimCommand, StashFlag) {
   const auto run = [](const std::vector<std::string>& extra) {
@@ -724,14 +726,18 @@ TEST(SimCommand, StashFlag) {
   const auto [eager, eager_text] = run({"--stash", "eager"});
   EXPECT_NE(eager_text.find("eager stash"), std::string::npos) << eager_text;
   EXPECT_EQ(runtime_text.find("eager stash"), std::string::npos) << runtime_text;
-  // 2 micro-batches x 24 layers of the eager count less the runtime's, b = 32, S = 128, fp32.
-  const double T = 32.0 * 128, H = 1024, I = 4096, scores = 32.0 * 16 * 128 * 128;
-  const double layer_gap =
-      2 * (T * (18 * H + 4 * I) + 5 * scores) - 4 * (8 * T * H + 2 * T * I + 4 * T + scores);
+  // GPipe on one worker stashes both micro-batches of its one chunk (embeddings, 24 layers, head).
+  sim::Workload w;
+  w.config = model::bert_preset("large");
+  w.precision = sim::Precision::kBf16;
+  w.storage_precision = sim::Precision::kFp32;
+  const double runtime_chunk = sim::chunk_activation_bytes(w, 24, true, true);
+  w.stash = sim::ActivationStash::kEager;
+  const double eager_chunk = sim::chunk_activation_bytes(w, 24, true, true);
   const double runtime_peak = runtime["workers"][0]["peak_memory_bytes"].get<double>();
   const double eager_peak = eager["workers"][0]["peak_memory_bytes"].get<double>();
-  // The chunk-level terms differ too (embeddings, heads, mask): the layers dominate the gap.
-  EXPECT_GT(eager_peak - runtime_peak, 2 * 24 * layer_gap * 0.9);
+  EXPECT_NEAR(eager_peak - runtime_peak, 2 * (eager_chunk - runtime_chunk), 1e-9 * runtime_peak);
+  EXPECT_NE(eager_peak, runtime_peak);
   EXPECT_EQ(runtime["step_time_s"].get<double>(), eager["step_time_s"].get<double>());
   {
     CompileCommandOptions compile;
