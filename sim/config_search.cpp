@@ -526,6 +526,12 @@ void SearchOptions::validate() const {
     throw std::invalid_argument("--zero-stages and --optimizer-offload must list a value each");
   }
   for (int stage : zero_stages) (void)zero_sharding(stage);
+  if (attention == AttentionAlgorithm::kFused) {
+    // Every candidate runs the same heads on the same GPU: refuse here, once, rather than drop
+    // them all as unpriceable.
+    check_fused_attention_head(model.head_dim());
+    check_fused_attention_device(cluster.device, attention, precision, model.head_dim());
+  }
   if (kfac_offload != pipefisher::OffloadMode::kNone && !kfac) {
     throw std::invalid_argument("--kfac-offload offloads K-FAC state: add --kfac");
   }
@@ -562,6 +568,7 @@ SearchResult search_configurations(const SearchOptions& options) {
     w.seq_len = options.seq_len;
     w.micro_batch_size = b;
     w.precision = options.precision;
+    w.attention = options.attention;
     w.tensor_parallel = t;
     w.recompute = r;
     w.sharding = zero_sharding(zero);
@@ -781,11 +788,11 @@ SearchResult search_configurations(const SearchOptions& options) {
 }
 
 std::string search_table(const SearchOptions& options, const SearchResult& result, int top) {
-  std::string out = "search: " + options.model.name + " on " + std::to_string(options.gpus) +
-                    " GPUs of " + options.cluster.name + ", global batch " +
-                    std::to_string(options.global_batch) +
-                    ", S=" + std::to_string(options.seq_len) + ", " +
-                    std::string(to_string(options.precision)) + "\n";
+  std::string out =
+      "search: " + options.model.name + " on " + std::to_string(options.gpus) + " GPUs of " +
+      options.cluster.name + ", global batch " + std::to_string(options.global_batch) +
+      ", S=" + std::to_string(options.seq_len) + ", " + std::string(to_string(options.precision)) +
+      (options.attention == AttentionAlgorithm::kFused ? ", fused attention" : "") + "\n";
   out += std::to_string(result.enumerated) + " candidates: " + std::to_string(result.invalid) +
          " break a schedule's rules, " + std::to_string(result.out_of_memory) +
          " do not fit in memory, " + std::to_string(result.ranked.size()) + " fit; " +
@@ -897,6 +904,7 @@ nlohmann::json search_json(const SearchOptions& options, const SearchResult& res
           {"global_batch", options.global_batch},
           {"seq_len", options.seq_len},
           {"precision", to_string(options.precision)},
+          {"attention", to_string(options.attention)},
           {"enumerated", result.enumerated},
           {"invalid", result.invalid},
           {"out_of_memory", result.out_of_memory},

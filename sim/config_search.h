@@ -45,6 +45,9 @@ struct SearchOptions {
   int global_batch = 0;
   int seq_len = 2048;
   Precision precision = Precision::kBf16;
+  // The attention core every candidate runs (sim/attention_kernels.h): batched products with the
+  // scores in memory, or the fused kernel (no S x S tensor stashed, the scores recomputed).
+  AttentionAlgorithm attention = AttentionAlgorithm::kBatched;
   std::vector<int> tensor_parallel;  // empty: 1, 2, 4, ... up to 2 x GPUs per node
   std::vector<int> pipeline_stages;  // empty: every p dividing N / t, up to the layers
   std::vector<int> micro_batch_sizes = {1, 2, 4, 8};

@@ -66,6 +66,13 @@ CLI::App* add_search_command(CLI::App& app, SearchCommandOptions& options) {
   command->add_option("--precision", options.precision, "bf16, fp16, tf32 or fp32")
       ->check(CLI::IsMember({"fp32", "tf32", "bf16", "fp16"}))
       ->capture_default_str();
+  command
+      ->add_option("--attention", options.attention,
+                   "Attention core of every candidate: batched (products with the scores in "
+                   "memory) or fused (pipefisher_train --attention fused's flash-style kernel: no "
+                   "S x S tensor stashed, scores recomputed in the backward)")
+      ->check(CLI::IsMember({"batched", "fused"}))
+      ->capture_default_str();
   command->add_flag("--kfac", options.kfac,
                     "Run the PipeFisher pass on the best simulated configurations and rank them "
                     "by time per step with K-FAC in the bubbles");
@@ -131,6 +138,7 @@ int run_search_command(const SearchCommandOptions& options, std::ostream& out) {
   search.seq_len =
       options.seq_len > 0 ? options.seq_len : std::min(2048, search.model.max_position_embeddings);
   search.precision = sim::precision_from_string(options.precision);
+  search.attention = sim::attention_from_string(options.attention);
   if (!options.tensor_parallel.empty()) {
     search.tensor_parallel = split_ints(options.tensor_parallel, "--tensor-parallel");
   }

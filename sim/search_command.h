@@ -18,6 +18,7 @@ struct SearchCommandOptions {
   std::string device;  // replaces the cluster's GPU when given
   int seq_len = 0;     // 0: the model's maximum (at most 2048)
   std::string precision = "bf16";
+  std::string attention = "batched";  // the attention core: batched or fused
   bool kfac = false;
   std::string kfac_sharding;
   std::string kfac_offload = "none";  // --kfac-offload none|host|auto  // --kfac-sharding list

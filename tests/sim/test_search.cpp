@@ -2,12 +2,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "scheduler/compile.h"
@@ -495,6 +497,88 @@ TEST(ConfigSearch, ShardingAndOffloadFitWhatReplicationCannot) {
   EXPECT_EQ(zero_sharding(2).gradients, 0);
   EXPECT_EQ(zero_sharding(2).parameters, 1);
   EXPECT_THROW((void)zero_sharding(4), std::invalid_argument);
+}
+
+// --attention reaches every candidate's cost model: the fused core stashes no S x S scores, so
+// the same configuration needs less memory, and on a GPU between the two peaks only the fused
+// search finds it.
+TEST(ConfigSearch, FusedAttentionFitsWhatBatchedCannot) {
+  SearchOptions o;
+  o.model = transformer_preset("gpt2");
+  o.cluster = cluster_preset("dgx-h100");
+  o.gpus = 1;
+  o.global_batch = 16;
+  o.seq_len = 1024;
+  o.precision = Precision::kBf16;
+  o.tensor_parallel = {1};
+  o.pipeline_stages = {1};
+  o.micro_batch_sizes = {8};
+  o.kinds = {sched::ScheduleKind::kOneFOneB};
+  o.recompute = {Recompute::kNone};
+  o.zero_stages = {0};
+  o.optimizer_offload = {Offload::kNone};
+  o.simulate_top = 1;
+  const SearchResult batched = search_configurations(o);
+  o.attention = AttentionAlgorithm::kFused;
+  const SearchResult fused = search_configurations(o);
+  ASSERT_EQ(batched.ranked.size(), 1U);
+  ASSERT_EQ(fused.ranked.size(), 1U);
+  const Candidate& b = batched.ranked[0];
+  const Candidate& f = fused.ranked[0];
+  ASSERT_TRUE(b.simulated && f.simulated);
+  // One micro-batch in flight on the single worker: per layer Korthikanti's 5 N' bytes in 16 bits
+  // (softmax output, dropout mask and output; N' = b a S^2) out, b a S fp32 log-sum-exps in.
+  const double N = 8.0 * 12 * 1024 * 1024;
+  EXPECT_NEAR(b.peak_memory_bytes - f.peak_memory_bytes, 12 * (5 * N - 4 * 8.0 * 12 * 1024),
+              1e-6 * b.peak_memory_bytes);
+  EXPECT_NE(b.step_time_s, f.step_time_s);
+  o.cluster.gpu_memory_bytes = (b.peak_memory_bytes + f.peak_memory_bytes) / 2;
+  EXPECT_EQ(search_configurations(o).ranked.size(), 1U);
+  o.attention = AttentionAlgorithm::kBatched;
+  const SearchResult tight = search_configurations(o);
+  EXPECT_TRUE(tight.ranked.empty());
+  EXPECT_EQ(tight.out_of_memory, 1);
+  // Heads the fused kernel cannot run are refused once, naming the limit.
+  o.attention = AttentionAlgorithm::kFused;
+  o.model.num_heads = o.model.num_kv_heads = 3;  // head_dim 256
+  try {
+    (void)search_configurations(o);
+    ADD_FAILURE() << "head_dim 256 was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim <= 128"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ConfigSearch, CommandTakesTheAttention) {
+  cli::SearchCommandOptions o;
+  o.model = "gpt2";
+  o.gpus = 8;
+  o.global_batch = 32;
+  o.cluster = "dgx-h100";
+  o.simulate_top = 2;
+  o.attention = "fused";
+  o.out = (testing::TempDir() + "search_fused.json");
+  std::ostringstream out;
+  ASSERT_EQ(cli::run_search_command(o, out), 0) << out.str();
+  EXPECT_NE(out.str().find("bf16, fused attention"), std::string::npos) << out.str();
+  std::ifstream written(o.out);
+  EXPECT_EQ(nlohmann::json::parse(written).at("attention"), "fused");
+  o.attention = "flash";
+  try {
+    std::ostringstream ignored;
+    (void)cli::run_search_command(o, ignored);
+    ADD_FAILURE() << "--attention flash was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "--attention 'flash' is not one of batched, fused");
+  }
+  // The command line refuses it before anything runs, as the main command's --attention does.
+  CLI::App app;
+  cli::SearchCommandOptions parsed;
+  cli::add_search_command(app, parsed);
+  const std::vector<const char*> argv = {"pipefisher_sim", "search", "--model",        "gpt2",
+                                         "--gpus",         "1",      "--global-batch", "1",
+                                         "--attention",    "flash"};
+  EXPECT_THROW(app.parse(static_cast<int>(argv.size()), argv.data()), CLI::ValidationError);
 }
 
 TEST(ConfigSearch, CommandWritesTableAndJsonAndRejectsBadInput) {
