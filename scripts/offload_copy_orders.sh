@@ -6,7 +6,8 @@
 set -euo pipefail
 sim=${1:-build/release/sim/cli/pipefisher_sim}
 [[ -x $sim ]] || { echo "offload_copy_orders.sh: no pipefisher_sim at $sim (build it or pass its path)" >&2; exit 2; }
-h100_large=(--model large --device h100 --kfac --grid none)
+# --stash eager: the activation count docs/offload.md's table was taken with (before 2026-11-28).
+h100_large=(--model large --device h100 --kfac --grid none --stash eager)
 node_large=(--model large --seq-len 128 --precision bf16 --cluster dgx-h100 --kfac --grid none)
 configurations=(
   "BERT-Large h100, 1F1B p=8, m=32, b=32, host|--schedule 1f1b -p 8 -m 32 --micro-batch-size 32 ${h100_large[*]} --kfac-offload host"
