@@ -10,6 +10,7 @@
 
 #include "kernels/ops.h"
 #include "kfac/factors.h"
+#include "kfac/padded_storage.h"
 
 namespace pf::kfac {
 
@@ -69,14 +70,19 @@ InverseResult damped_inverse(const Eigen::Ref<const Eigen::MatrixXf>& factor, fl
   check_factor(factor, damping);
   if (method == InverseMethod::kEigen) return {eigen_inverse(factor, damping), false};
 
-  Eigen::MatrixXf damped = factor;
+  // Both L and the inverse in padded storage (kfac/padded_storage.h): same bits, no cache-set
+  // conflicts at power-of-two orders.
+  const auto n = factor.rows();
+  Eigen::MatrixXf cholesky_storage = padded_square_storage(n);
+  auto damped = square(cholesky_storage, n);
+  damped = factor;
   damped.diagonal().array() += damping;
-  const Eigen::LLT<Eigen::MatrixXf, Eigen::Lower> llt(damped);
+  const Eigen::LLT<Eigen::Ref<Eigen::MatrixXf>, Eigen::Lower> llt(damped);  // in place
   if (llt.info() != Eigen::Success) return {eigen_inverse(factor, damping), true};
   // Solving L L^T X = I splits into independent column blocks: one per thread. (A GEMM-rich
   // variant, L^-1 by block recursion then L^-T L^-1 by SYRK, measured no faster here.)
-  const auto n = factor.rows();
-  Eigen::MatrixXf inverse(n, n);
+  Eigen::MatrixXf inverse_storage = padded_square_storage(n);
+  auto inverse = square(inverse_storage, n);
   // Below a few hundred columns a parallel region costs more than the solve. The blocks are cut
   // by the order only (at most kMaxParts of at least 128 columns), not by the thread count: a
   // blocked triangular solve rounds a column differently with the width of its block, and the
@@ -96,7 +102,7 @@ InverseResult damped_inverse(const Eigen::Ref<const Eigen::MatrixXf>& factor, fl
     llt.solveInPlace(columns);
   }
   symmetrize(inverse);
-  return {std::move(inverse), false};
+  return {Eigen::MatrixXf(inverse), false};
 }
 
 }  // namespace pf::kfac

@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <Eigen/Dense>
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "kfac/inverse.h"
 #include "kfac/inverse_chain.h"
 #include "kfac/layer_state.h"
+#include "kfac/padded_storage.h"
 #include "kfac/precondition.h"
 #include "kfac/sharding.h"
 
@@ -258,6 +260,44 @@ TEST(KfacInverse, LargeFactorsTakeTheThreadedSolveAndStayExact) {
   EXPECT_LT(max_relative_error(result.inverse.cast<double>(), damped.inverse()), 1e-4);
   const auto eigen = damped_inverse(factor, 0.1F, InverseMethod::kEigen);
   EXPECT_LT(max_relative_error(eigen.inverse.cast<double>(), damped.inverse()), 1e-4);
+}
+
+TEST(KfacInverse, PaddedStorageKeepsTheBitsOfDenseStorage) {
+  // The leading dimension: whole 64-byte lines, never a multiple of 512 bytes.
+  for (Eigen::Index n : {1, 15, 16, 127, 128, 300, 1024, 4096}) {
+    const Eigen::Index rows = padded_leading_dimension(n);
+    EXPECT_GE(rows, n);
+    EXPECT_EQ(rows % 16, 0) << n;
+    EXPECT_NE(rows % 128, 0) << n;
+    EXPECT_LE(rows, n + 31) << n;
+  }
+  // The inverse in padded storage against the same LLT and column-block solves on a dense
+  // n x n matrix (what damped_inverse ran before the padding): the kernels' arithmetic does not
+  // depend on the stride, so the bits are equal. 512 is a padded order (512 floats = 2 KiB).
+  for (const std::int64_t dim : {std::int64_t{200}, std::int64_t{512}}) {
+    const auto x = random_matrix(2 * dim, dim, 83);
+    Eigen::MatrixXf factor = Eigen::MatrixXf::Zero(dim, dim);
+    add_gram_lower(factor, x.data(), 2 * dim, dim, 1.0F / static_cast<float>(2 * dim));
+    fill_upper_from_lower(factor);
+    Eigen::MatrixXf damped = factor;
+    damped.diagonal().array() += 0.01F;
+    const Eigen::LLT<Eigen::MatrixXf, Eigen::Lower> llt(damped);
+    Eigen::MatrixXf dense(dim, dim);
+    const Eigen::Index parts = dim >= 256 ? std::min<Eigen::Index>(8, dim / 128) : 1;
+    const Eigen::Index block = (dim + parts - 1) / parts;
+    for (Eigen::Index part = 0; part < parts; ++part) {
+      const Eigen::Index c0 = part * block;
+      const Eigen::Index width = std::min(block, dim - c0);
+      auto columns = dense.middleCols(c0, width);
+      columns.setZero();
+      for (Eigen::Index j = 0; j < width; ++j) columns(c0 + j, j) = 1.0F;
+      llt.solveInPlace(columns);
+    }
+    symmetrize(dense);
+    const auto padded = damped_inverse(factor, 0.01F, InverseMethod::kCholesky);
+    ASSERT_FALSE(padded.fell_back_to_eigen);
+    EXPECT_EQ(padded.inverse, dense) << dim;
+  }
 }
 
 TEST(KfacInverse, FallsBackToEigenWhenCholeskyFails) {
