@@ -207,8 +207,9 @@ std::string format_kfac_report(const KfacReport& report) {
                 : format(" (Ws deferred by %.0f)", report.weights_deferred);
   }
   if (report.first_fit_refresh_steps >= 0 && report.best_fit_refresh_steps >= 0) {
-    text += format(" (first-fit %.0f, best-fit %.0f)", report.first_fit_refresh_steps,
+    text += format(" (first-fit %.0f, best-fit %.0f", report.first_fit_refresh_steps,
                    report.best_fit_refresh_steps);
+    text += report.refined ? "; a packing with the longest work first)" : ")";
   }
   text += report.fixed_interval ? " [fixed]\n" : "\n";
   text += format("utilization %.1f%% -> %.1f%%; step time %.3f ms -> %.3f ms (overhead %+.2f%%)\n",

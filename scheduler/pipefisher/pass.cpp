@@ -35,11 +35,32 @@ struct Prepared {
   BubbleMap bubbles;
 };
 
+// The order of the curvature, sync and inversion tasks (packing_order).
+enum class PackOrder { kPolicy, kLargestInversionsFirst, kLargestLinearsFirst };
+
+// How one plan is packed: a policy's own packing (the search for k), or one of the
+// refinement's (search: other packings of the same work, tried below the k the policies reach).
+struct PackVariant {
+  PackingPolicy policy = PackingPolicy::kFirstFit;
+  PackOrder order = PackOrder::kPolicy;
+  // > 0: a piece of a task on one worker without a step bound costs at least this fraction of
+  // the worker's longest steady gap (the task stays whole where it is shorter): the long tasks
+  // take the long gaps in few pieces and leave the short gaps to the short tasks.
+  double long_gap_fraction = 0.0;
+};
+
+PackVariant of_policy(PackingPolicy policy) {
+  PackVariant variant;
+  variant.policy = policy;
+  return variant;
+}
+
 // One complete packing for one k and one policy.
 struct Plan {
   int refresh_steps = 1;
   bool pipelined = false;  // a pipelined refresh (KfacOptions::pipelined_refresh)
   PackingPolicy policy = PackingPolicy::kFirstFit;
+  int variant = -1;  // >= 0: packed by the refinement's variant of that index (search)
   std::shared_ptr<const Prepared> prepared;
   std::vector<int> order;  // item index -> task index
   PackResult packed;
@@ -66,7 +87,12 @@ struct Plan {
 // inversions); best-fit goes factor by factor (one Linear's curvature, sync and inversions
 // before the next Linear's), so that large inversions are placed while large bubbles are
 // still free instead of all at the end.
-std::vector<int> packing_order(const KfacWork& work, PackingPolicy policy) {
+// `order` (the refinement's variants, search): kLargestInversionsFirst keeps the kinds' order
+// (curvature A, curvature B, syncs, inversions, broadcasts) and puts the longest inversions
+// first; kLargestLinearsFirst takes best-fit's Linear-by-Linear order with the Linears of most
+// work first.
+std::vector<int> packing_order(const KfacWork& work, PackingPolicy policy,
+                               PackOrder pack_order = PackOrder::kPolicy) {
   std::vector<int> order;
   order.reserve(work.tasks.size());
   const int last = work.refresh_steps - 1;
@@ -81,7 +107,30 @@ std::vector<int> packing_order(const KfacWork& work, PackingPolicy policy) {
   for (std::size_t t = 0; t < work.tasks.size(); ++t) {
     if (!is_per_step(work.tasks[t].kind())) middle.push_back(static_cast<int>(t));
   }
-  if (policy == PackingPolicy::kBestFit) {
+  if (pack_order == PackOrder::kLargestInversionsFirst) {
+    const auto rank = [&](int t) {
+      switch (work.tasks[static_cast<std::size_t>(t)].kind()) {
+        case OpKind::kCurvatureA:
+          return 0;
+        case OpKind::kCurvatureB:
+          return 1;
+        case OpKind::kCurvatureSync:
+          return 2;
+        case OpKind::kInvertA:
+        case OpKind::kInvertB:
+          return 3;
+        default:
+          return 4;
+      }
+    };
+    std::stable_sort(middle.begin(), middle.end(), [&](int a, int b) {
+      const int ra = rank(a), rb = rank(b);
+      if (ra != rb) return ra < rb;
+      if (ra != 3) return false;
+      return work.tasks[static_cast<std::size_t>(a)].duration_s >
+             work.tasks[static_cast<std::size_t>(b)].duration_s;
+    });
+  } else if (policy == PackingPolicy::kBestFit) {
     // Stable: within a Linear the work model's order (curvature, sync, inversion) stays. A
     // counting sort over the few (layer, Linear) keys: linear in the tasks (a comparison sort
     // of ~800k tasks was a tenth of the pass at p = 64, m = 1024).
@@ -102,8 +151,22 @@ std::vector<int> packing_order(const KfacWork& work, PackingPolicy policy) {
     for (std::size_t i = 0; i < keys.size(); ++i) {
       bucket[i] = static_cast<std::size_t>(
           std::lower_bound(distinct.begin(), distinct.end(), keys[i]) - distinct.begin());
-      ++next[bucket[i] + 1];
     }
+    if (pack_order == PackOrder::kLargestLinearsFirst) {
+      // The Linears with the most curvature, sync and inversion work first (ties: by key).
+      std::vector<double> weight(distinct.size(), 0.0);
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        weight[bucket[i]] += work.tasks[static_cast<std::size_t>(middle[i])].duration_s;
+      }
+      std::vector<std::size_t> by_weight(distinct.size());
+      for (std::size_t d = 0; d < by_weight.size(); ++d) by_weight[d] = d;
+      std::stable_sort(by_weight.begin(), by_weight.end(),
+                       [&](std::size_t a, std::size_t b) { return weight[a] > weight[b]; });
+      std::vector<std::size_t> rank_of(distinct.size());
+      for (std::size_t r = 0; r < by_weight.size(); ++r) rank_of[by_weight[r]] = r;
+      for (auto& b : bucket) b = rank_of[b];
+    }
+    for (std::size_t i = 0; i < keys.size(); ++i) ++next[bucket[i] + 1];
     for (std::size_t b = 1; b < next.size(); ++b) next[b] += next[b - 1];
     std::vector<int> sorted(middle.size());
     for (std::size_t i = 0; i < middle.size(); ++i) sorted[next[bucket[i]]++] = middle[i];
@@ -261,15 +324,17 @@ constexpr int kWrapHoldRounds = 4;
 // items of one plan take ~60 MB, and a fresh buffer per plan cost as much in page faults as
 // building the items.
 Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timeline,
-               const KfacOptions& options, PackingPolicy policy, const LongestBubbles& longest,
-               double task_overhead_s, std::vector<PackItem>& items) {
+               const KfacOptions& options, const PackVariant& variant,
+               const LongestBubbles& longest, double task_overhead_s,
+               std::vector<PackItem>& items) {
+  const PackingPolicy policy = variant.policy;
   Plan plan;
   plan.refresh_steps = prepared->refresh_steps;
   plan.pipelined = prepared->pipelined;
   plan.policy = policy;
   plan.prepared = std::move(prepared);
   const KfacWork& work = plan.work();
-  plan.order = packing_order(work, policy);
+  plan.order = packing_order(work, policy, variant.order);
   std::vector<int> item_of(work.tasks.size(), -1);
   for (std::size_t i = 0; i < plan.order.size(); ++i) {
     item_of[static_cast<std::size_t>(plan.order[i])] = static_cast<int>(i);
@@ -348,6 +413,12 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
       item.divisible = true;
       item.overhead = task_overhead_s;
       item.min_piece = min_piece_seconds(task, options, task_overhead_s);
+      if (variant.long_gap_fraction > 0.0 && item.workers.size() == 1 && item.step_bound < 0) {
+        const double gap = longest.any[static_cast<std::size_t>(item.workers[0])];
+        item.min_piece =
+            std::min(task.duration_s, std::max(item.min_piece, variant.long_gap_fraction * gap /
+                                                                   (1.0 + options.safety_margin)));
+      }
     }
     items.push_back(std::move(item));
   }
@@ -445,6 +516,33 @@ struct Bound {
   std::string impossible;
 };
 
+// The refinement's packings (search), in the order tried. Each placed a row of the 576-case
+// sweep (docs/pipefisher.md, "The sweep") a step lower that the others did not, and no other
+// of the packings tried did (docs/pipefisher.md, "Against the criteria").
+const std::vector<PackVariant>& refinement_variants() {
+  static const std::vector<PackVariant> variants = [] {
+    const auto variant = [](PackingPolicy policy, PackOrder order, double long_gap_fraction) {
+      PackVariant v;
+      v.policy = policy;
+      v.order = order;
+      v.long_gap_fraction = long_gap_fraction;
+      return v;
+    };
+    return std::vector<PackVariant>{
+        // Best-fit, the Linears with the most work first (their long inversions take the long
+        // gaps while those are free).
+        variant(PackingPolicy::kBestFit, PackOrder::kLargestLinearsFirst, 0.0),
+        // Best-fit, in first-fit's order of kinds with the longest inversions first.
+        variant(PackingPolicy::kBestFit, PackOrder::kLargestInversionsFirst, 0.0),
+        // First-fit, the longest inversions first.
+        variant(PackingPolicy::kFirstFit, PackOrder::kLargestInversionsFirst, 0.0),
+        // Best-fit, the Linears with the most work first, no piece under half the longest gap.
+        variant(PackingPolicy::kBestFit, PackOrder::kLargestLinearsFirst, 0.5),
+    };
+  }();
+  return variants;
+}
+
 std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
                          const KfacOptions& options, const DurationFn& duration,
                          const std::vector<PackingPolicy>& policies, const Bound& bound,
@@ -452,10 +550,10 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
                          const std::shared_ptr<const KfacWork>& one_step_work) {
   std::map<int, std::shared_ptr<const Prepared>> prepared;  // by k, shared by the policies
   std::vector<PackItem> items;                              // make_plan's buffer
-  auto plan_for = [&](int k, PackingPolicy policy) {
+  auto plan_for = [&](int k, const PackVariant& variant) {
     auto& entry = prepared[k];
     if (!entry) entry = prepare(base, timeline, options, duration, k, one_step_work);
-    return make_plan(entry, timeline, options, policy, longest, task_overhead_s, items);
+    return make_plan(entry, timeline, options, variant, longest, task_overhead_s, items);
   };
   // Whether packing k steps must leave curvature / sync / inversion after a flush, known without
   // packing: a task (not one that fits no bubble under any k) released after the last bubble of
@@ -495,12 +593,12 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
   std::vector<Plan> plans;
   for (PackingPolicy policy : policies) {
     if (options.refresh_steps > 0) {
-      plans.push_back(plan_for(options.refresh_steps, policy));
+      plans.push_back(plan_for(options.refresh_steps, of_policy(policy)));
       continue;
     }
     // Where no k can hold the work, the cap: the most steps to spread what runs after the flush.
     if (!bound.impossible.empty() || bound.steps > cap) {
-      Plan plan = plan_for(cap, policy);
+      Plan plan = plan_for(cap, of_policy(policy));
       plan.cap_reason = !bound.impossible.empty()
                             ? bound.impossible
                             : "the work/bubble bound " + std::to_string(bound.steps) +
@@ -519,7 +617,7 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
     std::string misfit;
     while (k <= cap) {
       if (!surely_spills(k)) {
-        Plan plan = plan_for(k, policy);
+        Plan plan = plan_for(k, of_policy(policy));
         if (plan.avoidable_spills() == 0) {
           fits = std::move(plan);
           break;
@@ -536,7 +634,7 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
       if (k - std::max(1, bound.steps) >= 4) step *= 2;
     }
     if (!fits) {
-      Plan plan = at_cap ? std::move(*at_cap) : plan_for(cap, policy);
+      Plan plan = at_cap ? std::move(*at_cap) : plan_for(cap, of_policy(policy));
       plan.cap_reason = !misfit.empty() ? misfit
                                         : "the work does not fit in the bubbles of " +
                                               std::to_string(cap) + " steps (--kfac-max-refresh)";
@@ -549,7 +647,7 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
         failed = middle;
         continue;
       }
-      Plan plan = plan_for(middle, policy);
+      Plan plan = plan_for(middle, of_policy(policy));
       if (plan.avoidable_spills() == 0) {
         fits = std::move(plan);
       } else {
@@ -557,6 +655,33 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
       }
     }
     plans.push_back(std::move(*fits));
+  }
+  // The refinement: below the smallest k the policies reached (down to the bound), other
+  // packings of the same work, the longest work first, kept where one runs all curvature, sync
+  // and inversion in the bubbles. The policies cut the long inversions into whatever room the
+  // short tasks left, more pieces than the long gaps need, each paying the per-task overhead
+  // (docs/pipefisher.md, "Against the criteria"). Only with best_of_both's automatic k:
+  // first_fit and best_fit stay the policies they name. Where k is at the bound (most rows),
+  // nothing more is packed.
+  if (options.policy == PackingPolicy::kBestOfBoth && options.refresh_steps == 0 &&
+      bound.impossible.empty() && bound.steps <= cap) {
+    int reached = cap + 1;
+    for (const Plan& plan : plans) {
+      if (plan.cap_reason.empty()) reached = std::min(reached, plan.refresh_steps);
+    }
+    const std::vector<PackVariant>& variants = refinement_variants();
+    for (int k = reached - 1; k >= std::max(1, bound.steps) && reached <= cap; --k) {
+      if (surely_spills(k)) break;
+      bool found = false;
+      for (std::size_t v = 0; v < variants.size() && !found; ++v) {
+        Plan plan = plan_for(k, variants[v]);
+        if (plan.avoidable_spills() != 0) continue;
+        plan.variant = static_cast<int>(v);
+        plans.push_back(std::move(plan));
+        found = true;
+      }
+      if (!found) break;
+    }
   }
   return plans;
 }
@@ -1145,57 +1270,87 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
   // The best plan whose schedule is valid. Only a pipelined plan with syncs in the next window
   // can fail: its syncs must pair by stream order on both replicas, and the previous refresh's
   // go first in their slots while the window's own go by slot; where that order differs
-  // between the replicas, the next plan is taken (the plain refresh's never fails).
-  const Plan* chosen = nullptr;
-  PassResult result;
-  for (const Plan* plan : ranked) {
-    result.schedule = emit(base, *plan, options.linear_dims);
-    if (plan->pipelined && wraps_collectives(*plan)) {
-      try {
-        sched::validate(result.schedule);
-      } catch (const std::invalid_argument&) {
-        continue;
+  // between the replicas, the next plan is taken (the plain refresh's never fails). With
+  // `unrefined`: of the policies' own packings only.
+  const auto best_valid = [&](bool unrefined, sched::Schedule& schedule) -> const Plan* {
+    for (const Plan* plan : ranked) {
+      if (unrefined && plan->variant >= 0) continue;
+      schedule = emit(base, *plan, options.linear_dims);
+      if (plan->pipelined && wraps_collectives(*plan)) {
+        try {
+          sched::validate(schedule);
+        } catch (const std::invalid_argument&) {
+          continue;
+        }
       }
+      return plan;
     }
-    chosen = plan;
-    break;
-  }
+    return nullptr;
+  };
+  PassResult result;
+  const Plan* chosen = best_valid(false, result.schedule);
   if (chosen == nullptr) throw std::logic_error("PipeFisher pass: no valid plan");
-  result.before =
-      chosen->refresh_steps == 2 && &reference == &base
-          ? two_steps
-          : sim::simulate(repeat_steps(reference, chosen->refresh_steps), costs, sim_options);
-  sim::SimOptions after_options = sim_options;
+  const auto simulate_before = [&](int steps) {
+    return steps == 2 && &reference == &base
+               ? two_steps
+               : sim::simulate(repeat_steps(reference, steps), costs, sim_options);
+  };
+  sim::SimOptions common_options = sim_options;
   if (!options.linear_dims.empty()) {
     result.busiest_replica_holds = state_of_busiest_replica(base, options);
-    after_options.kfac_state_bytes = [held = result.busiest_replica_holds](
-                                         int worker, int layer, sched::LinearKind linear) {
+    common_options.kfac_state_bytes = [held = result.busiest_replica_holds](
+                                          int worker, int layer, sched::LinearKind linear) {
       return held(worker, layer, linear).bytes;
     };
   }
-  if (chosen->pipelined) {
-    // The second accumulator of each factor (the next window's curvature while the previous
-    // refresh's sums wait for their inversion): the factors' bytes again, half of the state
-    // (factors and inverses) the cost model prices. Pipelined state is replicated (validated).
-    auto held = after_options.kfac_state_bytes;
-    after_options.kfac_state_bytes = [held, &costs, &base](int worker, int layer,
-                                                           sched::LinearKind linear) {
-      const double state =
-          held ? held(worker, layer, linear) : costs.kfac_bytes(base, layer, linear);
-      return 1.5 * state;
-    };
+  const auto options_for = [&](const Plan& plan) {
+    sim::SimOptions after_options = common_options;
+    if (plan.pipelined) {
+      // The second accumulator of each factor (the next window's curvature while the previous
+      // refresh's sums wait for their inversion): the factors' bytes again, half of the state
+      // (factors and inverses) the cost model prices. Pipelined state is replicated (validated).
+      auto held = after_options.kfac_state_bytes;
+      after_options.kfac_state_bytes = [held, &costs, &base](int worker, int layer,
+                                                             sched::LinearKind linear) {
+        const double state =
+            held ? held(worker, layer, linear) : costs.kfac_bytes(base, layer, linear);
+        return 1.5 * state;
+      };
+    }
+    return after_options;
+  };
+  result.before = simulate_before(chosen->refresh_steps);
+  result.after = sim::simulate(result.schedule, costs, options_for(*chosen));
+  if (chosen->variant >= 0) {
+    // A refined plan (fewer steps than the policies' own) is kept only where it costs no more
+    // step time than the policies' best plan, within 0.1 point of overhead: the refinement
+    // trades nothing for its step.
+    sched::Schedule schedule;
+    if (const Plan* fallback = best_valid(true, schedule)) {
+      sim::SimResult before = simulate_before(fallback->refresh_steps);
+      sim::SimResult after = sim::simulate(schedule, costs, options_for(*fallback));
+      const auto overhead = [](const sim::SimResult& b, const sim::SimResult& a) {
+        return b.step_time_s > 0.0 ? a.step_time_s / b.step_time_s - 1.0 : 0.0;
+      };
+      if (overhead(result.before, result.after) > overhead(before, after) + 1e-3) {
+        chosen = fallback;
+        result.schedule = std::move(schedule);
+        result.before = std::move(before);
+        result.after = std::move(after);
+      }
+    }
   }
-  result.after = sim::simulate(result.schedule, costs, after_options);
   result.report = make_report(base, costs, options, *chosen, result.before, result.after);
   result.report.refresh_bound = bound.impossible.empty() ? bound.steps : -1;
   result.report.release_bound = release_bound;
   result.report.usable_bound = usable_bound;
   for (const Plan& plan : plans) {
-    if (plan.pipelined != chosen->pipelined) continue;
+    if (plan.pipelined != chosen->pipelined || plan.variant >= 0) continue;
     (plan.policy == PackingPolicy::kFirstFit ? result.report.first_fit_refresh_steps
                                              : result.report.best_fit_refresh_steps) =
         plan.refresh_steps;
   }
+  result.report.refined = chosen->variant >= 0;
   result.report.pipelined_refresh = chosen->pipelined;
   result.report.plain_refresh_steps = plain_steps;
   return result;

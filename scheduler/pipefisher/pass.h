@@ -69,6 +69,9 @@ struct KfacReport {
   std::string policy;                // the packing that produced the schedule
   int first_fit_refresh_steps = -1;  // k under PipeFisher's first-fit (-1: not run)
   int best_fit_refresh_steps = -1;   // k under best-fit (-1: not run)
+  // The plan is one of the refinement's other packings of the work (best_of_both's automatic k:
+  // longest work first), at a k below both policies' own.
+  bool refined = false;
   double safety_margin = 0.0;
   std::string curvature;  // first_step / every_step
   bool fixed_interval = false;

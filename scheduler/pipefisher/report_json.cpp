@@ -36,6 +36,7 @@ nlohmann::json to_json(const KfacReport& report) {
           {"policy", report.policy},
           {"first_fit_refresh_steps", report.first_fit_refresh_steps},
           {"best_fit_refresh_steps", report.best_fit_refresh_steps},
+          {"refined", report.refined},
           {"fixed_interval", report.fixed_interval},
           {"curvature", report.curvature},
           {"safety_margin", report.safety_margin},

@@ -64,5 +64,47 @@ TEST(PipeFisherSweep, PipelinedSubset) {
   EXPECT_GE(sum.not_costlier, 52);
 }
 
+// The refinement (best_of_both's automatic k): below the k both policies reach, other packings
+// of the same work, the longest work first. Analytic p100, BERT-Base, micro-batch 8, D = 4,
+// Chimera (bound 8): first-fit's packing leaves work after the flush at k = 8 and takes 9,
+// best-fit's 10; one of the refinement's packings holds it all in 8, at PipeFisher's overhead.
+TEST(PipeFisherSweep, RefinedPackingReachesTheBoundWhereBothPoliciesNeedAStepMore) {
+  const SweepCase config{"analytic", "p100", "base", 8, 4, sched::ScheduleKind::kChimera};
+  const SweepResult result = run_sweep_case(config);
+  ASSERT_EQ(result.refused, "");
+  EXPECT_EQ(result.invalid, "");
+  EXPECT_EQ(result.split.refresh_bound, 8);
+  EXPECT_EQ(result.split.first_fit_refresh_steps, 9);
+  EXPECT_EQ(result.split.best_fit_refresh_steps, 10);
+  EXPECT_EQ(result.split.refresh_steps, 8);
+  EXPECT_TRUE(result.split.refined);
+  EXPECT_FALSE(result.split.capped);
+  EXPECT_LE(result.split.step_time_overhead, result.pipefisher_overhead + 1e-3);
+  // A named policy stays that policy: no refinement.
+  KfacOptions first_fit;
+  first_fit.policy = PackingPolicy::kFirstFit;
+  const SweepResult named = run_sweep_case(config, first_fit);
+  ASSERT_EQ(named.refused, "");
+  EXPECT_EQ(named.split.refresh_steps, 9);
+  EXPECT_FALSE(named.split.refined);
+}
+
+// A refined plan that costs step time is dropped: analytic h100, BERT-Base, micro-batch 8,
+// D = 8, interleaved, with the pipelined refresh (bound 9): a refined pipelined plan holds the
+// work in 9 steps, but its step-time overhead (+7.7%) is above the policies' plan at 10 steps
+// (+7.0%) and PipeFisher's own (+7.1%), so the pass keeps 10.
+TEST(PipeFisherSweep, RefinedPackingIsDroppedWhereItCostsStepTime) {
+  KfacOptions options;
+  options.pipelined_refresh = true;
+  const SweepResult result = run_sweep_case(
+      {"analytic", "h100", "base", 8, 8, sched::ScheduleKind::kInterleaved}, options);
+  ASSERT_EQ(result.refused, "");
+  EXPECT_EQ(result.invalid, "");
+  EXPECT_EQ(result.split.refresh_bound, 9);
+  EXPECT_EQ(result.split.refresh_steps, 10);
+  EXPECT_FALSE(result.split.refined);
+  EXPECT_LE(result.split.step_time_overhead, result.pipefisher_overhead + 1e-3);
+}
+
 }  // namespace
 }  // namespace pf::pipefisher
