@@ -516,9 +516,9 @@ struct Bound {
   std::string impossible;
 };
 
-// The refinement's packings (search), in the order tried. Each placed a row of the 576-case
-// sweep (docs/pipefisher.md, "The sweep") a step lower that the others did not, and no other
-// of the packings tried did (docs/pipefisher.md, "Against the criteria").
+// The refinement's packings (search), in the order tried. Each lowered k in a row of the
+// 576-configuration sweep where the other three did not; the 15 other packings tried lowered
+// none that these miss (docs/pipefisher.md, "Packing").
 const std::vector<PackVariant>& refinement_variants() {
   static const std::vector<PackVariant> variants = [] {
     const auto variant = [](PackingPolicy policy, PackOrder order, double long_gap_fraction) {
@@ -658,9 +658,9 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
   }
   // The refinement: below the smallest k the policies reached (down to the bound), other
   // packings of the same work, the longest work first, kept where one runs all curvature, sync
-  // and inversion in the bubbles. The policies cut the long inversions into whatever room the
-  // short tasks left, more pieces than the long gaps need, each paying the per-task overhead
-  // (docs/pipefisher.md, "Against the criteria"). Only with best_of_both's automatic k:
+  // and inversion in the bubbles. The policies can cut the long inversions into whatever room
+  // the short tasks left, more pieces than the long gaps need, each paying the per-task
+  // overhead (docs/pipefisher.md, "Packing"). Only with best_of_both's automatic k:
   // first_fit and best_fit stay the policies they name. Where k is at the bound (most rows),
   // nothing more is packed.
   if (options.policy == PackingPolicy::kBestOfBoth && options.refresh_steps == 0 &&
