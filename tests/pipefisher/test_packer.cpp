@@ -186,6 +186,54 @@ TEST(Packer, WrapHoldKeepsStepZeroRoomForWrappedWork) {
   EXPECT_THROW(pack(problem, items, PackingPolicy::kFirstFit, 0.0, {-1.0}), std::invalid_argument);
 }
 
+// The pass's refinement (docs/pipefisher.md, "Packing") on a hand-built case: per step one long
+// gap (1.0) and two short ones (0.12); four short tasks (0.1, whole in a short gap) and one
+// long divisible inversion (1.9, 0.05 of it the per-piece overhead). In the policies' order
+// (short tasks first) the short tasks take room in the long gaps (first-fit: the head of step
+// 0's; best-fit: beside the two that take step 0's short gaps) and the inversion is cut into
+// the rest, paying the overhead in short gaps for 0.07 of work a piece: both need a third step.
+// Longest work first with no piece under half the longest gap (the refinement's fourth
+// packing) puts the inversion into the two long gaps in two pieces and the short tasks into
+// the short gaps: two steps hold it all.
+TEST(Packer, LongestFirstInLongGapsSavesAStep) {
+  const auto problem = [](int steps) {
+    std::vector<Bubble> bubbles;
+    for (int s = 0; s < steps; ++s) {
+      const double t = 10.0 * s;
+      bubbles.push_back({s, t, t + 1.0});
+      bubbles.push_back({s, t + 2.0, t + 2.12});
+      bubbles.push_back({s, t + 3.0, t + 3.12});
+    }
+    return one_worker(std::move(bubbles), steps);
+  };
+  const auto inversion = [](double min_piece) {
+    PackItem it = item(1.9);
+    it.divisible = true;
+    it.overhead = 0.05;
+    it.min_piece = min_piece;
+    return it;
+  };
+  std::vector<PackItem> policy_order(4, item(0.1));
+  policy_order.push_back(inversion(0.1));
+  for (auto policy : {PackingPolicy::kFirstFit, PackingPolicy::kBestFit}) {
+    SCOPED_TRACE(policy == PackingPolicy::kFirstFit ? "first_fit" : "best_fit");
+    const auto two = pack(problem(2), policy_order, policy, 0.0);
+    EXPECT_EQ(two.spilled_items, 1);
+    EXPECT_TRUE(two.placements[4].spilled);
+    EXPECT_EQ(pack(problem(3), policy_order, policy, 0.0).spilled_items, 0);
+  }
+  std::vector<PackItem> longest_first{inversion(0.5)};
+  for (int i = 0; i < 4; ++i) longest_first.push_back(item(0.1));
+  const auto refined = pack(problem(2), longest_first, PackingPolicy::kBestFit, 0.0);
+  EXPECT_EQ(refined.spilled_items, 0);
+  ASSERT_EQ(refined.placements[0].pieces.size(), 2u);
+  EXPECT_EQ(refined.placements[0].pieces[0].bubble, 0);  // the long gaps
+  EXPECT_EQ(refined.placements[0].pieces[1].bubble, 3);
+  for (std::size_t i = 1; i <= 4; ++i) {
+    EXPECT_NE(refined.placements[i].bubbles[0] % 3, 0) << "short task " << i << " in a long gap";
+  }
+}
+
 TEST(Packer, RejectsMalformedInput) {
   EXPECT_THROW(pack(one_worker({{0, 0.0, 2.0, 0}, {0, 1.0, 3.0, 1}}), {item(1.0)},
                     PackingPolicy::kFirstFit, 0.0),
