@@ -20,11 +20,21 @@
 #include "sim/calibrate_command.h"
 #include "sim/device.h"
 #include "sim/sim_command.h"
+#include "tests/sim/error_message.h"
 
 namespace pf::cli {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The message pipefisher_sim gives for these options (no grid printed), "(no error)" for none.
+std::string error_of(SimCommandOptions options, CompileCommandOptions compile = {}) {
+  compile.grid = "none";
+  return sim::test::error_of([&] {
+    std::ostringstream out;
+    run_sim_command(compile, options, out);
+  });
+}
 
 fs::path scratch_dir() {
   return fs::temp_directory_path() / ("pf_sim_command_" + std::to_string(::getpid()));
@@ -665,17 +675,6 @@ TEST(SimCommand, AttentionFlag) {
     EXPECT_THROW(parse({"--model", "large", "--attention", "flash"}, compile, options),
                  CLI::ValidationError);
   }
-  auto error_of = [](SimCommandOptions options) -> std::string {
-    CompileCommandOptions compile;
-    compile.grid = "none";
-    std::ostringstream out;
-    try {
-      run_sim_command(compile, options, out);
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
   SimCommandOptions o;
   o.model = "large";
   o.attention = "flash";
@@ -745,17 +744,6 @@ TEST(SimCommand, StashFlag) {
     EXPECT_THROW(parse({"--model", "large", "--stash", "megatron"}, compile, options),
                  CLI::ValidationError);
   }
-  auto error_of = [](SimCommandOptions options) -> std::string {
-    CompileCommandOptions compile;
-    compile.grid = "none";
-    std::ostringstream out;
-    try {
-      run_sim_command(compile, options, out);
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
   SimCommandOptions o;
   o.model = "large";
   o.stash = "megatron";
@@ -774,52 +762,42 @@ TEST(SimCommand, StashFlag) {
 }
 
 TEST(SimCommand, BadInputGivesClearErrors) {
-  auto error_of = [](CompileCommandOptions compile, SimCommandOptions options) -> std::string {
-    std::ostringstream out;
-    compile.grid = "none";
-    try {
-      run_sim_command(compile, options, out);
-    } catch (const std::invalid_argument& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
   SimCommandOptions o;
   o.model = "gigantic";
-  EXPECT_NE(error_of({}, o).find("gigantic"), std::string::npos);
+  EXPECT_NE(error_of(o).find("gigantic"), std::string::npos);
   o = {};
   o.model = "tiny";
   o.device = "tpu9";
-  EXPECT_NE(error_of({}, o).find("tpu9"), std::string::npos);
+  EXPECT_NE(error_of(o).find("tpu9"), std::string::npos);
   o = {};
   o.profile = "/nonexistent/profile.json";
-  EXPECT_NE(error_of({}, o).find("/nonexistent/profile.json"), std::string::npos);
+  EXPECT_NE(error_of(o).find("/nonexistent/profile.json"), std::string::npos);
   o = {};
   o.uniform = "1,two";
-  EXPECT_NE(error_of({}, o).find("two"), std::string::npos);
+  EXPECT_NE(error_of(o).find("two"), std::string::npos);
   o = {};
   o.model = "gpt2";
   o.seq_len = 1024;
   o.global_batch = 30;
   o.micro_batch_size = 4;
-  EXPECT_NE(error_of({}, o).find("--global-batch 30 must be a positive multiple of "
-                                 "--micro-batch-size x --data-parallel = 4"),
+  EXPECT_NE(error_of(o).find("--global-batch 30 must be a positive multiple of "
+                             "--micro-batch-size x --data-parallel = 4"),
             std::string::npos);
   o.global_batch = 0;
   o.cluster = "dgx-z9";
-  EXPECT_NE(error_of({}, o).find("unknown cluster 'dgx-z9'"), std::string::npos);
+  EXPECT_NE(error_of(o).find("unknown cluster 'dgx-z9'"), std::string::npos);
   o.cluster = "dgx-a100";
   o.tensor_parallel = 5;
-  EXPECT_NE(error_of({}, o).find("--tensor-parallel 5"), std::string::npos);
+  EXPECT_NE(error_of(o).find("--tensor-parallel 5"), std::string::npos);
   o.tensor_parallel = 2;
   o.uniform = "1,2";
-  EXPECT_NE(error_of({}, o).find("cannot be combined with --uniform"), std::string::npos);
+  EXPECT_NE(error_of(o).find("cannot be combined with --uniform"), std::string::npos);
   o = {};
   o.tensor_parallel = 8;
-  EXPECT_NE(error_of({}, o).find("price a model: give --model"), std::string::npos);
+  EXPECT_NE(error_of(o).find("price a model: give --model"), std::string::npos);
   o = {};
   o.report = "x.json";
-  EXPECT_NE(error_of({}, o).find("--model, --uniform or --profile"), std::string::npos);
+  EXPECT_NE(error_of(o).find("--model, --uniform or --profile"), std::string::npos);
   // A schedule file that fails validation: the compiler's error names the file.
   const fs::path bad = scratch("bad.csv");
   std::ofstream(bad) << "0F0,0B0\n1B0,1F0\n";
@@ -827,7 +805,7 @@ TEST(SimCommand, BadInputGivesClearErrors) {
   compile.schedule_file = bad.string();
   o = {};
   o.uniform = "1,2";
-  EXPECT_NE(error_of(compile, o).find("bad.csv"), std::string::npos) << error_of(compile, o);
+  EXPECT_NE(error_of(o, compile).find("bad.csv"), std::string::npos) << error_of(o, compile);
 }
 
 }  // namespace
