@@ -252,7 +252,17 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   std::shared_ptr<std::vector<float>> last_input_copy;
   int curvature_steps_seen = 0;
   bool has_kfac = false;
-  std::int64_t kfac_sent = 0;  // payload bytes of K-FAC collectives (counting communicators)
+  std::int64_t kfac_sent = 0;       // payload bytes of K-FAC collectives (counting communicators)
+  std::int64_t peak_stash = 0;      // Worker::peak_stash_bytes
+  std::int64_t released_stash = 0;  // the executing backward's stash_bytes (InstructionEvent)
+
+  // The chunks' live stash arenas now, plus `released` (an arena just given back).
+  void sample_stash(std::int64_t released) {
+    std::int64_t live = released;
+    for (const auto& slot : slots)
+      live += static_cast<std::int64_t>(slot.model->live_stash_bytes());
+    peak_stash = std::max(peak_stash, live);
+  }
 
   // Data-parallel gradient buckets (ExecutorOptions::dp_bucket_bytes): per stream position of
   // a chunk's last weight-gradient backward before its DP reduction, that reduction's position
@@ -747,6 +757,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
                                       options, has_kfac ? this : nullptr);
     last_input_copy.reset();
     last_input_device = {};
+    sample_stash(0);
     recycle(std::move(received));
     if (result.losses) {
       if (setup.options.check_finite) model::check_finite_loss(*result.losses, global_step);
@@ -775,6 +786,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     model::GradientsReady* ready = launcher ? &*launcher : nullptr;
     if (in.kind == OpKind::kBackwardWeight) {
       slot.model->backward_weight(stash_id, ready);
+      released_stash = static_cast<std::int64_t>(slot.model->released_stash_bytes());
+      sample_stash(released_stash);
       if (launcher) launcher->finish();
       return;
     }
@@ -812,9 +825,12 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     auto* capture = has_kfac ? this : nullptr;
     if (in.kind == OpKind::kBackward) {
       slot.model->backward(stash_id, grad_output, grad_input_view, loss_scale(), capture, ready);
+      released_stash = static_cast<std::int64_t>(slot.model->released_stash_bytes());
+      sample_stash(released_stash);
       if (launcher) launcher->finish();
     } else {
       slot.model->backward_input(stash_id, grad_output, grad_input_view, loss_scale(), capture);
+      sample_stash(0);
     }
     recycle(std::move(received));
     if (in.chunk > 0) {
@@ -2538,6 +2554,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     const std::int64_t sent_before =
         sched::is_kfac_collective(in.kind) ? comm.payload_bytes_sent() : -1;
     std::int64_t bytes = 0;
+    released_stash = 0;
     // On a device the instruction is timed by marks in its stream (the communication stream for
     // sends, whose copies run there; the compute stream for everything else).
     tensor::Stream* timed_stream = nullptr;
@@ -2620,9 +2637,9 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     }
     if (timed_stream != nullptr) {
       timeline->end(*current_span, *timed_stream);
-      pending_events.push_back(
-          {{rank, position, global_step, in, lane_of(in.kind), 0.0, 0.0, 0.0, bytes},
-           *current_span});
+      pending_events.push_back({{rank, position, global_step, in, lane_of(in.kind), 0.0, 0.0, 0.0,
+                                 bytes, -1, released_stash},
+                                *current_span});
       current_span.reset();
     } else if (recording) {
       const double end = now_s();
@@ -2630,7 +2647,8 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       const Lane lane = lane_of(in.kind);
       // A reduction's own time cannot be told from waiting for its peers here: all of it counts.
       const double busy = lane == Lane::kCommunication ? end - start : end - start - waited;
-      events.push_back({rank, position, global_step, in, lane, start, end, busy, bytes});
+      events.push_back(
+          {rank, position, global_step, in, lane, start, end, busy, bytes, -1, released_stash});
     }
     // The optimizer step synchronized the streams: the step's marks can be read now.
     if (runtime && in.kind == OpKind::kOptimizerStep && !pending_events.empty()) {
@@ -2836,6 +2854,14 @@ TransientMemory Worker<T>::transient_memory() const {
   }
   memory.kfac_captures = impl_->capture_bytes;
   return memory;
+}
+template <typename T>
+std::int64_t Worker<T>::peak_stash_bytes() const {
+  return impl_->peak_stash;
+}
+template <typename T>
+void Worker<T>::reset_peak_stash_bytes() {
+  impl_->peak_stash = 0;
 }
 template <typename T>
 std::vector<InstructionEvent> Worker<T>::take_events() {

@@ -105,6 +105,10 @@ struct InstructionEvent {
   // all-reduce (a kReduceGradDataParallel instruction with ExecutorOptions::dp_bucket_bytes),
   // from its start inside the chunk's last backward to when the worker saw it complete.
   int bucket = -1;
+  // A backward or backward-weight: the bytes its micro-batch's stash arena held when it was
+  // released (BertChunk::released_stash_bytes: the forward's buffers and the output gradients
+  // backward_input kept, as the pooled arena holds them); 0 otherwise.
+  std::int64_t stash_bytes = 0;
 };
 
 // Live bytes a worker holds beyond its parameters and optimizer/K-FAC state.
@@ -209,6 +213,11 @@ class Worker {
   void load_kfac_progress(const ckpt::SafetensorsFile& file, std::string_view prefix);
 
   TransientMemory transient_memory() const;
+  // The most bytes this worker's chunks' stash arenas held at once (BertChunk::live_stash_bytes
+  // summed over its chunks after each forward and backward-input, and just before each
+  // backward's release) since the start or the last reset_peak_stash_bytes.
+  std::int64_t peak_stash_bytes() const;
+  void reset_peak_stash_bytes();
   // Bytes of K-FAC state this rank holds: factor accumulators, values and inverses of every
   // preconditioned Linear (kfac::state_cost's memory_bytes between refreshes). On a device the
   // device memory its K-FAC layers hold (accumulators, values, inverses, the inverses a refresh

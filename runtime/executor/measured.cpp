@@ -119,8 +119,10 @@ sim::Profile measured_profile(const sched::Schedule& schedule,
   using sched::OpKind;
   struct ChunkTimes {
     std::vector<double> forward, backward, backward_input, backward_weight;
-    double activation_bytes = 0.0;
+    double stash_bytes = 0.0;      // largest stash a micro-batch's backward released
+    double reduction_bytes = 0.0;  // the chunk's gradient all-reduce payload
   };
+  double message_bytes = 0.0;
   std::map<std::pair<int, int>, ChunkTimes> chunks;
   std::vector<double> send_rates, reduction_rates, host_rates, optimizer;
   bool saw_host_copy = false;
@@ -156,25 +158,28 @@ sim::Profile measured_profile(const sched::Schedule& schedule,
         break;
       case OpKind::kBackward:
         times.backward.push_back(event.busy_s);
+        times.stash_bytes = std::max(times.stash_bytes, static_cast<double>(event.stash_bytes));
         break;
       case OpKind::kBackwardInput:
         times.backward_input.push_back(event.busy_s);
         break;
       case OpKind::kBackwardWeight:
         times.backward_weight.push_back(event.busy_s);
+        times.stash_bytes = std::max(times.stash_bytes, static_cast<double>(event.stash_bytes));
         break;
       case OpKind::kSendActivation:
       case OpKind::kSendGradient:
         if (event.busy_s > 0 && event.bytes > 0) {
           send_rates.push_back(static_cast<double>(event.bytes) / event.busy_s);
         }
-        times.activation_bytes = static_cast<double>(event.bytes);
+        message_bytes = std::max(message_bytes, static_cast<double>(event.bytes));
         break;
       case OpKind::kReduceGradPipelines:
       case OpKind::kReduceGradDataParallel:
         if (event.busy_s > 0 && event.bytes > 0) {
           reduction_rates.push_back(static_cast<double>(event.bytes) / event.busy_s);
         }
+        times.reduction_bytes = std::max(times.reduction_bytes, static_cast<double>(event.bytes));
         break;
       case OpKind::kOptimizerStep:
         optimizer.push_back(event.busy_s);
@@ -210,10 +215,15 @@ sim::Profile measured_profile(const sched::Schedule& schedule,
       chunk.backward_weight_s = typical(times.backward_weight);
       chunk.backward_s = chunk.backward_input_s + chunk.backward_weight_s;
     }
-    chunk.activation_bytes = times.activation_bytes;
-    chunk.gradient_bytes = times.activation_bytes;
+    // What one micro-batch in flight really holds (its stash arena, pooled: the forward's
+    // buffers and the gradients backward_input keeps), not the boundary message; the message
+    // is the communication link's message_bytes. gradient_bytes is what the simulator prices
+    // a reduction without a byte count by: the chunk's measured gradient all-reduce payload.
+    chunk.activation_bytes = times.stash_bytes;
+    chunk.gradient_bytes = times.reduction_bytes;
     profile.chunks.push_back(chunk);
   }
+  profile.communication.message_bytes = message_bytes;
   // Sends are copies into the receiver's mailbox: a rate, no latency.
   profile.communication.bandwidth = send_rates.empty() ? 1e12 : typical(send_rates);
   profile.reduction.bandwidth =

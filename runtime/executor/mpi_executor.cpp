@@ -24,6 +24,7 @@ namespace {
 struct WireEvent {
   std::int64_t global_step = 0;
   std::int64_t bytes = 0;
+  std::int64_t stash_bytes = 0;
   double start_s = 0.0, end_s = 0.0, busy_s = 0.0;
   std::int32_t position = 0;
   std::int32_t lane = 0;
@@ -135,6 +136,7 @@ std::vector<InstructionEvent> MpiExecutor<T>::take_events() {
     const auto& e = mine[i];
     wire[i] = {e.global_step,
                e.bytes,
+               e.stash_bytes,
                e.start_s,
                e.end_s,
                e.busy_s,
@@ -165,6 +167,7 @@ std::vector<InstructionEvent> MpiExecutor<T>::take_events() {
       e.busy_s = w.busy_s;
       e.bytes = w.bytes;
       e.bucket = w.bucket;
+      e.stash_bytes = w.stash_bytes;
       all.push_back(e);
     }
   }

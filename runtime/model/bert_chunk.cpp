@@ -361,6 +361,7 @@ template <typename T>
 void BertChunk<T>::discard(int microbatch) {
   for (auto it = in_flight_.begin(); it != in_flight_.end(); ++it) {
     if ((*it)->microbatch == microbatch) {
+      released_stash_bytes_ = (*it)->arena->capacity();
       pool_.release(std::move((*it)->arena));
       idle_stashes_.push_back(std::move(*it));
       in_flight_.erase(it);
@@ -620,6 +621,13 @@ std::size_t BertChunk<T>::stash_bytes() const {
 template <typename T>
 std::size_t BertChunk<T>::reserved_stash_bytes() const {
   std::size_t bytes = pool_.idle_capacity();
+  for (const auto& stash : in_flight_) bytes += stash->arena->capacity();
+  return bytes;
+}
+
+template <typename T>
+std::size_t BertChunk<T>::live_stash_bytes() const {
+  std::size_t bytes = 0;
   for (const auto& stash : in_flight_) bytes += stash->arena->capacity();
   return bytes;
 }

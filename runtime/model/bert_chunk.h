@@ -158,6 +158,13 @@ class BertChunk {
   // its backward kept (what the simulator's memory counts per stashed micro-batch,
   // sim/runtime_stash.h).
   std::size_t reserved_stash_bytes() const;
+  // Bytes the in-flight micro-batches' arenas hold from the backend (reserved_stash_bytes less
+  // the idle pool): what the stashes occupy now.
+  std::size_t live_stash_bytes() const;
+  // The capacity of the arena that the last backward, backward_weight or discard released, as
+  // it held it just before: one micro-batch's stash at its largest (the forward's buffers and
+  // the output gradients backward_input added); 0 before any release.
+  std::size_t released_stash_bytes() const { return released_stash_bytes_; }
   // Drops a forwarded micro-batch without a backward (evaluation).
   void discard(int microbatch);
   int in_flight() const;
@@ -192,6 +199,7 @@ class BertChunk {
   std::unique_ptr<tensor::Arena> scratch_;
   std::vector<std::unique_ptr<Stash>> in_flight_;
   std::vector<std::unique_ptr<Stash>> idle_stashes_;
+  std::size_t released_stash_bytes_ = 0;
 };
 
 // One chunk per spec (validated with validate_chunk_specs), initialised from `seed`.

@@ -19,6 +19,8 @@
 #include "scheduler/pipefisher/pass.h"
 #include "scheduler/torch_csv.h"
 #include "scheduler/validate.h"
+#include "sim/measured_cost_model.h"
+#include "sim/simulator.h"
 #include "sim/uniform_cost_model.h"
 #include "tests/executor/kfac_test_schedule.h"
 #include "tests/executor/offload_plan.h"
@@ -863,6 +865,56 @@ TEST(RunSummary, WindowLeavesOutTimeOutsideTheExecutor) {
   EXPECT_NEAR(summary.window_s, 2.0, 1e-9);
   EXPECT_NEAR(summary.step_time_s, 1.0, 1e-9);
   EXPECT_NEAR(summary.compute_utilization(), 0.999, 1e-9);  // 1 ms between the two events
+}
+
+// End to end: a pipeline of real BERT chunks (1F1B, 2 stages, 4 micro-batches, fp32 on CPU
+// threads) writes its measured profile, the simulator replays it, and the replay's peak
+// activation memory per worker is what the runtime's stash arenas really held at their peak:
+// exactly, since after the warm-up step every micro-batch's pooled arena is one block of the
+// cycle's bytes, and the simulator holds a micro-batch's activation_bytes from its forward to
+// its (weight) backward as the chunk holds the arena. The model is large enough that an arena
+// exceeds the 1 MiB smallest block, so that the figure is the chunk's own accounting.
+TEST(MeasuredProfile, ReplayedPeakActivationMemoryIsTheRuntimeStash) {
+  model::BertConfig config = test_config(4);
+  config.hidden_size = 64;
+  config.num_heads = 4;
+  config.intermediate_size = 256;
+  config.max_position_embeddings = 32;
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.workers = 2;
+  params.microbatches = 4;
+  params.num_layers = 4;
+  const auto schedule = sched::compile(params);
+  SyntheticBatches batches(config, 4, 32, 4, kDataSeed);
+  auto setup = make_setup<float>(config, schedule, batches);
+  setup.options.record_events = true;
+  ThreadedExecutor<float> executor(setup);
+  executor.run(0, 1);  // warm-up: the arenas grow to one block of the cycle
+  for (int r = 0; r < executor.num_ranks(); ++r) executor.worker(r).reset_peak_stash_bytes();
+  executor.run(1, 3);
+  const auto events = executor.take_events();
+  const auto profile = measured_profile(schedule, events, 1, "stash test");
+  const std::int64_t message = 4 * 32 * 64 * 4;  // b S H e: the boundary activation
+  EXPECT_DOUBLE_EQ(profile.communication.message_bytes, static_cast<double>(message));
+  ASSERT_EQ(profile.chunks.size(), 2U);
+  for (const auto& chunk : profile.chunks) {
+    EXPECT_GT(chunk.activation_bytes, 1024.0 * 1024.0) << "chunk " << chunk.chunk;
+  }
+  // Through the file format, as pipefisher_sim --profile reads it.
+  const sim::MeasuredCostModel costs(
+      sim::profile_from_json(sim::profile_to_json(profile), "stash test"), "stash test");
+  const auto result = sim::simulate(schedule, costs);
+  ASSERT_EQ(result.workers.size(), 2U);
+  for (int r = 0; r < 2; ++r) {
+    const auto peak = executor.worker(r).peak_stash_bytes();
+    EXPECT_GT(peak, 0) << "rank " << r;
+    EXPECT_EQ(result.workers[static_cast<std::size_t>(r)].peak_activation_bytes,
+              static_cast<double>(peak))
+        << "rank " << r;
+    // 1F1B: worker r stashes p - r micro-batches, each the whole arena.
+    EXPECT_EQ(result.workers[static_cast<std::size_t>(r)].peak_stashed_microbatches, 2 - r);
+  }
 }
 
 // A run as long as its refresh interval runs curvature and inversions only in its warm-up step:
