@@ -252,12 +252,15 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   std::shared_ptr<std::vector<float>> last_input_copy;
   int curvature_steps_seen = 0;
   bool has_kfac = false;
-  std::int64_t kfac_sent = 0;       // payload bytes of K-FAC collectives (counting communicators)
-  std::int64_t peak_stash = 0;      // Worker::peak_stash_bytes
-  std::int64_t released_stash = 0;  // the executing backward's stash_bytes (InstructionEvent)
+  std::int64_t kfac_sent = 0;        // payload bytes of K-FAC collectives (counting communicators)
+  std::int64_t peak_stash = 0;       // Worker::peak_stash_bytes
+  std::int64_t peak_stash_from = 0;  // of the steps from this one on
+  std::int64_t executing_step = 0;   // the global step of the instruction executing
+  std::int64_t released_stash = 0;   // the executing backward's stash_bytes (InstructionEvent)
 
   // The chunks' live stash arenas now, plus `released` (an arena just given back).
   void sample_stash(std::int64_t released) {
+    if (executing_step < peak_stash_from) return;
     std::int64_t live = released;
     for (const auto& slot : slots)
       live += static_cast<std::int64_t>(slot.model->live_stash_bytes());
@@ -2555,6 +2558,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         sched::is_kfac_collective(in.kind) ? comm.payload_bytes_sent() : -1;
     std::int64_t bytes = 0;
     released_stash = 0;
+    executing_step = global_step;
     // On a device the instruction is timed by marks in its stream (the communication stream for
     // sends, whose copies run there; the compute stream for everything else).
     tensor::Stream* timed_stream = nullptr;
@@ -2860,8 +2864,9 @@ std::int64_t Worker<T>::peak_stash_bytes() const {
   return impl_->peak_stash;
 }
 template <typename T>
-void Worker<T>::reset_peak_stash_bytes() {
+void Worker<T>::reset_peak_stash_bytes(std::int64_t from_step) {
   impl_->peak_stash = 0;
+  impl_->peak_stash_from = from_step;
 }
 template <typename T>
 std::vector<InstructionEvent> Worker<T>::take_events() {

@@ -215,9 +215,11 @@ class Worker {
   TransientMemory transient_memory() const;
   // The most bytes this worker's chunks' stash arenas held at once (BertChunk::live_stash_bytes
   // summed over its chunks after each forward and backward-input, and just before each
-  // backward's release) since the start or the last reset_peak_stash_bytes.
+  // backward's release), over the instructions of global steps >= from_step of the last
+  // reset_peak_stash_bytes (0 by default). Leave the first step out for the steady state: a
+  // first cycle's arena grows block by block, and then holds one block of exactly its bytes.
   std::int64_t peak_stash_bytes() const;
-  void reset_peak_stash_bytes();
+  void reset_peak_stash_bytes(std::int64_t from_step = 0);
   // Bytes of K-FAC state this rank holds: factor accumulators, values and inverses of every
   // preconditioned Linear (kfac::state_cost's memory_bytes between refreshes). On a device the
   // device memory its K-FAC layers hold (accumulators, values, inverses, the inverses a refresh

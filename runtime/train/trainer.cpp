@@ -286,6 +286,10 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
     if (!stop && step < o.steps) pauses.push_back(step);
     return stop;
   };
+  // The stash arenas' peak in the steps the profile keeps (after the first, which grows them).
+  for (auto* worker : executor.local_workers()) {
+    worker->reset_peak_stash_bytes(o.steps - first_step > 1 ? first_step + 1 : first_step);
+  }
   const auto checkpoint = run_with_checkpoints(executor, o, first_step, context.identity,
                                                context.shards, on_step, {}, evaluation_pauses);
   const double elapsed =
@@ -370,6 +374,16 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
         << static_cast<double>(host) / kMiB << " MiB in host memory (plan: at most "
         << context.kfac_offload_device_after / kMiB << " MiB on the device at once, "
         << context.kfac_offload_device_before / kMiB << " MiB without offload)\n";
+  }
+  {
+    // This process's workers (threads: every rank; MPI: the root's own).
+    const auto workers = executor.local_workers();
+    out << "stash arenas: peak";
+    for (const auto* worker : workers) {
+      out << (worker == workers.front() ? " " : ", ") << "rank " << worker->rank() << " "
+          << worker->peak_stash_bytes() << " B";
+    }
+    out << " (steps after the first; the profile's activation_bytes replays it)\n";
   }
   if (const auto& device = executor.setup().device) {
     const auto stats = device->backend().stats();
