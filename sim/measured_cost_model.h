@@ -9,7 +9,9 @@
 //                "forward_s": ..., "backward_s": ...,
 //                "backward_input_s": ..., "backward_weight_s": ...   (optional: backward_s / 2),
 //                "activation_bytes": ..., "static_bytes": ..., "gradient_bytes": ... (optional: 0)}
-//             ],
+//             ],       (activation_bytes: one stashed micro-batch, forward to (weight) backward;
+//                       gradient_bytes: a reduction without a byte count; pipefisher_train
+//                       writes its stash arena and its measured all-reduce payload)
 //   "communication": {"bandwidth": B/s, "latency_s": ..., "message_bytes": ...},
 //   "reduction": {"bandwidth": B/s, "latency_s": ...}      (optional: = communication),
 //   "host_link": {"bandwidth": B/s, "latency_s": ...}      (optional: device <-> host copies of
