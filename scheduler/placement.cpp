@@ -45,6 +45,92 @@ std::vector<int> balanced_layer_counts(int num_layers, int num_chunks) {
   return counts;
 }
 
+std::vector<int> parse_layer_counts(std::string_view text) {
+  const std::string quoted = "--layers-per-stage '" + std::string(text) + "'";
+  std::vector<int> counts;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', begin);
+    std::string_view item = text.substr(
+        begin, comma == std::string_view::npos ? std::string_view::npos : comma - begin);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    const std::string position = "entry " + std::to_string(counts.size() + 1);
+    if (item.empty()) {
+      throw std::invalid_argument(quoted + ": " + position +
+                                  " is empty (expected a comma-separated list of layer counts, "
+                                  "one per chunk, e.g. 3,1)");
+    }
+    std::int64_t value = 0;
+    for (const char c : item) {
+      if (c < '0' || c > '9') {
+        throw std::invalid_argument(quoted + ": " + position + " '" + std::string(item) +
+                                    "' is not a non-negative whole number");
+      }
+      value = value * 10 + (c - '0');
+      if (value > kMaxLayers) {
+        throw std::invalid_argument(quoted + ": " + position + " '" + std::string(item) +
+                                    "' exceeds " + std::to_string(kMaxLayers) + " layers");
+      }
+    }
+    if (value < 1) {
+      throw std::invalid_argument(quoted + ": " + position +
+                                  " is 0; every chunk needs at least one layer");
+    }
+    counts.push_back(static_cast<int>(value));
+    if (comma == std::string_view::npos) break;
+    begin = comma + 1;
+  }
+  return counts;
+}
+
+std::string format_layer_counts(const std::vector<int>& counts) {
+  std::string text;
+  for (std::size_t i = 0; i < counts.size(); ++i) {
+    if (i > 0) text += ',';
+    text += std::to_string(counts[i]);
+  }
+  return text;
+}
+
+namespace {
+
+// The explicit per-chunk counts, checked against the placement's chunks and layers. num_layers
+// is the requested total (0: the counts define it).
+std::vector<int> explicit_layer_counts(const ScheduleParams& params, int chunks, int num_layers) {
+  const std::vector<int>& counts = params.layers_per_chunk;
+  const std::string flag = "--layers-per-stage " + format_layer_counts(counts);
+  const std::string shape = std::to_string(params.workers) + " stages x " +
+                            std::to_string(params.chunks_per_worker) + " chunk(s) per worker";
+  if (static_cast<std::int64_t>(counts.size()) != chunks) {
+    throw std::invalid_argument(flag + ": " + std::to_string(counts.size()) +
+                                " counts, but a pipeline has " + std::to_string(chunks) +
+                                " chunks (" + shape +
+                                "); give one count per chunk, in chunk order");
+  }
+  std::int64_t sum = 0;
+  for (std::size_t c = 0; c < counts.size(); ++c) {
+    if (counts[c] < 1) {
+      throw std::invalid_argument(flag + ": chunk " + std::to_string(c) + " gets " +
+                                  std::to_string(counts[c]) +
+                                  " layers; every chunk needs at least one");
+    }
+    sum += counts[c];
+  }
+  if (num_layers != 0 && sum != num_layers) {
+    throw std::invalid_argument(flag + ": the counts sum to " + std::to_string(sum) +
+                                " layers, but the model has " + std::to_string(num_layers) +
+                                " encoder layers");
+  }
+  if (sum > kMaxLayers) {
+    throw std::invalid_argument(flag + ": at most " + std::to_string(kMaxLayers) +
+                                " layers, the counts sum to " + std::to_string(sum));
+  }
+  return counts;
+}
+
+}  // namespace
+
 Placement make_placement(const ScheduleParams& params) {
   auto positive = [](int value, const char* what) {
     if (value <= 0) {
@@ -85,9 +171,16 @@ Placement make_placement(const ScheduleParams& params) {
   Placement placement;
   placement.num_pipelines = pipelines;
   placement.chunks_per_pipeline = params.workers * params.chunks_per_worker;
-  placement.num_layers = params.num_layers == 0 ? placement.chunks_per_pipeline : params.num_layers;
-  const std::vector<int> counts =
-      balanced_layer_counts(placement.num_layers, placement.chunks_per_pipeline);
+  std::vector<int> counts;
+  if (params.layers_per_chunk.empty()) {
+    placement.num_layers =
+        params.num_layers == 0 ? placement.chunks_per_pipeline : params.num_layers;
+    counts = balanced_layer_counts(placement.num_layers, placement.chunks_per_pipeline);
+  } else {
+    counts = explicit_layer_counts(params, placement.chunks_per_pipeline, params.num_layers);
+    placement.num_layers = 0;
+    for (const int count : counts) placement.num_layers += count;
+  }
   placement.chunks.reserve(static_cast<std::size_t>(pipelines * placement.chunks_per_pipeline));
   for (int pipeline = 0; pipeline < pipelines; ++pipeline) {
     int first_layer = 0;

@@ -2,6 +2,8 @@
 // Where the model lives: which worker holds each chunk (virtual stage) of each pipeline, and
 // which encoder layers each chunk holds.
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "scheduler/schedule.h"
@@ -27,6 +29,14 @@ int microbatches_per_pipeline(const ScheduleParams& params);
 // 24/8 -> 3 each; 12/8 -> [1,1,1,2,2,2,2,1]. Throws when num_layers < num_chunks.
 std::vector<int> balanced_layer_counts(int num_layers, int num_chunks);
 
+// Parses the --layers-per-stage list "3,1" (decimal counts separated by commas, spaces around
+// them allowed) into per-chunk layer counts. Throws std::invalid_argument naming the flag on an
+// empty list, an empty or non-numeric entry, or a count below 1 or above kMaxLayers.
+std::vector<int> parse_layer_counts(std::string_view text);
+
+// "3,1": the inverse of parse_layer_counts.
+std::string format_layer_counts(const std::vector<int>& counts);
+
 // Whether chunks zig-zag over the workers (V shape): zbv, or params.v_shape.
 bool uses_v_shape(const ScheduleParams& params);
 
@@ -36,9 +46,12 @@ int looped_worker(int chunk, int workers);
 int v_shape_worker(int chunk, int workers);
 
 // Chunk c of pipeline 0 lives on worker c mod p (V shape: v_shape_worker); Chimera's pipeline 1
-// puts chunk i on worker D-1-i. Layers: balanced_layer_counts over the chunks of one pipeline (both
-// Chimera pipelines hold the whole model). Throws std::invalid_argument on non-positive counts or
-// more chunks than layers.
+// puts chunk i on worker D-1-i. Layers: params.layers_per_chunk when given, else
+// balanced_layer_counts over the chunks of one pipeline; layers stay contiguous in chunk order.
+// Both Chimera pipelines hold the whole model with the same counts per chunk index, so with
+// D = 2 and "3,1" each worker holds 3 + 1 layers (chunk 0 of one pipeline, chunk 1 of the other).
+// Throws std::invalid_argument on non-positive counts, more chunks than layers, or explicit
+// counts of the wrong length, below 1, or not summing to num_layers (naming --layers-per-stage).
 Placement make_placement(const ScheduleParams& params);
 
 // The (pipeline, chunk) pairs held by each worker, in pipeline-then-chunk order.

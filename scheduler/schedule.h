@@ -38,6 +38,10 @@ struct ScheduleParams {
   // on worker c mod p in even blocks and p-1 - c mod p in odd ones, so worker i holds chunks i
   // and 2p-1-i. Implied by zbv; set for imported files laid out that way (torch's "v" style).
   bool v_shape = false;
+  // Encoder layers of each chunk of a pipeline, in chunk order (--layers-per-stage); empty means
+  // balanced_layer_counts. Needs stages x chunks per worker entries, each >= 1, summing to
+  // num_layers (or defining it when num_layers is 0). Chimera's two pipelines both use them.
+  std::vector<int> layers_per_chunk;
   friend bool operator==(const ScheduleParams&, const ScheduleParams&) = default;
 };
 

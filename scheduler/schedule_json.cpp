@@ -187,8 +187,9 @@ Instruction instruction_from_json(const json& j, const std::string& path) {
 
 ScheduleParams params_from_json(const json& j, const std::string& path) {
   ObjectReader r(j, path);
-  for (const char* key : {"kind", "workers", "microbatches", "chunks_per_worker", "num_layers",
-                          "data_parallel", "split_backward", "max_in_flight", "v_shape"}) {
+  for (const char* key :
+       {"kind", "workers", "microbatches", "chunks_per_worker", "num_layers", "data_parallel",
+        "split_backward", "max_in_flight", "v_shape", "layers_per_chunk"}) {
     r.remember(key);
   }
   ScheduleParams params;
@@ -206,6 +207,21 @@ ScheduleParams params_from_json(const json& j, const std::string& path) {
   params.split_backward = r.boolean("split_backward", false);
   params.max_in_flight = static_cast<int>(r.integer("max_in_flight", 0, 0, kIntMax));
   params.v_shape = r.boolean("v_shape", false);
+  if (const json* found = r.find("layers_per_chunk"); found != nullptr) {
+    if (!found->is_array()) {
+      r.fail("layers_per_chunk", "expected an array, got " + std::string(found->type_name()));
+    }
+    const json& counts = *found;
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      if (!counts[i].is_number_integer() || counts[i].get<std::int64_t>() < 1 ||
+          counts[i].get<std::int64_t>() > kMaxLayers) {
+        r.fail("layers_per_chunk[" + std::to_string(i) + "]", "expected a layer count in [1, " +
+                                                                  std::to_string(kMaxLayers) +
+                                                                  "], got " + counts[i].dump());
+      }
+      params.layers_per_chunk.push_back(counts[i].get<int>());
+    }
+  }
   r.finish();
   return params;
 }
@@ -256,6 +272,7 @@ nlohmann::json to_json(const Schedule& schedule) {
   // Written only when set, so files without them read the same in older versions.
   if (p.max_in_flight != 0) j["params"]["max_in_flight"] = p.max_in_flight;
   if (p.v_shape) j["params"]["v_shape"] = true;
+  if (!p.layers_per_chunk.empty()) j["params"]["layers_per_chunk"] = p.layers_per_chunk;
   j["num_steps"] = schedule.num_steps;
   if (schedule.kfac_pipelined_refresh) j["kfac_pipelined_refresh"] = true;  // only when set
   json chunks = json::array();

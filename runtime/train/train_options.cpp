@@ -41,6 +41,10 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option("--chunks,-v", o.chunks, "Model chunks per worker (interleaved)")
       ->capture_default_str();
+  app.add_option("--layers-per-stage", o.layers_per_stage,
+                 "Encoder layers of each chunk, comma-separated in chunk order (stages x chunks "
+                 "entries, each >= 1, summing to the model's layers), e.g. 3,1 for a lighter "
+                 "last stage (it also runs the MLM/NSP heads); default balanced");
   app.add_option("--microbatches,-m", o.microbatches, "Micro-batches per step and replica")
       ->capture_default_str();
   app.add_option("--data-parallel", o.data_parallel, "Data-parallel replicas of the pipeline")

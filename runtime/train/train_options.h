@@ -28,6 +28,7 @@ struct TrainOptions {
   std::string schedule = "1f1b";
   int stages = 2;
   int chunks = 1;
+  std::string layers_per_stage;  // "3,1": encoder layers per chunk (pipefisher_sim's flag)
   int microbatches = 4;
   int data_parallel = 1;
   bool split_backward = false;

@@ -438,6 +438,7 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
   compile.data_parallel = o.data_parallel;
   compile.split_backward = o.split_backward;
   compile.layers = context.config.num_layers;
+  compile.layers_per_stage = o.layers_per_stage;
   compile.schedule_file = o.schedule_file;
 
   if (o.data == "synthetic") {

@@ -80,6 +80,11 @@ void add_compile_options(CLI::App& app, CompileCommandOptions& options) {
   app.add_option("--layers", options.layers,
                  "Encoder layers to place over the chunks, balanced (0: one per chunk)")
       ->capture_default_str();
+  app.add_option("--layers-per-stage", options.layers_per_stage,
+                 "Encoder layers of each chunk of a pipeline, comma-separated in chunk order "
+                 "(stages x chunks entries, each >= 1, summing to the layers), e.g. 3,1 to give "
+                 "the last stage (which also runs the MLM/NSP heads) fewer; default balanced. "
+                 "Chimera: both pipelines use the same counts");
   app.add_option("--data-parallel", options.data_parallel,
                  "Data-parallel replicas of the pipeline (>1 adds gradient all-reduces)")
       ->capture_default_str();
@@ -124,6 +129,13 @@ sched::Schedule build_schedule(const CompileCommandOptions& options) {
     throw std::invalid_argument("byte counts must be >= 0");
   }
   if (!options.schedule_file.empty()) {
+    if (!options.layers_per_stage.empty()) {
+      throw std::invalid_argument("--layers-per-stage " + options.layers_per_stage +
+                                  " cannot be combined with --schedule-file " +
+                                  options.schedule_file +
+                                  " (the file carries its own placement; compile it with "
+                                  "--layers-per-stage instead)");
+    }
     const std::string ext = lowercase_extension(options.schedule_file);
     if (!std::filesystem::exists(options.schedule_file)) {
       throw std::invalid_argument("schedule file " + options.schedule_file + " does not exist");
@@ -150,6 +162,9 @@ sched::Schedule build_schedule(const CompileCommandOptions& options) {
   }
   params.max_in_flight = options.max_in_flight;
   params.num_layers = options.layers;
+  if (!options.layers_per_stage.empty()) {
+    params.layers_per_chunk = sched::parse_layer_counts(options.layers_per_stage);
+  }
   params.data_parallel = options.data_parallel;
   params.split_backward = options.split_backward;
   return sched::compile(params, lowering);

@@ -23,6 +23,7 @@ struct CompileCommandOptions {
   bool chunks_given = false;  // --chunks appeared (zbv defaults to 2)
   int max_in_flight = 0;      // zbh1 / zbh2 memory limit; 0 = the kind's own
   int layers = 0;
+  std::string layers_per_stage;  // "3,1": encoder layers per chunk, in chunk order; empty: balanced
   int data_parallel = 1;
   bool split_backward = false;
   std::int64_t activation_bytes = 0;
