@@ -2,8 +2,12 @@
 // definitions (docs/scheduler.md), and the refusal of impossible parameters.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include "scheduler/compile.h"
 #include "scheduler/generators.h"
 #include "scheduler/placement.h"
+#include "scheduler/schedule_json.h"
 #include "tests/scheduler/test_util.h"
 
 namespace pf::sched {
@@ -155,6 +159,109 @@ TEST(Generators, RefusesImpossibleParameters) {
   expect_refused(make(ScheduleKind::kCustom, 2, 2), "not generated");
   expect_refused(make(ScheduleKind::kGPipe, 64, 2000000000), "too large");
   expect_refused(make(ScheduleKind::kInterleaved, 1 << 30, 1 << 30, 64), "too many chunks");
+}
+
+}  // namespace
+}  // namespace pf::sched
+
+namespace pf::sched {
+namespace {
+
+std::string placement_error(const ScheduleParams& params) {
+  try {
+    make_placement(params);
+  } catch (const std::invalid_argument& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+TEST(Placement, ExplicitLayerCountsAreContiguousWithModelEnds) {
+  ScheduleParams params = testing::make(ScheduleKind::kInterleaved, 2, 4, 2);
+  params.num_layers = 8;
+  params.layers_per_chunk = {3, 1, 2, 2};
+  const Placement p = make_placement(params);
+  ASSERT_EQ(p.chunks_per_pipeline, 4);
+  EXPECT_EQ(p.num_layers, 8);
+  const int firsts[] = {0, 3, 4, 6};
+  const int counts[] = {3, 1, 2, 2};
+  for (int c = 0; c < 4; ++c) {
+    EXPECT_EQ(p.at(0, c).first_layer, firsts[c]) << c;
+    EXPECT_EQ(p.at(0, c).num_layers, counts[c]) << c;
+    EXPECT_EQ(p.worker_of(0, c), c % 2) << c;
+    EXPECT_EQ(p.at(0, c).has_embeddings, c == 0) << c;
+    EXPECT_EQ(p.at(0, c).has_head, c == 3) << c;
+  }
+  // num_layers 0: the counts define it.
+  ScheduleParams defined = testing::make(ScheduleKind::kOneFOneB, 2, 4);
+  defined.layers_per_chunk = {3, 1};
+  EXPECT_EQ(make_placement(defined).num_layers, 4);
+  // Chimera: both pipelines use the counts by chunk index.
+  ScheduleParams chimera = testing::make(ScheduleKind::kChimera, 2, 4);
+  chimera.num_layers = 4;
+  chimera.layers_per_chunk = {3, 1};
+  const Placement c = make_placement(chimera);
+  EXPECT_EQ(c.at(1, 0).num_layers, 3);
+  EXPECT_EQ(c.at(1, 0).worker, 1);
+  EXPECT_EQ(c.at(1, 1).num_layers, 1);
+  EXPECT_EQ(c.at(1, 1).worker, 0);
+}
+
+TEST(Placement, ExplicitLayerCountErrorsNameTheFlag) {
+  ScheduleParams params = testing::make(ScheduleKind::kOneFOneB, 2, 4);
+  params.num_layers = 4;
+  params.layers_per_chunk = {1, 1, 2};
+  EXPECT_NE(
+      placement_error(params).find("--layers-per-stage 1,1,2: 3 counts, but a pipeline has 2"),
+      std::string::npos)
+      << placement_error(params);
+  params.layers_per_chunk = {4, 0};
+  EXPECT_NE(placement_error(params).find("chunk 1 gets 0 layers"), std::string::npos)
+      << placement_error(params);
+  params.layers_per_chunk = {2, 1};
+  EXPECT_NE(placement_error(params).find("sum to 3 layers, but the model has 4"), std::string::npos)
+      << placement_error(params);
+}
+
+TEST(Placement, UnevenLayerCountsRoundTripThroughJson) {
+  ScheduleParams params = testing::make(ScheduleKind::kOneFOneB, 2, 4);
+  params.num_layers = 4;
+  params.layers_per_chunk = {3, 1};
+  const Schedule schedule = compile(params);
+  const nlohmann::json saved = to_json(schedule);
+  EXPECT_EQ(saved["params"]["layers_per_chunk"], nlohmann::json::array({3, 1}));
+  const Schedule loaded = schedule_from_json(saved, "uneven");
+  EXPECT_EQ(loaded.params, schedule.params);
+  EXPECT_EQ(loaded.placement, schedule.placement);
+  EXPECT_EQ(loaded.placement.at(0, 1).first_layer, 3);
+  nlohmann::json bad = saved;
+  bad["params"]["layers_per_chunk"] = nlohmann::json::array({3, 0});
+  EXPECT_THROW(schedule_from_json(bad, "bad"), std::invalid_argument);
+}
+
+std::string parse_error(std::string_view text) {
+  try {
+    parse_layer_counts(text);
+  } catch (const std::invalid_argument& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+TEST(Placement, ParsesLayerCountLists) {
+  EXPECT_EQ(parse_layer_counts("3,1"), (std::vector<int>{3, 1}));
+  EXPECT_EQ(parse_layer_counts(" 2 , 2 "), (std::vector<int>{2, 2}));
+  EXPECT_EQ(parse_layer_counts("12"), std::vector<int>{12});
+  EXPECT_EQ(format_layer_counts({3, 1, 2}), "3,1,2");
+  EXPECT_NE(parse_error("").find("--layers-per-stage '': entry 1 is empty"), std::string::npos)
+      << parse_error("");
+  EXPECT_NE(parse_error("3,,1").find("entry 2 is empty"), std::string::npos) << parse_error("3,,1");
+  EXPECT_NE(parse_error("3,x").find("entry 2 'x' is not"), std::string::npos) << parse_error("3,x");
+  EXPECT_NE(parse_error("-1,2").find("entry 1 '-1' is not"), std::string::npos)
+      << parse_error("-1,2");
+  EXPECT_NE(parse_error("0,4").find("entry 1 is 0"), std::string::npos) << parse_error("0,4");
+  EXPECT_NE(parse_error("99999999999").find("exceeds"), std::string::npos)
+      << parse_error("99999999999");
 }
 
 }  // namespace
