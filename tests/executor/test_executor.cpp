@@ -17,6 +17,7 @@
 #include "runtime/optim/lamb.h"
 #include "scheduler/compile.h"
 #include "scheduler/pipefisher/pass.h"
+#include "scheduler/placement.h"
 #include "scheduler/torch_csv.h"
 #include "scheduler/validate.h"
 #include "sim/measured_cost_model.h"
@@ -195,6 +196,38 @@ TEST_P(PipelinedEqualsSingleWorker, InDouble) {
     EXPECT_EQ(executor.worker(r).transient_memory().total(), 0U) << "rank " << r;
   }
   EXPECT_EQ(executor.pending_messages(), 0U);
+}
+
+// Uneven layers per chunk (--layers-per-stage): the pipelined run still equals one worker.
+TEST(PipelinedEqualsSingleWorkerUneven, InDouble) {
+  const int layers = 8;
+  const auto config = test_config(layers);
+  struct UnevenCase {
+    sched::ScheduleKind kind;
+    int workers;
+    int chunks_per_worker;
+    std::vector<int> counts;
+  };
+  for (const UnevenCase& c : {UnevenCase{sched::ScheduleKind::kOneFOneB, 2, 1, {7, 1}},
+                              UnevenCase{sched::ScheduleKind::kOneFOneB, 2, 1, {1, 7}},
+                              UnevenCase{sched::ScheduleKind::kInterleaved, 2, 2, {3, 1, 3, 1}},
+                              UnevenCase{sched::ScheduleKind::kChimera, 2, 1, {6, 2}}}) {
+    SCOPED_TRACE(std::string(sched::to_string(c.kind)) + " " +
+                 sched::format_layer_counts(c.counts));
+    sched::ScheduleParams params;
+    params.kind = c.kind;
+    params.workers = c.workers;
+    params.microbatches = 4;
+    params.chunks_per_worker = c.chunks_per_worker;
+    params.num_layers = layers;
+    params.layers_per_chunk = c.counts;
+    const sched::Schedule schedule = sched::compile(params);
+    ASSERT_EQ(schedule.placement.at(0, 0).num_layers, c.counts.front());
+    SyntheticBatches batches(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
+    ThreadedExecutor<double> executor(make_setup<double>(config, schedule, batches));
+    executor.run(0, 3, [](const StepResult&) {});
+    EXPECT_LT(difference_from_reference(executor, config, batches, 3, params.microbatches), 1e-12);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, PipelinedEqualsSingleWorker,
