@@ -93,12 +93,29 @@ RunResult run(const std::string& arguments) {
   return result;
 }
 
+TEST(CompileCommand, LayersPerStageSetsThePlacement) {
+  CompileCommandOptions options;
+  options.schedule = "1f1b";
+  options.stages = 2;
+  options.microbatches = 4;
+  options.layers = 4;
+  options.layers_per_stage = "3,1";
+  const sched::Schedule schedule = build_schedule(options);
+  EXPECT_EQ(schedule.params.layers_per_chunk, (std::vector<int>{3, 1}));
+  EXPECT_EQ(schedule.placement.at(0, 0).num_layers, 3);
+  EXPECT_EQ(schedule.placement.at(0, 1).first_layer, 3);
+  EXPECT_NE(summarize(schedule).find("w1: c1[layers 3..3, head]"), std::string::npos)
+      << summarize(schedule);
+  options.schedule_file = "unused.json";
+  EXPECT_THROW(build_schedule(options), std::invalid_argument);
+}
+
 TEST(Program, HelpDocumentsEveryFlag) {
   const RunResult r = run("--help");
   EXPECT_EQ(r.status, 0);
-  for (const char* flag :
-       {"--schedule", "--stages", "--microbatches", "--chunks", "--layers", "--data-parallel",
-        "--split-backward", "--schedule-file", "--out", "--csv", "--trace", "--grid"}) {
+  for (const char* flag : {"--schedule", "--stages", "--microbatches", "--chunks", "--layers",
+                           "--data-parallel", "--split-backward", "--schedule-file", "--out",
+                           "--csv", "--trace", "--grid", "--layers-per-stage"}) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
   }
 }
@@ -114,7 +131,11 @@ TEST(Program, BadInputIsOneErrorLineAndExitCodeTwo) {
         "--schedule zbh2 --stages 4 --microbatches 8 --max-in-flight -1",
         "--schedule zbv --stages 4 --microbatches 8 --chunks 3",
         "--schedule 1f1b --stages 4 --microbatches 8 --max-in-flight 4",
-        "--schedule zbh1 --max-in-flight 99999999999"}) {
+        "--schedule zbh1 --max-in-flight 99999999999",
+        // Uneven layers per stage: wrong count, a zero, a wrong sum, not a number.
+        "--stages 2 --layers 4 --layers-per-stage 1,1,2",
+        "--stages 2 --layers 4 --layers-per-stage 4,0",
+        "--stages 2 --layers 4 --layers-per-stage 2,1", "--stages 2 --layers-per-stage 3,x"}) {
     const RunResult r = run(arguments);
     EXPECT_EQ(r.status, 2) << arguments;
     EXPECT_EQ(r.err.rfind("pipefisher_sim: error: ", 0), 0u) << arguments << ": " << r.err;
