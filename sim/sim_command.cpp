@@ -1,8 +1,10 @@
 #include "sim/sim_command.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iomanip>
+#include <limits>
 #include <optional>
 #include <ostream>
 #include <sstream>
@@ -15,9 +17,11 @@
 #include "scheduler/compile.h"
 #include "scheduler/grid.h"
 #include "scheduler/pipefisher/report_json.h"
+#include "scheduler/placement.h"
 #include "sim/analytic_cost_model.h"
 #include "sim/attention_kernels.h"
 #include "sim/config_search.h"
+#include "sim/layer_balance.h"
 #include "sim/measured_cost_model.h"
 #include "sim/parallel_cost_model.h"
 #include "sim/simulator.h"
@@ -583,9 +587,66 @@ CostSetup make_cost_setup(const SimCommandOptions& options,
   return setup;
 }
 
+// --layers-per-stage auto: the split of least predicted step time (with --kfac, after the
+// PipeFisher pass), searched from the balanced one (sim/layer_balance.h); prints the table of
+// the splits tried and returns the compile options with the chosen split.
+CompileCommandOptions with_balanced_layers(CompileCommandOptions placed,
+                                           const SimCommandOptions& options, const CostSetup& setup,
+                                           const pipefisher::KfacCommandOptions& kfac,
+                                           std::ostream& out) {
+  std::optional<pipefisher::KfacOptions> kfac_options;
+  if (kfac.enabled) {
+    pipefisher::KfacCommandOptions with_dims = kfac;
+    with_dims.linear_dims = setup.linear_dims;
+    kfac_options = pipefisher::to_kfac_options(with_dims);
+  }
+  const auto evaluate = [&](const std::vector<int>& layers) {
+    CompileCommandOptions split = placed;
+    split.layers_per_stage = sched::format_layer_counts(layers);
+    const sched::Schedule schedule = build_schedule(split);
+    check_layers(schedule, setup);
+    sim::SplitEvaluation e;
+    const sim::SimResult result = sim::simulate(schedule, *setup.costs, sim_options(options));
+    if (!memory_overflow(result, setup).empty()) {
+      e.step_time_s = std::numeric_limits<double>::infinity();
+      return e;
+    }
+    e.step_time_s = result.step_time_s;
+    if (kfac_options) {
+      const pipefisher::PassResult pass =
+          pipefisher::run_pipefisher(schedule, *setup.costs, *kfac_options, sim_options(options));
+      e.step_time_s = pass.after.step_time_s;
+      e.refresh_steps = pass.report.refresh_steps;
+    }
+    return e;
+  };
+  CompileCommandOptions balanced = placed;
+  balanced.layers_per_stage.clear();
+  const sched::Schedule start = build_schedule(balanced);
+  std::vector<int> start_layers;
+  for (int c = 0; c < start.placement.chunks_per_pipeline; ++c) {
+    start_layers.push_back(start.placement.at(0, c).num_layers);
+  }
+  const sim::LayerBalance balance = sim::balance_layers(start_layers, evaluate);
+  out << sim::layer_balance_table(balance) << "\n";
+  if (!std::isfinite(balance.best.step_time_s)) {
+    throw std::invalid_argument("--layers-per-stage auto: no split of the " +
+                                std::to_string(start.placement.num_layers) +
+                                " layers tried fits in memory");
+  }
+  placed.layers_per_stage = sched::format_layer_counts(balance.best.layers);
+  return placed;
+}
+
 int run_sim_command(const CompileCommandOptions& compile, const SimCommandOptions& options,
                     std::ostream& out, const pipefisher::KfacCommandOptions& kfac) {
+  const bool auto_layers = compile.layers_per_stage == "auto";
   if (!simulation_requested(options)) {
+    if (auto_layers) {
+      throw std::invalid_argument(
+          "--layers-per-stage auto picks the split by simulating it: give --model (or --uniform "
+          "/ --profile)");
+    }
     if (kfac.enabled) {
       throw std::invalid_argument(
           "--kfac sizes K-FAC work with a cost model: give --model (or --uniform / --profile)");
@@ -612,8 +673,19 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
     return run_compile_command(compile, out);
   }
   const CostSetup setup = make_cost_setup(options, kfac);
-  const CompileCommandOptions placed =
-      with_global_batch(with_model_layers(compile, setup), options);
+  CompileCommandOptions placed = with_global_batch(with_model_layers(compile, setup), options);
+  if (auto_layers) {
+    if (placed.schedule == "all") {
+      throw std::invalid_argument(
+          "--layers-per-stage auto balances one schedule: pick one instead of --schedule all");
+    }
+    if (!placed.schedule_file.empty()) {
+      throw std::invalid_argument(
+          "--layers-per-stage auto cannot be combined with --schedule-file " +
+          placed.schedule_file + " (the file carries its own placement)");
+    }
+    placed = with_balanced_layers(std::move(placed), options, setup, kfac, out);
+  }
   if (placed.schedule == "all") {
     return run_comparison(placed, options, setup, kfac, out);
   }

@@ -84,7 +84,9 @@ void add_compile_options(CLI::App& app, CompileCommandOptions& options) {
                  "Encoder layers of each chunk of a pipeline, comma-separated in chunk order "
                  "(stages x chunks entries, each >= 1, summing to the layers), e.g. 3,1 to give "
                  "the last stage (which also runs the MLM/NSP heads) fewer; default balanced. "
-                 "Chimera: both pipelines use the same counts");
+                 "Chimera: both pipelines use the same counts. 'auto' (with a cost model): the "
+                 "split of least simulated step time (with --kfac: after the PipeFisher pass), "
+                 "searched from the balanced one a layer at a time");
   app.add_option("--data-parallel", options.data_parallel,
                  "Data-parallel replicas of the pipeline (>1 adds gradient all-reduces)")
       ->capture_default_str();
