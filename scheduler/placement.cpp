@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/comma_list.h"
+
 namespace pf::sched {
 
 int num_pipelines(ScheduleKind kind) {
@@ -46,42 +48,7 @@ std::vector<int> balanced_layer_counts(int num_layers, int num_chunks) {
 }
 
 std::vector<int> parse_layer_counts(std::string_view text) {
-  const std::string quoted = "--layers-per-stage '" + std::string(text) + "'";
-  std::vector<int> counts;
-  std::size_t begin = 0;
-  while (true) {
-    const std::size_t comma = text.find(',', begin);
-    std::string_view item = text.substr(
-        begin, comma == std::string_view::npos ? std::string_view::npos : comma - begin);
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-    const std::string position = "entry " + std::to_string(counts.size() + 1);
-    if (item.empty()) {
-      throw std::invalid_argument(quoted + ": " + position +
-                                  " is empty (expected a comma-separated list of layer counts, "
-                                  "one per chunk, e.g. 3,1)");
-    }
-    std::int64_t value = 0;
-    for (const char c : item) {
-      if (c < '0' || c > '9') {
-        throw std::invalid_argument(quoted + ": " + position + " '" + std::string(item) +
-                                    "' is not a non-negative whole number");
-      }
-      value = value * 10 + (c - '0');
-      if (value > kMaxLayers) {
-        throw std::invalid_argument(quoted + ": " + position + " '" + std::string(item) +
-                                    "' exceeds " + std::to_string(kMaxLayers) + " layers");
-      }
-    }
-    if (value < 1) {
-      throw std::invalid_argument(quoted + ": " + position +
-                                  " is 0; every chunk needs at least one layer");
-    }
-    counts.push_back(static_cast<int>(value));
-    if (comma == std::string_view::npos) break;
-    begin = comma + 1;
-  }
-  return counts;
+  return parse_positive_int_list(text, "--layers-per-stage", kMaxLayers);
 }
 
 std::string format_layer_counts(const std::vector<int>& counts) {

@@ -30,8 +30,9 @@ int microbatches_per_pipeline(const ScheduleParams& params);
 std::vector<int> balanced_layer_counts(int num_layers, int num_chunks);
 
 // Parses the --layers-per-stage list "3,1" (decimal counts separated by commas, spaces around
-// them allowed) into per-chunk layer counts. Throws std::invalid_argument naming the flag on an
-// empty list, an empty or non-numeric entry, or a count below 1 or above kMaxLayers.
+// them allowed) into per-chunk layer counts: common/comma_list.h's parse_positive_int_list with
+// the bound kMaxLayers. Throws std::invalid_argument naming the flag, the item and its position
+// on an empty list, an empty or non-numeric item, or a count below 1 or above kMaxLayers.
 std::vector<int> parse_layer_counts(std::string_view text);
 
 // "3,1": the inverse of parse_layer_counts.

@@ -7,10 +7,12 @@
 #include <map>
 #include <memory>
 #include <stdexcept>
+#include <string_view>
 #include <tuple>
 
 #include <nlohmann/json.hpp>
 
+#include "common/comma_list.h"
 #include "scheduler/compile.h"
 #include "scheduler/generators.h"
 #include "scheduler/pipefisher/offload_pass.h"
@@ -454,13 +456,8 @@ std::vector<kfac::StatePlacement> default_kfac_placements(int data_parallel) {
 }
 
 std::vector<kfac::StatePlacement> parse_kfac_placements(const std::string& list) {
-  std::vector<std::string> items;
-  std::size_t begin = 0;
-  while (begin <= list.size()) {
-    const std::size_t comma = std::min(list.find(',', begin), list.size());
-    items.push_back(list.substr(begin, comma - begin));
-    begin = comma + 1;
-  }
+  const std::vector<std::string_view> views = split_comma_list(list, "--kfac-sharding");
+  const std::vector<std::string> items(views.begin(), views.end());
   const auto component = [&](const std::string& text) {
     const auto choice = kfac::parse_kfac_sharding(text);
     if (choice.automatic) {
@@ -473,8 +470,6 @@ std::vector<kfac::StatePlacement> parse_kfac_placements(const std::string& list)
   std::vector<kfac::StatePlacement> out;
   for (std::size_t i = 0; i < items.size(); ++i) {
     const std::string& item = items[i];
-    if (item.empty())
-      throw std::invalid_argument("--kfac-sharding '" + list + "' has an empty item");
     const std::string factors = "factors=", inverses = "inverses=";
     if (item.rfind(factors, 0) == 0) {
       if (i + 1 >= items.size() || items[i + 1].rfind(inverses, 0) != 0) {

@@ -2,47 +2,25 @@
 
 #include <algorithm>
 #include <ostream>
-#include <sstream>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/comma_list.h"
 #include "sim/config_search.h"
 #include "traces/chrome_trace.h"
 
 namespace pf::cli {
 namespace {
 
-std::vector<std::string> split(const std::string& list, const std::string& flag) {
-  std::vector<std::string> items;
-  std::stringstream in(list);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (item.empty()) throw std::invalid_argument(flag + " '" + list + "' has an empty item");
-    items.push_back(item);
-  }
-  if (items.empty()) throw std::invalid_argument(flag + " must list at least one value");
-  return items;
-}
-
-std::vector<int> split_ints(const std::string& list, const std::string& flag) {
-  std::vector<int> out;
-  for (const std::string& item : split(list, flag)) {
-    std::size_t used = 0;
-    int value = 0;
-    try {
-      value = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != item.size() || value <= 0) {
-      throw std::invalid_argument(flag + ": '" + item + "' is not a positive integer");
-    }
-    out.push_back(value);
-  }
-  return out;
+// The named items of a list flag (--schedules, --recompute, ...), as strings.
+std::vector<std::string> split(const std::string& list, std::string_view flag) {
+  const std::vector<std::string_view> items = split_comma_list(list, flag);
+  return {items.begin(), items.end()};
 }
 
 }  // namespace
@@ -140,10 +118,13 @@ int run_search_command(const SearchCommandOptions& options, std::ostream& out) {
   search.precision = sim::precision_from_string(options.precision);
   search.attention = sim::attention_from_string(options.attention);
   if (!options.tensor_parallel.empty()) {
-    search.tensor_parallel = split_ints(options.tensor_parallel, "--tensor-parallel");
+    search.tensor_parallel = parse_positive_int_list(options.tensor_parallel, "--tensor-parallel");
   }
-  if (!options.stages.empty()) search.pipeline_stages = split_ints(options.stages, "--stages");
-  search.micro_batch_sizes = split_ints(options.micro_batch_sizes, "--micro-batch-sizes");
+  if (!options.stages.empty()) {
+    search.pipeline_stages = parse_positive_int_list(options.stages, "--stages");
+  }
+  search.micro_batch_sizes =
+      parse_positive_int_list(options.micro_batch_sizes, "--micro-batch-sizes");
   search.kinds.clear();
   for (const std::string& name : split(options.schedules, "--schedules")) {
     if (name != "gpipe" && name != "1f1b" && name != "interleaved" && name != "chimera") {

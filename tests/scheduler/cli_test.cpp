@@ -8,6 +8,8 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "scheduler/schedule_json.h"
 #include "scheduler/torch_csv.h"
@@ -140,6 +142,25 @@ TEST(Program, BadInputIsOneErrorLineAndExitCodeTwo) {
     EXPECT_EQ(r.status, 2) << arguments;
     EXPECT_EQ(r.err.rfind("pipefisher_sim: error: ", 0), 0u) << arguments << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << arguments << ": " << r.err;
+  }
+}
+
+TEST(Program, BadListsNameTheFlagTheItemAndItsPosition) {
+  // One comma-list parser (common/comma_list.h) behind --layers-per-stage and search's lists.
+  for (const auto& [arguments, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--stages 2 --layers-per-stage 3,x",
+            "--layers-per-stage '3,x': item 2 'x' is not a positive integer"},
+           {"--stages 2 --layers 4 --layers-per-stage 4,0",
+            "--layers-per-stage '4,0': item 2 '0' is not a positive integer"},
+           {"search --model base --gpus 8 --global-batch 8 --micro-batch-sizes 1,,4",
+            "--micro-batch-sizes '1,,4': item 2 is empty"},
+           {"search --model base --gpus 8 --global-batch 8 --stages 2,-4",
+            "--stages '2,-4': item 2 '-4' is not a positive integer"},
+           {"search --model base --gpus 8 --global-batch 8 --tensor-parallel 99999999999",
+            "--tensor-parallel '99999999999': item 1 '99999999999' exceeds 2147483647"}}) {
+    const RunResult r = run(arguments);
+    EXPECT_EQ(r.status, 2) << arguments;
+    EXPECT_EQ(r.err, "pipefisher_sim: error: " + message + "\n") << arguments;
   }
 }
 

@@ -253,15 +253,17 @@ TEST(Placement, ParsesLayerCountLists) {
   EXPECT_EQ(parse_layer_counts(" 2 , 2 "), (std::vector<int>{2, 2}));
   EXPECT_EQ(parse_layer_counts("12"), std::vector<int>{12});
   EXPECT_EQ(format_layer_counts({3, 1, 2}), "3,1,2");
-  EXPECT_NE(parse_error("").find("--layers-per-stage '': entry 1 is empty"), std::string::npos)
-      << parse_error("");
-  EXPECT_NE(parse_error("3,,1").find("entry 2 is empty"), std::string::npos) << parse_error("3,,1");
-  EXPECT_NE(parse_error("3,x").find("entry 2 'x' is not"), std::string::npos) << parse_error("3,x");
-  EXPECT_NE(parse_error("-1,2").find("entry 1 '-1' is not"), std::string::npos)
-      << parse_error("-1,2");
-  EXPECT_NE(parse_error("0,4").find("entry 1 is 0"), std::string::npos) << parse_error("0,4");
-  EXPECT_NE(parse_error("99999999999").find("exceeds"), std::string::npos)
-      << parse_error("99999999999");
+  // common/comma_list.h's one format: flag, value, item position, item.
+  EXPECT_EQ(parse_error(""), "--layers-per-stage '': item 1 is empty");
+  EXPECT_EQ(parse_error("3,,1"), "--layers-per-stage '3,,1': item 2 is empty");
+  EXPECT_EQ(parse_error("3,x"), "--layers-per-stage '3,x': item 2 'x' is not a positive integer");
+  EXPECT_EQ(parse_error("-1,2"),
+            "--layers-per-stage '-1,2': item 1 '-1' is not a positive integer");
+  EXPECT_EQ(parse_error("0,4"), "--layers-per-stage '0,4': item 1 '0' is not a positive integer");
+  EXPECT_EQ(parse_error("99999999999"),
+            "--layers-per-stage '99999999999': item 1 '99999999999' "
+            "exceeds " +
+                std::to_string(kMaxLayers));
 }
 
 }  // namespace

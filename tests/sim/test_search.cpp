@@ -188,7 +188,12 @@ TEST(ConfigSearch, ShardedKfacStateFitsWhatReplicatedCannot) {
             "factors=shard,inverses=partial:4");
   EXPECT_THROW((void)parse_kfac_placements("factors=shard"), std::invalid_argument);
   EXPECT_THROW((void)parse_kfac_placements("auto"), std::invalid_argument);
-  EXPECT_THROW((void)parse_kfac_placements("replicate,,shard"), std::invalid_argument);
+  try {
+    (void)parse_kfac_placements("replicate,,shard");
+    ADD_FAILURE() << "an empty item was accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_STREQ(error.what(), "--kfac-sharding 'replicate,,shard': item 2 is empty");
+  }
 }
 
 // GPT-3 6.7B, 1F1B in 4 stages, micro-batch 1, full recomputation, on 32
@@ -610,7 +615,16 @@ TEST(ConfigSearch, CommandWritesTableAndJsonAndRejectsBadInput) {
   EXPECT_NE(error_of(bad).find("'zigzag' is not one of"), std::string::npos);
   bad = o;
   bad.micro_batch_sizes = "1,x";
-  EXPECT_NE(error_of(bad).find("'x' is not a positive integer"), std::string::npos);
+  EXPECT_EQ(error_of(bad), "--micro-batch-sizes '1,x': item 2 'x' is not a positive integer");
+  bad = o;
+  bad.stages = "2,,4";
+  EXPECT_EQ(error_of(bad), "--stages '2,,4': item 2 is empty");
+  bad = o;
+  bad.tensor_parallel = "1,0";
+  EXPECT_EQ(error_of(bad), "--tensor-parallel '1,0': item 2 '0' is not a positive integer");
+  bad = o;
+  bad.schedules = "1f1b,";
+  EXPECT_EQ(error_of(bad), "--schedules '1f1b,': item 2 is empty");
   bad = o;
   bad.zero_stages = "0,4";
   EXPECT_NE(error_of(bad).find("--zero-stages: '4' is not one of 0, 1, 2, 3"), std::string::npos);
