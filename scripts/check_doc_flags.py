@@ -17,7 +17,8 @@ directory (`build/release/`, `./`, none). The flags each accepts come from the p
     Google Benchmark programs, the library's flags from a benchmark binary's `--help`;
   - scripts/*.sh: the flags of their `case` labels; scripts/*.py, bench/*.py: their argparse
     add_argument flags, per subparser.
-Each problem is one line `file:line: program: unknown flag --x`; the exit status is 1 if any.
+Each problem is one line `file:line: program: unknown flag --x` (or, for a flag with a fixed set
+of values, `file:line: program: --flag v: unknown value (allowed: ...)`); exit status 1 if any.
 A program that the project defines but this build did not compile (CUDA, MPI or benchmark
 programs in a build without them) is skipped and counted, never silently passed as checked.
 """
@@ -63,15 +64,18 @@ SCRIPT_PATH = re.compile(r"^(?:.*/)?((?:scripts|bench)/[A-Za-z0-9_.-]+\.(?:sh|py
 LONG_FLAG = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_.-]*$")
 SHORT_FLAG = re.compile(r"^-[A-Za-z]$")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+PLACEHOLDER = re.compile(r"[$<>{}|\[\]*]|\.\.\.|^[A-Z_]+$|^-")
 VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
 
 
 class Program:
-    """The flags a program accepts: its own, and per subcommand."""
+    """The flags a program accepts: its own, and per subcommand; for a flag with a fixed set of
+    values (CLI11's `TEXT:{gpipe,1f1b,...}`), those values."""
 
-    def __init__(self, flags, subcommands=None):
+    def __init__(self, flags, subcommands=None, choices=None):
         self.flags = set(flags)
         self.subcommands = subcommands or {}
+        self.choices = choices or {}
 
 
 def help_text(path, args):
@@ -82,29 +86,33 @@ def help_text(path, args):
 
 
 def cli11_sections(text):
-    """The option names and subcommand names of one CLI11 --help page."""
-    flags, subcommands, section = set(), [], None
+    """The option names, their fixed values and the subcommand names of one CLI11 --help page."""
+    flags, choices, subcommands, section = set(), {}, [], None
     for line in text.splitlines():
         if re.match(r"^\S.*:$", line):
             section = line[:-1]
             continue
         if not line.startswith("  ") or line.startswith("   "):
             continue  # a wrapped description, not an entry
-        names = line.split()[0]
+        fields = line.split()
+        names = fields[0]
         if section == "Options":
             flags.update(n for n in names.split(",") if n.startswith("-"))
+            values = re.match(r"^[A-Z]+:\{([^}]*)\}", fields[1]) if len(fields) > 1 else None
+            if values:
+                choices.update((n, set(values.group(1).split(","))) for n in names.split(","))
         elif section == "Subcommands":
             subcommands.append(names)
-    return flags, subcommands
+    return flags, choices, subcommands
 
 
 def cli11_program(path):
-    flags, subcommand_names = cli11_sections(help_text(path, []))
+    flags, choices, subcommand_names = cli11_sections(help_text(path, []))
     subcommands = {}
     for name in subcommand_names:
-        sub_flags, _ = cli11_sections(help_text(path, [name]))
-        subcommands[name] = Program(sub_flags)
-    return Program(flags, subcommands)
+        sub_flags, sub_choices, _ = cli11_sections(help_text(path, [name]))
+        subcommands[name] = Program(sub_flags, choices=sub_choices)
+    return Program(flags, subcommands, choices)
 
 
 def gbench_flags(path):
@@ -348,7 +356,7 @@ class Checker:
         self.checked += 1
         if self.verbose:
             print(f"{where}: {name}: {' '.join(arguments)}")
-        accepted, label = program.flags, name
+        accepted, choices, label = program.flags, program.choices, name
         subcommand_seen = False
         previous_was_flag = False
         for index, token in enumerate(arguments):
@@ -358,13 +366,23 @@ class Checker:
             if flag is None:
                 if (not subcommand_seen and token in program.subcommands
                         and not previous_was_flag):
-                    accepted, label = program.subcommands[token].flags, f"{name} {token}"
+                    subcommand = program.subcommands[token]
+                    accepted, choices = subcommand.flags, subcommand.choices
+                    label = f"{name} {token}"
                     subcommand_seen = True
                 previous_was_flag = False
                 continue
             previous_was_flag = "=" not in token
             if flag not in accepted:
                 self.report(where, label, flag)
+            elif flag in choices:
+                value = token.split("=", 1)[1] if "=" in token else (
+                    arguments[index + 1] if index + 1 < len(arguments) else None)
+                # A placeholder (`X`, `MODE`, `none|host`, `{on,off}`, `$P`, `...`) is no value.
+                if (value is not None and not PLACEHOLDER.search(value)
+                        and value not in choices[flag]):
+                    self.problems.append(f"{where}: {label}: {flag} {value}: unknown value "
+                                         f"(allowed: {', '.join(sorted(choices[flag]))})")
             passthrough = PASSTHROUGH.get(name, {}).get(flag)
             if passthrough:
                 self.check_arguments(where, passthrough, arguments[index + 1:])
@@ -451,8 +469,8 @@ def main():
     root = os.path.abspath(args.root)
     binaries = dict(item.split("=", 1) for item in args.program)
     catalog = Catalog(root, binaries, args.bench, args.gbench)
-    files = args.files or ["README.md"] + sorted(
-        os.path.join("docs", f) for f in os.listdir(os.path.join(root, "docs")) if f.endswith(".md"))
+    docs = sorted(f for f in os.listdir(os.path.join(root, "docs")) if f.endswith(".md"))
+    files = args.files or ["README.md"] + [os.path.join("docs", f) for f in docs]
 
     checker = Checker(catalog, args.verbose)
     for relative in files:
