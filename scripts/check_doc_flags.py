@@ -230,7 +230,7 @@ class Catalog:
 def logical_lines(path):
     """(line number, text, kind) of every candidate of a Markdown file: kind "command" for a line
     of a fenced shell block (continuations joined), "comment" for the `# ...` comment of one,
-    "inline" for a backtick span of prose."""
+    "inline" for a backtick span of prose, "prose" for a line's text outside its spans."""
     with open(path, encoding="utf-8") as f:
         lines = f.read().split("\n")
     fence, language, pending, pending_line = None, "", "", 0
@@ -272,9 +272,16 @@ def logical_lines(path):
 
 
 def prose_spans(first_line, text):
-    for span in re.finditer(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", text, re.DOTALL):
+    """The backtick spans of a paragraph ("inline"), then each line's text outside them ("prose":
+    a flag named without backticks must exist too)."""
+    spans = r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)"
+    for span in re.finditer(spans, text, re.DOTALL):
         number = first_line + text.count("\n", 0, span.start())
         yield number, span.group(2).replace("\n", " "), "inline"
+    outside = re.sub(spans, lambda m: "\n" * m.group(0).count("\n"), text, flags=re.DOTALL)
+    for offset, line in enumerate(outside.split("\n")):
+        if "--" in line:
+            yield first_line + offset, line, "prose"
 
 
 def tokens_of(text):
@@ -446,7 +453,8 @@ class Checker:
                 self.report(where, label, word.rstrip("."))
 
     def check_comment(self, where, text):
-        """A `# ...` comment of a code block: every flag it names is some program's."""
+        """A `# ...` comment of a code block, or prose outside backticks: every flag it names is
+        some program's."""
         self.check_prose_flags(where, text, "any program", self.catalog.every_flag())
 
     def check_span(self, where, text):
@@ -489,7 +497,7 @@ def main():
         variables = {}
         for number, text, kind in logical_lines(os.path.join(root, relative)):
             where = f"{relative}:{number}"
-            if kind == "comment":
+            if kind in ("comment", "prose"):
                 checker.check_comment(where, text)
             elif not checker.check_line(where, text, variables, kind == "inline"):
                 if kind == "inline":
