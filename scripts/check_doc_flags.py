@@ -19,6 +19,10 @@ directory (`build/release/`, `./`, none). The flags each accepts come from the p
     build without benchmarks, `--benchmark_*` flags are counted as unchecked);
   - scripts/*.sh: the flags of their `case` labels; scripts/*.py, bench/*.py: their argparse
     add_argument flags, per subparser.
+Flags named without their program (prose, backtick spans such as `--kfac-policy fill`, comments
+of code blocks) must be some program's; a span `SUBCOMMAND --flag` (`calibrate --max-spread`)
+that subcommand's. ALLOWED below lists, per file and with the reason, the few flags that are
+genuinely not this project's (mpirun's, another repository's, an option kept on a branch).
 Each problem is one line `file:line: program: unknown flag --x` (or, for a flag with a fixed set
 of values, `file:line: program: --flag v: unknown value (allowed: ...)`); exit status 1 if any.
 What cannot be checked in this build is counted and named in the summary line, never silently
