@@ -71,7 +71,7 @@ LayerBalance balance_layers(const std::vector<int>& start,
 std::string layer_balance_table(const LayerBalance& balance, int rows) {
   const bool kfac = balance.start.refresh_steps > 0;
   std::string out = "--layers-per-stage auto: " + std::to_string(balance.evaluated.size()) +
-                    " splits simulated from the balanced " + counts_text(balance.start.layers) +
+                    " splits tried from the balanced " + counts_text(balance.start.layers) +
                     " (one layer moved between neighbouring chunks at a time)\n";
   out += std::string("  layers per chunk        step time") + (kfac ? "   K-FAC refresh" : "") +
          "   vs balanced\n";

@@ -138,7 +138,7 @@ TEST(LayerBalanceCommand, AutoSimulatesTheFastestSplitItFound) {
   const SimRun moved = run(with(kMini, {"--layers-per-stage", "3,1"}));
   ASSERT_EQ(automatic.code, 0);
   EXPECT_NE(
-      automatic.text.find("--layers-per-stage auto: 3 splits simulated from the balanced 2,2"),
+      automatic.text.find("--layers-per-stage auto: 3 splits tried from the balanced 2,2"),
       std::string::npos)
       << automatic.text;
   EXPECT_NE(automatic.text.find("3,1"), std::string::npos);
