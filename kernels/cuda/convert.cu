@@ -66,7 +66,9 @@ void convert_to_bf16(ConstMatrixView<float> src, std::int64_t src_stride, std::i
   const std::int64_t size = rows * cols;
   if (src_ld == cols && dst_ld == cols &&
       (count == 1 || (src_stride == size && dst_stride == size))) {
-    cols *= count;
+    // The row holds every element of every matrix (`cols *= count` here kept one row of each:
+    // what the first GPU run of the bf16-operand tests found, 2026-11-28).
+    cols = size * count;
     rows = 1;
     count = 1;
     src_ld = dst_ld = cols;
