@@ -123,6 +123,10 @@ class BertChunk {
   // device's memory (parameters() too).
   std::span<T> flat_values();
   std::span<T> flat_grads();
+  // Bytes allocated for the values / gradients (the two arrays above): the chunk's static memory
+  // beside its optimizer's state (a worker's memory accounting, the profile's static_bytes).
+  std::size_t parameter_bytes() const { return values_.nbytes(); }
+  std::size_t gradient_bytes() const { return grads_.nbytes(); }
   void zero_grad();
   // Throws std::runtime_error naming the step and the first parameter whose gradient holds a
   // NaN or infinity.

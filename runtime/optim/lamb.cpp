@@ -83,6 +83,11 @@ void BasicLamb<T>::apply_step(std::span<const View> params, T learning_rate,
 }
 
 template <typename T>
+std::int64_t BasicLamb<T>::state_bytes(std::string_view param) const {
+  return adam_moment_bytes(state_, param);
+}
+
+template <typename T>
 std::vector<ckpt::TensorRecord> BasicLamb<T>::state_records(std::string_view prefix) const {
   return adam_moment_records(prefix, steps_, state_);
 }

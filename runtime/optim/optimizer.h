@@ -60,6 +60,10 @@ class BasicOptimizer {
   virtual void load_state(const ckpt::SafetensorsFile& file, std::span<const View> params,
                           std::string_view prefix) = 0;
   virtual std::string_view name() const = 0;
+  // Bytes of state this optimizer has allocated for the parameter named `param` (its moments or
+  // momentum buffer, as held); 0 for a parameter it holds none for (before its first step). What
+  // a worker's memory accounting counts, from the buffers themselves.
+  virtual std::int64_t state_bytes(std::string_view param) const = 0;
 
  private:
   // The algorithm; `params` are validated and global_norm, when given, is not negative.

@@ -65,6 +65,12 @@ void BasicSgd<T>::apply_step(std::span<const View> params, T learning_rate,
 }
 
 template <typename T>
+std::int64_t BasicSgd<T>::state_bytes(std::string_view param) const {
+  const auto it = state_.find(param);
+  return it == state_.end() ? 0 : static_cast<std::int64_t>(sizeof(T) * it->second.momentum.size());
+}
+
+template <typename T>
 std::vector<ckpt::TensorRecord> BasicSgd<T>::state_records(std::string_view prefix) const {
   std::vector<ckpt::TensorRecord> records{step_record(prefix, steps_)};
   for (const auto& [name, buffer] : state_) {

@@ -28,6 +28,7 @@ class BasicSgd final : public BasicOptimizer<T> {
   std::vector<ckpt::TensorRecord> state_records(std::string_view prefix) const override;
   void load_state(const ckpt::SafetensorsFile& file, std::span<const View> params,
                   std::string_view prefix) override;
+  std::int64_t state_bytes(std::string_view param) const override;
   std::string_view name() const override { return "sgd"; }
 
  private:

@@ -51,6 +51,15 @@ template <typename T>
 AdamMoments<T>& moments_for(AdamMomentsMap<T>& moments, const BasicParamView<T>& param,
                             std::string_view optimizer);
 
+// Bytes the moments of `param` hold (optimizer::BasicOptimizer::state_bytes); 0 without them.
+template <typename T>
+std::int64_t adam_moment_bytes(const AdamMomentsMap<T>& moments, std::string_view param) {
+  const auto it = moments.find(param);
+  if (it == moments.end()) return 0;
+  return static_cast<std::int64_t>(sizeof(T) *
+                                   (it->second.exp_avg.size() + it->second.exp_avg_sq.size()));
+}
+
 // "<prefix>.step" and "<prefix>.<param>.exp_avg" / ".exp_avg_sq" records.
 template <typename T>
 std::vector<ckpt::TensorRecord> adam_moment_records(std::string_view prefix, std::int64_t steps,

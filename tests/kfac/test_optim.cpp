@@ -151,6 +151,31 @@ TEST(Lamb, RefusesANonFiniteGradient) {
   EXPECT_EQ(params.w, std::vector<float>(before.begin(), before.begin() + 4));
 }
 
+// state_bytes counts what each optimizer allocated per parameter: nothing before its first step,
+// then LAMB's and AdamW's two moments and SGD's momentum buffer, in the optimizer's precision.
+TEST(Optimizers, StateBytesAreTheBuffersEachParameterHolds) {
+  TwoParams params;
+  Lamb lamb;
+  AdamW adamw;
+  Sgd sgd;
+  BasicSgd<double> sgd_double;
+  EXPECT_EQ(lamb.state_bytes("w"), 0);
+  EXPECT_EQ(sgd.state_bytes("b"), 0);
+  run(lamb, params);
+  run(adamw, params);
+  run(sgd, params);
+  EXPECT_EQ(lamb.state_bytes("w"), 2 * 4 * 4);
+  EXPECT_EQ(lamb.state_bytes("b"), 2 * 2 * 4);
+  EXPECT_EQ(adamw.state_bytes("w"), 2 * 4 * 4);
+  EXPECT_EQ(sgd.state_bytes("w"), 4 * 4);
+  EXPECT_EQ(sgd.state_bytes("b"), 2 * 4);
+  EXPECT_EQ(lamb.state_bytes("not a parameter"), 0);
+  std::vector<double> w(4, 1.0), gw(4, 0.5);
+  const std::vector<BasicParamView<double>> views = {{"w", w.data(), gw.data(), 4, {2, 2}, false}};
+  sgd_double.step(views, 0.1);
+  EXPECT_EQ(sgd_double.state_bytes("w"), 4 * 8);
+}
+
 TEST(Optimizers, StateRoundTripsThroughSafetensors) {
   // Two steps, save, restore into a fresh optimizer, third step: same as three steps straight.
   for (int kind = 0; kind < 3; ++kind) {

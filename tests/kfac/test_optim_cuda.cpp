@@ -118,6 +118,21 @@ TEST_F(CudaOptimTest, SgdMomentumAndNesterovMatchTheCpu) {
   }
 }
 
+// The fused optimizers' state_bytes: the state buffers allocated for each tensor (two for AdamW
+// and LAMB, one for SGD), none before the first step binds the list.
+TEST_F(CudaOptimTest, StateBytesAreTheStateBuffersOfEachTensor) {
+  auto gpu = make(true);
+  CudaAdamW adamw(*backend_, nullptr);
+  CudaSgd sgd(*backend_, nullptr, SgdOptions{.momentum = 0.9});
+  EXPECT_EQ(adamw.state_bytes("p0"), 0);
+  adamw.step(gpu.views, 1e-3F);
+  sgd.step(gpu.views, 1e-3F);
+  EXPECT_EQ(adamw.state_bytes("p0"), 2 * 40000 * 4);
+  EXPECT_EQ(adamw.state_bytes("p2"), 2 * 17 * 4);
+  EXPECT_EQ(sgd.state_bytes("p1"), 333 * 4);
+  EXPECT_EQ(sgd.state_bytes("other"), 0);
+}
+
 TEST_F(CudaOptimTest, AChangedParameterListIsRejected) {
   auto gpu = make(true);
   CudaAdamW fused(*backend_, nullptr);

@@ -83,6 +83,15 @@ void MultiTensorTable::bind(std::span<const ParamView> params, const char* optim
   chunk_count_ = static_cast<std::int64_t>(chunks.size());
 }
 
+std::int64_t MultiTensorTable::state_bytes(std::string_view param) const {
+  for (std::size_t i = 0; i < names_.size(); ++i) {
+    if (names_[i] == param) {
+      return static_cast<std::int64_t>(state_.size() * sizes_[i] * sizeof(float));
+    }
+  }
+  return 0;
+}
+
 std::vector<float> MultiTensorTable::read_state(int buffer, std::size_t index) const {
   std::vector<float> values(sizes_.at(index));
   CUDA_CHECK(cudaMemcpyAsync(values.data(),

@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/cuda/cuda_ops.h"
@@ -49,6 +50,9 @@ class MultiTensorTable {
   std::int64_t tensor_count() const { return static_cast<std::int64_t>(names_.size()); }
   float* state(int buffer) const { return state_[static_cast<std::size_t>(buffer)]; }
   std::int64_t total_size() const { return total_; }
+  // Bytes the state buffers hold for the tensor named `param` (every buffer allocated, whether
+  // or not the algorithm reads it); 0 before the first step binds the list or for another name.
+  std::int64_t state_bytes(std::string_view param) const;
 
  private:
   kernels::cuda::CudaBackend* backend_;
@@ -75,6 +79,9 @@ class CudaAdamW final : public Optimizer {
   std::vector<ckpt::TensorRecord> state_records(std::string_view prefix) const override;
   void load_state(const ckpt::SafetensorsFile& file, std::span<const View> params,
                   std::string_view prefix) override;
+  std::int64_t state_bytes(std::string_view param) const override {
+    return table_.state_bytes(param);
+  }
   std::string_view name() const override { return "adamw"; }
 
  private:
@@ -95,6 +102,9 @@ class CudaSgd final : public Optimizer {
   std::vector<ckpt::TensorRecord> state_records(std::string_view prefix) const override;
   void load_state(const ckpt::SafetensorsFile& file, std::span<const View> params,
                   std::string_view prefix) override;
+  std::int64_t state_bytes(std::string_view param) const override {
+    return table_.state_bytes(param);
+  }
   std::string_view name() const override { return "sgd"; }
 
  private:
@@ -116,6 +126,9 @@ class CudaLamb final : public Optimizer {
   std::vector<ckpt::TensorRecord> state_records(std::string_view prefix) const override;
   void load_state(const ckpt::SafetensorsFile& file, std::span<const View> params,
                   std::string_view prefix) override;
+  std::int64_t state_bytes(std::string_view param) const override {
+    return table_.state_bytes(param);
+  }
   std::string_view name() const override { return "lamb"; }
   double last_grad_norm() const { return last_grad_norm_; }
   // Each tensor's trust ratio in the last step (downloads the per-tensor norms); all 1 before
