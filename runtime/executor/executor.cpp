@@ -257,6 +257,53 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   std::int64_t peak_stash_from = 0;  // of the steps from this one on
   std::int64_t executing_step = 0;   // the global step of the instruction executing
   std::int64_t released_stash = 0;   // the executing backward's stash_bytes (InstructionEvent)
+  // Per preconditioned Linear, the most bytes its K-FAC state held after any of its K-FAC
+  // instructions (Worker::memory): the state grows over the first refresh (sums, then values,
+  // then inverses) and a refresh sets matrices aside, so its largest, not its last, is what the
+  // worker must fit.
+  std::map<FactorKey, std::int64_t> kfac_peak;
+
+  // Bytes the K-FAC state of one Linear holds now, from its allocated matrices: on the CPU the
+  // factors' sums, values and inverses, the inverses a refresh replaced and the sums a pipelined
+  // refresh set aside, the gradients a divided preconditioning keeps and inversion chains in
+  // progress; on a device the layer's device memory (DeviceKfacLayer::device_bytes) and the
+  // kept gradients. Host copies of an offloaded Linear are not the worker's memory: left out.
+  std::int64_t linear_kfac_bytes(const FactorKey& key) const {
+    const auto slot_it = kfac_slots.find(key);
+    if (slot_it == kfac_slots.end()) return 0;
+    const KfacSlot& slot = slot_it->second;
+    constexpr auto kFloat = static_cast<std::int64_t>(sizeof(float));
+    std::int64_t bytes = 0;
+    if (runtime) {
+      if (const auto layer = device_kfac.find(key); layer != device_kfac.end()) {
+        bytes += layer->second->device_bytes();
+      }
+      return bytes + static_cast<std::int64_t>(slot.device_gradient_before.nbytes());
+    }
+    if (const auto state = kfac_states.find(key.pipeline); state != kfac_states.end()) {
+      if (state->second.contains({key.layer, key.linear})) {
+        const auto& layer = state->second.at({key.layer, key.linear});
+        for (const auto* factor : {&layer.a, &layer.b}) {
+          bytes += kFloat * (factor->sum.size() + factor->value.size() + factor->inverse.size());
+        }
+      }
+    }
+    bytes += kFloat * (slot.previous_a_inverse.size() + slot.previous_b_inverse.size() +
+                       slot.previous_a_sum.size() + slot.previous_b_sum.size());
+    bytes +=
+        kFloat * static_cast<std::int64_t>(slot.gradient_before.size() + slot.bias_before.size());
+    for (const auto* chain : {&slot.chain_a, &slot.chain_b}) {
+      if (*chain) bytes += (*chain)->bytes();
+    }
+    return bytes;
+  }
+
+  void sample_kfac(const Instruction& in) {
+    const FactorKey key{in.pipeline, in.layer, in.linear};
+    if (!kfac_slots.contains(key)) return;
+    auto& peak = kfac_peak[key];
+    peak = std::max(peak, linear_kfac_bytes(key));
+  }
 
   // The chunks' live stash arenas now, plus `released` (an arena just given back).
   void sample_stash(std::int64_t released) {
@@ -2635,6 +2682,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         bytes = moves_here(in, kfac_slot(in)) ? in.bytes : 0;  // nothing where it holds none
         break;
     }
+    if (sched::is_kfac(in.kind) && in.layer >= 0) sample_kfac(in);
     if (sent_before >= 0) {
       bytes = comm.payload_bytes_sent() - sent_before;
       kfac_sent += bytes;
@@ -2830,6 +2878,26 @@ std::int64_t Worker<T>::kfac_state_bytes() const {
     }
   }
   return bytes;
+}
+template <typename T>
+WorkerMemory Worker<T>::memory() const {
+  WorkerMemory memory;
+  memory.rank = impl_->rank;
+  for (const auto& slot : impl_->slots) {
+    ChunkMemory chunk;
+    chunk.pipeline = slot.pipeline;
+    chunk.chunk = slot.chunk;
+    chunk.parameter_bytes = static_cast<std::int64_t>(slot.model->parameter_bytes());
+    chunk.gradient_bytes = static_cast<std::int64_t>(slot.model->gradient_bytes());
+    for (const auto& p : slot.model->parameters()) {
+      chunk.optimizer_bytes += impl_->optimizer->state_bytes(p.name);
+    }
+    memory.chunks.push_back(chunk);
+  }
+  for (const auto& [key, peak] : impl_->kfac_peak) {
+    memory.kfac.push_back({key.pipeline, key.layer, key.linear, peak});
+  }
+  return memory;
 }
 template <typename T>
 std::int64_t Worker<T>::kfac_host_bytes() const {

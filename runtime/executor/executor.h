@@ -119,6 +119,42 @@ struct TransientMemory {
   std::size_t total() const { return activation_stash + message_buffers + kfac_captures; }
 };
 
+// What one chunk of a worker allocated for its parameters, their gradients and the optimizer's
+// state of them (BertChunk::parameter_bytes, gradient_bytes; BasicOptimizer::state_bytes).
+struct ChunkMemory {
+  int pipeline = 0;
+  int chunk = 0;
+  std::int64_t parameter_bytes = 0;
+  std::int64_t gradient_bytes = 0;
+  std::int64_t optimizer_bytes = 0;
+  std::int64_t total() const { return parameter_bytes + gradient_bytes + optimizer_bytes; }
+};
+
+// The K-FAC state one preconditioned Linear held on a worker at its largest.
+struct LinearKfacMemory {
+  int pipeline = 0;
+  int layer = 0;
+  sched::LinearKind linear = sched::LinearKind::kQuery;
+  std::int64_t peak_bytes = 0;
+};
+
+// A worker's memory beyond its stash arenas (Worker::memory).
+struct WorkerMemory {
+  int rank = 0;
+  std::vector<ChunkMemory> chunks;     // by (pipeline, chunk)
+  std::vector<LinearKfacMemory> kfac;  // by (pipeline, layer, linear); empty without K-FAC
+  std::int64_t static_bytes() const {
+    std::int64_t bytes = 0;
+    for (const auto& chunk : chunks) bytes += chunk.total();
+    return bytes;
+  }
+  std::int64_t kfac_bytes() const {
+    std::int64_t bytes = 0;
+    for (const auto& linear : kfac) bytes += linear.peak_bytes;
+    return bytes;
+  }
+};
+
 // Thrown by a worker; the message names the rank, stream position and instruction.
 class WorkerError : public std::runtime_error {
  public:
@@ -225,6 +261,12 @@ class Worker {
   // device memory its K-FAC layers hold (accumulators, values, inverses, the inverses a refresh
   // replaced and set-aside sums, as allocated).
   std::int64_t kfac_state_bytes() const;
+  // What this worker allocated, counted from the buffers: per chunk its parameters, gradients
+  // and optimizer state (0 before the optimizer's first step allocates it), and per
+  // preconditioned Linear the most bytes its K-FAC state held after any of its K-FAC
+  // instructions so far (linear_kfac_bytes in executor.cpp says what counts). The profile's
+  // static_bytes and K-FAC bytes (exec::add_measured_memory).
+  WorkerMemory memory() const;
   // Bytes of K-FAC state this rank keeps in host memory for its offloaded Linears
   // (--kfac-offload; the schedule's offload copies; pinned memory on a device); 0 without
   // offload.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <stdexcept>
 
 #include "traces/chrome_trace.h"
 
@@ -256,6 +257,84 @@ sim::Profile measured_profile(const sched::Schedule& schedule,
   }
   (void)schedule;
   return profile;
+}
+
+void add_measured_memory(sim::Profile& profile, const std::vector<WorkerMemory>& ranks) {
+  std::map<std::pair<int, int>, std::int64_t> chunk_bytes;  // (pipeline, chunk)
+  std::map<std::pair<int, int>, std::int64_t> kfac_bytes;   // (layer, linear)
+  for (const auto& rank : ranks) {
+    for (const auto& c : rank.chunks) {
+      auto& bytes = chunk_bytes[{c.pipeline, c.chunk}];
+      bytes = std::max(bytes, c.total());
+    }
+    for (const auto& k : rank.kfac) {
+      auto& bytes = kfac_bytes[{k.layer, static_cast<int>(k.linear)}];
+      bytes = std::max(bytes, k.peak_bytes);
+    }
+  }
+  for (auto& chunk : profile.chunks) {
+    // An entry for every pipeline (-1) takes the largest of its pipelines' chunks.
+    for (const auto& [key, bytes] : chunk_bytes) {
+      if (key.second == chunk.chunk && (chunk.pipeline < 0 || key.first == chunk.pipeline)) {
+        chunk.static_bytes = std::max(chunk.static_bytes, static_cast<double>(bytes));
+      }
+    }
+  }
+  for (auto& entry : profile.kfac) {
+    for (const auto& [key, bytes] : kfac_bytes) {
+      const bool layer = entry.layer < 0 || entry.layer == key.first;
+      const bool linear = !entry.linear || static_cast<int>(*entry.linear) == key.second;
+      if (layer && linear) entry.bytes = std::max(entry.bytes, static_cast<double>(bytes));
+    }
+  }
+}
+
+nlohmann::json memory_to_json(const std::vector<WorkerMemory>& ranks) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& rank : ranks) {
+    nlohmann::json chunks = nlohmann::json::array();
+    for (const auto& c : rank.chunks) {
+      chunks.push_back(
+          {c.pipeline, c.chunk, c.parameter_bytes, c.gradient_bytes, c.optimizer_bytes});
+    }
+    nlohmann::json kfac = nlohmann::json::array();
+    for (const auto& k : rank.kfac) {
+      kfac.push_back({k.pipeline, k.layer, static_cast<int>(k.linear), k.peak_bytes});
+    }
+    out.push_back({{"rank", rank.rank}, {"chunks", chunks}, {"kfac", kfac}});
+  }
+  return out;
+}
+
+std::vector<WorkerMemory> memory_from_json(const nlohmann::json& json) {
+  const auto fail = [](const std::string& what) {
+    throw std::invalid_argument("worker memory record: " + what);
+  };
+  if (!json.is_array()) fail("expected an array, got " + json.dump());
+  std::vector<WorkerMemory> ranks;
+  try {
+    for (const auto& node : json) {
+      WorkerMemory rank;
+      rank.rank = node.at("rank").get<int>();
+      for (const auto& c : node.at("chunks")) {
+        if (c.size() != 5) fail("a chunk needs 5 numbers, got " + c.dump());
+        rank.chunks.push_back({c[0].get<int>(), c[1].get<int>(), c[2].get<std::int64_t>(),
+                               c[3].get<std::int64_t>(), c[4].get<std::int64_t>()});
+      }
+      for (const auto& k : node.at("kfac")) {
+        const int linear = k.size() == 4 ? k[2].get<int>() : -1;
+        if (linear < 0 || linear >= sched::kNumLinearKinds) {
+          fail("a K-FAC entry needs pipeline, layer, linear, bytes; got " + k.dump());
+        }
+        rank.kfac.push_back({k[0].get<int>(), k[1].get<int>(),
+                             static_cast<sched::LinearKind>(linear), k[3].get<std::int64_t>()});
+      }
+      ranks.push_back(std::move(rank));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail(e.what());
+  }
+  return ranks;
 }
 
 std::vector<StepTiming> step_timings(const std::vector<InstructionEvent>& events, int ranks,

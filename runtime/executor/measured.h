@@ -28,6 +28,19 @@ sim::Profile measured_profile(const sched::Schedule& schedule,
                               const std::string& description,
                               ProfileStatistic statistic = ProfileStatistic::kMedian);
 
+// Writes what the workers allocated into the profile: each chunk entry's static_bytes is that
+// chunk's parameters, gradients and optimizer state (ChunkMemory::total), and each K-FAC entry's
+// bytes its Linear's K-FAC state at its largest (LinearKfacMemory::peak_bytes), the largest over
+// the ranks holding it (data-parallel replicas hold the same chunks; Chimera's two pipelines the
+// same layers). Entries no rank reports keep their bytes. `ranks`: Worker::memory of every rank
+// (or of some: the largest over those given).
+void add_measured_memory(sim::Profile& profile, const std::vector<WorkerMemory>& ranks);
+
+// WorkerMemory lists as JSON, for gathering them from the ranks' processes (MPI) as text.
+nlohmann::json memory_to_json(const std::vector<WorkerMemory>& ranks);
+// Throws std::invalid_argument naming what is malformed.
+std::vector<WorkerMemory> memory_from_json(const nlohmann::json& json);
+
 // Per-step wall time (first event start to last event end over all ranks) and each rank's
 // compute busy time, for overhead figures. Steps before warmup_steps are left out.
 struct StepTiming {

@@ -950,6 +950,97 @@ TEST(MeasuredProfile, ReplayedPeakActivationMemoryIsTheRuntimeStash) {
   }
 }
 
+// End to end, the whole footprint: the same pipeline of real BERT chunks, with and without
+// K-FAC (the PipeFisher pass's schedule), writes its profile with the workers' measured memory
+// (exec::add_measured_memory: static_bytes per chunk, K-FAC bytes per Linear), and the replay's
+// peak per worker is the runtime's own figures summed, to the byte: its parameters, gradients and
+// LAMB moments (Worker::memory, from the allocated buffers), each Linear's K-FAC state at its
+// largest, and the stash arenas' peak. The simulator holds the static bytes throughout and a
+// Linear's K-FAC bytes from its first K-FAC task on; the stash peak recurs in every step, so
+// with a round of several steps it meets all of them.
+void expect_replayed_peak_is_runtime_memory(bool with_kfac) {
+  model::BertConfig config = test_config(4);
+  config.hidden_size = 64;
+  config.num_heads = 4;
+  config.intermediate_size = 256;
+  config.max_position_embeddings = 32;
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.workers = 2;
+  params.microbatches = 4;
+  params.num_layers = 4;
+  auto schedule = sched::compile(params);
+  if (with_kfac) {
+    sim::UniformCosts costs;
+    costs.forward_s = 1.0;
+    costs.backward_s = 2.0;
+    pipefisher::KfacOptions kfac;
+    kfac.refresh_steps = 2;
+    schedule = pipefisher::run_pipefisher(schedule, sim::UniformCostModel(costs), kfac).schedule;
+  }
+  const int k = schedule.num_steps;
+  SyntheticBatches batches(config, 4, 32, 4, kDataSeed);
+  auto setup = make_setup<float>(config, schedule, batches);
+  setup.options.record_events = true;
+  ThreadedExecutor<float> executor(setup);
+  executor.run(0, 1);  // warm-up: the arenas grow to one block of the cycle
+  for (int r = 0; r < executor.num_ranks(); ++r) executor.worker(r).reset_peak_stash_bytes();
+  executor.run(1, 2 * k + 1);
+  auto profile = measured_profile(schedule, executor.take_events(), 1, "memory test");
+  std::vector<WorkerMemory> memory;
+  for (int r = 0; r < executor.num_ranks(); ++r) memory.push_back(executor.worker(r).memory());
+  // As pipefisher_train gathers it from the ranks' processes: through its JSON.
+  memory = memory_from_json(nlohmann::json::parse(memory_to_json(memory).dump()));
+  add_measured_memory(profile, memory);
+  ASSERT_EQ(profile.chunks.size(), 2U);
+  EXPECT_EQ(profile.kfac.empty(), !with_kfac);
+  const sim::MeasuredCostModel costs(
+      sim::profile_from_json(sim::profile_to_json(profile), "memory test"), "memory test");
+  const auto result = sim::simulate(schedule, costs);
+  ASSERT_EQ(result.workers.size(), 2U);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r) + (with_kfac ? ", K-FAC" : ""));
+    const auto& mine = memory[static_cast<std::size_t>(r)];
+    ASSERT_EQ(mine.chunks.size(), 1U);
+    const auto& chunk = mine.chunks.front();
+    // Counted from the buffers: fp32 values and gradients of the chunk's parameters, and LAMB's
+    // two moments of each (allocated by its first step).
+    std::int64_t elements = 0;
+    for (const auto& p : executor.worker(r).chunk(0, r)->parameters()) elements += p.size;
+    EXPECT_EQ(chunk.parameter_bytes, 4 * elements);
+    EXPECT_EQ(chunk.gradient_bytes, 4 * elements);
+    EXPECT_EQ(chunk.optimizer_bytes, 2 * 4 * elements);
+    if (with_kfac) {
+      // Each of the worker's 2 layers x 6 Linears, holding at least the factors' values and
+      // inverses (fp32, d_in^2 + d_out^2 each).
+      ASSERT_EQ(mine.kfac.size(), 12U);
+      for (const auto& linear : mine.kfac) {
+        const std::int64_t d_in = linear.linear == sched::LinearKind::kFfnOut ? 256 : 64;
+        const std::int64_t d_out = linear.linear == sched::LinearKind::kFfnIn ? 256 : 64;
+        EXPECT_GE(linear.peak_bytes, 2 * 4 * (d_in * d_in + d_out * d_out))
+            << "layer " << linear.layer << " " << sched::to_string(linear.linear);
+      }
+    } else {
+      EXPECT_TRUE(mine.kfac.empty());
+    }
+    const std::int64_t stash = executor.worker(r).peak_stash_bytes();
+    EXPECT_GT(stash, 0);
+    const auto& replayed = result.workers[static_cast<std::size_t>(r)];
+    EXPECT_EQ(replayed.static_memory_bytes, static_cast<double>(mine.static_bytes()));
+    EXPECT_EQ(replayed.peak_activation_bytes, static_cast<double>(stash));
+    EXPECT_EQ(replayed.peak_memory_bytes,
+              static_cast<double>(mine.static_bytes() + mine.kfac_bytes() + stash));
+  }
+}
+
+TEST(MeasuredProfile, ReplayedPeakMemoryIsTheRuntimeStaticAndStash) {
+  expect_replayed_peak_is_runtime_memory(false);
+}
+
+TEST(MeasuredProfile, ReplayedPeakMemoryIsTheRuntimeStaticKfacAndStash) {
+  expect_replayed_peak_is_runtime_memory(true);
+}
+
 // A run as long as its refresh interval runs curvature and inversions only in its warm-up step:
 // the profile prices them from there instead of as free (which would tell the PipeFisher pass
 // that K-FAC costs nothing), and keeps later samples where there are some.
