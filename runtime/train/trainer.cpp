@@ -298,6 +298,19 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   auto events = executor.take_events();
   const auto kfac_states = context.kfac_model_bytes >= 0.0 ? executor.kfac_state_per_rank()
                                                            : std::vector<exec::RankKfacState>{};
+  // Every rank's parameters, gradients, optimizer and K-FAC state (the profile's static and
+  // K-FAC bytes), gathered as text: each process describes its own workers. Collective.
+  std::vector<exec::WorkerMemory> memory;
+  {
+    std::vector<exec::WorkerMemory> mine;
+    for (const auto* worker : executor.local_workers()) mine.push_back(worker->memory());
+    for (const auto& text : executor.gather_to_root(exec::memory_to_json(mine).dump())) {
+      auto part = exec::memory_from_json(nlohmann::json::parse(text));
+      memory.insert(memory.end(), part.begin(), part.end());
+    }
+    std::sort(memory.begin(), memory.end(),
+              [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  }
   if (!executor.is_root()) return 0;  // the root process reports for every rank
   close_pauses(events, pauses);
   if (!o.trace.empty()) {
@@ -305,12 +318,14 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   }
   if (!o.profile_out.empty() || !o.calibration_out.empty()) {
     const auto profile_of = [&](exec::ProfileStatistic statistic) {
-      return exec::measured_profile(
+      auto profile = exec::measured_profile(
           schedule, events, std::min<std::int64_t>(1, o.steps - 1),
           "pipefisher_train " + std::string(sched::to_string(schedule.params.kind)) + ", " +
               config.name + ", micro-batch " + std::to_string(context.micro_batch_size) + " x " +
               std::to_string(context.seq_len),
           statistic);
+      exec::add_measured_memory(profile, memory);
+      return profile;
     };
     if (!o.profile_out.empty()) {
       traces::write_json_file(o.profile_out,
@@ -384,6 +399,30 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
           << worker->peak_stash_bytes() << " B";
     }
     out << " (steps after the first; the profile's activation_bytes replays it)\n";
+  }
+  {
+    // Every rank's, counted from what its workers allocated (the profile's static_bytes and
+    // K-FAC bytes replay them: pipefisher_sim's peak memory is their sum with the stash peak).
+    out << "static memory (parameters + gradients + optimizer state):";
+    for (const auto& rank : memory) {
+      std::int64_t params = 0, grads = 0, optimizer = 0;
+      for (const auto& chunk : rank.chunks) {
+        params += chunk.parameter_bytes;
+        grads += chunk.gradient_bytes;
+        optimizer += chunk.optimizer_bytes;
+      }
+      out << (&rank == &memory.front() ? " " : ", ") << "rank " << rank.rank << " "
+          << rank.static_bytes() << " B (" << params << " + " << grads << " + " << optimizer << ")";
+    }
+    out << "\n";
+    if (has_kfac(schedule)) {
+      out << "K-FAC state (each Linear at its largest):";
+      for (const auto& rank : memory) {
+        out << (&rank == &memory.front() ? " " : ", ") << "rank " << rank.rank << " "
+            << rank.kfac_bytes() << " B";
+      }
+      out << "\n";
+    }
   }
   if (const auto& device = executor.setup().device) {
     const auto stats = device->backend().stats();
