@@ -33,9 +33,11 @@ class Reader {
     return *it;
   }
 
+  // `owner` names what the entry describes (e.g. " (pipeline 0, chunk 1)"), after the path.
   double number(const json& parent, const char* field, const std::string& prefix,
-                std::optional<double> fallback = std::nullopt) const {
-    const std::string path = prefix + field;
+                std::optional<double> fallback = std::nullopt,
+                const std::string& owner = std::string()) const {
+    const std::string path = prefix + field + owner;
     const auto it = parent.find(field);
     if (it == parent.end()) {
       if (!fallback) fail(path, "is missing");
@@ -98,9 +100,14 @@ Profile profile_from_json(const json& root, const std::string& source) {
     c.backward_s = read.number(node, "backward_s", prefix);
     c.backward_input_s = read.number(node, "backward_input_s", prefix, c.backward_s / 2.0);
     c.backward_weight_s = read.number(node, "backward_weight_s", prefix, c.backward_s / 2.0);
-    c.activation_bytes = read.number(node, "activation_bytes", prefix, 0.0);
-    c.static_bytes = read.number(node, "static_bytes", prefix, 0.0);
-    c.gradient_bytes = read.number(node, "gradient_bytes", prefix, 0.0);
+    // The memory fields name their chunk too: a profile lists many, and the bytes of one are
+    // what a user edits or a tool writes.
+    const std::string owner = " (pipeline " +
+                              (c.pipeline < 0 ? std::string("any") : std::to_string(c.pipeline)) +
+                              ", chunk " + std::to_string(c.chunk) + ")";
+    c.activation_bytes = read.number(node, "activation_bytes", prefix, 0.0, owner);
+    c.static_bytes = read.number(node, "static_bytes", prefix, 0.0, owner);
+    c.gradient_bytes = read.number(node, "gradient_bytes", prefix, 0.0, owner);
     profile.chunks.push_back(c);
   }
   profile.communication = read.link(root, "communication", true);
@@ -134,7 +141,11 @@ Profile profile_from_json(const json& root, const std::string& source) {
       k.precondition_s = read.number(node, "precondition_s", prefix);
       k.curvature_sync_s =
           node.contains("curvature_sync_s") ? read.number(node, "curvature_sync_s", prefix) : -1.0;
-      k.bytes = read.number(node, "bytes", prefix, 0.0);
+      k.bytes = read.number(
+          node, "bytes", prefix, 0.0,
+          " (layer " + (k.layer < 0 ? std::string("any") : std::to_string(k.layer)) + ", " +
+              (k.linear ? std::string(sched::to_string(*k.linear)) : std::string("any Linear")) +
+              ")");
       profile.kfac.push_back(k);
     }
   }

@@ -10,8 +10,11 @@
 //                "backward_input_s": ..., "backward_weight_s": ...   (optional: backward_s / 2),
 //                "activation_bytes": ..., "static_bytes": ..., "gradient_bytes": ... (optional: 0)}
 //             ],       (activation_bytes: one stashed micro-batch, forward to (weight) backward;
-//                       gradient_bytes: a reduction without a byte count; pipefisher_train
-//                       writes its stash arena and its measured all-reduce payload)
+//                       static_bytes: the chunk's parameters, gradients and optimizer state, held
+//                       throughout; gradient_bytes: a reduction without a byte count;
+//                       pipefisher_train writes its stash arena, what the chunk allocated for
+//                       parameters, gradients and optimizer state, and its measured all-reduce
+//                       payload)
 //   "communication": {"bandwidth": B/s, "latency_s": ..., "message_bytes": ...},
 //   "reduction": {"bandwidth": B/s, "latency_s": ...}      (optional: = communication),
 //   "host_link": {"bandwidth": B/s, "latency_s": ...}      (optional: device <-> host copies of
@@ -22,8 +25,15 @@
 //   "kfac": [ {"layer": 0 (optional: all), "linear": "query" (optional: all),
 //              "curvature_a_s", "curvature_b_s", "invert_a_s", "invert_b_s", "precondition_s",
 //              "curvature_sync_s" (optional: ring all-reduce of "bytes" / 2),
-//              "bytes": factors + inverses (optional: 0)} ]     (optional)
+//              "bytes": factors + inverses (optional: 0)} ]     (optional; pipefisher_train
+//                  writes the K-FAC state the Linear held at its largest: sums, values,
+//                  inverses, the inverses a refresh replaced, kept gradients, chains)
 // }
+// The memory fields are optional so that older files, written when pipefisher_train left
+// static_bytes and the K-FAC bytes at 0, load as before (0: the replay's peak memory then lacks
+// them). Every field must be finite and >= 0; a bad memory field's error names the chunk
+// ("chunks[1].static_bytes (pipeline any, chunk 1)") or the Linear ("kfac[0].bytes (layer 3,
+// ffn_in)").
 #include <filesystem>
 #include <map>
 #include <optional>

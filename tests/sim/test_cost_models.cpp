@@ -1,5 +1,6 @@
 // The analytic and measured cost models, device and profile files, and their bad input.
 #include <gtest/gtest.h>
+#include <limits>
 
 #include <cmath>
 #include <string>
@@ -275,6 +276,63 @@ TEST(SimMeasured, BadProfilesNameFileFieldAndValue) {
               simulate(schedule, two);
             }).find("two.json: no entry in 'chunks' for pipeline 0 chunk 2"),
             std::string::npos);
+}
+
+// The memory fields of a profile (pipefisher_train writes them from what the workers
+// allocated): absent in an older file they are 0; a negative or non-finite one is refused naming
+// the field and the chunk or Linear it belongs to.
+TEST(SimMeasured, MemoryFieldsDefaultToZeroAndBadOnesNameTheFieldAndChunk) {
+  const Profile old = profile_from_json(uniform_profile(1.0, 2.0, 2), "old.json");
+  EXPECT_EQ(old.chunks[1].static_bytes, 0.0);
+  EXPECT_EQ(old.chunks[1].gradient_bytes, 0.0);
+  nlohmann::json j = uniform_profile(1.0, 2.0, 2);
+  j["chunks"][1]["static_bytes"] = -4096;
+  EXPECT_EQ(error_of([&] { profile_from_json(j, "prof.json"); }),
+            "prof.json: field 'chunks[1].static_bytes (pipeline any, chunk 1)' = -4096 (must be "
+            "finite and >= 0)");
+  for (const double bad :
+       {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    j = uniform_profile(1.0, 2.0, 2);
+    j["chunks"][0]["pipeline"] = 1;
+    j["chunks"][0]["static_bytes"] = bad;
+    EXPECT_NE(error_of([&] {
+                profile_from_json(j, "prof.json");
+              }).find("field 'chunks[0].static_bytes (pipeline 1, chunk 0)' = "),
+              std::string::npos)
+        << bad;
+  }
+  const nlohmann::json kfac_entry = {
+      {"layer", 3},        {"linear", "ffn_in"}, {"curvature_a_s", 1.0}, {"curvature_b_s", 1.0},
+      {"invert_a_s", 1.0}, {"invert_b_s", 1.0},  {"precondition_s", 1.0}};
+  j = uniform_profile(1.0, 2.0, 2);
+  j["kfac"] = nlohmann::json::array({kfac_entry});
+  EXPECT_EQ(profile_from_json(j, "old.json").kfac[0].bytes, 0.0);
+  j["kfac"][0]["bytes"] = -1.5;
+  EXPECT_EQ(error_of([&] { profile_from_json(j, "prof.json"); }),
+            "prof.json: field 'kfac[0].bytes (layer 3, ffn_in)' = -1.5 (must be finite and >= 0)");
+  j["kfac"][0].erase("layer");
+  j["kfac"][0].erase("linear");
+  j["kfac"][0]["bytes"] = std::numeric_limits<double>::infinity();
+  EXPECT_NE(error_of([&] {
+              profile_from_json(j, "prof.json");
+            }).find("field 'kfac[0].bytes (layer any, any Linear)' = "),
+            std::string::npos);
+}
+
+// A profile's static_bytes and K-FAC bytes are in the replay's peak: its whole footprint.
+TEST(SimMeasured, StaticAndKfacBytesAddToThePeak) {
+  auto p = params(ScheduleKind::kOneFOneB, 2, 4, 0);
+  const auto schedule = sched::compile(p);
+  nlohmann::json j = uniform_profile(1.0, 2.0, 2);
+  const double base = simulate(schedule, MeasuredCostModel(profile_from_json(j, "a"), "a"))
+                          .workers[0]
+                          .peak_memory_bytes;
+  j["chunks"][0]["static_bytes"] = 1000.0;
+  j["chunks"][1]["static_bytes"] = 50.0;
+  const auto result = simulate(schedule, MeasuredCostModel(profile_from_json(j, "b"), "b"));
+  EXPECT_EQ(result.workers[0].peak_memory_bytes, base + 1000.0);
+  EXPECT_EQ(result.workers[0].static_memory_bytes, 1000.0);
+  EXPECT_EQ(result.workers[1].static_memory_bytes, 50.0);
 }
 
 // Issue #16 defect 4: the lookup tables were sized by the largest index in the file, so a
