@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -110,6 +112,26 @@ TEST_F(TrainTest, WritesMetricsTraceProfileAndSummary) {
   const auto replay =
       sim::simulate(cli::build_schedule(compile), sim::MeasuredCostModel(profile, "test"));
   EXPECT_GT(replay.step_time_s, 0.0);
+  // The summary's memory lines, per rank, are what the replay holds: its static memory the
+  // printed static bytes (the profile's static_bytes), its peak those plus the stash peak.
+  const std::regex stash_line(R"(stash arenas: peak rank 0 (\d+) B, rank 1 (\d+) B)");
+  const std::regex static_line(
+      R"(static memory \(parameters \+ gradients \+ optimizer state\): rank 0 (\d+) B \((\d+) \+ (\d+) \+ (\d+)\), rank 1 (\d+) B)");
+  std::smatch stash, statics;
+  ASSERT_TRUE(std::regex_search(text, stash, stash_line)) << text;
+  ASSERT_TRUE(std::regex_search(text, statics, static_line)) << text;
+  EXPECT_EQ(text.find("K-FAC state"), std::string::npos) << "no K-FAC in this run";
+  // LAMB: two fp32 moments per fp32 parameter; gradients as large as the values.
+  EXPECT_EQ(std::stod(statics[2]), std::stod(statics[3]));
+  EXPECT_EQ(std::stod(statics[4]), 2.0 * std::stod(statics[2]));
+  for (int r = 0; r < 2; ++r) {
+    const double static_bytes = std::stod(statics[r == 0 ? 1 : 5]);
+    const double stash_bytes = std::stod(stash[static_cast<std::size_t>(r + 1)]);
+    EXPECT_GT(static_bytes, 0.0);
+    const auto& worker = replay.workers[static_cast<std::size_t>(r)];
+    EXPECT_EQ(worker.static_memory_bytes, static_bytes) << "rank " << r;
+    EXPECT_EQ(worker.peak_memory_bytes, static_bytes + stash_bytes) << "rank " << r;
+  }
 }
 
 // --calibration-out: the run's mean durations as calibration records that pipefisher_sim
@@ -160,6 +182,7 @@ TEST_F(TrainTest, KfacRunsOnSelfProfile) {
   o.kfac.refresh_steps = 2;
   o.steps = 4;
   o.metrics = (dir_ / "m.jsonl").string();
+  o.profile_out = (dir_ / "p.json").string();
   std::ostringstream out;
   ASSERT_EQ(run_training(o, out), 0);
   EXPECT_NE(out.str().find("PipeFisher: K-FAC refresh every 2 step(s)"), std::string::npos)
@@ -179,6 +202,24 @@ TEST_F(TrainTest, KfacRunsOnSelfProfile) {
   }
   EXPECT_EQ(refreshes, 2);  // steps 2 and 4 end a refresh
   EXPECT_EQ(statistics, 1);
+  // The K-FAC state per rank is printed, and the profile's K-FAC bytes are its Linears': rank r
+  // holds layer r (2 layers on 2 stages).
+  const std::regex kfac_line(
+      R"(K-FAC state \(each Linear at its largest\): rank 0 (\d+) B, rank 1 (\d+) B)");
+  std::smatch printed;
+  const std::string text = out.str();
+  ASSERT_TRUE(std::regex_search(text, printed, kfac_line)) << text;
+  const auto profile = sim::profile_from_json_file(o.profile_out);
+  std::array<double, 2> per_layer{};
+  for (const auto& entry : profile.kfac) {
+    ASSERT_TRUE(entry.layer == 0 || entry.layer == 1) << entry.layer;
+    EXPECT_GT(entry.bytes, 0.0) << entry.layer;
+    per_layer[static_cast<std::size_t>(entry.layer)] += entry.bytes;
+  }
+  EXPECT_EQ(profile.kfac.size(), 12U);
+  for (std::size_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(per_layer[r], std::stod(printed[r + 1])) << "rank " << r;
+  }
 }
 
 TEST_F(TrainTest, DoublePrecisionAndOtherSchedules) {
