@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/convert_layout.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops_cuda.h"
@@ -54,42 +55,24 @@ bool aligned(const void* pointer, std::uintptr_t bytes) {
 
 void convert_to_bf16(ConstMatrixView<float> src, std::int64_t src_stride, std::int64_t count,
                      MatrixView<__nv_bfloat16> dst, std::int64_t dst_stride, cudaStream_t stream) {
-  std::int64_t rows = src.rows;
-  std::int64_t cols = src.cols;
-  if (rows == 0 || cols == 0 || count == 0) return;
-  std::int64_t src_ld = src.ld;
-  std::int64_t dst_ld = dst.ld;
-  std::int64_t src_step = src_stride;
-  std::int64_t dst_step = dst_stride;
-  // Packed matrices lying one right after another are one long row: the whole grid works on
-  // it, where a short row (a 128-column probability matrix) would leave most threads idle.
-  const std::int64_t size = rows * cols;
-  if (src_ld == cols && dst_ld == cols &&
-      (count == 1 || (src_stride == size && dst_stride == size))) {
-    // The row holds every element of every matrix (`cols *= count` here kept one row of each:
-    // what the first GPU run of the bf16-operand tests found, 2026-11-28).
-    cols = size * count;
-    rows = 1;
-    count = 1;
-    src_ld = dst_ld = cols;
-    src_step = dst_step = 0;  // one matrix left
-  }
-  const bool vectorized = cols % kVector == 0 && src_ld % kVector == 0 && dst_ld % kVector == 0 &&
-                          src_step % kVector == 0 && dst_step % kVector == 0 &&
-                          aligned(src.data, sizeof(float4)) && aligned(dst.data, sizeof(Bf16x4));
-  const int width = vectorized ? kVector : 1;
-  const std::int64_t vectors_per_row = cols / width;
-  const std::int64_t total_rows = rows * count;
+  if (src.rows == 0 || src.cols == 0 || count == 0) return;
+  const ConvertLayout l =
+      convert_layout(src.rows, src.cols, src.ld, src_stride, count, dst.ld, dst_stride,
+                     aligned(src.data, sizeof(float4)) && aligned(dst.data, sizeof(Bf16x4)));
+  const std::int64_t vectors_per_row = l.vectors_per_row();
+  const std::int64_t total_rows = l.total_rows();
   const std::int64_t column_blocks = (vectors_per_row + kThreads - 1) / kThreads;
   const dim3 grid(
       static_cast<unsigned>(column_blocks < kMaxGridColumns ? column_blocks : kMaxGridColumns),
       static_cast<unsigned>(total_rows < kMaxGridRows ? total_rows : kMaxGridRows));
-  if (vectorized) {
-    convert_kernel<kVector><<<grid, kThreads, 0, stream>>>(
-        src.data, src_ld, src_step, dst.data, dst_ld, dst_step, rows, total_rows, vectors_per_row);
+  if (l.width == kVector) {
+    convert_kernel<kVector><<<grid, kThreads, 0, stream>>>(src.data, l.src_ld, l.src_step, dst.data,
+                                                           l.dst_ld, l.dst_step, l.rows, total_rows,
+                                                           vectors_per_row);
   } else {
-    convert_kernel<1><<<grid, kThreads, 0, stream>>>(src.data, src_ld, src_step, dst.data, dst_ld,
-                                                     dst_step, rows, total_rows, vectors_per_row);
+    convert_kernel<1><<<grid, kThreads, 0, stream>>>(src.data, l.src_ld, l.src_step, dst.data,
+                                                     l.dst_ld, l.dst_step, l.rows, total_rows,
+                                                     vectors_per_row);
   }
   CUDA_CHECK(cudaGetLastError());
 }
