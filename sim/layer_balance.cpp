@@ -6,18 +6,9 @@
 #include <map>
 #include <stdexcept>
 
+#include "scheduler/placement.h"
+
 namespace pf::sim {
-namespace {
-
-std::string counts_text(const std::vector<int>& layers) {
-  std::string text;
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    text += (i ? "," : "") + std::to_string(layers[i]);
-  }
-  return text;
-}
-
-}  // namespace
 
 LayerBalance balance_layers(const std::vector<int>& start,
                             const std::function<SplitEvaluation(const std::vector<int>&)>& evaluate,
@@ -25,8 +16,8 @@ LayerBalance balance_layers(const std::vector<int>& start,
   if (start.empty()) throw std::invalid_argument("layer balance: no chunk to balance");
   for (int count : start) {
     if (count < 1) {
-      throw std::invalid_argument("layer balance: the start split " + counts_text(start) +
-                                  " has a chunk with no layer");
+      throw std::invalid_argument("layer balance: the start split " +
+                                  sched::format_layer_counts(start) + " has a chunk with no layer");
     }
   }
   std::map<std::vector<int>, SplitEvaluation> seen;
@@ -71,21 +62,22 @@ LayerBalance balance_layers(const std::vector<int>& start,
 std::string layer_balance_table(const LayerBalance& balance, int rows) {
   const bool kfac = balance.start.refresh_steps > 0;
   std::string out = "--layers-per-stage auto: " + std::to_string(balance.evaluated.size()) +
-                    " splits tried from the balanced " + counts_text(balance.start.layers) +
+                    " splits tried from the balanced " +
+                    sched::format_layer_counts(balance.start.layers) +
                     " (one layer moved between neighbouring chunks at a time)\n";
   out += std::string("  layers per chunk        step time") + (kfac ? "   K-FAC refresh" : "") +
          "   vs balanced\n";
   const auto line = [&](const SplitEvaluation& e, const char* mark) {
     char text[200];
     if (!std::isfinite(e.step_time_s)) {
-      std::snprintf(text, sizeof text, "  %-20s %12s\n", counts_text(e.layers).c_str(),
-                    "does not fit");
+      std::snprintf(text, sizeof text, "  %-20s %12s\n",
+                    sched::format_layer_counts(e.layers).c_str(), "does not fit");
       return std::string(text);
     }
     char refresh[32] = "";
     if (kfac) std::snprintf(refresh, sizeof refresh, "   every %3d steps", e.refresh_steps);
     std::snprintf(text, sizeof text, "  %-20s %9.3f ms%s   %+6.1f%%%s\n",
-                  counts_text(e.layers).c_str(), e.step_time_s * 1e3, refresh,
+                  sched::format_layer_counts(e.layers).c_str(), e.step_time_s * 1e3, refresh,
                   100.0 * (e.step_time_s / balance.start.step_time_s - 1.0), mark);
     return std::string(text);
   };
