@@ -1282,6 +1282,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
 
   // Time blocked on other workers, excluded from instructions' busy time.
   double waited_s = 0.0;
+  StepEndTimes step_end;  // Worker::step_end_times
   struct WaitTimer {
     explicit WaitTimer(Impl& impl_) : impl(impl_), start(impl_.now_s()) {}
     ~WaitTimer() { impl.waited_s += impl.now_s() - start; }
@@ -1343,11 +1344,20 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
 
   void optimizer_step(const Instruction& in, std::int64_t global_step,
                       const std::function<void(const StepResult&)>& on_step) {
+    double mark = now_s();
+    const bool counted = global_step >= 1;
+    const auto phase = [&](double StepEndTimes::*field) {
+      const double t = now_s();
+      if (counted) step_end.*field += t - mark;
+      mark = t;
+    };
     {
       const WaitTimer timer(*this);
       finish_sends();
     }
+    phase(&StepEndTimes::sends_s);
     tied_embedding_sum();
+    phase(&StepEndTimes::tied_embedding_s);
     double square_sum = 0.0;
     if (replica == 0 && runtime) {
       // Every tensor's squares into one double on the device, one wait for all (a wait per
@@ -1371,10 +1381,16 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     std::array<double, 4> stats = {square_sum, mlm_sum, nsp_sum, refreshed_this_step ? 1.0 : 0.0};
     std::vector<int> world(static_cast<std::size_t>(comm.size()));
     for (int r = 0; r < comm.size(); ++r) world[static_cast<std::size_t>(r)] = r;
+    phase(&StepEndTimes::gradient_norm_s);
     {
       const WaitTimer timer(*this);
       comm.all_reduce_sum(std::span<double>(stats), world, deadline());
     }
+    phase(&StepEndTimes::statistics_s);
+    // On a device the instruction's span opened before the waits above (for the other ranks,
+    // the sends' receivers, the gradients' squares): it holds the update from here on, as the
+    // CPU path's busy time leaves the waits out.
+    if (runtime && current_span) timeline->restart(*current_span, *compute_stream);
     const double norm = std::sqrt(stats[0]);
     // The squares of finite floats add up to a finite double, so a finite norm means every
     // gradient is finite (copies of a tensor on other ranks and replicas equal the one counted):
@@ -1388,7 +1404,10 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     const double lr = setup.learning_rate(global_step);
     optimizer->step(param_views, static_cast<T>(lr), norm);
     for (auto& slot : slots) slot.model->zero_grad();
+    phase(&StepEndTimes::update_s);
     synchronize_device();  // the step's time includes its device work
+    phase(&StepEndTimes::synchronize_s);
+    if (counted) ++step_end.steps;
     StepResult result;
     result.step = global_step;
     const double count = static_cast<double>(microbatches_total * replicas);
@@ -2930,6 +2949,10 @@ TransientMemory Worker<T>::transient_memory() const {
 template <typename T>
 std::int64_t Worker<T>::peak_stash_bytes() const {
   return impl_->peak_stash;
+}
+template <typename T>
+StepEndTimes Worker<T>::step_end_times() const {
+  return impl_->step_end;
 }
 template <typename T>
 void Worker<T>::reset_peak_stash_bytes(std::int64_t from_step) {

@@ -155,6 +155,20 @@ struct WorkerMemory {
   }
 };
 
+// Where a worker's optimizer-step instruction spends its host time, per phase, summed over
+// global steps >= 1 (the first allocates). Workers wait for each other and, on a device, for
+// their streams inside it; the measured optimizer time (InstructionEvent) counts only the update
+// (from the statistics' all-reduce on), so these are what a step's end costs beyond it.
+struct StepEndTimes {
+  std::int64_t steps = 0;
+  double sends_s = 0.0;           // this step's sends taken by their receivers
+  double tied_embedding_s = 0.0;  // the tied word-embedding gradient summed with the other end
+  double gradient_norm_s = 0.0;   // the gradients' squares (on a device: one wait for them)
+  double statistics_s = 0.0;      // norm and losses summed over every rank: waits for the last
+  double update_s = 0.0;          // the optimizer's update and zeroed gradients (enqueued)
+  double synchronize_s = 0.0;     // the streams drained and retired buffers reclaimed (device)
+};
+
 // Thrown by a worker; the message names the rank, stream position and instruction.
 class WorkerError : public std::runtime_error {
  public:
@@ -256,6 +270,8 @@ class Worker {
   // first cycle's arena grows block by block, and then holds one block of exactly its bytes.
   std::int64_t peak_stash_bytes() const;
   void reset_peak_stash_bytes(std::int64_t from_step = 0);
+  // Host time of this worker's optimizer steps by phase (StepEndTimes).
+  StepEndTimes step_end_times() const;
   // Bytes of K-FAC state this rank holds: factor accumulators, values and inverses of every
   // preconditioned Linear (kfac::state_cost's memory_bytes between refreshes). On a device the
   // device memory its K-FAC layers hold (accumulators, values, inverses, the inverses a refresh

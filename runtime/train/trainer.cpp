@@ -399,6 +399,26 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
           << worker->peak_stash_bytes() << " B";
     }
     out << " (steps after the first; the profile's activation_bytes replays it)\n";
+    // On a device the optimizer instruction's measured time is its update alone; the rest of a
+    // step's end (waits for the other workers and for the streams) is here, where a slow step
+    // with idle compute shows its cause.
+    if (executor.setup().device) {
+      out << std::fixed << std::setprecision(2)
+          << "step end, host ms per step (steps after the first):";
+      const auto ms = [](double seconds, std::int64_t steps) {
+        return 1e3 * seconds / static_cast<double>(steps);
+      };
+      for (const auto* worker : workers) {
+        const auto t = worker->step_end_times();
+        if (t.steps == 0) continue;
+        out << (worker == workers.front() ? " " : "; ") << "rank " << worker->rank() << " sends "
+            << ms(t.sends_s, t.steps) << ", tied embedding " << ms(t.tied_embedding_s, t.steps)
+            << ", gradient norm " << ms(t.gradient_norm_s, t.steps) << ", statistics all-reduce "
+            << ms(t.statistics_s, t.steps) << ", update " << ms(t.update_s, t.steps)
+            << ", device sync " << ms(t.synchronize_s, t.steps);
+      }
+      out << "\n";
+    }
   }
   {
     // Every rank's, counted from what its workers allocated (the profile's static_bytes and

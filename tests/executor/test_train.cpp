@@ -606,7 +606,20 @@ TEST_F(TrainTest, KfacWithDataParallelOnTheDevicePathEqualsTheCpuPath) {
   auto on_device = cpu;
   on_device.metrics = (dir_ / "device.jsonl").string();
   testing::HostDeviceLaunch device;
-  ASSERT_EQ(run_training(on_device, out, device), 0);
+  std::ostringstream device_out;
+  ASSERT_EQ(run_training(on_device, device_out, device), 0);
+  // On a device, where each step's end goes, per rank (the optimizer's measured time is its
+  // update alone): "step end, host ms per step (...): rank 0 sends S, ..., device sync Y; ...".
+  const std::string summary = device_out.str();
+  const auto step_end = summary.find("step end, host ms per step (steps after the first): rank 0 ");
+  ASSERT_NE(step_end, std::string::npos) << summary;
+  const auto line_end = summary.find('\n', step_end);
+  for (int rank = 1; rank < 4; ++rank) {
+    EXPECT_NE(summary.substr(step_end, line_end - step_end).find("; rank " + std::to_string(rank)),
+              std::string::npos)
+        << summary;
+  }
+  EXPECT_EQ(out.str().find("step end, host ms"), std::string::npos) << out.str();  // CPU path
   const auto lines = [](const std::string& path) {
     std::vector<nlohmann::json> result;
     std::istringstream text(read(path));
