@@ -1,20 +1,23 @@
 #include "kfac/inverse.h"
 
-#include <omp.h>
-
 #include <Eigen/Cholesky>
 #include <Eigen/Eigenvalues>
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kernels/ops.h"
+#include "kfac/cholesky_inverse_columns.h"
 #include "kfac/factors.h"
 #include "kfac/padded_storage.h"
 
 namespace pf::kfac {
 
 namespace {
+
+// Columns of the inverse per cholesky_inverse_columns call (the inversion chain's block).
+constexpr Eigen::Index kInverseColumnBlock = 128;
 
 void check_factor(const Eigen::Ref<const Eigen::MatrixXf>& factor, float damping) {
   if (factor.rows() == 0 || factor.rows() != factor.cols()) {
@@ -79,29 +82,16 @@ InverseResult damped_inverse(const Eigen::Ref<const Eigen::MatrixXf>& factor, fl
   damped.diagonal().array() += damping;
   const Eigen::LLT<Eigen::Ref<Eigen::MatrixXf>, Eigen::Lower> llt(damped);  // in place
   if (llt.info() != Eigen::Success) return {eigen_inverse(factor, damping), true};
-  // Solving L L^T X = I splits into independent column blocks: one per thread. (A GEMM-rich
-  // variant, L^-1 by block recursion then L^-T L^-1 by SYRK, measured no faster here.)
+  // X = L^-T L^-1 by blocks of columns, the lower triangle only (cholesky_inverse_columns.h:
+  // n^3 FLOPs where solving against I in full took 2 n^3), then mirrored. The blocks are cut by
+  // the order only, so the inverse is the same on any number of threads.
   Eigen::MatrixXf inverse_storage = padded_square_storage(n);
   auto inverse = square(inverse_storage, n);
-  // Below a few hundred columns a parallel region costs more than the solve. The blocks are cut
-  // by the order only (at most kMaxParts of at least 128 columns), not by the thread count: a
-  // blocked triangular solve rounds a column differently with the width of its block, and the
-  // inverse must be the same on any number of threads.
-  constexpr Eigen::Index kMaxParts = 8;
-  const Eigen::Index parts = n >= 256 ? std::min<Eigen::Index>(kMaxParts, n / 128) : 1;
-  const Eigen::Index block = (n + parts - 1) / parts;
-  const int threads = static_cast<int>(std::min<Eigen::Index>(omp_get_max_threads(), parts));
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (Eigen::Index part = 0; part < parts; ++part) {
-    const Eigen::Index c0 = part * block;
-    const Eigen::Index width = std::min(block, n - c0);
-    if (width <= 0) continue;
-    auto columns = inverse.middleCols(c0, width);
-    columns.setZero();
-    for (Eigen::Index j = 0; j < width; ++j) columns(c0 + j, j) = 1.0F;
-    llt.solveInPlace(columns);
+  const auto cholesky = square(std::as_const(cholesky_storage), n);
+  for (Eigen::Index first = 0; first < n; first += kInverseColumnBlock) {
+    cholesky_inverse_columns(cholesky, inverse, first, std::min(kInverseColumnBlock, n - first));
   }
-  symmetrize(inverse);
+  mirror_lower(inverse);
   return {Eigen::MatrixXf(inverse), false};
 }
 

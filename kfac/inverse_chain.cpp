@@ -1,12 +1,11 @@
 #include "kfac/inverse_chain.h"
 
-#include <omp.h>
-
 #include <Eigen/Cholesky>
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
+#include "kfac/cholesky_inverse_columns.h"
 #include "kfac/factors.h"
 
 namespace pf::kfac {
@@ -17,7 +16,6 @@ std::vector<InverseChainStep> inverse_chain_steps(Eigen::Index n, Eigen::Index b
                                 std::to_string(block) + " must be positive");
   }
   std::vector<InverseChainStep> steps;
-  const double nd = static_cast<double>(n);
   for (Eigen::Index first = 0; first < n; first += block) {
     const Eigen::Index width = std::min(block, n - first);
     const double b = static_cast<double>(width);
@@ -29,8 +27,8 @@ std::vector<InverseChainStep> inverse_chain_steps(Eigen::Index n, Eigen::Index b
   for (Eigen::Index first = 0; first < n; first += block) {
     const Eigen::Index width = std::min(block, n - first);
     const double below = static_cast<double>(n - first);
-    // Forward solve on the rows from `first` down, then the full backward solve.
-    const double flops = (below * below + nd * nd) * static_cast<double>(width);
+    // Forward and backward solve, both on the rows from `first` down.
+    const double flops = 2.0 * below * below * static_cast<double>(width);
     steps.push_back({InverseChainStep::Kind::kSolveColumns, first, width, flops});
   }
   return steps;
@@ -120,29 +118,10 @@ void InverseChain::run_step(const InverseChainStep& step) {
     trailing.selfadjointView<Eigen::Lower>().rankUpdate(panel, -1.0F);
     return;
   }
-  // X[:, first:first+width] = L^-T L^-1 E: the identity's columns are zero above `first`, so
-  // the forward solve runs on rows [first, n). Threads take disjoint column slices, cut by the
-  // shape only (at most 8 of at least 64 columns): a blocked triangular solve rounds a column
-  // differently with its slice's width, and the inverse must not depend on the thread count.
-  const Eigen::Index below = n - first;
-  auto columns = inverse_.middleCols(first, width);
-  columns.setZero();
-  const Eigen::Index parts = n >= 256 ? std::clamp<Eigen::Index>(width / 64, 1, 8) : 1;
-  const int threads = static_cast<int>(std::min<Eigen::Index>(omp_get_max_threads(), parts));
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (Eigen::Index part = 0; part < parts; ++part) {
-    const Eigen::Index c0 = width * part / parts;
-    const Eigen::Index c1 = width * (part + 1) / parts;
-    if (c1 <= c0) continue;
-    auto slice = columns.middleCols(c0, c1 - c0);
-    for (Eigen::Index j = c0; j < c1; ++j) slice(first + j, j - c0) = 1.0F;
-    auto lower_rows = slice.bottomRows(below);
-    cholesky_.bottomRightCorner(below, below)
-        .triangularView<Eigen::Lower>()
-        .solveInPlace(lower_rows);
-    cholesky_.triangularView<Eigen::Lower>().transpose().solveInPlace(slice);
-  }
-  if (first + width == n) symmetrize(inverse_);
+  // Columns [first, first + width) of X = L^-T L^-1, rows from `first` down (the lower
+  // triangle); the last step mirrors it onto the upper one.
+  cholesky_inverse_columns(cholesky_, inverse_, first, width);
+  if (first + width == n) mirror_lower(inverse_);
 }
 
 InverseResult InverseChain::take() {

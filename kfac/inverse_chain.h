@@ -2,9 +2,9 @@
 // The damped inverse (F + d I)^-1 as a chain of steps that can run in separate bubbles:
 //   1. blocked Cholesky F + d I = L L^T, one step per block column: factor the diagonal block,
 //      solve the panel below it, update the trailing matrix (SYRK);
-//   2. one step per block of columns c of the inverse: X[:, c] = L^-T (L^-1 I[:, c]), the
-//      forward solve starting at the block's first row (the identity's zeros above it);
-//      the last step symmetrizes.
+//   2. one step per block of columns c of the inverse: X[:, c] = L^-T (L^-1 I[:, c]) on the
+//      rows from the block's first down (cholesky_inverse_columns.h: both solves need only L's
+//      trailing block); the last step mirrors that lower triangle onto the upper one.
 // The steps are strictly ordered (each needs the previous one's L); a piece of the task runs the
 // steps whose cumulative FLOPs start inside its share [unit_begin, unit_end) (pieces.h).
 // Same factor, damping and pieces => bit-identical result; against damped_inverse (Eigen's

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "kfac/cholesky_inverse_columns.h"
 #include "kfac/damping.h"
 #include "kfac/factors.h"
 #include "kfac/inverse.h"
@@ -272,8 +273,8 @@ TEST(KfacInverse, PaddedStorageKeepsTheBitsOfDenseStorage) {
     EXPECT_LE(rows, n + 31) << n;
   }
   // The inverse in padded storage against the same LLT and column-block solves on a dense
-  // n x n matrix (what damped_inverse ran before the padding): the kernels' arithmetic does not
-  // depend on the stride, so the bits are equal. 512 is a padded order (512 floats = 2 KiB).
+  // n x n matrix: the kernels' arithmetic does not depend on the stride, so the bits are equal.
+  // 512 is a padded order (512 floats = 2 KiB).
   for (const std::int64_t dim : {std::int64_t{200}, std::int64_t{512}}) {
     const auto x = random_matrix(2 * dim, dim, 83);
     Eigen::MatrixXf factor = Eigen::MatrixXf::Zero(dim, dim);
@@ -283,21 +284,48 @@ TEST(KfacInverse, PaddedStorageKeepsTheBitsOfDenseStorage) {
     damped.diagonal().array() += 0.01F;
     const Eigen::LLT<Eigen::MatrixXf, Eigen::Lower> llt(damped);
     Eigen::MatrixXf dense(dim, dim);
-    const Eigen::Index parts = dim >= 256 ? std::min<Eigen::Index>(8, dim / 128) : 1;
-    const Eigen::Index block = (dim + parts - 1) / parts;
-    for (Eigen::Index part = 0; part < parts; ++part) {
-      const Eigen::Index c0 = part * block;
-      const Eigen::Index width = std::min(block, dim - c0);
-      auto columns = dense.middleCols(c0, width);
-      columns.setZero();
-      for (Eigen::Index j = 0; j < width; ++j) columns(c0 + j, j) = 1.0F;
-      llt.solveInPlace(columns);
+    for (Eigen::Index first = 0; first < dim; first += 128) {
+      cholesky_inverse_columns(llt.matrixLLT(), dense, first,
+                               std::min<Eigen::Index>(128, dim - first));
     }
-    symmetrize(dense);
+    mirror_lower(dense);
     const auto padded = damped_inverse(factor, 0.01F, InverseMethod::kCholesky);
     ASSERT_FALSE(padded.fell_back_to_eigen);
     EXPECT_EQ(padded.inverse, dense) << dim;
   }
+}
+
+// Column blocks of (L L^T)^-1 from L's trailing blocks, the lower triangle only, then mirrored:
+// the inverse to fp32 rounding (against a double inverse), exactly symmetric, for blocks that
+// do not divide the order; rows above a block's first are left alone until the mirror.
+TEST(KfacInverse, LowerColumnBlocksOfTheCholeskyInverseAreTheInverse) {
+  for (const std::int64_t dim : {std::int64_t{1}, std::int64_t{7}, std::int64_t{300}}) {
+    const auto x = random_matrix(3 * dim, dim, 85);
+    Eigen::MatrixXf factor = Eigen::MatrixXf::Zero(dim, dim);
+    add_gram_lower(factor, x.data(), 3 * dim, dim, 1.0F / static_cast<float>(3 * dim));
+    fill_upper_from_lower(factor);
+    factor.diagonal().array() += 0.05F;
+    const Eigen::LLT<Eigen::MatrixXf, Eigen::Lower> llt(factor);
+    constexpr float kUntouched = 12345.0F;
+    Eigen::MatrixXf inverse = Eigen::MatrixXf::Constant(dim, dim, kUntouched);
+    const Eigen::Index block = 64;
+    for (Eigen::Index first = 0; first < dim; first += block) {
+      cholesky_inverse_columns(llt.matrixLLT(), inverse, first, std::min(block, dim - first));
+    }
+    for (Eigen::Index j = 0; j < dim; ++j) {
+      for (Eigen::Index i = 0; i < j / block * block; ++i) {
+        EXPECT_EQ(inverse(i, j), kUntouched) << dim << ": (" << i << ", " << j << ")";
+      }
+    }
+    mirror_lower(inverse);
+    EXPECT_EQ(inverse, inverse.transpose()) << dim;
+    const Eigen::MatrixXd exact = factor.cast<double>().inverse();
+    EXPECT_LT(max_relative_error(inverse.cast<double>(), exact), 1e-4) << dim;
+  }
+  Eigen::MatrixXf square = Eigen::MatrixXf::Zero(4, 4);
+  EXPECT_THROW(cholesky_inverse_columns(square, square, 3, 2), std::invalid_argument);
+  Eigen::MatrixXf wide(2, 3);
+  EXPECT_THROW(mirror_lower(wide), std::invalid_argument);
 }
 
 TEST(KfacInverse, FallsBackToEigenWhenCholeskyFails) {

@@ -130,9 +130,10 @@ TEST(Pieces, InverseChainStepsAndFlops) {
   ASSERT_EQ(steps.size(), 6U);  // 3 Cholesky block columns, 3 solve blocks
   EXPECT_EQ(steps[2].width, 44);
   EXPECT_EQ(steps[3].kind, InverseChainStep::Kind::kSolveColumns);
-  // About n^3/3 (Cholesky) + n^3/3 (forward solves below the identity) + n^3 (backward).
+  // About n^3/3 (Cholesky) + 2 n^3/3 (forward and backward solves below each block's first
+  // row): LAPACK potrf + potri's n^3.
   const double n = 4096.0;
-  EXPECT_NEAR(inverse_chain_flops(4096) / (n * n * n * 5.0 / 3.0), 1.0, 0.02);
+  EXPECT_NEAR(inverse_chain_flops(4096) / (n * n * n), 1.0, 0.05);  // 1.03: the blocks
   // Adjacent pieces share their boundary step exactly; the whole range runs every step.
   const auto all = inverse_chain_piece(steps, 0, kPieceUnits);
   EXPECT_EQ(all.first, 0U);
