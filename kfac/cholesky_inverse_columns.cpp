@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "kfac/lower_blas.h"
+
 namespace pf::kfac {
 
 void cholesky_inverse_columns(const Eigen::Ref<const Eigen::MatrixXf>& cholesky,
@@ -32,30 +34,8 @@ void cholesky_inverse_columns(const Eigen::Ref<const Eigen::MatrixXf>& cholesky,
     auto slice = inverse.block(first, first + c0, below, c1 - c0);
     slice.setZero();
     for (Eigen::Index j = c0; j < c1; ++j) slice(j, j - c0) = 1.0F;
-    trailing.triangularView<Eigen::Lower>().solveInPlace(slice);
-    trailing.triangularView<Eigen::Lower>().transpose().solveInPlace(slice);
-  }
-}
-
-void mirror_lower(Eigen::Ref<Eigen::MatrixXf> matrix) {
-  if (matrix.rows() != matrix.cols()) {
-    throw std::invalid_argument("mirror_lower: matrix is " + std::to_string(matrix.rows()) + " x " +
-                                std::to_string(matrix.cols()) + ", expected square");
-  }
-  // Tiles of 64 x 64 floats (16 KiB) read down columns of the lower triangle and write down
-  // columns of the upper one, where an element-by-element transpose strides a whole column per
-  // write.
-  constexpr Eigen::Index kTile = 64;
-  const Eigen::Index n = matrix.rows();
-  for (Eigen::Index j0 = 0; j0 < n; j0 += kTile) {
-    const Eigen::Index j1 = std::min(n, j0 + kTile);
-    for (Eigen::Index i0 = j0; i0 < n; i0 += kTile) {
-      const Eigen::Index i1 = std::min(n, i0 + kTile);
-      // Upper element (j, i) = lower element (i, j), for i > j in this tile.
-      for (Eigen::Index i = i0; i < i1; ++i) {
-        for (Eigen::Index j = j0; j < std::min(j1, i); ++j) matrix(j, i) = matrix(i, j);
-      }
-    }
+    solve_lower(trailing, slice, false);
+    solve_lower(trailing, slice, true);
   }
 }
 

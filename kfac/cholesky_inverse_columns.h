@@ -4,8 +4,9 @@
 // block L[f:, f:]: the identity's columns are zero above row f, so the forward solve starts
 // there, and the backward (upper triangular) solve of rows f.. involves no row above f. The
 // rows above f of those columns are X's upper triangle, the transpose of earlier blocks' rows:
-// mirror_lower fills them. That is n^3 FLOPs for the whole inverse (with the factorization's
-// n^3/3, as LAPACK's potri), against 2 n^3 for solving against every column of I in full.
+// fill_upper_from_lower (factors.h) fills them. That is n^3 FLOPs for the whole inverse (with the
+// factorization's n^3/3, as LAPACK's potri), against 2 n^3 for solving against every column of I in
+// full.
 #include "kfac/eigen_core.h"
 
 namespace pf::kfac {
@@ -17,9 +18,5 @@ namespace pf::kfac {
 void cholesky_inverse_columns(const Eigen::Ref<const Eigen::MatrixXf>& cholesky,
                               Eigen::Ref<Eigen::MatrixXf> inverse, Eigen::Index first,
                               Eigen::Index width);
-
-// Copies the strict lower triangle of a square matrix onto its upper triangle, in cache-sized
-// tiles. Throws std::invalid_argument unless square.
-void mirror_lower(Eigen::Ref<Eigen::MatrixXf> matrix);
 
 }  // namespace pf::kfac

@@ -7,32 +7,9 @@
 #include <string>
 #include <vector>
 
-#if PF_HAVE_CBLAS
-#include <cblas.h>
-#endif
-
-#include "kernels/cpu/blas_threads.h"
+#include "kfac/lower_blas.h"
 
 namespace pf::kfac {
-
-namespace {
-
-// sum's lower triangle += scale * slice slice^T, slice a column-major d x t block of x^T: a SYRK
-// on the calling thread (OpenBLAS where CMake found it; Eigen's rank update otherwise).
-void syrk_lower(Eigen::Ref<Eigen::MatrixXf> sum, const Eigen::Ref<const Eigen::MatrixXf>& slice,
-                float scale) {
-#if PF_HAVE_CBLAS
-  kernels::cpu::use_one_blas_thread_per_call();
-  cblas_ssyrk(CblasColMajor, CblasLower, CblasNoTrans, static_cast<int>(slice.rows()),
-              static_cast<int>(slice.cols()), scale, slice.data(),
-              static_cast<int>(std::max<Eigen::Index>(slice.outerStride(), 1)), 1.0F, sum.data(),
-              static_cast<int>(std::max<Eigen::Index>(sum.outerStride(), 1)));
-#else
-  sum.selfadjointView<Eigen::Lower>().rankUpdate(slice, scale);
-#endif
-}
-
-}  // namespace
 
 void add_gram_lower(Eigen::Ref<Eigen::MatrixXf> sum, const float* x, std::int64_t rows,
                     std::int64_t cols, float scale) {
@@ -79,9 +56,24 @@ void add_gram_lower(Eigen::Ref<Eigen::MatrixXf> sum, const float* x, std::int64_
 
 void fill_upper_from_lower(Eigen::Ref<Eigen::MatrixXf> matrix) {
   if (matrix.rows() != matrix.cols()) {
-    throw std::invalid_argument("fill_upper_from_lower: matrix is not square");
+    throw std::invalid_argument("fill_upper_from_lower: matrix is " +
+                                std::to_string(matrix.rows()) + " x " +
+                                std::to_string(matrix.cols()) + ", expected square");
   }
-  matrix.triangularView<Eigen::StrictlyUpper>() = matrix.transpose();
+  // Tiles of 64 x 64 floats (16 KiB): read along rows of the lower triangle and write down
+  // columns of the upper one inside a tile that stays in cache, where an element-by-element
+  // transpose strides a whole column per element (an inverse of order 4096 is 64 MiB).
+  constexpr Eigen::Index kTile = 64;
+  const Eigen::Index n = matrix.rows();
+  for (Eigen::Index j0 = 0; j0 < n; j0 += kTile) {
+    const Eigen::Index j1 = std::min(n, j0 + kTile);
+    for (Eigen::Index i0 = j0; i0 < n; i0 += kTile) {
+      const Eigen::Index i1 = std::min(n, i0 + kTile);
+      for (Eigen::Index i = i0; i < i1; ++i) {
+        for (Eigen::Index j = j0; j < std::min(j1, i); ++j) matrix(j, i) = matrix(i, j);
+      }
+    }
+  }
 }
 
 void symmetrize(Eigen::Ref<Eigen::MatrixXf> matrix) {

@@ -10,6 +10,7 @@
 #include "kernels/ops.h"
 #include "kfac/cholesky_inverse_columns.h"
 #include "kfac/factors.h"
+#include "kfac/lower_blas.h"
 #include "kfac/padded_storage.h"
 
 namespace pf::kfac {
@@ -80,8 +81,7 @@ InverseResult damped_inverse(const Eigen::Ref<const Eigen::MatrixXf>& factor, fl
   auto damped = square(cholesky_storage, n);
   damped = factor;
   damped.diagonal().array() += damping;
-  const Eigen::LLT<Eigen::Ref<Eigen::MatrixXf>, Eigen::Lower> llt(damped);  // in place
-  if (llt.info() != Eigen::Success) return {eigen_inverse(factor, damping), true};
+  if (!cholesky_lower(damped)) return {eigen_inverse(factor, damping), true};
   // X = L^-T L^-1 by blocks of columns, the lower triangle only (cholesky_inverse_columns.h:
   // n^3 FLOPs where solving against I in full took 2 n^3), then mirrored. The blocks are cut by
   // the order only, so the inverse is the same on any number of threads.
@@ -91,7 +91,7 @@ InverseResult damped_inverse(const Eigen::Ref<const Eigen::MatrixXf>& factor, fl
   for (Eigen::Index first = 0; first < n; first += kInverseColumnBlock) {
     cholesky_inverse_columns(cholesky, inverse, first, std::min(kInverseColumnBlock, n - first));
   }
-  mirror_lower(inverse);
+  fill_upper_from_lower(inverse);
   return {Eigen::MatrixXf(inverse), false};
 }
 

@@ -1,12 +1,12 @@
 #include "kfac/inverse_chain.h"
 
-#include <Eigen/Cholesky>
 #include <algorithm>
 #include <stdexcept>
 #include <string>
 
 #include "kfac/cholesky_inverse_columns.h"
 #include "kfac/factors.h"
+#include "kfac/lower_blas.h"
 
 namespace pf::kfac {
 
@@ -103,8 +103,7 @@ void InverseChain::run_step(const InverseChainStep& step) {
   const Eigen::Index rest = n - first - width;
   if (step.kind == InverseChainStep::Kind::kCholeskyColumn) {
     auto diagonal = cholesky_.block(first, first, width, width);
-    Eigen::LLT<Eigen::Ref<Eigen::MatrixXf>, Eigen::Lower> llt(diagonal);  // in place
-    if (llt.info() != Eigen::Success) {
+    if (!cholesky_lower(diagonal)) {
       // Not positive definite in fp32: the eigen path, as damped_inverse falls back to.
       inverse_ = damped_inverse(factor_, damping_, InverseMethod::kEigen).inverse;
       fell_back_ = true;
@@ -112,16 +111,15 @@ void InverseChain::run_step(const InverseChainStep& step) {
     }
     if (rest == 0) return;
     auto panel = cholesky_.block(first + width, first, rest, width);
-    // L21 = A21 L11^-T.
-    diagonal.triangularView<Eigen::Lower>().transpose().solveInPlace<Eigen::OnTheRight>(panel);
+    solve_lower_transposed_on_the_right(diagonal, panel);  // L21 = A21 L11^-T
     auto trailing = cholesky_.block(first + width, first + width, rest, rest);
-    trailing.selfadjointView<Eigen::Lower>().rankUpdate(panel, -1.0F);
+    syrk_lower(trailing, panel, -1.0F);
     return;
   }
   // Columns [first, first + width) of X = L^-T L^-1, rows from `first` down (the lower
   // triangle); the last step mirrors it onto the upper one.
   cholesky_inverse_columns(cholesky_, inverse_, first, width);
-  if (first + width == n) mirror_lower(inverse_);
+  if (first + width == n) fill_upper_from_lower(inverse_);
 }
 
 InverseResult InverseChain::take() {

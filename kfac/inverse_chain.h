@@ -4,7 +4,7 @@
 //      solve the panel below it, update the trailing matrix (SYRK);
 //   2. one step per block of columns c of the inverse: X[:, c] = L^-T (L^-1 I[:, c]) on the
 //      rows from the block's first down (cholesky_inverse_columns.h: both solves need only L's
-//      trailing block); the last step mirrors that lower triangle onto the upper one.
+//      trailing block); the last step copies that lower triangle onto the upper one.
 // The steps are strictly ordered (each needs the previous one's L); a piece of the task runs the
 // steps whose cumulative FLOPs start inside its share [unit_begin, unit_end) (pieces.h).
 // Same factor, damping and pieces => bit-identical result; against damped_inverse (Eigen's

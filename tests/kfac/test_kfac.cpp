@@ -17,6 +17,7 @@
 #include "kfac/inverse.h"
 #include "kfac/inverse_chain.h"
 #include "kfac/layer_state.h"
+#include "kfac/lower_blas.h"
 #include "kfac/padded_storage.h"
 #include "kfac/precondition.h"
 #include "kfac/sharding.h"
@@ -282,13 +283,12 @@ TEST(KfacInverse, PaddedStorageKeepsTheBitsOfDenseStorage) {
     fill_upper_from_lower(factor);
     Eigen::MatrixXf damped = factor;
     damped.diagonal().array() += 0.01F;
-    const Eigen::LLT<Eigen::MatrixXf, Eigen::Lower> llt(damped);
+    ASSERT_TRUE(cholesky_lower(damped));
     Eigen::MatrixXf dense(dim, dim);
     for (Eigen::Index first = 0; first < dim; first += 128) {
-      cholesky_inverse_columns(llt.matrixLLT(), dense, first,
-                               std::min<Eigen::Index>(128, dim - first));
+      cholesky_inverse_columns(damped, dense, first, std::min<Eigen::Index>(128, dim - first));
     }
-    mirror_lower(dense);
+    fill_upper_from_lower(dense);
     const auto padded = damped_inverse(factor, 0.01F, InverseMethod::kCholesky);
     ASSERT_FALSE(padded.fell_back_to_eigen);
     EXPECT_EQ(padded.inverse, dense) << dim;
@@ -317,7 +317,7 @@ TEST(KfacInverse, LowerColumnBlocksOfTheCholeskyInverseAreTheInverse) {
         EXPECT_EQ(inverse(i, j), kUntouched) << dim << ": (" << i << ", " << j << ")";
       }
     }
-    mirror_lower(inverse);
+    fill_upper_from_lower(inverse);
     EXPECT_EQ(inverse, inverse.transpose()) << dim;
     const Eigen::MatrixXd exact = factor.cast<double>().inverse();
     EXPECT_LT(max_relative_error(inverse.cast<double>(), exact), 1e-4) << dim;
@@ -325,7 +325,33 @@ TEST(KfacInverse, LowerColumnBlocksOfTheCholeskyInverseAreTheInverse) {
   Eigen::MatrixXf square = Eigen::MatrixXf::Zero(4, 4);
   EXPECT_THROW(cholesky_inverse_columns(square, square, 3, 2), std::invalid_argument);
   Eigen::MatrixXf wide(2, 3);
-  EXPECT_THROW(mirror_lower(wide), std::invalid_argument);
+  EXPECT_THROW(fill_upper_from_lower(wide), std::invalid_argument);
+}
+
+// The Cholesky factor on the calling thread (OpenBLAS's potrf where the build has it) is Eigen's
+// LLT to fp32 rounding, leaves the upper triangle alone, and reports a matrix that is not
+// positive definite.
+TEST(KfacInverse, CholeskyLowerIsTheLltAndReportsIndefiniteMatrices) {
+  for (const std::int64_t dim : {std::int64_t{1}, std::int64_t{33}, std::int64_t{300}}) {
+    const auto x = random_matrix(2 * dim, dim, 87);
+    Eigen::MatrixXf factor = Eigen::MatrixXf::Zero(dim, dim);
+    add_gram_lower(factor, x.data(), 2 * dim, dim, 1.0F / static_cast<float>(2 * dim));
+    fill_upper_from_lower(factor);
+    factor.diagonal().array() += 0.01F;
+    Eigen::MatrixXf lower = factor;
+    lower.triangularView<Eigen::StrictlyUpper>().setConstant(7.0F);
+    ASSERT_TRUE(cholesky_lower(lower)) << dim;
+    const Eigen::LLT<Eigen::MatrixXf, Eigen::Lower> llt(factor);
+    const Eigen::MatrixXf expected = llt.matrixL();
+    const Eigen::MatrixXf actual = lower.triangularView<Eigen::Lower>();
+    EXPECT_LT((actual - expected).norm() / expected.norm(), 1e-5) << dim;
+    for (Eigen::Index j = 1; j < dim; ++j) EXPECT_EQ(lower(0, j), 7.0F) << dim;
+  }
+  Eigen::MatrixXf indefinite(2, 2);
+  indefinite << 1.0F, 2.0F, 2.0F, 1.0F;
+  EXPECT_FALSE(cholesky_lower(indefinite));
+  Eigen::MatrixXf wide(2, 3);
+  EXPECT_THROW(cholesky_lower(wide), std::invalid_argument);
 }
 
 TEST(KfacInverse, FallsBackToEigenWhenCholeskyFails) {
