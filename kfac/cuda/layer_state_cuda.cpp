@@ -81,7 +81,7 @@ void KfacLayerCuda::accumulate(DeviceFactor& factor, kernels::ConstMatrixView<fl
   }
   const ItemRange rows = piece_items(tokens, unit_begin, unit_end);
   if (!factor.accumulating) {
-    ensure(*backend_, factor.sum, factor.dim);
+    ensure_buffer(factor.sum, factor.dim);
     CUDA_CHECK(
         cudaMemsetAsync(factor.sum.raw_data(), 0, matrix_bytes(factor.dim), kfac_->ops().stream()));
     factor.accumulating = true;
@@ -180,7 +180,7 @@ void KfacLayerCuda::mark_inverted(DeviceFactor& factor, float damping,
 DeviceInverseResult KfacLayerCuda::invert(DeviceFactor& factor, float damping, InverseMethod method,
                                           const char* which) {
   require_value(factor, which);
-  ensure(*backend_, factor.inverse, factor.dim);
+  ensure_buffer(factor.inverse, factor.dim);
   const auto result = kfac_->damped_inverse(factor.value.data<float>(), factor.dim, damping, method,
                                             factor.inverse.data<float>(), name_ + " " + which);
   mark_inverted(factor, damping, result);
@@ -209,7 +209,8 @@ void KfacLayerCuda::exchange_accumulator(bool a, Accumulator& other) {
   if (other.sum.numel() != factor.dim * factor.dim) {
     // Uninitialized: an accumulator that is not accumulating is cleared on the stream by its
     // first curvature task.
-    other.sum = tensor::Tensor::empty(*backend_, {factor.dim, factor.dim}, tensor::DType::kF32);
+    other.sum = tensor::Tensor();
+    ensure_buffer(other.sum, factor.dim);
   }
   std::swap(factor.sum, other.sum);
   std::swap(factor.accumulating, other.accumulating);
@@ -253,6 +254,18 @@ tensor::Tensor KfacLayerCuda::drop_sum(bool a) {
   DeviceFactor& factor = a ? a_ : b_;
   factor.accumulating = false;
   factor.microbatches = 0;
+  return std::exchange(factor.sum, tensor::Tensor());
+}
+
+void KfacLayerCuda::ensure_buffer(tensor::Tensor& matrix, std::int64_t dim) {
+  if (matrix.numel() == dim * dim) return;
+  matrix = allocate_ ? allocate_(dim)
+                     : tensor::Tensor::empty(*backend_, {dim, dim}, tensor::DType::kF32);
+}
+
+tensor::Tensor KfacLayerCuda::release_idle_sum(bool a) {
+  DeviceFactor& factor = a ? a_ : b_;
+  if (factor.accumulating) return {};
   return std::exchange(factor.sum, tensor::Tensor());
 }
 

@@ -5,6 +5,7 @@
 // device memory, computed by a KfacCuda on its stream. Counters and errors are the CPU's; to_host
 // and load give the CPU's KfacLayerState, so KfacState's checkpoint records serve both devices.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -104,8 +105,18 @@ class KfacLayerCuda {
   // Sharded K-FAC state: the factor's sums leave the layer (it no longer accumulates); returns
   // their buffer (work issued so far may still read it).
   tensor::Tensor drop_sum(bool a);
+  // K-FAC offload: the factor's sum buffer when it holds no refresh in progress (finalized
+  // since its last accumulation; the next one allocates anew), else an empty tensor.
+  tensor::Tensor release_idle_sum(bool a);
   // Bytes of device memory held (sums, values, inverses, inversion chains in progress).
   std::int64_t device_bytes() const;
+  // Where the layer's new sums and inverses come from (a dim x dim float buffer, usable on the
+  // layer's stream): K-FAC offload hands it the staging pool the copies take from and give back
+  // to, so that the buffers the layer gives up at a write-back return as its next ones instead
+  // of the pool growing by a new allocation per inversion. Unset: the backend allocates.
+  void allocate_with(std::function<tensor::Tensor(std::int64_t dim)> allocate) {
+    allocate_ = std::move(allocate);
+  }
 
   // The state as the CPU keeps it (downloads; waits for the stream), and back. A detached
   // matrix is absent from it, as from the CPU path's state of an offloaded Linear.
@@ -125,8 +136,12 @@ class KfacLayerCuda {
   // The factor's inverse is the one just computed, with `damping`.
   static void mark_inverted(DeviceFactor& factor, float damping, const DeviceInverseResult& result);
 
+  // A dim x dim buffer for `matrix` unless it has one (allocate_'s, else the backend's).
+  void ensure_buffer(tensor::Tensor& matrix, std::int64_t dim);
+
   KfacCuda* kfac_;
   kernels::cuda::CudaBackend* backend_;
+  std::function<tensor::Tensor(std::int64_t dim)> allocate_;
   std::string name_;
   DeviceFactor a_;
   DeviceFactor b_;

@@ -5,17 +5,35 @@
 namespace pf::device {
 
 tensor::Tensor BufferPool::acquire(tensor::Shape shape, tensor::DType dtype) {
+  return take(std::move(shape), dtype, nullptr);
+}
+
+tensor::Tensor BufferPool::acquire(tensor::Shape shape, tensor::DType dtype, tensor::Stream& user) {
+  return take(std::move(shape), dtype, &user);
+}
+
+tensor::Tensor BufferPool::take(tensor::Shape shape, tensor::DType dtype, tensor::Stream* user) {
   const std::int64_t count = tensor::numel_of(shape);
   auto& use = use_[{dtype, count}];
   use.peak = std::max(use.peak, ++use.out);
+  auto pending = free_.end();  // the first released of those still in use on the device
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->buffer.dtype() != dtype || it->buffer.numel() != count) continue;
-    if (!it->last_use->completed()) continue;
-    tensor::Tensor buffer = it->buffer.reshape(std::move(shape));
-    free_.erase(it);
+    if (!it->last_use->completed()) {
+      if (pending == free_.end()) pending = it;
+      continue;
+    }
+    pending = it;
+    break;
+  }
+  if (pending != free_.end() && (user != nullptr || pending->last_use->completed())) {
+    if (user != nullptr) user->wait(*pending->last_use);  // completed: returns at once
+    tensor::Tensor buffer = pending->buffer.reshape(std::move(shape));
+    free_.erase(pending);
     ++reused_;
     return buffer;
   }
+  ++allocated_;
   return tensor::Tensor::empty(*backend_, std::move(shape), dtype);
 }
 

@@ -23,6 +23,13 @@ class BufferPool {
   // A buffer of `shape` and `dtype`: a free one of the same element count whose last use has
   // completed, else a new allocation. Contents undefined.
   tensor::Tensor acquire(tensor::Shape shape, tensor::DType dtype);
+  // The same, ordered on the device instead of the host: when no free buffer's last use has
+  // completed, the one released first is handed out all the same and `user` (the stream that
+  // writes it next) waits for its last use. A worker's host thread issues work far ahead of the
+  // device, so a completion seen by the host would almost never be there: every request would
+  // allocate (cudaMalloc), the pool would grow to every buffer a step used, and the trim would
+  // free the surplus (cudaFree, which waits for the whole device and every worker sharing it).
+  tensor::Tensor acquire(tensor::Shape shape, tensor::DType dtype, tensor::Stream& user);
   // Takes `buffer` back after the work issued so far on `last_use` (an event is recorded there).
   void release(tensor::Tensor buffer, tensor::Stream& last_use);
   // Frees every pooled buffer (call when the streams are idle or the memory is wanted).
@@ -35,6 +42,7 @@ class BufferPool {
   std::size_t free_buffers() const { return free_.size(); }
   std::size_t free_bytes() const;
   std::size_t reused() const { return reused_; }
+  std::size_t allocated() const { return allocated_; }  // acquires that found no free buffer
 
  private:
   struct Entry {
@@ -50,6 +58,10 @@ class BufferPool {
   std::vector<Entry> free_;
   std::map<Key, Use> use_;
   std::size_t reused_ = 0;
+  std::size_t allocated_ = 0;
+  // A free buffer of `count` elements and `dtype` (completed first, else with `user` set to wait
+  // for it: the one released first); none: a new allocation.
+  tensor::Tensor take(tensor::Shape shape, tensor::DType dtype, tensor::Stream* user);
 };
 
 }  // namespace pf::device

@@ -10,6 +10,7 @@
 // on the CPU has no DeviceRuntime at all, so it executes exactly as before.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -193,6 +194,20 @@ class DeviceKfacLayer {
   // sync has read them; the holders finalize theirs. Returns the device buffer, if the layer
   // gives one back (work issued so far may still read it).
   virtual tensor::Tensor drop_sums(bool a, bool set_aside) = 0;
+  // K-FAC offload: the factor's accumulator buffers that hold no refresh in progress (its sums
+  // once finalized, and idle set-aside ones), for the executor to give back at a write-back.
+  // A layer may keep them for its next accumulation (the CUDA layer's finalize swaps the sums'
+  // buffer and the value's), which for an offloaded Linear would leave half its state on the
+  // device between refreshes; empty where it holds none (the CPU's finalize frees the sums).
+  virtual tensor::Tensor release_idle_sums(bool a) = 0;
+  // K-FAC offload: where the device buffers the layer creates come from (d x d floats, usable
+  // on its stream once returned): the worker's staging pool, which the copies take from and the
+  // detached buffers go back to. With the backend's own allocations instead, every inversion
+  // (a new inverse) and every detach of the CPU backend's layer added a buffer that the pool
+  // kept to the step's end: by then the device held every buffer of the step's copies, the
+  // whole offloaded state at once. Unset: the backend allocates.
+  using Allocate = std::function<tensor::Tensor(std::int64_t dim)>;
+  virtual void allocate_with(Allocate allocate) = 0;
 };
 
 // The optimizer a run asked for ("lamb", "adamw", "sgd") with its options.

@@ -209,8 +209,9 @@ class HostKfacLayer final : public DeviceKfacLayer {
   tensor::Tensor detach(bool a, Matrix which) override {
     Eigen::MatrixXf& matrix = matrix_of(a, which);
     if (matrix.size() == 0) return {};
-    auto buffer =
-        tensor::Tensor::empty(*backend_, {matrix.rows(), matrix.cols()}, tensor::DType::kF32);
+    auto buffer = allocate_ ? allocate_(matrix.rows())
+                            : tensor::Tensor::empty(*backend_, {matrix.rows(), matrix.cols()},
+                                                    tensor::DType::kF32);
     std::memcpy(buffer.raw_data(), matrix.data(), buffer.nbytes());
     matrix = Eigen::MatrixXf();
     return buffer;
@@ -239,6 +240,10 @@ class HostKfacLayer final : public DeviceKfacLayer {
     }
     return {};
   }
+  // kfac::finalize frees the sums, so none are ever idle here; an idle set-aside sum is freed
+  // by finalize_set_aside too.
+  tensor::Tensor release_idle_sums(bool /*a*/) override { return {}; }
+  void allocate_with(Allocate allocate) override { allocate_ = std::move(allocate); }
   std::int64_t device_bytes() const override {
     std::int64_t floats =
         previous_a_.size() + previous_b_.size() + set_aside_a_sum_.size() + set_aside_b_sum_.size();
@@ -290,6 +295,7 @@ class HostKfacLayer final : public DeviceKfacLayer {
   }
 
   tensor::Backend* backend_;
+  Allocate allocate_;  // detach's buffers (unset: the backend's)
   kfac::KfacLayerState layer_;
   Eigen::MatrixXf previous_a_, previous_b_;
   Eigen::MatrixXf set_aside_a_sum_, set_aside_b_sum_;

@@ -262,6 +262,10 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   // then inverses) and a refresh sets matrices aside, so its largest, not its last, is what the
   // worker must fit.
   std::map<FactorKey, std::int64_t> kfac_peak;
+  // The most K-FAC memory the worker held at once after any K-FAC instruction
+  // (Worker::kfac_peak_resident_bytes): not the sum of the Linears' peaks above, which never
+  // coincide where offload moves the state in and out.
+  std::int64_t kfac_peak_resident = 0;
 
   // Bytes the K-FAC state of one Linear holds now, from its allocated matrices: on the CPU the
   // factors' sums, values and inverses, the inverses a refresh replaced and the sums a pipelined
@@ -303,6 +307,14 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
     if (!kfac_slots.contains(key)) return;
     auto& peak = kfac_peak[key];
     peak = std::max(peak, linear_kfac_bytes(key));
+    kfac_peak_resident = std::max(kfac_peak_resident, kfac_resident_bytes());
+  }
+  // The worker's K-FAC memory now: every Linear's, and on a device the offload staging pool's
+  // free buffers, which stay allocated for the next copies (device memory all the same).
+  std::int64_t kfac_resident_bytes() const {
+    std::int64_t bytes = staging ? static_cast<std::int64_t>(staging->free_bytes()) : 0;
+    for (const auto& [key, slot] : kfac_slots) bytes += linear_kfac_bytes(key);
+    return bytes;
   }
 
   // The chunks' live stash arenas now, plus `released` (an arena just given back).
@@ -589,6 +601,13 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
       if (runtime && !pinned_kfac.empty()) {
         copy_stream = runtime->backend().create_stream();
         staging = std::make_unique<device::BufferPool>(runtime->backend());
+        // The offloaded Linears' layers take their new buffers from the pool their detached
+        // ones go back to (written on the compute stream once their last use has run).
+        for (const auto& [key, host] : pinned_kfac) {
+          device_kfac.at(key)->allocate_with([this](std::int64_t dim) {
+            return staging->acquire({dim, dim}, tensor::DType::kF32, *compute_stream);
+          });
+        }
       }
     }
   }
@@ -2562,6 +2581,15 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
           timeline->restart(*current_span, *copy_stream);
         }
         host.write_back(on, layer, moved.new_a, moved.new_b, moved.this_round);
+        // The sums finalized into the values written back leave too (the CUDA layer keeps their
+        // buffer for its next accumulation: half the Linear's state on the device between
+        // refreshes, which the plan does not count); a window's accumulation in progress stays.
+        for (const bool is_a : {true, false}) {
+          for (auto idle = layer.release_idle_sums(is_a); idle.numel() > 0;
+               idle = layer.release_idle_sums(is_a)) {
+            release_staging(on, std::move(idle), *compute_stream);
+          }
+        }
         break;
       }
       default: {  // prefetch_inverses: what this step's preconditioning reads
@@ -2899,6 +2927,10 @@ std::int64_t Worker<T>::kfac_state_bytes() const {
   return bytes;
 }
 template <typename T>
+std::int64_t Worker<T>::kfac_peak_resident_bytes() const {
+  return impl_->kfac_peak_resident;
+}
+template <typename T>
 WorkerMemory Worker<T>::memory() const {
   WorkerMemory memory;
   memory.rank = impl_->rank;
@@ -3083,8 +3115,8 @@ template <typename T>
 std::vector<RankKfacState> ThreadedExecutor<T>::kfac_state_per_rank() {
   std::vector<RankKfacState> out;
   for (auto& worker : impl_->workers) {
-    out.push_back(
-        {worker->kfac_state_bytes(), worker->kfac_bytes_sent(), worker->kfac_host_bytes()});
+    out.push_back({worker->kfac_state_bytes(), worker->kfac_bytes_sent(), worker->kfac_host_bytes(),
+                   worker->kfac_peak_resident_bytes()});
   }
   return out;
 }

@@ -277,6 +277,11 @@ class Worker {
   // device memory its K-FAC layers hold (accumulators, values, inverses, the inverses a refresh
   // replaced and set-aside sums, as allocated).
   std::int64_t kfac_state_bytes() const;
+  // The most K-FAC memory this rank held at once, sampled after each of its K-FAC instructions
+  // (offload copies included): kfac_state_bytes' matrices plus, on a device, the offload
+  // staging pool's free buffers. What offload's plan bounds (docs/offload.md), where the end of
+  // a run (kfac_state_bytes) shows only what is left between steps.
+  std::int64_t kfac_peak_resident_bytes() const;
   // What this worker allocated, counted from the buffers: per chunk its parameters, gradients
   // and optimizer state (0 before the optimizer's first step allocates it), and per
   // preconditioned Linear the most bytes its K-FAC state held after any of its K-FAC
@@ -301,11 +306,12 @@ class Worker {
 };
 
 // One rank's K-FAC state (Worker::kfac_state_bytes, Worker::kfac_bytes_sent,
-// Worker::kfac_host_bytes).
+// Worker::kfac_host_bytes, Worker::kfac_peak_resident_bytes).
 struct RankKfacState {
   std::int64_t state_bytes = 0;
   std::int64_t sent_bytes = -1;
   std::int64_t host_bytes = 0;  // offloaded to host memory (--kfac-offload)
+  std::int64_t peak_resident_bytes = 0;
 };
 
 // What the trainer drives: all ranks' workers, wherever they run (threads of this process, or

@@ -177,7 +177,8 @@ std::vector<InstructionEvent> MpiExecutor<T>::take_events() {
 template <typename T>
 std::vector<RankKfacState> MpiExecutor<T>::kfac_state_per_rank() {
   const RankKfacState mine{impl_->worker->kfac_state_bytes(), impl_->worker->kfac_bytes_sent(),
-                           impl_->worker->kfac_host_bytes()};
+                           impl_->worker->kfac_host_bytes(),
+                           impl_->worker->kfac_peak_resident_bytes()};
   const auto gathered = impl_->comm->gather_to_root(
       std::as_bytes(std::span<const RankKfacState>(&mine, 1)), impl_->deadline());
   std::vector<RankKfacState> all;

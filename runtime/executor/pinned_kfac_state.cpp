@@ -50,7 +50,7 @@ void copy_in(const OffloadStreams& on, device::DeviceKfacLayer& layer, bool a, M
                            " bytes for a " + std::to_string(d) + " x " + std::to_string(d) +
                            " factor");
   }
-  auto buffer = on.staging->acquire({d, d}, tensor::DType::kF32);
+  auto buffer = on.staging->acquire({d, d}, tensor::DType::kF32, *on.copy);
   on.runtime->backend().copy(buffer.raw_data(), host.data(), bytes, tensor::CopyKind::kHostToDevice,
                              on.copy);
   release_staging(on, layer.attach(a, which, std::move(buffer)), *on.compute);

@@ -89,7 +89,8 @@ struct RunContext {
   // --kfac-offload: the plan's K-FAC state on the busiest worker's device without and with
   // offload (-1: no offload).
   double kfac_offload_device_before = -1.0, kfac_offload_device_after = -1.0;
-  nlohmann::json identity;                         // what a checkpoint must share to resume
+  double kfac_offload_sums = 0.0;  // the plan's uncounted factor sums (WorkerOffloadReport)
+  nlohmann::json identity;         // what a checkpoint must share to resume
   std::optional<ckpt::TrainingCheckpoint> resume;  // --resume: the checkpoint to continue
   std::shared_ptr<device::DeviceRuntime> device;   // --device cuda; null on the CPU
 };
@@ -375,19 +376,25 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
     out << "\n";
   }
   if (!kfac_states.empty() && context.kfac_offload_device_after >= 0.0) {
-    // What the offload left where, at the run's end (between refreshes an offloaded Linear's
-    // layer holds only its factor sums), beside the plan's worst moment.
-    std::int64_t device = 0, host = 0;
+    // The most K-FAC memory a rank held at once (its layers and the offload staging pool,
+    // sampled after each K-FAC instruction) beside the plan's, and what was left at the end
+    // (between refreshes an offloaded Linear holds nothing). The plan counts one offloaded
+    // Linear's state while it is moved and not the factor sums the curvature accumulates on the
+    // device (docs/offload.md); the host holds values, newest and previous inverses (1.5x).
+    std::int64_t peak = 0, end = 0, host = 0;
     for (const auto& state : kfac_states) {
-      device = std::max(device, state.state_bytes);
+      peak = std::max(peak, state.peak_resident_bytes);
+      end = std::max(end, state.state_bytes);
       host = std::max(host, state.host_bytes);
     }
     constexpr double kMiB = 1024.0 * 1024.0;
-    out << std::setprecision(3) << "K-FAC offload, measured at the end: at most "
-        << static_cast<double>(device) / kMiB << " MiB of K-FAC state per rank on the "
-        << (executor.setup().device ? "device" : "worker") << ", "
+    out << std::setprecision(3) << "K-FAC offload, measured: at most "
+        << static_cast<double>(peak) / kMiB << " MiB of K-FAC state per rank on the "
+        << (executor.setup().device ? "device" : "worker") << " at once ("
+        << static_cast<double>(end) / kMiB << " MiB at the end), "
         << static_cast<double>(host) / kMiB << " MiB in host memory (plan: at most "
-        << context.kfac_offload_device_after / kMiB << " MiB on the device at once, "
+        << context.kfac_offload_device_after / kMiB << " MiB on the device at once beside "
+        << context.kfac_offload_sums / kMiB << " MiB of factor sums it does not count; "
         << context.kfac_offload_device_before / kMiB << " MiB without offload)\n";
   }
   {
@@ -651,6 +658,7 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
             std::max(context.kfac_offload_device_before, worker.kfac_device_bytes_before);
         context.kfac_offload_device_after =
             std::max(context.kfac_offload_device_after, worker.kfac_device_bytes_after);
+        context.kfac_offload_sums = std::max(context.kfac_offload_sums, worker.offloaded_sum_bytes);
       }
       offload_summary = line.str();
       pass.schedule = std::move(offload.schedule);

@@ -618,6 +618,7 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
     worker_report.kfac_device_bytes_before =
         plan.kept_bytes + plan.offloaded_bytes + plan.factors_only_bytes;
     worker_report.kfac_device_bytes_after = plan.device_kfac_bytes;
+    worker_report.offloaded_sum_bytes = (plan.offloaded_bytes + plan.factors_only_bytes) / 2.0;
     worker_report.offloaded_bytes = plan.offloaded_bytes + plan.factors_only_bytes / 2.0;
     worker_report.peak_memory_before = pipefisher.after.workers[w].peak_memory_bytes;
     worker_report.peak_memory_after = result.after.workers[w].peak_memory_bytes;

@@ -57,13 +57,16 @@ struct WorkerOffloadReport {
   int kept_linears = 0;
   double kfac_device_bytes_before = 0.0;  // all K-FAC state on the device
   double kfac_device_bytes_after = 0.0;   // the planner's estimate (WorkerOffloadPlan)
-  double offloaded_bytes = 0.0;           // in host memory: whole states and factors
-  double peak_memory_before = 0.0;        // simulated peak, PipeFisher schedule without offload
-  double peak_memory_after = 0.0;         // simulated peak, with offload
-  int transfers = 0;                      // copies per refresh (k steps)
-  double transfer_bytes = 0.0;            // per refresh
-  double transfer_s = 0.0;                // host-link time per refresh
-  int late_prefetches = 0;  // placed without a stretch that ends before their consumer
+  // The offloaded Linears' factor sums, which neither the estimate nor the simulated memory
+  // counts: the refresh's curvature accumulates them on the device up to their inversion.
+  double offloaded_sum_bytes = 0.0;
+  double offloaded_bytes = 0.0;     // in host memory: whole states and factors
+  double peak_memory_before = 0.0;  // simulated peak, PipeFisher schedule without offload
+  double peak_memory_after = 0.0;   // simulated peak, with offload
+  int transfers = 0;                // copies per refresh (k steps)
+  double transfer_bytes = 0.0;      // per refresh
+  double transfer_s = 0.0;          // host-link time per refresh
+  int late_prefetches = 0;          // placed without a stretch that ends before their consumer
 };
 
 struct OffloadReport {

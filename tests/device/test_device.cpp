@@ -3,6 +3,7 @@
 // marks recorded in stream order into instruction times (with host-clock marks on the CPU
 // backend, whose work is done when the call returns).
 #include <algorithm>
+#include <memory>
 #include <set>
 #include <thread>
 #include <vector>
@@ -261,6 +262,76 @@ TEST(BufferPool, TrimKeepsWhatWasOutAtOnceAndFreesTheRest) {
   pool.release(std::move(held), *stream);
   pool.trim_to_peak_use();
   EXPECT_EQ(pool.free_buffers(), 1U);
+}
+
+// A device the host has run ahead of: host memory as the CPU's, but no event has completed
+// when the host asks, and a stream counts the waits it was given (a GPU would order them).
+class BehindBackend final : public tensor::Backend {
+ public:
+  struct Stream final : tensor::Stream {
+    void synchronize() override {}
+    void wait(const tensor::Event& /*event*/) override { ++waits; }
+    int waits = 0;
+  };
+  struct Event final : tensor::Event {
+    void record(tensor::Stream& /*stream*/) override {}
+    void synchronize() const override {}
+    bool completed() const override { return false; }
+  };
+  tensor::Device device() const override { return cpu_.device(); }
+  void* allocate(std::size_t bytes) override { return cpu_.allocate(bytes); }
+  void deallocate(void* pointer, std::size_t bytes) noexcept override {
+    cpu_.deallocate(pointer, bytes);
+  }
+  void copy(void* destination, const void* source, std::size_t bytes, tensor::CopyKind kind,
+            tensor::Stream* /*stream*/) override {
+    cpu_.copy(destination, source, bytes, kind);
+  }
+  void fill_zero(void* destination, std::size_t bytes, tensor::Stream* /*stream*/) override {
+    cpu_.fill_zero(destination, bytes);
+  }
+  std::unique_ptr<tensor::Stream> create_stream() override { return std::make_unique<Stream>(); }
+  std::unique_ptr<tensor::Event> create_event() override { return std::make_unique<Event>(); }
+  void synchronize() override {}
+  tensor::AllocationStats stats() const override { return cpu_.stats(); }
+
+ private:
+  tensor::CpuBackend cpu_;
+};
+
+// The K-FAC offload staging pool on a GPU whose work lags the host: the offload's prefetches
+// take the buffers the previous preconditionings released, ordered on the copy stream, instead
+// of a new allocation each (which made the pool hold every buffer a step used, and the trim
+// free them with a cudaFree that waits for the whole device). The message pool's host-ordered
+// acquire still allocates rather than hand out a buffer the device may be reading.
+TEST(BufferPool, AnOrderedAcquireReusesABufferStillInUseByMakingTheStreamWait) {
+  BehindBackend backend;
+  auto compute = backend.create_stream();
+  auto copy = backend.create_stream();
+  auto& copy_waits = dynamic_cast<BehindBackend::Stream&>(*copy).waits;
+  BufferPool pool(backend);
+  auto first = pool.acquire({4, 6}, tensor::DType::kF32, *copy);
+  auto second = pool.acquire({4, 6}, tensor::DType::kF32, *copy);
+  EXPECT_EQ(pool.allocated(), 2U);
+  void* released_first = first.raw_data();
+  pool.release(std::move(first), *compute);
+  pool.release(std::move(second), *compute);
+  EXPECT_NE(pool.acquire({4, 6}, tensor::DType::kF32).raw_data(), released_first);
+  EXPECT_EQ(pool.allocated(), 3U);  // host-ordered: the device may still read both
+  const auto allocations = backend.stats().allocations;
+  for (int step = 0; step < 4; ++step) {
+    auto buffer = pool.acquire({4, 6}, tensor::DType::kF32, *copy);
+    pool.release(std::move(buffer), *compute);
+  }
+  EXPECT_EQ(backend.stats().allocations, allocations);  // nothing allocated
+  EXPECT_EQ(pool.allocated(), 3U);
+  EXPECT_EQ(pool.reused(), 4U);
+  EXPECT_EQ(copy_waits, 4);  // each reuse waits, on the device, for the last use
+  auto oldest = pool.acquire({4, 6}, tensor::DType::kF32, *copy);
+  EXPECT_EQ(oldest.raw_data(), released_first) << "the buffer released longest ago";
+  pool.release(std::move(oldest), *compute);
+  pool.trim_to_peak_use();
+  EXPECT_EQ(pool.free_buffers(), 2U);  // two were out at once
 }
 
 TEST(HostTimingMark, ReadBeforeRecordedIsALogicError) {

@@ -88,7 +88,9 @@ struct DeviceRun {
   std::size_t transient_bytes = 0;
   std::vector<std::int64_t> kfac_state_bytes;  // per rank (Worker::kfac_state_bytes)
   std::vector<std::int64_t> kfac_host_bytes;   // per rank (Worker::kfac_host_bytes)
-  std::vector<WorkerMemory> memory;            // per rank (Worker::memory)
+  // per rank (Worker::kfac_peak_resident_bytes)
+  std::vector<std::int64_t> kfac_peak_resident_bytes;
+  std::vector<WorkerMemory> memory;  // per rank (Worker::memory)
 };
 
 // The batches every device test trains on.
@@ -147,6 +149,7 @@ inline DeviceRun run_schedule(const std::shared_ptr<device::DeviceRuntime>& runt
     run.transient_bytes += executor.worker(r).transient_memory().total();
     run.kfac_state_bytes.push_back(executor.worker(r).kfac_state_bytes());
     run.kfac_host_bytes.push_back(executor.worker(r).kfac_host_bytes());
+    run.kfac_peak_resident_bytes.push_back(executor.worker(r).kfac_peak_resident_bytes());
     run.memory.push_back(executor.worker(r).memory());
     for (auto* chunk : executor.worker(r).chunks()) {
       for (const auto& p : chunk->parameters()) {

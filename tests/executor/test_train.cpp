@@ -394,12 +394,23 @@ TEST_F(TrainTest, KfacOffloadOnTheDevicePathEqualsTheCpuPath) {
   EXPECT_NE(device_out.str().find("K-FAC offload (host): "), std::string::npos) << device_out.str();
   // What the offload left where, measured, beside the plan; and the device's peak allocation.
   for (const std::string& text : {out.str(), device_out.str()}) {
-    const auto at = text.find("K-FAC offload, measured at the end: at most ");
+    const auto at = text.find("K-FAC offload, measured: at most ");
     ASSERT_NE(at, std::string::npos) << text;
     const auto host = text.find(" MiB in host memory (plan: at most ", at);
     ASSERT_NE(host, std::string::npos) << text;
     const auto comma = text.rfind(", ", host);
     EXPECT_GT(std::stod(text.substr(comma + 2, host - comma - 2)), 0.0) << text;
+    // The most a rank held at once, within the plan's state at once and the sums it leaves out.
+    const auto number_after = [&](const std::string& label, std::size_t from) {
+      const auto found = text.find(label, from);
+      EXPECT_NE(found, std::string::npos) << label << "\n" << text;
+      return found == std::string::npos ? 0.0 : std::stod(text.substr(found + label.size()));
+    };
+    const double peak = number_after("K-FAC offload, measured: at most ", at);
+    const double plan = number_after(" MiB in host memory (plan: at most ", at);
+    const double sums = number_after(" MiB on the device at once beside ", at);
+    EXPECT_GT(peak, 0.0) << text;
+    EXPECT_LE(peak, plan + sums + 0.002) << text;  // printed to 0.001 MiB
   }
   EXPECT_NE(device_out.str().find("device memory: peak "), std::string::npos) << device_out.str();
   EXPECT_EQ(out.str().find("device memory: peak "), std::string::npos) << out.str();

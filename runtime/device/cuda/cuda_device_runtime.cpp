@@ -176,6 +176,20 @@ class CudaKfacLayer final : public DeviceKfacLayer {
     held.microbatches = 0;
     return std::exchange(held.sum, tensor::Tensor());
   }
+  tensor::Tensor release_idle_sums(bool a) override {
+    // The set-aside accumulator is idle between a finalize_set_aside and the next set_aside;
+    // the layer's own is idle once finalized (finalize left it the value's old buffer).
+    auto& held = a ? set_aside_a_ : set_aside_b_;
+    if (!held.accumulating && held.microbatches == 0 && held.sum.numel() > 0) {
+      // One buffer per call: the caller releases each; the next call gives the other.
+      return std::exchange(held.sum, tensor::Tensor());
+    }
+    return layer_.release_idle_sum(a);
+  }
+  void allocate_with(Allocate allocate) override {
+    allocate_ = allocate;
+    layer_.allocate_with(std::move(allocate));
+  }
   std::int64_t device_bytes() const override {
     std::int64_t bytes = layer_.device_bytes();
     for (const auto* matrix : {&previous_a_, &previous_b_, &set_aside_a_.sum, &set_aside_b_.sum}) {
@@ -230,8 +244,9 @@ class CudaKfacLayer final : public DeviceKfacLayer {
     has_previous = factor.inverted && factor.inverse.numel() > 0;
     if (!has_previous) return;
     if (!previous.defined() || previous.numel() == 0) {
-      previous =
-          tensor::Tensor::empty(kfac_.backend(), {factor.dim, factor.dim}, tensor::DType::kF32);
+      previous = allocate_ ? allocate_(factor.dim)
+                           : tensor::Tensor::empty(kfac_.backend(), {factor.dim, factor.dim},
+                                                   tensor::DType::kF32);
     }
     kfac_.backend().copy(previous.raw_data(), factor.inverse.raw_data(), previous.nbytes(),
                          tensor::CopyKind::kDeviceToDevice, stream_);
@@ -274,6 +289,7 @@ class CudaKfacLayer final : public DeviceKfacLayer {
   bool has_previous_a_ = false, has_previous_b_ = false;
   // A pipelined refresh's set-aside sums (idle: not accumulating, no micro-batches).
   kfac::cuda::KfacLayerCuda::Accumulator set_aside_a_, set_aside_b_;
+  Allocate allocate_;  // unset: the backend's
   std::string name_;
 };
 
