@@ -603,10 +603,18 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
         staging = std::make_unique<device::BufferPool>(runtime->backend());
         // The offloaded Linears' layers take their new buffers from the pool their detached
         // ones go back to (written on the compute stream once their last use has run).
-        for (const auto& [key, host] : pinned_kfac) {
+        for (auto& [key, host] : pinned_kfac) {
           device_kfac.at(key)->allocate_with([this](std::int64_t dim) {
             return staging->acquire({dim, dim}, tensor::DType::kF32, *compute_stream);
           });
+          // Its pinned memory before the first step (PinnedKfacState::reserve): the values
+          // where this replica holds the factors, the newest and previous inverses where it
+          // holds the inverses of a Linear offloaded whole.
+          const auto& slot = kfac_slots.at(key);
+          const auto& layer = kfac_states.at(key.pipeline).at({key.layer, key.linear});
+          const bool factors = slot.placement.holds_factors(replica);
+          host.reserve(offload_streams(), layer.d_in, layer.d_out, factors,
+                       !slot.factors_only && (factors || slot.placement.holds_inverses(replica)));
         }
       }
     }

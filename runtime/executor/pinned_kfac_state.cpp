@@ -10,49 +10,48 @@ namespace {
 
 using Matrix = device::DeviceKfacLayer::Matrix;
 
-// A pinned buffer is freed or replaced only once the copy stream has run the copies that may
-// read or write it.
-void drop_host(const OffloadStreams& on, device::PinnedHostBuffer& host) {
-  if (host.empty()) return;
-  on.copy->synchronize();
-  host.reset();
+// A pinned buffer is replaced only once the copy stream has run the copies that may read or
+// write it.
+void replace_host(const OffloadStreams& on, device::PinnedHostBuffer& host, std::size_t bytes) {
+  if (!host.empty()) on.copy->synchronize();
+  host = on.runtime->allocate_pinned_host(bytes);
 }
 
 // Device buffer -> pinned host buffer on the copy stream (the host buffer allocated once); the
-// device buffer goes back to staging after the copy. An empty one empties the host's.
-void copy_out(const OffloadStreams& on, tensor::Tensor device, device::PinnedHostBuffer& host) {
+// device buffer goes back to staging after the copy. An empty one leaves the host holding none.
+template <typename Held>
+void copy_out(const OffloadStreams& on, tensor::Tensor device, Held& host) {
   if (device.numel() == 0) {
-    drop_host(on, host);
+    host.held = false;
     return;
   }
   const std::size_t bytes = device.nbytes();
-  if (host.bytes() != bytes) {
-    drop_host(on, host);
-    host = on.runtime->allocate_pinned_host(bytes);
-  }
-  on.runtime->backend().copy(host.data(), device.raw_data(), bytes, tensor::CopyKind::kDeviceToHost,
-                             on.copy);
+  if (host.buffer.bytes() != bytes) replace_host(on, host.buffer, bytes);
+  on.runtime->backend().copy(host.buffer.data(), device.raw_data(), bytes,
+                             tensor::CopyKind::kDeviceToHost, on.copy);
+  host.held = true;
   release_staging(on, std::move(device), *on.copy);
 }
 
 // Pinned host buffer -> a staging buffer on the copy stream, attached to the layer as `which`
 // (the buffer it replaces goes back after the compute stream's work so far); none on the host
 // drops the layer's matrix.
+template <typename Held>
 void copy_in(const OffloadStreams& on, device::DeviceKfacLayer& layer, bool a, Matrix which,
-             const device::PinnedHostBuffer& host, std::int64_t d) {
-  if (host.empty()) {
+             const Held& host, std::int64_t d) {
+  if (!host.held) {
     release_staging(on, layer.detach(a, which), *on.compute);
     return;
   }
   const std::size_t bytes = static_cast<std::size_t>(d * d) * sizeof(float);
-  if (host.bytes() != bytes) {
-    throw std::logic_error("K-FAC offload: host copy of " + std::to_string(host.bytes()) +
+  if (host.buffer.bytes() != bytes) {
+    throw std::logic_error("K-FAC offload: host copy of " + std::to_string(host.buffer.bytes()) +
                            " bytes for a " + std::to_string(d) + " x " + std::to_string(d) +
                            " factor");
   }
   auto buffer = on.staging->acquire({d, d}, tensor::DType::kF32, *on.copy);
-  on.runtime->backend().copy(buffer.raw_data(), host.data(), bytes, tensor::CopyKind::kHostToDevice,
-                             on.copy);
+  on.runtime->backend().copy(buffer.raw_data(), host.buffer.data(), bytes,
+                             tensor::CopyKind::kHostToDevice, on.copy);
   release_staging(on, layer.attach(a, which, std::move(buffer)), *on.compute);
 }
 
@@ -61,6 +60,19 @@ void copy_in(const OffloadStreams& on, device::DeviceKfacLayer& layer, bool a, M
 void release_staging(const OffloadStreams& on, tensor::Tensor buffer, tensor::Stream& last_use) {
   if (buffer.numel() == 0) return;
   on.staging->release(std::move(buffer), last_use);
+}
+
+void PinnedKfacState::reserve(const OffloadStreams& on, std::int64_t d_in, std::int64_t d_out,
+                              bool values, bool inverses) {
+  for (const bool is_a : {true, false}) {
+    Factor& host = is_a ? a_ : b_;
+    const std::int64_t d = is_a ? d_in : d_out;
+    const std::size_t bytes = static_cast<std::size_t>(d * d) * sizeof(float);
+    for (Held* held : {&host.value, &host.inverse, &host.previous_inverse}) {
+      if (!(held == &host.value ? values : inverses)) continue;
+      if (held->buffer.bytes() != bytes) replace_host(on, held->buffer, bytes);
+    }
+  }
 }
 
 void PinnedKfacState::write_back(const OffloadStreams& on, device::DeviceKfacLayer& layer,
@@ -73,7 +85,7 @@ void PinnedKfacState::write_back(const OffloadStreams& on, device::DeviceKfacLay
     Factor& host = is_a ? a_ : b_;
     copy_out(on, layer.detach(is_a, Matrix::kValue), host.value);
     if (!(is_a ? new_a : new_b)) continue;
-    swap(host.previous_inverse, host.inverse);
+    std::swap(host.previous_inverse, host.inverse);
     copy_out(on, layer.detach(is_a, Matrix::kInverse), host.inverse);
     (is_a ? written_a_ : written_b_) = this_round;
   }
@@ -94,15 +106,15 @@ void PinnedKfacState::prefetch_inverse(const OffloadStreams& on, device::DeviceK
 OffloadedFactor PinnedKfacState::to_host(const OffloadStreams& on, bool a, std::int64_t d) const {
   on.copy->synchronize();
   const Factor& host = a ? a_ : b_;
-  const auto matrix = [d](const device::PinnedHostBuffer& from) {
-    if (from.empty()) return Eigen::MatrixXf();
-    if (from.bytes() != static_cast<std::size_t>(d * d) * sizeof(float)) {
-      throw std::logic_error("K-FAC offload: pinned copy of " + std::to_string(from.bytes()) +
-                             " bytes for a " + std::to_string(d) + " x " + std::to_string(d) +
-                             " factor");
+  const auto matrix = [d](const Held& from) {
+    if (!from.held) return Eigen::MatrixXf();
+    if (from.buffer.bytes() != static_cast<std::size_t>(d * d) * sizeof(float)) {
+      throw std::logic_error("K-FAC offload: pinned copy of " +
+                             std::to_string(from.buffer.bytes()) + " bytes for a " +
+                             std::to_string(d) + " x " + std::to_string(d) + " factor");
     }
     Eigen::MatrixXf to(d, d);
-    std::memcpy(to.data(), from.data(), from.bytes());
+    std::memcpy(to.data(), from.buffer.data(), from.buffer.bytes());
     return to;
   };
   return {matrix(host.value), matrix(host.inverse), matrix(host.previous_inverse)};
@@ -119,14 +131,12 @@ void PinnedKfacState::load(const OffloadStreams& on, bool a, std::int64_t d,
   }
   on.copy->synchronize();  // no copy reads or writes the buffers replaced here
   Factor& host = a ? a_ : b_;
-  const auto fill = [&](const Eigen::MatrixXf& from, device::PinnedHostBuffer& to) {
-    if (from.size() == 0) {
-      to.reset();
-      return;
-    }
+  const auto fill = [&](const Eigen::MatrixXf& from, Held& to) {
+    to.held = from.size() != 0;
+    if (!to.held) return;
     const std::size_t bytes = static_cast<std::size_t>(from.size()) * sizeof(float);
-    if (to.bytes() != bytes) to = on.runtime->allocate_pinned_host(bytes);
-    std::memcpy(to.data(), from.data(), bytes);
+    if (to.buffer.bytes() != bytes) to.buffer = on.runtime->allocate_pinned_host(bytes);
+    std::memcpy(to.buffer.data(), from.data(), bytes);
   };
   fill(factor.value, host.value);
   fill(factor.inverse, host.inverse);
@@ -137,8 +147,8 @@ void PinnedKfacState::load(const OffloadStreams& on, bool a, std::int64_t d,
 std::int64_t PinnedKfacState::bytes() const {
   std::int64_t bytes = 0;
   for (const Factor* f : {&a_, &b_}) {
-    for (const auto* buffer : {&f->value, &f->inverse, &f->previous_inverse}) {
-      bytes += static_cast<std::int64_t>(buffer->bytes());
+    for (const auto* held : {&f->value, &f->inverse, &f->previous_inverse}) {
+      bytes += static_cast<std::int64_t>(held->buffer.bytes());
     }
   }
   return bytes;

@@ -157,6 +157,12 @@ TEST_P(DeviceOffloadResident, TheDeviceHoldsAtOnceWhatThePlanSays) {
         << "rank " << r;
     EXPECT_EQ(with.kfac_state_bytes[r], 0) << "rank " << r << ": left between refreshes";
   }
+  // The pinned host memory is allocated before the first step (PinnedKfacState::reserve), not
+  // at the write-backs: one step in, the host holds what it holds after three refreshes.
+  const auto one_step =
+      run_schedule(std::make_shared<device::HostDeviceRuntime>(), config, plans.with, "adamw", 1,
+                   true, ExecutorOptions{}.dp_bucket_bytes, c.running_average, c.placement);
+  EXPECT_EQ(one_step.kfac_host_bytes, with.kfac_host_bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(
