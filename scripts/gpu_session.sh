@@ -288,6 +288,20 @@ if want offload; then
       note "offload_$run: $(grep -h "K-FAC offload, measured\|device memory: peak" \
         "$OUT/train_offload_$run.log" | tr '\n' ' ')"
     done
+    # Per-step times side by side (docs/offload.md): before the pinned host memory was reserved
+    # up front the steps with write-backs (2-4, 7-8) were the slow ones; and the executor's own
+    # offload test on the GPU (pool, reserve and idle sums on the CUDA layer).
+    python3 - "$OUT"/metrics_offload_{none,host}.jsonl <<'PY' | tee -a "$OUT/session.log"
+import json, os, sys
+if not all(os.path.exists(p) for p in sys.argv[1:]):
+    sys.exit("no step times to compare (a run failed, see its log)")
+rows = [[json.loads(l) for l in open(p) if '"step_time_s"' in l] for p in sys.argv[1:]]
+for a, b in zip(*rows):
+    print(f"step {a['step']}: {a['step_time_s']:.3f} s without offload, {b['step_time_s']:.3f} s with")
+PY
+    [[ -x build/gpu/tests/executor/test_executor_cuda ]] &&
+      note "test_executor_cuda offload: $(build/gpu/tests/executor/test_executor_cuda \
+        --gtest_filter='*KfacOffload*' 2>&1 | grep -E '^\[ +(PASSED|FAILED|SKIPPED) ' | tr '\n' ' ')"
   fi
 fi
 
