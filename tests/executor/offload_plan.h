@@ -167,8 +167,11 @@ inline WrappedWork wrapped_work(const sched::Schedule& schedule) {
 // the inverses a refresh replaced (factor holders 1.5x their state, the others 2x). A Linear
 // offloaded factors only moves its factors' values alone, on the factor holders: `state` and
 // `host` are those values (its inverses stay on the device).
+// `sums`: the factor sums of the offloaded Linears whose factors it holds (one of each factor),
+// which the executor takes back from a device layer at their write-back (the CUDA layer would
+// keep their buffer for the next accumulation; the CPU backend's frees them at the finalize).
 struct RankState {
-  std::int64_t state = 0, host = 0;
+  std::int64_t state = 0, host = 0, sums = 0;
 };
 inline std::vector<RankState> offloaded_state_per_rank(const OffloadCase& c, const Plans& plans,
                                                        const model::BertConfig& config) {
@@ -207,10 +210,12 @@ inline std::vector<RankState> offloaded_state_per_rank(const OffloadCase& c, con
           if (placed.holds_factors(r)) {
             rank.state += set;
             rank.host += set;
+            rank.sums += set;
           }
         } else if (placed.holds_factors(r)) {
           rank.state += 2 * set;
           rank.host += 3 * set;
+          rank.sums += set;
         } else if (placed.holds_inverses(r)) {
           rank.state += set;
           rank.host += 2 * set;
