@@ -375,6 +375,16 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
       number(json, "backward_launch_overhead_s", "backward_launch_overhead_s", false, -1.0);
   d.curvature_host_overhead_s =
       number(json, "curvature_host_overhead_s", "curvature_host_overhead_s", false, 0.0);
+  if (const auto solve = json.find("inverse_solve"); solve != json.end()) {
+    if (*solve == "identity") {
+      d.inverse_solve = InverseSolve::kIdentity;
+    } else if (*solve == "lower_triangle") {
+      d.inverse_solve = InverseSolve::kLowerTriangle;
+    } else {
+      throw std::invalid_argument(where + ": field 'inverse_solve' = " + solve->dump() +
+                                  " (must be \"identity\" or \"lower_triangle\")");
+    }
+  }
   d.validate(where);
   return d;
 }
@@ -409,6 +419,7 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
   if (d.curvature_host_overhead_s > 0.0) {
     json["curvature_host_overhead_s"] = d.curvature_host_overhead_s;
   }
+  if (d.inverse_solve == InverseSolve::kLowerTriangle) json["inverse_solve"] = "lower_triangle";
   if (d.host_bandwidth > 0.0) {
     json["host_bandwidth"] = d.host_bandwidth;
     json["host_latency_s"] = d.host_latency_s;

@@ -92,6 +92,12 @@ struct ClassRate {
   SizeMeasure size_measure = SizeMeasure::kSmallest;
 };
 
+// How a runtime forms a Cholesky inverse after the factorization: solving L L^T X = I against
+// every column of I (2 d^3 FLOPs; PyTorch's cholesky_inverse as PipeFisher's harness runs it),
+// or the lower triangle from L's trailing blocks, copied onto the upper one (2 d^3 / 3, as
+// LAPACK's potri; this project's CPU runtime since 2026-11-28, kfac/cholesky_inverse_columns.h).
+enum class InverseSolve { kIdentity, kLowerTriangle };
+
 struct DeviceSpec {
   std::string name = "custom";
   // Dense peak FLOP/s; 0 where the device has no such mode (e.g. no tf32 before A100).
@@ -122,6 +128,9 @@ struct DeviceSpec {
   // inputs or output gradients in the forward and backward, and the loop around its product).
   // 0: none (this project's runtime, the presets).
   double curvature_host_overhead_s = 0.0;
+  // The runtime's Cholesky inverse (the triangular solve's FLOPs, kfac_kernels.h); the presets
+  // and files without the field: kIdentity.
+  InverseSolve inverse_solve = InverseSolve::kIdentity;
 
   // Efficiency and latency of a class after the defaults above.
   double efficiency(OpClass op_class) const;
@@ -150,6 +159,7 @@ std::vector<std::string> device_preset_names();
 //  "matmul_efficiency": E, "memory_bandwidth": B, "link_bandwidth": B, "link_latency_s": S,
 //  optional: "launch_overhead_s": S, "backward_launch_overhead_s": S,
 //            "curvature_host_overhead_s": S,
+//            "inverse_solve": "identity" | "lower_triangle" (InverseSolve),
 //            "host_bandwidth": B, "host_latency_s": S (PCIe to host memory),
 //            "classes": {"gemm": {"efficiency": E, "latency_s": S, "by_precision": {"bf16": E},
 //                                 "half_efficiency_size": D, "size_exponent": P},

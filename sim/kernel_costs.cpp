@@ -73,12 +73,15 @@ double kernel_seconds(const DeviceSpec& device, const Kernel& kernel) {
               kernel.error_functions * elementwise.error_function_s +
               kernel.random_numbers * elementwise.random_number_s;
   } else if (kernel.flops > 0.0) {
+    const double flops =
+        kernel.inverse_solve && device.inverse_solve == InverseSolve::kLowerTriangle
+            ? kernel.flops / 3.0
+            : kernel.flops;
     const bool mean = device.classes[static_cast<std::size_t>(kernel.op_class)].size_measure ==
                           SizeMeasure::kHarmonicMean &&
                       kernel.mean_size > 0.0;
-    compute =
-        kernel.flops / (peak * efficiency *
-                        device.size_factor(kernel.op_class, mean ? kernel.mean_size : kernel.size));
+    compute = flops / (peak * efficiency *
+                       device.size_factor(kernel.op_class, mean ? kernel.mean_size : kernel.size));
   }
   // The memory class's cache curve applies to element-wise kernels only, so that a change of it
   // moves only that class (a product's bytes are mostly reused from caches anyway).

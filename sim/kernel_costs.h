@@ -49,6 +49,9 @@ struct Kernel {
   // DeviceSpec::curvature_host_overhead_s (the K-FAC library's bookkeeping for the factor) before
   // issuing it, on top of its launch.
   bool curvature_host = false;
+  // A Cholesky inverse's solve against I, whose FLOPs are priced for the device's
+  // DeviceSpec::inverse_solve (a third of them for kLowerTriangle).
+  bool inverse_solve = false;
 };
 using Kernels = std::vector<Kernel>;
 

@@ -40,11 +40,16 @@ Kernels inversion_kernels(double order, KfacInversion method) {
   }
   Kernel factorization = matrix_function(OpClass::kFactorization, d * d * d / 3.0, d, 2.0 * matrix);
   factorization.host_sync = true;
+  // 2 d^3 against every column of I; the device's inverse_solve may price a third of it (the
+  // lower triangle from L's trailing blocks; its copy onto the upper triangle moves the bytes
+  // the identity's set-up does).
+  Kernel solve = matrix_function(OpClass::kTriangularSolve, 2.0 * d * d * d, d, 3.0 * matrix);
+  solve.inverse_solve = true;
   return {
       elementwise_kernel(2.0 * 4.0 * d, per_element(d, {.flops = 1})),  // damping onto the diagonal
       factorization,
       memory_kernel(matrix),  // the identity to solve against
-      matrix_function(OpClass::kTriangularSolve, 2.0 * d * d * d, d, 3.0 * matrix)};
+      solve};
 }
 
 Kernels precondition_kernels(Precision product_precision, double d_in, double d_out) {

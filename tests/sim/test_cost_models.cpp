@@ -12,6 +12,8 @@
 #include "sim/analytic_cost_model.h"
 #include "sim/bert_kernels.h"
 #include "sim/device.h"
+#include "sim/kernel_costs.h"
+#include "sim/kfac_kernels.h"
 #include "sim/measured_cost_model.h"
 #include "sim/report.h"
 #include "sim/simulator.h"
@@ -215,6 +217,42 @@ TEST(SimDevice, JsonRoundTripAndErrors) {
               device_from_json_file("/nonexistent/device.json");
             }).find("/nonexistent/device.json"),
             std::string::npos);
+}
+
+// The runtime's Cholesky inverse (DeviceSpec::inverse_solve): solving against every column of I
+// prices 2 d^3 FLOPs in the triangular solve, the lower triangle from L's trailing blocks a third
+// of them; nothing else of the inversion moves. Read and written by the device JSON.
+TEST(SimDevice, InverseSolveMovesOnlyTheInversionsTriangularSolve) {
+  DeviceSpec identity = device_preset("v100");
+  DeviceSpec lower = identity;
+  lower.inverse_solve = InverseSolve::kLowerTriangle;
+  const double d = 1024.0;
+  const Kernels kernels = inversion_kernels(d);
+  const auto a = price(identity, kernels), b = price(lower, kernels);
+  ASSERT_EQ(a.seconds.size(), kernels.size());
+  int solves = 0;
+  for (std::size_t i = 0; i < kernels.size(); ++i) {
+    if (!kernels[i].inverse_solve) {
+      EXPECT_EQ(a.seconds[i], b.seconds[i]) << i;
+      continue;
+    }
+    ++solves;
+    ASSERT_EQ(identity.latency_s(kernels[i].op_class), 0.0);    // the preset: FLOPs alone
+    EXPECT_NEAR(b.seconds[i] / a.seconds[i], 1.0 / 3.0, 1e-9);  // compute-bound at d = 1024
+  }
+  EXPECT_EQ(solves, 1);
+  // Products and curvature carry no such kernel.
+  for (const auto& k : precondition_kernels(Precision::kFp32, 768, 768))
+    EXPECT_FALSE(k.inverse_solve);
+
+  EXPECT_EQ(device_from_json(device_to_json(lower), "mem").inverse_solve,
+            InverseSolve::kLowerTriangle);
+  EXPECT_FALSE(device_to_json(identity).contains("inverse_solve"));
+  nlohmann::json j = device_to_json(identity);
+  j["inverse_solve"] = "upper";
+  EXPECT_NE(
+      error_of([&] { device_from_json(j, "dev.json"); }).find("dev.json: field 'inverse_solve'"),
+      std::string::npos);
 }
 
 nlohmann::json uniform_profile(double forward, double backward, int chunks) {
