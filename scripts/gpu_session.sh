@@ -417,6 +417,12 @@ if want calib; then
     note "calib: records for pipefisher_sim calibrate (log: session.log; files: calib.tar.gz)"
     calib=(--data synthetic --seq-len 128 --seed 1 --log-every 2 --model large --device cuda
       --steps 4)
+    # The one-worker bf16 run at micro-batch 8 too (the train part writes its own, but a part
+    # run in a call of its own sees only its $OUT: 2026-11-28's calib merge lacked it).
+    [[ -f "$OUT/calib/large_single.json" ]] ||
+      train large_single_mb8 "${calib[@]}" --precision bf16 --schedule 1f1b --stages 1 \
+        --microbatches 4 --micro-batch-size 8 --calibration-out "$OUT/calib/large_single_mb8.json" ||
+      status=1
     train large_single_mb32 "${calib[@]}" --precision bf16 --schedule 1f1b --stages 1 \
       --microbatches 2 --micro-batch-size 32 --calibration-out "$OUT/calib/large_single_mb32.json" ||
       status=1
