@@ -247,17 +247,20 @@ def cmd_fit(args):
     print(f"device: {device}; tables: {args.out_dir}/fit_all.txt, {args.out_dir}/held_out.md")
 
 
-def main():
+def build_parser():
+    # The list options extend: `--train A=a.json --train B=b.json` keeps both (argparse's default
+    # for nargs="*" keeps only the last occurrence's values, which once merged one case of six).
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("records", help="merge a session's logs into one measurements file")
     r.add_argument("--out", required=True)
-    r.add_argument("--bench", nargs="*", help="bench_cuda / bench_model_cuda console logs")
-    r.add_argument("--train", nargs="*", help="NAME=FILE.json from pipefisher_train "
-                                              "--calibration-out")
+    many = {"nargs": "*", "action": "extend", "default": []}
+    r.add_argument("--bench", **many, help="bench_cuda / bench_model_cuda console logs")
+    r.add_argument("--train", **many, help="NAME=FILE.json from pipefisher_train "
+                                           "--calibration-out")
     r.add_argument("--description")
-    r.add_argument("--provenance", nargs="*", help="KEY=VALUE (date, device, driver, commit)")
+    r.add_argument("--provenance", **many, help="KEY=VALUE (date, device, driver, commit)")
     r.set_defaults(run=cmd_records)
     f = sub.add_parser("fit", help="fit a device and check it on held-out groups")
     f.add_argument("measurements")
@@ -268,9 +271,13 @@ def main():
                                                    "in turn (case)")
     f.add_argument("--free", action="store_true", help="fit every parameter the records use")
     f.add_argument("--name", default="h200-pipefisher-runtime")
-    f.add_argument("--hold-out", nargs="*", help="FIELD=VALUE: out of every fit (e.g. stages=4)")
+    f.add_argument("--hold-out", **many, help="FIELD=VALUE: out of every fit (e.g. stages=4)")
     f.set_defaults(run=cmd_fit)
-    args = parser.parse_args()
+    return parser
+
+
+def main():
+    args = build_parser().parse_args()
     args.run(args)
 
 
