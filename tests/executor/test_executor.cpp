@@ -900,6 +900,25 @@ TEST(RunSummary, WindowLeavesOutTimeOutsideTheExecutor) {
   EXPECT_NEAR(summary.compute_utilization(), 0.999, 1e-9);  // 1 ms between the two events
 }
 
+// The measured-memory tests' model and pipeline: BERT chunks wide enough that a micro-batch's
+// stash arena exceeds the 1 MiB smallest block, on 1F1B with 2 stages and 4 micro-batches.
+model::BertConfig memory_test_config() {
+  model::BertConfig config = test_config(4);
+  config.hidden_size = 64;
+  config.num_heads = 4;
+  config.intermediate_size = 256;
+  config.max_position_embeddings = 32;
+  return config;
+}
+sched::Schedule memory_test_schedule() {
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.workers = 2;
+  params.microbatches = 4;
+  params.num_layers = 4;
+  return sched::compile(params);
+}
+
 // End to end: a pipeline of real BERT chunks (1F1B, 2 stages, 4 micro-batches, fp32 on CPU
 // threads) writes its measured profile, the simulator replays it, and the replay's peak
 // activation memory per worker is what the runtime's stash arenas really held at their peak:
@@ -908,17 +927,8 @@ TEST(RunSummary, WindowLeavesOutTimeOutsideTheExecutor) {
 // its (weight) backward as the chunk holds the arena. The model is large enough that an arena
 // exceeds the 1 MiB smallest block, so that the figure is the chunk's own accounting.
 TEST(MeasuredProfile, ReplayedPeakActivationMemoryIsTheRuntimeStash) {
-  model::BertConfig config = test_config(4);
-  config.hidden_size = 64;
-  config.num_heads = 4;
-  config.intermediate_size = 256;
-  config.max_position_embeddings = 32;
-  sched::ScheduleParams params;
-  params.kind = sched::ScheduleKind::kOneFOneB;
-  params.workers = 2;
-  params.microbatches = 4;
-  params.num_layers = 4;
-  const auto schedule = sched::compile(params);
+  const model::BertConfig config = memory_test_config();
+  const auto schedule = memory_test_schedule();
   SyntheticBatches batches(config, 4, 32, 4, kDataSeed);
   auto setup = make_setup<float>(config, schedule, batches);
   setup.options.record_events = true;
@@ -959,17 +969,8 @@ TEST(MeasuredProfile, ReplayedPeakActivationMemoryIsTheRuntimeStash) {
 // Linear's K-FAC bytes from its first K-FAC task on; the stash peak recurs in every step, so
 // with a round of several steps it meets all of them.
 void expect_replayed_peak_is_runtime_memory(bool with_kfac) {
-  model::BertConfig config = test_config(4);
-  config.hidden_size = 64;
-  config.num_heads = 4;
-  config.intermediate_size = 256;
-  config.max_position_embeddings = 32;
-  sched::ScheduleParams params;
-  params.kind = sched::ScheduleKind::kOneFOneB;
-  params.workers = 2;
-  params.microbatches = 4;
-  params.num_layers = 4;
-  auto schedule = sched::compile(params);
+  const model::BertConfig config = memory_test_config();
+  auto schedule = memory_test_schedule();
   if (with_kfac) {
     sim::UniformCosts costs;
     costs.forward_s = 1.0;

@@ -36,6 +36,16 @@ RowMatrixF random_matrix(Eigen::Index rows, Eigen::Index cols, unsigned seed) {
   return matrix;
 }
 
+// The mean Gram matrix x^T x / samples of `samples` random rows of width `dim`, both triangles:
+// a positive semi-definite factor as the curvature builds one.
+Eigen::MatrixXf gram_factor(std::int64_t dim, std::int64_t samples, unsigned seed) {
+  const auto x = random_matrix(samples, dim, seed);
+  Eigen::MatrixXf factor = Eigen::MatrixXf::Zero(dim, dim);
+  add_gram_lower(factor, x.data(), samples, dim, 1.0F / static_cast<float>(samples));
+  fill_upper_from_lower(factor);
+  return factor;
+}
+
 // kron(X, Y)[(i * ny + k), (j * ny + l)] = X(i, j) * Y(k, l).
 Eigen::MatrixXd kron(const Eigen::MatrixXd& x, const Eigen::MatrixXd& y) {
   Eigen::MatrixXd result(x.rows() * y.rows(), x.cols() * y.cols());
@@ -250,10 +260,7 @@ TEST(KfacInverse, CholeskyAndEigenAgreeAndAreSymmetric) {
 TEST(KfacInverse, LargeFactorsTakeTheThreadedSolveAndStayExact) {
   // 300 >= 256 columns: the solve against I runs in column blocks on the OpenMP threads.
   const std::int64_t dim = 300;
-  const auto x = random_matrix(2 * dim, dim, 81);
-  Eigen::MatrixXf factor = Eigen::MatrixXf::Zero(dim, dim);
-  add_gram_lower(factor, x.data(), 2 * dim, dim, 1.0F / static_cast<float>(2 * dim));
-  fill_upper_from_lower(factor);
+  const Eigen::MatrixXf factor = gram_factor(dim, 2 * dim, 81);
   const auto result = damped_inverse(factor, 0.1F, InverseMethod::kCholesky);
   EXPECT_FALSE(result.fell_back_to_eigen);
   EXPECT_EQ(result.inverse, result.inverse.transpose());
@@ -277,10 +284,7 @@ TEST(KfacInverse, PaddedStorageKeepsTheBitsOfDenseStorage) {
   // n x n matrix: the kernels' arithmetic does not depend on the stride, so the bits are equal.
   // 512 is a padded order (512 floats = 2 KiB).
   for (const std::int64_t dim : {std::int64_t{200}, std::int64_t{512}}) {
-    const auto x = random_matrix(2 * dim, dim, 83);
-    Eigen::MatrixXf factor = Eigen::MatrixXf::Zero(dim, dim);
-    add_gram_lower(factor, x.data(), 2 * dim, dim, 1.0F / static_cast<float>(2 * dim));
-    fill_upper_from_lower(factor);
+    const Eigen::MatrixXf factor = gram_factor(dim, 2 * dim, 83);
     Eigen::MatrixXf damped = factor;
     damped.diagonal().array() += 0.01F;
     ASSERT_TRUE(cholesky_lower(damped));
@@ -300,10 +304,7 @@ TEST(KfacInverse, PaddedStorageKeepsTheBitsOfDenseStorage) {
 // do not divide the order; rows above a block's first are left alone until the mirror.
 TEST(KfacInverse, LowerColumnBlocksOfTheCholeskyInverseAreTheInverse) {
   for (const std::int64_t dim : {std::int64_t{1}, std::int64_t{7}, std::int64_t{300}}) {
-    const auto x = random_matrix(3 * dim, dim, 85);
-    Eigen::MatrixXf factor = Eigen::MatrixXf::Zero(dim, dim);
-    add_gram_lower(factor, x.data(), 3 * dim, dim, 1.0F / static_cast<float>(3 * dim));
-    fill_upper_from_lower(factor);
+    Eigen::MatrixXf factor = gram_factor(dim, 3 * dim, 85);
     factor.diagonal().array() += 0.05F;
     const Eigen::LLT<Eigen::MatrixXf, Eigen::Lower> llt(factor);
     constexpr float kUntouched = 12345.0F;
@@ -333,10 +334,7 @@ TEST(KfacInverse, LowerColumnBlocksOfTheCholeskyInverseAreTheInverse) {
 // positive definite.
 TEST(KfacInverse, CholeskyLowerIsTheLltAndReportsIndefiniteMatrices) {
   for (const std::int64_t dim : {std::int64_t{1}, std::int64_t{33}, std::int64_t{300}}) {
-    const auto x = random_matrix(2 * dim, dim, 87);
-    Eigen::MatrixXf factor = Eigen::MatrixXf::Zero(dim, dim);
-    add_gram_lower(factor, x.data(), 2 * dim, dim, 1.0F / static_cast<float>(2 * dim));
-    fill_upper_from_lower(factor);
+    Eigen::MatrixXf factor = gram_factor(dim, 2 * dim, 87);
     factor.diagonal().array() += 0.01F;
     Eigen::MatrixXf lower = factor;
     lower.triangularView<Eigen::StrictlyUpper>().setConstant(7.0F);
