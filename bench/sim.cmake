@@ -22,3 +22,20 @@ if(TARGET pf_sim_command)
     LIBS pf_sim_command
     SMOKE_ARGS --benchmark_filter=BM_SearchBertLarge512)
 endif()
+
+# The runtime's device kernels, one class at a time, timed into a measurements file for
+# `pipefisher_sim calibrate` (see its header). The suite runs it on the host device runtime and
+# prices what it wrote (calibrate --no-fit): the program and its file format are checked without
+# a GPU.
+add_executable(bench_device_kernels ${CMAKE_CURRENT_SOURCE_DIR}/bench_device_kernels.cpp)
+target_link_libraries(bench_device_kernels PRIVATE pf_device pf_ops nlohmann_json::nlohmann_json
+                      pf_project)
+if(PF_BUILD_TESTS AND TARGET pipefisher_sim)
+  add_test(NAME bench_device_kernels.smoke
+           COMMAND bash -c "set -e; out=$(mktemp -d); trap 'rm -rf $out' EXIT
+             \"$0\" --device host --smoke --out $out/kernels.json
+             \"$1\" calibrate --measurements $out/kernels.json --device sim/calibration/cpu_start.json --no-fit"
+             $<TARGET_FILE:bench_device_kernels> $<TARGET_FILE:pipefisher_sim>
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(bench_device_kernels.smoke PROPERTIES LABELS "bench;no_sanitizer" TIMEOUT 600)
+endif()

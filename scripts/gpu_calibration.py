@@ -2,13 +2,15 @@
 """The simulator's GPU device from a GPU session's measurements (issue #19).
 
   gpu_calibration.py records --out M.json [--bench LOG ...] [--train NAME=FILE.json ...]
-                     [--description TEXT] [--provenance KEY=VALUE ...]
+                     [--kernels FILE.json ...] [--description TEXT] [--provenance KEY=VALUE ...]
       One measurements file (docs/simulator.md, "Calibration") from what
       `scripts/gpu_session.sh calib` leaves in $OUT/calib: the console logs of bench_cuda
       (BM_Gemm: one "gemm" record per shape and precision) and bench_model_cuda
       (BM_BertStageForwardBackward: one "chunk_forward_backward" record per precision; the
       medians of the repetitions), and pipefisher_train --calibration-out files (every record
-      tagged "case": NAME). Records get "case" and "set" (gemm, stage, train) for --hold-out.
+      tagged "case": NAME), and bench_device_kernels files (the runtime's kernels one class at
+      a time: "case" kernels-OPERATION, or kernels-OPERATION-PRECISION for products). Records
+      get "case" and "set" (gemm, stage, train, kernels) for --hold-out.
 
   gpu_calibration.py fit M.json --out-dir DIR [--sim BIN] [--start h200] [--group case]
                      [--free] [--name NAME] [--hold-out FIELD=VALUE ...]
@@ -97,8 +99,28 @@ def train_records(name, path):
     return records
 
 
+def kernel_records(path):
+    # bench_device_kernels: one case per kernel class (and product precision), so that `fit`
+    # holds each class out in turn.
+    records = []
+    for record in train_records("", path):
+        case = "kernels-" + record["operation"]
+        if record["operation"] in ("gemm", "attention"):
+            case += "-" + str(record.get("precision", "fp32"))
+        record["case"] = case
+        record["set"] = "kernels"
+        records.append(record)
+    return records
+
+
 def cmd_records(args):
     records = []
+    for path in args.kernels or []:
+        if os.path.exists(path):
+            records += kernel_records(path)
+        else:
+            print(f"records: {path} not found (bench_device_kernels failed or was skipped)",
+                  file=sys.stderr)
     for path in args.bench or []:
         if os.path.exists(path):
             records += bench_records(path)
@@ -259,6 +281,7 @@ def build_parser():
     r.add_argument("--bench", **many, help="bench_cuda / bench_model_cuda console logs")
     r.add_argument("--train", **many, help="NAME=FILE.json from pipefisher_train "
                                            "--calibration-out")
+    r.add_argument("--kernels", **many, help="bench_device_kernels measurements files")
     r.add_argument("--description")
     r.add_argument("--provenance", **many, help="KEY=VALUE (date, device, driver, commit)")
     r.set_defaults(run=cmd_records)

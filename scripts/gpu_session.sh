@@ -39,9 +39,11 @@
 #          back): pipefisher_train --calibration-out of BERT-Large bf16 one worker at micro-batch
 #          32 (beside the train part's micro-batch 8, whose records land there too, as do the
 #          p = 4 runs' with and without K-FAC), TF32 one worker at 8, and 1F1B p = 2 at 8; the
-#          bf16 GEMMs (bench_cuda BM_Gemm) unless the bench part's log has them; every record
-#          merged into calib/measurements.json by scripts/gpu_calibration.py records. About 40 s
-#          on the H200 (three BERT-Large runs of 4 steps, ~8 s each to build the model). Fit
+#          bf16 GEMMs (bench_cuda BM_Gemm) unless the bench part's log has them; the kernels
+#          one class at a time (bench_device_kernels) and one worker at micro-batch 1, 2, 4 and
+#          16; every record merged into calib/measurements.json by scripts/gpu_calibration.py
+#          records. About 2 min on the H200 (BERT-Large runs of 4 steps, ~8 s each to build the
+#          model; the kernels ~30 s). Fit
 #          and check on the development machine:
 #            tar xzf calib.tar.gz && scripts/gpu_calibration.py fit calib/measurements.json \
 #              --out-dir out/h200-fit
@@ -76,7 +78,7 @@ PY
 # so that a call cut short still returns what it finished.
 mkdir -p "$OUT/calib"
 pack_calib() { tar czf "$OUT/calib.tar.gz" -C "$OUT" calib 2>/dev/null; }
-export PF_GPU_EXTRA_TARGETS="test_executor_cuda test_executor_device test_device pipefisher_train test_nccl_comm test_nccl_executor test_watchdog bench_nccl"
+export PF_GPU_EXTRA_TARGETS="test_executor_cuda test_executor_device test_device pipefisher_train test_nccl_comm test_nccl_executor test_watchdog bench_nccl bench_device_kernels"
 
 if want build; then
   note "build (log: build.log)"
@@ -432,6 +434,21 @@ if want calib; then
     train large_1f1b_p2 "${calib[@]}" --precision bf16 --schedule 1f1b --stages 2 \
       --microbatches 4 --micro-batch-size 8 --calibration-out "$OUT/calib/large_p2.json" ||
       status=1
+    # The kernels one class at a time (bench_device_kernels: GEMMs in fp32, TF32 and bf16,
+    # the attention's batched products, element-wise kernels from launch-bound sizes up,
+    # K-FAC's curvature, inversion chain and preconditioning, a LAMB step; ~30 s), and one
+    # worker at micro-batch 1, 2, 4 and 16: the step records alone cannot tell the classes
+    # apart (docs/simulator.md, "What would identify them").
+    if [[ -x build/gpu/bench/bench_device_kernels ]]; then
+      timeout "${PF_CALIB_KERNELS_TIMEOUT:-150}" build/gpu/bench/bench_device_kernels \
+        --device cuda --out "$OUT/calib/kernels.json" >"$OUT/calib/kernels.log" 2>&1
+      note "calib: bench_device_kernels: exit $? ($(tail -1 "$OUT/calib/kernels.log"))"
+    fi
+    for mb in 1 2 4 16; do
+      train "large_single_mb$mb" "${calib[@]}" --precision bf16 --schedule 1f1b --stages 1 \
+        --microbatches 4 --micro-batch-size "$mb" \
+        --calibration-out "$OUT/calib/large_single_mb$mb.json" || status=1
+    done
     if grep -qE "^BM_Gemm/[0-9]+/[0-9]+/[0-9]+/2/manual_time_median" "$OUT/bench.log" 2>/dev/null; then
       note "calib: bf16 GEMMs from the bench part's log"
     elif [[ -x build/gpu/bench/bench_cuda ]]; then
@@ -447,6 +464,7 @@ if want calib; then
     done
     python3 scripts/gpu_calibration.py records --out "$OUT/calib/measurements.json" \
       --bench "$OUT/bench.log" "$OUT/calib/gemm_bf16.log" --train "${trains[@]}" \
+      --kernels "$OUT/calib/kernels.json" \
       --description "scripts/gpu_session.sh calib (and train, bench) on $(hostname)" \
       --provenance "date=$(date -u +%FT%TZ)" \
       "device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" \

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""scripts/gpu_calibration.py: repeated list options keep every occurrence's values.
+"""scripts/gpu_calibration.py: repeated list options keep every occurrence's values, and
+bench_device_kernels' records are tagged by kernel class.
 
 `records --train A=a.json --train B=b.json` once merged only B's records (argparse's nargs="*"
 stores the last occurrence), and `fit --hold-out stages=2 --hold-out stages=4` held out only
@@ -61,6 +62,33 @@ class RepeatedOptions(unittest.TestCase):
             self.assertEqual(cases, ["one", "one", "two", "two", "three", "three"])
             self.assertTrue(all(r["set"] == "train" for r in merged["measurements"]))
             self.assertEqual(merged["provenance"], {"date": "x", "device": "y"})
+
+    def test_records_tags_device_kernels_by_class(self):
+        # bench_device_kernels' records: one case per class (and product precision), so that
+        # `fit --group case` holds each class out in turn; defaults merged in.
+        with tempfile.TemporaryDirectory() as d:
+            kernels = os.path.join(d, "kernels.json")
+            with open(kernels, "w") as f:
+                json.dump({"format_version": 1, "defaults": {"precision": "fp32"},
+                           "measurements": [
+                               {"operation": "gemm", "m": 8, "n": 8, "k": 8, "precision": "tf32",
+                                "count": 10, "seconds": 1e-4},
+                               {"operation": "gemm", "m": 8, "n": 8, "k": 8, "seconds": 2e-4},
+                               {"operation": "memory", "bytes": 96.0, "seconds": 1e-5},
+                               {"operation": "cholesky_inverse", "order": 16, "seconds": 1e-3}]},
+                          f)
+            out = os.path.join(d, "merged.json")
+            result = subprocess.run([sys.executable, SCRIPT, "records", "--out", out,
+                                     "--kernels", kernels, os.path.join(d, "missing.json")],
+                                    capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertIn("missing.json not found", result.stderr)
+            merged = json.load(open(out))["measurements"]
+            self.assertEqual([r["case"] for r in merged],
+                             ["kernels-gemm-tf32", "kernels-gemm-fp32", "kernels-memory",
+                              "kernels-cholesky_inverse"])
+            self.assertTrue(all(r["set"] == "kernels" for r in merged))
+            self.assertEqual(merged[0]["count"], 10)
 
 
 if __name__ == "__main__":
