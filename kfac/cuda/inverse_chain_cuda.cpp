@@ -126,17 +126,22 @@ void InverseChainCuda::run_step(std::size_t index) {
                              panel, n, &one, trailing, n));
     return;
   }
-  // X[:, first:first+width] = L^-T L^-1 E: the identity's columns are zero above `first`, so
-  // the forward solve runs on rows [first, n).
+  // X[first:, first:first+width] = L22^-T (L22^-1 E2), L22 = L[first:, first:]: the identity's
+  // columns are zero above `first`, so L^-1 E is too, and both solves need only L's trailing
+  // block and rows [first, n) (kfac/cholesky_inverse_columns.h, the CPU chain's step). The rows
+  // above `first` are the upper triangle, mirrored from the lower one at the last step: n^3
+  // FLOPs with the factorization, where solving every row took 5/3 n^3.
   float* columns = inverse_.data<float>() + static_cast<std::int64_t>(first) * n;
   set_unit_columns(columns, n, first, width, stream);
   const int below = n - first;
+  const float* lower_right = l + static_cast<std::int64_t>(first) * (n + 1);
   CUBLAS_CHECK(cublasStrsm(cublas, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N,
-                           CUBLAS_DIAG_NON_UNIT, below, width, &one,
-                           l + static_cast<std::int64_t>(first) * (n + 1), n, columns + first, n));
+                           CUBLAS_DIAG_NON_UNIT, below, width, &one, lower_right, n,
+                           columns + first, n));
   CUBLAS_CHECK(cublasStrsm(cublas, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_T,
-                           CUBLAS_DIAG_NON_UNIT, n, width, &one, l, n, columns, n));
-  if (first + width == n) symmetrize(inverse_.data<float>(), dim_, stream);
+                           CUBLAS_DIAG_NON_UNIT, below, width, &one, lower_right, n,
+                           columns + first, n));
+  if (first + width == n) fill_upper_from_lower(inverse_.data<float>(), dim_, stream);
 }
 
 InverseChainCuda::Result InverseChainCuda::take() {
