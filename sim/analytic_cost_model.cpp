@@ -104,9 +104,8 @@ double AnalyticCostModel::compute_seconds(const sched::Schedule& schedule,
   if (placed.num_layers > 0) parts[n++] = {&piece(layer_), placed.num_layers, -1.0};
   if (forward && placed.has_head) parts[n++] = {&piece(heads_), 1, -1.0};
   if (!forward && placed.has_embeddings) parts[n++] = {&piece(embeddings_), 1, -1.0};
-  const double launch = forward ? device_.launch_overhead_s : device_.backward_launch_s();
-  return queued_seconds(std::span<const QueuedPart>(parts.data(), static_cast<std::size_t>(n)),
-                        launch);
+  return instruction_seconds(
+      device_, std::span<const QueuedPart>(parts.data(), static_cast<std::size_t>(n)), !forward);
 }
 
 double AnalyticCostModel::kfac_seconds(const sched::Schedule& schedule,
@@ -114,18 +113,17 @@ double AnalyticCostModel::kfac_seconds(const sched::Schedule& schedule,
   const LinearDims d = linear_dims(workload_.config, in.linear);
   const double d_in = d.in, d_out = d.out;
   const auto& k = kfac_[static_cast<std::size_t>(in.linear)];
-  const double launch = device_.launch_overhead_s;
   switch (in.kind) {
     case OpKind::kCurvatureA:
-      return queued_seconds(k.curvature_a, launch);
+      return instruction_seconds(device_, k.curvature_a, false);
     case OpKind::kCurvatureB:
-      return queued_seconds(k.curvature_b, launch);
+      return instruction_seconds(device_, k.curvature_b, false);
     case OpKind::kInvertA:
-      return queued_seconds(k.invert_a, launch);
+      return instruction_seconds(device_, k.invert_a, false);
     case OpKind::kInvertB:
-      return queued_seconds(k.invert_b, launch);
+      return instruction_seconds(device_, k.invert_b, false);
     case OpKind::kPrecondition:
-      return queued_seconds(k.precondition, launch);
+      return instruction_seconds(device_, k.precondition, false);
     case OpKind::kCurvatureSync: {
       const int replicas = std::max(1, schedule.placement.num_pipelines) *
                            std::max(1, schedule.params.data_parallel);
@@ -168,8 +166,8 @@ double AnalyticCostModel::duration(const sched::Schedule& schedule, int worker,
                                     device_.link_latency_s);
     }
     case OpKind::kOptimizerStep: {
-      return device_.launch_overhead_s +
-             kernel_seconds(device_, optimizer_step_kernel(worker_params(schedule, worker)));
+      return instruction_seconds(
+          device_, price(device_, {optimizer_step_kernel(worker_params(schedule, worker))}), false);
     }
     case OpKind::kCurvatureSync:  // a piece: its share of the whole all-reduce, plus overhead
       return kfac_piece_seconds(kfac_seconds(schedule, whole_task(in)), kfac_task_overhead_s_, in);

@@ -194,15 +194,17 @@ Measurement parse_record(const nlohmann::json& record, const std::string& where,
     if (op == "chunk_forward") {
       m.timed = std::move(forward);
     } else {
-      // chunk_backward: timed after an untimed forward; chunk_forward_backward: both timed (a
-      // harness with one pair of events around a fused forward and backward), the backward
-      // dispatched as backward work.
+      // chunk_backward: the backward instruction alone, priced as the simulator prices it (from
+      // an empty queue: the run-ahead the runtime's host may have gained during the forward is
+      // not credited, docs/simulator.md "One price for an instruction");
+      // chunk_forward_backward: both timed (a harness with one pair of events around a forward
+      // and its backward), the sum of the two instructions.
       Kernels& to = op == "chunk_backward" ? m.timed : m.backward;
       const auto backward = [&](const PieceKernels& piece) {
         append(to, piece.backward_input);
         append(to, piece.backward_weight);
       };
-      (op == "chunk_backward" ? m.before : m.timed) = std::move(forward);
+      if (op == "chunk_forward_backward") m.timed = std::move(forward);
       if (head) backward(back);
       for (int i = 0; i < layers; ++i) backward(layer);
       if (embeddings) backward(front);
@@ -561,6 +563,15 @@ std::vector<Measurement> measurements_from_json_file(const std::filesystem::path
 }
 
 double predict(const DeviceSpec& device, const Measurement& m) {
+  if (m.before.empty() && m.before_backward.empty()) {
+    // One instruction (or a forward and its backward), each as the simulator prices it.
+    double seconds = instruction_seconds(device, price(device, m.timed), m.timed_backward);
+    if (!m.backward.empty())
+      seconds += instruction_seconds(device, price(device, m.backward), true);
+    return seconds;
+  }
+  // A harness's difference of two timed runs (layer_backward, layer_curvature): the timed kernels
+  // queued behind the untimed ones.
   const PricedKernels before = price(device, m.before);
   const PricedKernels before_backward = price(device, m.before_backward);
   const PricedKernels timed = price(device, m.timed);

@@ -37,7 +37,9 @@
 // work of all six Linears for one micro-batch: curvature of their 12 factors, inversion of the
 // 12 factors (Cholesky), preconditioning of the 6 gradients (kfac_kernels.h). A record may carry
 // "count": kernels of the same shape run back to back in the timed region (default 1), and any
-// other fields (kept for --hold-out and the report).
+// other fields (kept for --hold-out and the report). Records without an untimed part (all but
+// layer_backward and layer_curvature) price each instruction from an empty queue, as the
+// simulator does (instruction_seconds): a chunk_backward is not credited with run-ahead.
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -56,9 +58,13 @@ inline constexpr int kMeasurementsFormatVersion = 1;
 inline constexpr int kMaxMeasurementCount = 1 << 16;
 inline constexpr std::int64_t kMaxMeasurementKernels = std::int64_t{1} << 22;
 
-// What to predict for one record: the `timed` kernels issued after `before` (untimed, e.g. the
-// forward ahead of a timed backward); timed_backward: the timed kernels are dispatched as backward
-// work (DeviceSpec::backward_launch_overhead_s).
+// What to predict for one record: the `timed` kernels issued after `before` (untimed: the forward
+// ahead of a layer_backward record's backward, as a harness that times forward + backward less
+// forward sees it); timed_backward: the timed kernels are dispatched as backward work
+// (DeviceSpec::backward_launch_overhead_s). A record without `before` is one or two of a
+// worker's instructions, each priced as the simulator prices it (instruction_seconds,
+// sim/kernel_costs.h): a chunk_backward record is the backward from an empty queue, not the time
+// it adds behind its forward.
 struct Measurement {
   std::string label;      // e.g. "layer_forward large b=8"
   std::string operation;  // the record's "operation"
@@ -68,8 +74,8 @@ struct Measurement {
   Kernels before_backward;  // untimed backward work after `before` (layer_curvature)
   Kernels timed;
   bool timed_backward = false;
-  // Timed too, after `timed`, dispatched as backward work (chunk_forward_backward: a forward and
-  // its backward between one pair of events).
+  // Timed too, after `timed`: the backward instruction of a chunk_forward_backward record (a
+  // forward and its backward between one pair of events), priced as its own instruction.
   Kernels backward;
   bool held_out = false;
 };

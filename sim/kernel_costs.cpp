@@ -141,6 +141,16 @@ double queued_seconds(const PricedKernels& priced, double launch_overhead_s, int
   return queued_seconds(std::span<const QueuedPart>(&part, 1), launch_overhead_s);
 }
 
+double instruction_seconds(const DeviceSpec& device, std::span<const QueuedPart> parts,
+                           bool backward) {
+  return queued_seconds(parts, backward ? device.backward_launch_s() : device.launch_overhead_s);
+}
+
+double instruction_seconds(const DeviceSpec& device, const PricedKernels& kernels, bool backward) {
+  const QueuedPart part{&kernels, 1, -1.0};
+  return instruction_seconds(device, std::span<const QueuedPart>(&part, 1), backward);
+}
+
 double total_flops(const Kernels& kernels) {
   double flops = 0.0;
   for (const Kernel& k : kernels) flops += k.count * k.flops;

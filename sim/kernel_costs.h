@@ -99,6 +99,17 @@ struct QueuedPart {
 };
 double queued_seconds(std::span<const QueuedPart> parts, double launch_overhead_s);
 
+// What one instruction of a worker costs on a device (a chunk's forward or backward, a K-FAC
+// task): its kernels queued from an empty queue (the host starts launching when the instruction
+// starts, the device idle), forward work at launch_overhead_s a kernel and backward work at
+// backward_launch_s() (a part's own launch_overhead_s >= 0 wins). The one definition both the
+// simulator's analytic durations (AnalyticCostModel) and calibrate's prices of the runtime's
+// instruction records (chunk_*, sim/calibration.h) use: docs/simulator.md, "One price for an
+// instruction".
+double instruction_seconds(const DeviceSpec& device, std::span<const QueuedPart> parts,
+                           bool backward);
+double instruction_seconds(const DeviceSpec& device, const PricedKernels& kernels, bool backward);
+
 // Totals of a list (for FLOP counts and tests).
 double total_flops(const Kernels& kernels);
 double total_bytes(const Kernels& kernels);

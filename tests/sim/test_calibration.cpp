@@ -22,6 +22,7 @@
 #include "sim/kernel_costs.h"
 #include "sim/kfac_kernels.h"
 #include "sim/profile_measurements.h"
+#include "sim/simulator.h"
 #include "tests/sim/error_message.h"
 
 namespace pf::sim {
@@ -652,6 +653,128 @@ TEST(SimCalibration, ProfileRecordsPriceWhatTheAnalyticModelPrices) {
             std::string::npos);
 }
 
+// One price for an instruction (docs/simulator.md): records written from the simulator's own
+// durations (as pipefisher_train --calibration-out writes a run's) fit back the device that
+// produced them, and the fitted device's simulated step is the records' sum. The device is one
+// where the host runs far ahead during a forward (1 us a launch against device-bound kernels)
+// and the backward is launch-bound (12 us a launch): there the time a backward adds behind its
+// forward on one queue is well below the backward priced from an empty queue.
+TEST(SimCalibration, FittedDeviceSimulatesTheStepItsInstructionRecordsSum) {
+  DeviceSpec truth = device_preset("h200");
+  truth.launch_overhead_s = 1e-6;
+  truth.backward_launch_overhead_s = 12e-6;
+  const FitParameter fp32_products{FitParameter::Kind::kGemmPrecisionEfficiency,
+                                   static_cast<int>(Precision::kFp32)};
+  fp32_products.set(truth, 0.4);
+  truth.classes[static_cast<std::size_t>(OpClass::kMemory)].efficiency = 0.1;
+  Workload w;
+  w.config = model::bert_preset("mini");
+  w.seq_len = 128;
+  w.precision = Precision::kFp32;
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.workers = 1;
+  params.microbatches = 4;
+  params.num_layers = w.config.num_layers;
+  const auto schedule = sched::compile(params);
+  const std::vector<int> sizes = {1, 4, 16, 64};
+
+  // The step the simulator gives a device, and the records of one micro-batch's forward and
+  // backward and of the optimizer step, at the simulator's durations.
+  const auto step_seconds = [&](const DeviceSpec& device, int b) {
+    Workload at = w;
+    at.micro_batch_size = b;
+    return simulate(schedule, AnalyticCostModel(at, device, 0.0)).step_time_s;
+  };
+  nlohmann::json records = nlohmann::json::array();
+  std::vector<double> record_sums;  // per size: 4 x (forward + backward) + optimizer step
+  for (const int b : sizes) {
+    Workload at = w;
+    at.micro_batch_size = b;
+    const AnalyticCostModel costs(at, truth, 0.0);
+    Profile profile;
+    profile.chunks.push_back({.pipeline = 0, .chunk = 0});
+    for (const auto& in : schedule.streams[0]) {
+      if (in.microbatch != 0) continue;
+      if (in.kind == sched::OpKind::kForward)
+        profile.chunks[0].forward_s = costs.duration(schedule, 0, in);
+      if (in.kind == sched::OpKind::kBackward)
+        profile.chunks[0].backward_s = costs.duration(schedule, 0, in);
+    }
+    sched::Instruction step;
+    step.kind = sched::OpKind::kOptimizerStep;
+    profile.optimizer_step_s = costs.duration(schedule, 0, step);
+    record_sums.push_back(4.0 * (profile.chunks[0].forward_s + profile.chunks[0].backward_s) +
+                          profile.optimizer_step_s);
+    EXPECT_NEAR(step_seconds(truth, b) / record_sums.back(), 1.0, 1e-9) << "b = " << b;
+    const auto json =
+        measurements_from_profile(profile, schedule, {w.config, w.seq_len, b, w.precision});
+    for (const auto& r : json.at("measurements")) records.push_back(r);
+  }
+  // GEMMs timed alone set the product rate apart from the element-wise one (every chunk record
+  // grows with the tokens in both).
+  for (const double m : {512.0, 2048.0, 8192.0}) {
+    records.push_back(
+        {{"operation", "gemm"}, {"m", m}, {"n", 1024}, {"k", 1024}, {"seconds", 1.0}});
+  }
+  auto measurements = measurements_from_json({{"format_version", 1}, {"measurements", records}},
+                                             "simulated records", truth);
+  ASSERT_EQ(measurements.size(), 3 * sizes.size() + 3);
+  for (auto& m : measurements) {
+    if (m.operation == "gemm") m.seconds = predict(truth, m);
+    EXPECT_NEAR(predict(truth, m) / m.seconds, 1.0, 1e-9) << m.label;
+  }
+
+  // The regime tells the two pricings apart: at b = 4 the backward queued behind its forward adds
+  // at least 15% less than the backward alone.
+  const Measurement* forward4 = nullptr;
+  const Measurement* backward4 = nullptr;
+  for (const auto& m : measurements) {
+    if (m.record.value("micro_batch_size", 0) != 4) continue;
+    if (m.operation == "chunk_forward") forward4 = &m;
+    if (m.operation == "chunk_backward") backward4 = &m;
+  }
+  ASSERT_NE(forward4, nullptr);
+  ASSERT_NE(backward4, nullptr);
+  const PricedKernels f = price(truth, forward4->timed), bw = price(truth, backward4->timed);
+  const std::array<QueuedPart, 2> queue = {QueuedPart{&f, 1, truth.launch_overhead_s},
+                                           QueuedPart{&bw, 1, truth.backward_launch_s()}};
+  const double behind_forward =
+      queued_seconds(queue, truth.launch_overhead_s) - queued_seconds(f, truth.launch_overhead_s);
+  EXPECT_LT(behind_forward, 0.85 * backward4->seconds);
+
+  // Fit the two launch overheads and the two rates from a start that has them wrong; every other
+  // parameter is the truth's.
+  const std::vector<std::string> fitted = {"launch_overhead_s", "backward_launch_overhead_s",
+                                           fp32_products.name(), "classes.memory.efficiency"};
+  FitOptions options;
+  for (const auto& p : parameters_of(measurements)) {
+    if (std::find(fitted.begin(), fitted.end(), p.name()) == fitted.end()) {
+      options.keep.push_back(p.name());
+    }
+  }
+  DeviceSpec start = truth;
+  start.launch_overhead_s = 5e-6;
+  start.backward_launch_overhead_s = 5e-6;
+  fp32_products.set(start, 0.7);
+  start.classes[static_cast<std::size_t>(OpClass::kMemory)].efficiency = 0.5;
+  const FitResult fit = fit_device(start, measurements, options);
+  ASSERT_EQ(fit.parameters.size(), fitted.size());
+  EXPECT_LT(fit.rms_log_error, 1e-3);
+  const auto near = [](double got, double want, const char* what) {
+    EXPECT_NEAR(got / want, 1.0, 0.03) << what << ": " << got << " vs " << want;
+  };
+  near(fit.device.launch_overhead_s, 1e-6, "launch overhead");
+  near(fit.device.backward_launch_overhead_s, 12e-6, "backward launch overhead");
+  near(fit.device.gemm_efficiency(Precision::kFp32), 0.4, "gemm efficiency");
+  near(fit.device.efficiency(OpClass::kMemory), 0.1, "memory efficiency");
+  // The fitted device's simulated one-worker step is the records' sum.
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_NEAR(step_seconds(fit.device, sizes[i]) / record_sums[i], 1.0, 0.01)
+        << "b = " << sizes[i];
+  }
+}
+
 // pipefisher_train stores activations in fp32 whatever its product precision: a workload's
 // storage precision moves every kernel's bytes (and the stash), its product precision only the
 // products' arithmetic.
@@ -726,7 +849,7 @@ TEST(SimKernelCosts, StoragePrecisionMovesTheBytesAndProductPrecisionTheArithmet
 }
 
 // chunk_forward_backward: a forward and its backward between one pair of events (bench_model_cuda)
-// prices as the forward record plus the backward record on a device without launch costs, and
+// prices as the forward record plus the backward record (each an instruction), and
 // dispatches its backward part at the backward launch overhead.
 TEST(SimCalibration, ForwardBackwardRecordsTimeBothPasses) {
   DeviceSpec device = device_preset("h100");
@@ -750,7 +873,11 @@ TEST(SimCalibration, ForwardBackwardRecordsTimeBothPasses) {
   ASSERT_EQ(m.size(), 3U);
   EXPECT_FALSE(m[2].backward.empty());
   EXPECT_TRUE(m[2].before.empty());
-  EXPECT_EQ(total_kernels(m[2].timed), total_kernels(m[1].before));
+  // Each instruction priced as the simulator prices it: the backward record is the backward
+  // alone (no forward queued ahead of it), and forward + backward is the sum of the two records
+  // on any device.
+  EXPECT_TRUE(m[1].before.empty());
+  EXPECT_EQ(total_kernels(m[2].timed), total_kernels(m[0].timed));
   EXPECT_EQ(total_kernels(m[2].backward), total_kernels(m[1].timed));
   EXPECT_NEAR(predict(device, m[2]), predict(device, m[0]) + predict(device, m[1]),
               1e-12 * predict(device, m[2]));
