@@ -7,6 +7,7 @@
 //                                        CASE (e.g. analytic/v100/large/8/4/1f1b): that one only
 //   bench_pipefisher --pieces-pipelined [CASE]  the same with --kfac-pipelined-refresh on: k on
 //                                        and off against the bound, overhead beside PipeFisher's
+//   (both sweeps: --spill-budget F, the pass's --kfac-spill-budget)
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
@@ -230,7 +231,7 @@ int print_zero_bubble_figures(int microbatches_per_stage) {
 
 // --- The divisible-task sweep (docs/pipefisher.md, "The sweep"): every case of
 // pf::pipefisher::pieces_sweep_cases(), or the one named (costs/device/model/mb/D/schedule).
-int print_pieces_sweep(const char* only) {
+int print_pieces_sweep(const char* only, const pf::pipefisher::KfacOptions& options) {
   std::printf(
       "| costs | device | model | mb | D | schedule | bound | with release times | in usable gaps "
       "| k split (whole) | util before | util after split (whole) | overhead split (whole) | "
@@ -239,7 +240,7 @@ int print_pieces_sweep(const char* only) {
   std::vector<pf::pipefisher::SweepResult> results;
   for (const auto& config : pf::pipefisher::pieces_sweep_cases()) {
     if (only != nullptr && config.name() != only) continue;
-    const auto r = pf::pipefisher::run_sweep_case(config);
+    const auto r = pf::pipefisher::run_sweep_case(config, options);
     results.push_back(r);
     const std::string schedule = std::string(pf::sched::to_string(config.kind));
     if (!r.refused.empty()) {
@@ -309,8 +310,7 @@ int print_pieces_sweep(const char* only) {
 // --- The same sweep with --kfac-pipelined-refresh on (docs/pipefisher.md, "The pipelined
 // refresh"): k against the work/bubble bound with the option on and off (the plain refresh's k,
 // searched in the same run), and the step-time overhead beside PipeFisher's own at the k taken.
-int print_pipelined_sweep(const char* only) {
-  pf::pipefisher::KfacOptions options;
+int print_pipelined_sweep(const char* only, pf::pipefisher::KfacOptions options) {
   options.pipelined_refresh = true;
   std::printf(
       "| costs | device | model | mb | D | schedule | bound | in usable gaps | k off | k on | "
@@ -381,15 +381,24 @@ int print_pipelined_sweep(const char* only) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  pf::pipefisher::KfacOptions sweep_options;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--spill-budget") == 0)
+      sweep_options.spill_budget = std::atof(argv[i + 1]);
+  }
+  const auto case_after = [&](int i) {
+    return i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0 ? argv[i + 1] : nullptr;
+  };
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--figures") == 0) {
       const int per_stage = i + 1 < argc ? std::atoi(argv[i + 1]) : 1;
       return print_figures(per_stage > 0 ? per_stage : 1);
     }
     if (std::strcmp(argv[i], "--pieces") == 0)
-      return print_pieces_sweep(i + 1 < argc ? argv[i + 1] : nullptr);
-    if (std::strcmp(argv[i], "--pieces-pipelined") == 0)
-      return print_pipelined_sweep(i + 1 < argc ? argv[i + 1] : nullptr);
+      return print_pieces_sweep(case_after(i), sweep_options);
+    if (std::strcmp(argv[i], "--pieces-pipelined") == 0) {
+      return print_pipelined_sweep(case_after(i), sweep_options);
+    }
     if (std::strcmp(argv[i], "--zero-bubble") == 0) {
       const int per_stage = i + 1 < argc ? std::atoi(argv[i + 1]) : 1;
       return print_zero_bubble_figures(per_stage > 0 ? per_stage : 1);

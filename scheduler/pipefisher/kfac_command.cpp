@@ -60,6 +60,11 @@ void add_kfac_options(CLI::App& app, KfacCommandOptions& options) {
                  "Cap of the automatic refresh interval: beyond it, what does not fit in the "
                  "bubbles runs after the flush (with a warning)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--kfac-spill-budget", options.spill_budget,
+                 "Automatic refresh interval: take a k that leaves curvature, sync or inversion "
+                 "work after the flush when that work costs at most this fraction of a step per "
+                 "step on its busiest worker (0: only a k whose bubbles hold all of it)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--kfac-split", options.split,
                  "Cut curvature, curvature sync, inversion and preconditioning into pieces "
                  "that fit the gaps (on), or keep every task whole (off, the indivisible pass)")
@@ -138,6 +143,7 @@ KfacOptions to_kfac_options(const KfacCommandOptions& command) {
   }
   options.pipelined_refresh = command.pipelined_refresh == "on";
   options.max_refresh_steps = command.max_refresh_steps;
+  options.spill_budget = command.spill_budget;
   options.min_piece_overheads = command.min_piece_overheads;
   if (command.linears != "all") {
     options.linears.clear();
@@ -232,6 +238,13 @@ std::string format_kfac_report(const KfacReport& report) {
   }
   text += format("after the flush %.0f tasks, %.3f ms per refresh\n", report.after_flush_tasks,
                  1e3 * report.after_flush_s);
+  if (report.spill_budget > 0.0) {
+    text += format(
+        "spill budget (--kfac-spill-budget) %.2f%% of a step: curvature, sync and inversion "
+        "that some k could hold run after the flush, %.2f%% of a step per step on the busiest "
+        "worker\n",
+        100 * report.spill_budget, 100 * report.budget_spill);
+  }
   if (report.pipelined_refresh) {
     text += format(
         "pipelined refresh (--kfac-pipelined-refresh on): %.0f tasks run in part or whole in the "

@@ -29,6 +29,7 @@ struct KfacCommandOptions {
   std::string move_weights = "off";       // --kfac-move-w on|off
   std::string pipelined_refresh = "off";  // --kfac-pipelined-refresh on|off
   int max_refresh_steps = 64;             // --kfac-max-refresh
+  double spill_budget = 0.0;              // --kfac-spill-budget
   double min_piece_overheads = 2.0;       // --kfac-min-piece
   std::string sharding = "replicate";     // --kfac-sharding auto|replicate|shard|partial:G
   double memory_budget_mib = 0.0;         // --kfac-memory-budget (0: no limit)

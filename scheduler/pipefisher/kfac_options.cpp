@@ -53,6 +53,11 @@ void KfacOptions::validate() const {
         "--kfac-refresh (refresh_steps) must be >= 0 (0 = automatic), got " +
         std::to_string(refresh_steps));
   }
+  if (!(spill_budget >= 0.0 && spill_budget <= 1.0)) {
+    throw std::invalid_argument(
+        "--kfac-spill-budget (spill_budget) must be a fraction of a step in [0, 1], got " +
+        std::to_string(spill_budget));
+  }
   if (max_refresh_steps < 1) {
     throw std::invalid_argument("--kfac-max-refresh (max_refresh_steps) must be >= 1, got " +
                                 std::to_string(max_refresh_steps));

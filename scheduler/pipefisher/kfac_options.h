@@ -37,6 +37,14 @@ struct KfacOptions {
   // The automatic search's cap: when no k up to it runs all curvature and inversion in the
   // bubbles, k is the cap and the rest runs after the flush (with a warning in the report).
   int max_refresh_steps = 64;
+  // The automatic search's trade of step time for fresher curvature: a k whose packing leaves
+  // curvature, sync or inversion work after the flush is taken when that work, on its busiest
+  // worker, is at most this fraction of a step per step (spilled seconds per refresh <= budget *
+  // step time * k). 0 (default): only a k that holds all of it in the bubbles, PipeFisher's rule.
+  // Where the bubbles hold all of a refresh's work at k + 1 but for a little at k (worker 0 of
+  // GPipe/1F1B gets its last curvature only after its last backward), a budget of a few percent
+  // reaches the work/bubble bound (docs/pipefisher.md, "Spill budget").
+  double spill_budget = 0.0;
   // Divisible tasks: the pass may cut curvature, inversion and preconditioning into pieces that
   // fill the gaps in hand (false: every task whole, the indivisible pass).
   bool split = true;

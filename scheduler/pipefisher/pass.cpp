@@ -71,6 +71,10 @@ struct Plan {
   std::string cap_reason;  // non-empty: automatic k stopped at the cap with work after the flush
   int avoidable_spills() const { return packed.spilled_items - unavoidable_spills; }
   double total_after_flush_s = 0.0;  // K-FAC seconds per refresh after a flush, all workers
+  // Of the avoidable spills (curvature, sync, inversion), the seconds per refresh after a flush
+  // on the worker with the most (KfacOptions::spill_budget).
+  double busiest_spill_s = 0.0;
+  bool within_budget = false;  // taken below the policies' k for the spill budget
 
   const KfacWork& work() const { return *prepared->work; }
   const BubbleMap& bubbles() const { return prepared->bubbles; }
@@ -470,6 +474,15 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
     unavoidable[i] = item.spill_early;
     if (unavoidable[i] && spilled) ++plan.unavoidable_spills;
   }
+  std::vector<double> spilled_on(plan.bubbles().problem.bubbles.size(), 0.0);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (items[i].step_bound >= 0 || unavoidable[i] || !plan.packed.placements[i].spilled) continue;
+    for (int w : items[i].workers) {
+      double& on = spilled_on[static_cast<std::size_t>(w)];
+      on += plan.packed.placements[i].spilled_s;
+      plan.busiest_spill_s = std::max(plan.busiest_spill_s, on);
+    }
+  }
   return plan;
 }
 
@@ -681,6 +694,29 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
         found = true;
       }
       if (!found) break;
+    }
+  }
+  // The spill budget (KfacOptions::spill_budget): below the smallest k that holds all of the
+  // work, the smallest k whose plan (any policy's) leaves at most the budget's share of each
+  // step after the flush on its busiest worker. Only below that k: at it the plan that holds
+  // everything stays (a spilling plan of the same k would only cost time).
+  if (options.spill_budget > 0.0 && options.refresh_steps == 0 && bound.impossible.empty() &&
+      bound.steps <= cap) {
+    int reached = cap + 1;
+    for (const Plan& plan : plans) {
+      if (plan.cap_reason.empty()) reached = std::min(reached, plan.refresh_steps);
+    }
+    bool found = false;
+    for (int k = std::max(1, bound.steps); k < reached && !found; ++k) {
+      const double allowed = options.spill_budget * timeline.period_s * static_cast<double>(k);
+      for (PackingPolicy policy : policies) {
+        Plan plan = plan_for(k, of_policy(policy));
+        if (plan.busiest_spill_s > allowed) continue;
+        plan.within_budget = true;
+        plans.push_back(std::move(plan));
+        found = true;
+        break;
+      }
     }
   }
   return plans;
@@ -1111,6 +1147,11 @@ KfacReport make_report(const sched::Schedule& base, const sim::CostModel& costs,
   report.refresh_steps = plan.refresh_steps;
   report.policy = std::string(to_string(plan.policy));
   report.safety_margin = options.safety_margin;
+  report.spill_budget = options.spill_budget;
+  report.budget_spill =
+      before.step_time_s > 0.0
+          ? plan.busiest_spill_s / static_cast<double>(plan.refresh_steps) / before.step_time_s
+          : 0.0;
   report.curvature = std::string(to_string(options.curvature));
   report.fixed_interval = options.refresh_steps > 0;
   report.utilization_before = 1.0 - before.bubble_fraction;
@@ -1345,7 +1386,7 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
   result.report.release_bound = release_bound;
   result.report.usable_bound = usable_bound;
   for (const Plan& plan : plans) {
-    if (plan.pipelined != chosen->pipelined || plan.variant >= 0) continue;
+    if (plan.pipelined != chosen->pipelined || plan.variant >= 0 || plan.within_budget) continue;
     (plan.policy == PackingPolicy::kFirstFit ? result.report.first_fit_refresh_steps
                                              : result.report.best_fit_refresh_steps) =
         plan.refresh_steps;

@@ -73,6 +73,11 @@ struct KfacReport {
   // longest work first), at a k below both policies' own.
   bool refined = false;
   double safety_margin = 0.0;
+  // --kfac-spill-budget, and the curvature, sync and inversion work that the plan runs after the
+  // flush though some k could hold it, per step on its busiest worker, as a fraction of the step
+  // time before filling (<= spill_budget where the automatic k took it; 0 where none spilled).
+  double spill_budget = 0.0;
+  double budget_spill = 0.0;
   std::string curvature;  // first_step / every_step
   bool fixed_interval = false;
   double utilization_before = 0.0;  // 1 - bubble fraction of the base schedule over k steps

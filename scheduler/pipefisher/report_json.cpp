@@ -40,6 +40,8 @@ nlohmann::json to_json(const KfacReport& report) {
           {"fixed_interval", report.fixed_interval},
           {"curvature", report.curvature},
           {"safety_margin", report.safety_margin},
+          {"spill_budget", report.spill_budget},
+          {"budget_spill", report.budget_spill},
           {"utilization_before", report.utilization_before},
           {"utilization_after", report.utilization_after},
           {"step_time_before_s", report.step_time_before_s},

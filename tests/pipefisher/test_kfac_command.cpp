@@ -38,7 +38,9 @@ TEST(KfacCommand, FlagsBecomeOptions) {
   EXPECT_EQ(options.layers, (std::vector<int>{0, 1, 2, 5}));
   EXPECT_TRUE(options.move_weights);
   EXPECT_TRUE(to_kfac_options(parse({"--kfac-pipelined-refresh", "on"})).pipelined_refresh);
+  EXPECT_DOUBLE_EQ(to_kfac_options(parse({"--kfac-spill-budget", "0.02"})).spill_budget, 0.02);
   const auto defaults = to_kfac_options(parse({}));
+  EXPECT_EQ(defaults.spill_budget, 0.0);
   EXPECT_FALSE(defaults.move_weights);
   EXPECT_FALSE(defaults.pipelined_refresh);
   EXPECT_DOUBLE_EQ(defaults.min_piece_overheads, 2.0);
@@ -52,6 +54,7 @@ TEST(KfacCommand, BadValuesAreNamed) {
   EXPECT_THROW(parse({"--kfac-refresh", "-1"}), CLI::ValidationError);
   EXPECT_THROW(parse({"--kfac-move-w", "maybe"}), CLI::ValidationError);
   EXPECT_THROW(parse({"--kfac-pipelined-refresh", "yes"}), CLI::ValidationError);
+  EXPECT_THROW(parse({"--kfac-spill-budget", "2"}), CLI::ValidationError);
   // The refresh's curvature must come from its first step.
   EXPECT_THROW(
       to_kfac_options(parse({"--kfac-pipelined-refresh", "on", "--kfac-curvature", "every_step"})),
