@@ -89,8 +89,8 @@ struct RunContext {
   // --kfac-offload: the plan's K-FAC state on the busiest worker's device without and with
   // offload (-1: no offload).
   double kfac_offload_device_before = -1.0, kfac_offload_device_after = -1.0;
-  double kfac_offload_sums = 0.0;  // the plan's uncounted factor sums (WorkerOffloadReport)
-  nlohmann::json identity;         // what a checkpoint must share to resume
+  double kfac_offload_sums = 0.0;                  // the plan's factor sums (WorkerOffloadReport)
+  nlohmann::json identity;                         // what a checkpoint must share to resume
   std::optional<ckpt::TrainingCheckpoint> resume;  // --resume: the checkpoint to continue
   std::shared_ptr<device::DeviceRuntime> device;   // --device cuda; null on the CPU
 };
@@ -379,8 +379,9 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
     // The most K-FAC memory a rank held at once (its layers and the offload staging pool,
     // sampled after each K-FAC instruction) beside the plan's, and what was left at the end
     // (between refreshes an offloaded Linear holds nothing). The plan counts one offloaded
-    // Linear's state while it is moved and not the factor sums the curvature accumulates on the
-    // device (docs/offload.md); the host holds values, newest and previous inverses (1.5x).
+    // Linear's state while it is moved and the offloaded Linears' factor sums the curvature
+    // accumulates on the device (docs/offload.md); the host holds values, newest and previous
+    // inverses (1.5x).
     std::int64_t peak = 0, end = 0, host = 0;
     for (const auto& state : kfac_states) {
       peak = std::max(peak, state.peak_resident_bytes);
@@ -393,8 +394,8 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
         << (executor.setup().device ? "device" : "worker") << " at once ("
         << static_cast<double>(end) / kMiB << " MiB at the end), "
         << static_cast<double>(host) / kMiB << " MiB in host memory (plan: at most "
-        << context.kfac_offload_device_after / kMiB << " MiB on the device at once beside "
-        << context.kfac_offload_sums / kMiB << " MiB of factor sums it does not count; "
+        << context.kfac_offload_device_after / kMiB << " MiB on the device at once, "
+        << context.kfac_offload_sums / kMiB << " MiB of them factor sums; "
         << context.kfac_offload_device_before / kMiB << " MiB without offload)\n";
   }
   {

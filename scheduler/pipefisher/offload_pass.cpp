@@ -518,7 +518,7 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
   }
   // Simulated as the pass simulated its schedule: a pipelined refresh holds a second
   // accumulator of each kept Linear's factors (half its state; an offloaded Linear's sums stay
-  // on the device too, uncounted as without a pipelined refresh).
+  // on the device too, uncounted as without a pipelined refresh; the planner counts them).
   sim::SimOptions simulation = sim_options;
   if (!simulation.kfac_state_bytes) {
     const double accumulators = schedule.kfac_pipelined_refresh ? 1.5 : 1.0;
@@ -531,10 +531,14 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
   std::vector<double> other(static_cast<std::size_t>(workers));
   for (int w = 0; w < workers; ++w) {
     for (const auto& [key, in] : found.sample[static_cast<std::size_t>(w)]) {
-      const double held = held_state(w, in->layer, in->linear).bytes;
+      const HeldKfacState held = held_state(w, in->layer, in->linear);
+      // The factor sums a factor holder keeps up to their inversion (the others drop theirs at
+      // the curvature sync, offloaded or not: not counted, as for a kept Linear).
+      const double sums =
+          held.factors ? costs.kfac_bytes(schedule, in->layer, in->linear) / 2.0 : 0.0;
       linears[static_cast<std::size_t>(w)].push_back(
           {std::get<0>(key), std::get<1>(key), static_cast<sched::LinearKind>(std::get<2>(key)),
-           held});
+           held.bytes, sums});
     }
     other[static_cast<std::size_t>(w)] = pipefisher.before.workers[w].peak_memory_bytes;
   }
@@ -618,7 +622,7 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
     worker_report.kfac_device_bytes_before =
         plan.kept_bytes + plan.offloaded_bytes + plan.factors_only_bytes;
     worker_report.kfac_device_bytes_after = plan.device_kfac_bytes;
-    worker_report.offloaded_sum_bytes = (plan.offloaded_bytes + plan.factors_only_bytes) / 2.0;
+    worker_report.offloaded_sum_bytes = offloaded_sum_bytes(plan);
     worker_report.offloaded_bytes = plan.offloaded_bytes + plan.factors_only_bytes / 2.0;
     worker_report.peak_memory_before = pipefisher.after.workers[w].peak_memory_bytes;
     worker_report.peak_memory_after = result.after.workers[w].peak_memory_bytes;

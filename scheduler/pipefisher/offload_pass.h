@@ -57,8 +57,9 @@ struct WorkerOffloadReport {
   int kept_linears = 0;
   double kfac_device_bytes_before = 0.0;  // all K-FAC state on the device
   double kfac_device_bytes_after = 0.0;   // the planner's estimate (WorkerOffloadPlan)
-  // The offloaded Linears' factor sums, which neither the estimate nor the simulated memory
-  // counts: the refresh's curvature accumulates them on the device up to their inversion.
+  // Of that estimate, the factor sums of the offloaded Linears whose factors the replica holds
+  // (offloaded_sum_bytes): the refresh's curvature accumulates them on the device up to their
+  // inversion. The simulated memory does not count them yet (docs/offload.md).
   double offloaded_sum_bytes = 0.0;
   double offloaded_bytes = 0.0;     // in host memory: whole states and factors
   double peak_memory_before = 0.0;  // simulated peak, PipeFisher schedule without offload

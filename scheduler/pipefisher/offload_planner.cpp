@@ -41,7 +41,7 @@ double device_need(const WorkerOffloadPlan& plan) {
   if (!plan.factors_only.empty()) {
     transient = std::max(transient, plan.factors_only.front().bytes / 2.0);
   }
-  return resident_bytes(plan) + transient;
+  return resident_bytes(plan) + offloaded_sum_bytes(plan) + transient;
 }
 
 // Moves the largest Linear of `from` to `to` (both kept largest first) and recounts the plan.
@@ -63,6 +63,14 @@ bool move_largest(WorkerOffloadPlan& worker, std::vector<LinearState>& from,
 
 double resident_bytes(const WorkerOffloadPlan& worker) {
   return worker.kept_bytes + worker.factors_only_bytes / 2.0;
+}
+
+double offloaded_sum_bytes(const WorkerOffloadPlan& worker) {
+  double bytes = 0.0;
+  for (const auto* states : {&worker.offloaded, &worker.factors_only}) {
+    for (const auto& state : *states) bytes += state.sum_bytes;
+  }
+  return bytes;
 }
 
 bool offload_largest_kept(WorkerOffloadPlan& worker) {
@@ -135,6 +143,8 @@ OffloadPlan plan_offload(OffloadMode mode, const std::vector<std::vector<LinearS
     for (const auto& state : worker.kept) {
       check_bytes(state.bytes, "worker " + std::to_string(w) + " layer " +
                                    std::to_string(state.layer) + " K-FAC bytes");
+      check_bytes(state.sum_bytes, "worker " + std::to_string(w) + " layer " +
+                                       std::to_string(state.layer) + " factor sum bytes");
     }
     std::sort(worker.kept.begin(), worker.kept.end(), larger_first);
     for (const auto& state : worker.kept) worker.kept_bytes += state.bytes;

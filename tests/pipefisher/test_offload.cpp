@@ -26,22 +26,33 @@ using sched::ScheduleKind;
 
 // ---- planner ----------------------------------------------------------------------------------
 
+// Each with its factor sums: half its state.
 std::vector<LinearState> three_linears() {
-  return {{0, 0, LinearKind::kQuery, 100.0},
-          {0, 0, LinearKind::kFfnIn, 400.0},
-          {0, 1, LinearKind::kFfnOut, 300.0}};
+  return {{0, 0, LinearKind::kQuery, 100.0, 50.0},
+          {0, 0, LinearKind::kFfnIn, 400.0, 200.0},
+          {0, 1, LinearKind::kFfnOut, 300.0, 150.0}};
+}
+
+// Six Linears of one layer, 1100 bytes of state.
+std::vector<LinearState> six_linears() {
+  return {{0, 0, LinearKind::kFfnIn, 400.0, 200.0}, {0, 0, LinearKind::kFfnOut, 300.0, 150.0},
+          {0, 0, LinearKind::kQuery, 100.0, 50.0},  {0, 0, LinearKind::kKey, 100.0, 50.0},
+          {0, 0, LinearKind::kValue, 100.0, 50.0},  {0, 0, LinearKind::kAttentionOut, 100.0, 50.0}};
 }
 
 TEST(OffloadPlanner, NoneKeepsEverythingHostOffloadsEverything) {
   const auto none = plan_offload(OffloadMode::kNone, {three_linears()}, {1000.0}, 0.0);
   EXPECT_EQ(none.offloaded_linears(), 0);
   EXPECT_DOUBLE_EQ(none.workers[0].kept_bytes, 800.0);
+  EXPECT_DOUBLE_EQ(offloaded_sum_bytes(none.workers[0]), 0.0);
   EXPECT_DOUBLE_EQ(none.workers[0].device_kfac_bytes, 800.0);
   const auto host = plan_offload(OffloadMode::kHost, {three_linears()}, {1000.0}, 0.0);
   EXPECT_EQ(host.offloaded_linears(), 3);
   EXPECT_DOUBLE_EQ(host.workers[0].offloaded_bytes, 800.0);
-  // The largest offloaded Linear is on the device during its refresh.
-  EXPECT_DOUBLE_EQ(host.workers[0].device_kfac_bytes, 400.0);
+  // Every offloaded Linear's factor sums (half its state), which the refresh's curvature
+  // accumulates on the device, and the largest offloaded Linear while it is refreshed.
+  EXPECT_DOUBLE_EQ(offloaded_sum_bytes(host.workers[0]), 400.0);
+  EXPECT_DOUBLE_EQ(host.workers[0].device_kfac_bytes, 400.0 + 400.0);
   EXPECT_TRUE(host.warning.empty());
 }
 
@@ -51,9 +62,10 @@ TEST(OffloadPlanner, AutoOffloadsTheFewestLargestLinearsThatFit) {
   auto plan = plan_offload(OffloadMode::kAuto, {three_linears()}, {1000.0}, 1800.0);
   EXPECT_EQ(plan.offloaded_linears(), 0);
   // Per worker: only the worker over the budget offloads.
-  plan =
-      plan_offload(OffloadMode::kAuto, {three_linears(), three_linears()}, {1000.0, 200.0}, 1500.0);
-  EXPECT_EQ(plan.workers[0].offloaded.size(), 2U);
+  plan = plan_offload(OffloadMode::kAuto, {six_linears(), six_linears()}, {1000.0, 200.0}, 2000.0);
+  EXPECT_EQ(plan.workers[0].offloaded.size(), 5U);
+  EXPECT_EQ(plan.workers[0].factors_only.size(), 1U);
+  EXPECT_TRUE(plan.workers[0].fits);
   EXPECT_EQ(plan.workers[1].offloaded.size(), 0U);
   EXPECT_EQ(plan.workers[1].factors_only.size(), 0U);
 }
@@ -69,36 +81,44 @@ TEST(OffloadPlanner, FactorsOffloadsEveryLinearsFactorsAndKeepsItsInverses) {
   EXPECT_EQ(plan.factors_only_linears(), 3);
   EXPECT_DOUBLE_EQ(worker.factors_only_bytes, 800.0);
   EXPECT_DOUBLE_EQ(resident_bytes(worker), 400.0);  // every inverse
-  // ... and the largest Linear's factors while it is refreshed.
-  EXPECT_DOUBLE_EQ(worker.device_kfac_bytes, 600.0);
+  // ... every Linear's factor sums, and the largest Linear's factors while it is refreshed.
+  EXPECT_DOUBLE_EQ(offloaded_sum_bytes(worker), 400.0);
+  EXPECT_DOUBLE_EQ(worker.device_kfac_bytes, 400.0 + 400.0 + 200.0);
   EXPECT_EQ(offload_mode_from_string("factors"), OffloadMode::kFactors);
   EXPECT_EQ(to_string(OffloadMode::kFactors), "factors");
 }
 
 TEST(OffloadPlanner, AutoOffloadsFactorsFirstThenWholeLinears) {
-  // 1000 other + 800 K-FAC. A budget of 1650: the factors of the two largest (kept 100, their
-  // inverses 350, the 400-byte Linear's factors while refreshed 200: 1650), none whole.
-  auto plan = plan_offload(OffloadMode::kAuto, {three_linears()}, {1000.0}, 1650.0);
+  // 1000 other + 1100 K-FAC. With the sums counted, offloading a Linear's factors saves nothing
+  // at once (its factors leave, its sums of the same size count instead), so a budget under the
+  // kept state is met only by whole Linears, after every Linear's factors: 2000 takes the 400
+  // and 300 bytes ones and three of 100 whole (the last one's inverses, 50, the sums 550, the
+  // 400 one's refresh: 1000; with two of 100, 1050).
+  auto plan = plan_offload(OffloadMode::kAuto, {six_linears()}, {1000.0}, 2000.0);
   auto* worker = &plan.workers[0];
-  EXPECT_TRUE(worker->offloaded.empty());
-  ASSERT_EQ(worker->factors_only.size(), 2U);
-  EXPECT_EQ(worker->factors_only[0].linear, LinearKind::kFfnIn);
-  EXPECT_EQ(worker->factors_only[1].linear, LinearKind::kFfnOut);
-  EXPECT_DOUBLE_EQ(worker->device_kfac_bytes, 650.0);
-  EXPECT_TRUE(worker->fits);
-  // 1500: every Linear's factors are not enough (400 + 200 = 600 > 500); then the largest
-  // factors-only Linears whole: the 400 (inverses 200 + the 400 one's refresh: 600), the 300
-  // (inverses 50 + 400 = 450).
-  plan = plan_offload(OffloadMode::kAuto, {three_linears()}, {1000.0}, 1500.0);
-  worker = &plan.workers[0];
-  ASSERT_EQ(worker->offloaded.size(), 2U);
+  ASSERT_EQ(worker->offloaded.size(), 5U);
   EXPECT_EQ(worker->offloaded[0].linear, LinearKind::kFfnIn);
   EXPECT_EQ(worker->offloaded[1].linear, LinearKind::kFfnOut);
   ASSERT_EQ(worker->factors_only.size(), 1U);
-  EXPECT_EQ(worker->factors_only[0].linear, LinearKind::kQuery);
   EXPECT_TRUE(worker->kept.empty());
-  EXPECT_DOUBLE_EQ(worker->device_kfac_bytes, 450.0);
+  EXPECT_DOUBLE_EQ(offloaded_sum_bytes(*worker), 550.0);
+  EXPECT_DOUBLE_EQ(worker->device_kfac_bytes, 50.0 + 550.0 + 400.0);
   EXPECT_TRUE(worker->fits);
+  // Every Linear's factors offloaded: its inverses (550), its sums (550) and the 400 one's
+  // factors while refreshed (200), more than everything kept (1100).
+  WorkerOffloadPlan factors;
+  factors.kept = six_linears();
+  factors.kept_bytes = 1100.0;
+  while (factors.kept.size() > 0 && offload_next(factors)) {
+  }
+  EXPECT_EQ(factors.factors_only.size(), 6U);
+  EXPECT_DOUBLE_EQ(factors.device_kfac_bytes, 550.0 + 550.0 + 200.0);
+  // A budget nothing meets: everything whole (the sums and the largest Linear's refresh).
+  plan = plan_offload(OffloadMode::kAuto, {three_linears()}, {1000.0}, 1650.0);
+  worker = &plan.workers[0];
+  EXPECT_EQ(worker->offloaded.size(), 3U);
+  EXPECT_DOUBLE_EQ(worker->device_kfac_bytes, 400.0 + 400.0);
+  EXPECT_FALSE(worker->fits);
   // offload_next: kept -> factors only -> whole, largest first; false once all are whole.
   WorkerOffloadPlan steps;
   steps.kept = three_linears();
@@ -110,6 +130,7 @@ TEST(OffloadPlanner, AutoOffloadsFactorsFirstThenWholeLinears) {
   EXPECT_EQ(seen, expected);
   EXPECT_DOUBLE_EQ(steps.offloaded_bytes, 800.0);
   EXPECT_DOUBLE_EQ(resident_bytes(steps), 0.0);
+  EXPECT_DOUBLE_EQ(offloaded_sum_bytes(steps), 400.0);
 }
 
 TEST(OffloadPlanner, ABudgetNothingMeetsIsAWarningAndBadInputIsRefused) {
@@ -123,6 +144,9 @@ TEST(OffloadPlanner, ABudgetNothingMeetsIsAWarningAndBadInputIsRefused) {
                std::invalid_argument);
   EXPECT_THROW(plan_offload(OffloadMode::kHost, {{{0, 0, LinearKind::kKey, -1.0}}}, {1.0}, 0.0),
                std::invalid_argument);
+  EXPECT_THROW(
+      plan_offload(OffloadMode::kHost, {{{0, 0, LinearKind::kKey, 1.0, -1.0}}}, {1.0}, 0.0),
+      std::invalid_argument);
   EXPECT_THROW(offload_mode_from_string("disk"), std::invalid_argument);
   EXPECT_EQ(offload_mode_from_string("auto"), OffloadMode::kAuto);
 }
@@ -214,8 +238,13 @@ TEST_P(OffloadPass, HostOffloadIsValidTimelyAndFreesTheDeviceState) {
     const double after = offload.after.workers[w].memory.back().bytes;
     EXPECT_DOUBLE_EQ(before - after, offload.plan.workers[w].offloaded_bytes) << "worker " << w;
     EXPECT_LE(offload.after.workers[w].peak_memory_bytes, pass.after.workers[w].peak_memory_bytes);
+    // The planner's estimate: one Linear's state while it is moved, and every offloaded
+    // Linear's factor sums.
+    EXPECT_DOUBLE_EQ(offload.report.workers[w].offloaded_sum_bytes,
+                     offload.plan.workers[w].offloaded_bytes / 2.0);
     EXPECT_DOUBLE_EQ(offload.report.workers[w].kfac_device_bytes_before -
-                         offload.report.workers[w].offloaded_bytes + 1000.0,
+                         offload.report.workers[w].offloaded_bytes + 1000.0 +
+                         offload.report.workers[w].offloaded_sum_bytes,
                      offload.report.workers[w].kfac_device_bytes_after);
   }
   // The schedule round-trips through JSON with its copies.
@@ -528,6 +557,12 @@ TEST(OffloadPass, ShardedStateWindowsReachTheInverseBroadcast) {
           << "worker " << w;
       EXPECT_LE(offload.after.workers[w].peak_memory_bytes,
                 pass.after.workers[w].peak_memory_bytes);
+      // The planner counts the factor sums (half of each Linear's 1000 bytes) where the replica
+      // holds the factors (the others drop theirs at the curvature sync, offloaded or not).
+      EXPECT_GT(offloaded_sum_bytes(plan), 0.0);
+      EXPECT_LT(offloaded_sum_bytes(plan), 500.0 * static_cast<double>(plan.offloaded.size()));
+      EXPECT_DOUBLE_EQ(offload.report.workers[static_cast<std::size_t>(w)].offloaded_sum_bytes,
+                       offloaded_sum_bytes(plan));
     }
   }
 }
