@@ -12,16 +12,23 @@ namespace pf::sim {
 
 using sched::OpKind;
 
+namespace {
+
+DeviceSpec with_overhead(DeviceSpec device, double kfac_task_overhead_s) {
+  device.kfac_task_overhead_s = kfac_task_overhead_s;
+  device.kfac_kind_overheads_s = {};
+  return device;
+}
+
+}  // namespace
+
 AnalyticCostModel::AnalyticCostModel(Workload workload, DeviceSpec device,
                                      double kfac_task_overhead_s)
-    : workload_(std::move(workload)),
-      device_(std::move(device)),
-      kfac_task_overhead_s_(kfac_task_overhead_s) {
-  if (!(kfac_task_overhead_s >= 0.0) || !std::isfinite(kfac_task_overhead_s)) {
-    throw std::invalid_argument(
-        "analytic cost model: kfac_task_overhead_s must be finite and >= 0, got " +
-        std::to_string(kfac_task_overhead_s));
-  }
+    : AnalyticCostModel(std::move(workload),
+                        with_overhead(std::move(device), kfac_task_overhead_s)) {}
+
+AnalyticCostModel::AnalyticCostModel(Workload workload, DeviceSpec device)
+    : workload_(std::move(workload)), device_(std::move(device)) {
   workload_.validate();
   device_.validate("device '" + device_.name + "'");
   (void)device_.peak_flops(workload_.precision);  // throws when the device lacks the precision
@@ -170,7 +177,8 @@ double AnalyticCostModel::duration(const sched::Schedule& schedule, int worker,
           device_, price(device_, {optimizer_step_kernel(worker_params(schedule, worker))}), false);
     }
     case OpKind::kCurvatureSync:  // a piece: its share of the whole all-reduce, plus overhead
-      return kfac_piece_seconds(kfac_seconds(schedule, whole_task(in)), kfac_task_overhead_s_, in);
+      return kfac_piece_seconds(kfac_seconds(schedule, whole_task(in)),
+                                device_.kfac_overhead(in.kind), in);
     case OpKind::kBroadcastInverses:
     case OpKind::kBroadcastGradient:
       // The owner sends `bytes` in all over its link.
@@ -181,7 +189,7 @@ double AnalyticCostModel::duration(const sched::Schedule& schedule, int worker,
     case OpKind::kInvertA:
     case OpKind::kInvertB:
     case OpKind::kPrecondition:
-      return kfac_piece_seconds(kfac_seconds(schedule, in), kfac_task_overhead_s_, in);
+      return kfac_piece_seconds(kfac_seconds(schedule, in), device_.kfac_overhead(in.kind), in);
     case OpKind::kPrefetchFactors:
     case OpKind::kWriteBackState:
     case OpKind::kPrefetchInverses:

@@ -25,11 +25,13 @@ class AnalyticCostModel final : public CostModel {
  public:
   // Throws std::invalid_argument when the workload or the device is invalid, or the device lacks
   // the workload's precision.
-  // kfac_task_overhead_s: the part of each K-FAC compute task's modeled time that a piece of a
-  // divided task pays again (launches, synchronization): a piece costs its share of the rest
-  // plus this (kfac_piece_seconds).
-  AnalyticCostModel(Workload workload, DeviceSpec device,
-                    double kfac_task_overhead_s = kDefaultKfacTaskOverheadS);
+  // The device's K-FAC task overheads (DeviceSpec::kfac_task_overhead_s and its per-kind values):
+  // the part of each K-FAC task's modeled time that a piece of a divided task pays again
+  // (launches, synchronization): a piece costs its share of the rest plus its kind's overhead
+  // (kfac_piece_seconds).
+  AnalyticCostModel(Workload workload, DeviceSpec device);
+  // The same with one overhead for every kind in place of the device's.
+  AnalyticCostModel(Workload workload, DeviceSpec device, double kfac_task_overhead_s);
 
   double duration(const sched::Schedule& schedule, int worker,
                   const sched::Instruction& instruction) const override;
@@ -40,7 +42,9 @@ class AnalyticCostModel final : public CostModel {
 
   const Workload& workload() const { return workload_; }
   const DeviceSpec& device() const { return device_; }
-  double kfac_task_overhead_s() const override { return kfac_task_overhead_s_; }
+  double kfac_task_overhead_s(sched::OpKind kind) const override {
+    return device_.kfac_overhead(kind);
+  }
   double chunk_params(const sched::Schedule& schedule, int pipeline, int chunk) const;
   double worker_params(const sched::Schedule& schedule, int worker) const;
 
@@ -66,7 +70,6 @@ class AnalyticCostModel final : public CostModel {
   DeviceSpec device_;
   PricedPiece layer_, embeddings_, heads_;
   std::array<PricedKfac, 6> kfac_{};
-  double kfac_task_overhead_s_ = kDefaultKfacTaskOverheadS;
 };
 
 }  // namespace pf::sim

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "scheduler/schedule.h"
+#include "sim/kfac_overheads.h"
 
 namespace pf::sim {
 
@@ -22,15 +23,12 @@ class CostModel {
   // K-FAC factors and inverses of one Linear (layer, linear kind), fp32.
   virtual double kfac_bytes(const sched::Schedule& schedule, int layer,
                             sched::LinearKind linear) const = 0;
-  // Seconds every K-FAC task pays whatever its size (kernel launches, synchronization), included
-  // in duration(): each piece of a divided task pays it again, so splitting is never free. The
-  // PipeFisher pass cuts no piece smaller than kMinPieceOverheads times it.
-  virtual double kfac_task_overhead_s() const { return 0.0; }
+  // Seconds every K-FAC task of `kind` pays whatever its size (kernel launches, synchronization),
+  // included in duration(): each piece of a divided task pays it again, so splitting is never
+  // free. Per kind (sim/kfac_overheads.h): the PipeFisher pass cuts no piece of a task smaller
+  // than KfacOptions::min_piece_overheads times its own kind's overhead.
+  virtual double kfac_task_overhead_s(sched::OpKind /*kind*/) const { return 0.0; }
 };
-
-// The default per-task overhead of the analytic and measured models: a few kernel launches and a
-// stream synchronization on a GPU.
-inline constexpr double kDefaultKfacTaskOverheadS = 10e-6;
 
 // A piece of a divided K-FAC task (sched::is_piece) from its whole task's duration (overhead
 // included): the piece's share of the work plus the overhead again.

@@ -1,5 +1,6 @@
 #include "sim/device.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <fstream>
@@ -207,6 +208,7 @@ void DeviceSpec::validate(std::string_view source) const {
     check(backward_launch_overhead_s, "backward_launch_overhead_s", true);
   }
   check(curvature_host_overhead_s, "curvature_host_overhead_s", true);
+  check_kfac_overheads(kfac_task_overhead_s, kfac_kind_overheads_s, source);
 }
 
 std::vector<std::string> device_preset_names() {
@@ -375,6 +377,32 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
       number(json, "backward_launch_overhead_s", "backward_launch_overhead_s", false, -1.0);
   d.curvature_host_overhead_s =
       number(json, "curvature_host_overhead_s", "curvature_host_overhead_s", false, 0.0);
+  d.kfac_task_overhead_s = number(json, "kfac_task_overhead_s", "kfac_task_overhead_s", false,
+                                  kDefaultKfacTaskOverheadS);
+  if (const auto by_kind = json.find("kfac_task_overheads"); by_kind != json.end()) {
+    if (!by_kind->is_object()) {
+      throw std::invalid_argument(where +
+                                  ": field 'kfac_task_overheads' must be an object of K-FAC "
+                                  "kind -> seconds, got " +
+                                  by_kind->dump());
+    }
+    for (const auto& [key, ignored] : by_kind->items()) {
+      (void)ignored;
+      if (std::find(kKfacOverheadFields.begin(), kKfacOverheadFields.end(), key) ==
+          kKfacOverheadFields.end()) {
+        throw std::invalid_argument(where + ": unknown field 'kfac_task_overheads." + key +
+                                    "' (allowed: curvature_a_s, curvature_b_s, curvature_sync_s, "
+                                    "invert_a_s, invert_b_s, precondition_s)");
+      }
+    }
+    for (std::size_t i = 0; i < kKfacOverheadFields.size(); ++i) {
+      const std::string field(kKfacOverheadFields[i]);
+      if (by_kind->contains(field)) {
+        d.kfac_kind_overheads_s[i] =
+            number(*by_kind, field.c_str(), "kfac_task_overheads." + field, true, 0.0);
+      }
+    }
+  }
   if (const auto solve = json.find("inverse_solve"); solve != json.end()) {
     if (*solve == "identity") {
       d.inverse_solve = InverseSolve::kIdentity;
@@ -420,6 +448,18 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
     json["curvature_host_overhead_s"] = d.curvature_host_overhead_s;
   }
   if (d.inverse_solve == InverseSolve::kLowerTriangle) json["inverse_solve"] = "lower_triangle";
+  // The K-FAC overheads only where they differ from the default: files without them stay as they
+  // were.
+  if (d.kfac_task_overhead_s != kDefaultKfacTaskOverheadS) {
+    json["kfac_task_overhead_s"] = d.kfac_task_overhead_s;
+  }
+  nlohmann::json by_kind = nlohmann::json::object();
+  for (std::size_t i = 0; i < kKfacOverheadFields.size(); ++i) {
+    if (d.kfac_kind_overheads_s[i]) {
+      by_kind[std::string(kKfacOverheadFields[i])] = *d.kfac_kind_overheads_s[i];
+    }
+  }
+  if (!by_kind.empty()) json["kfac_task_overheads"] = by_kind;
   if (d.host_bandwidth > 0.0) {
     json["host_bandwidth"] = d.host_bandwidth;
     json["host_latency_s"] = d.host_latency_s;

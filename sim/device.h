@@ -11,6 +11,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "sim/kfac_overheads.h"
+
 namespace pf::sim {
 
 enum class Precision { kFp32, kTf32, kBf16, kFp16 };
@@ -131,6 +133,14 @@ struct DeviceSpec {
   // The runtime's Cholesky inverse (the triangular solve's FLOPs, kfac_kernels.h); the presets
   // and files without the field: kIdentity.
   InverseSolve inverse_solve = InverseSolve::kIdentity;
+  // The K-FAC task overhead of the analytic models (sim/kfac_overheads.h): what every K-FAC task
+  // pays whatever its size, and each piece of a divided task again; per kind where given, else
+  // kfac_task_overhead_s. Files without the fields: 10 us for every kind.
+  double kfac_task_overhead_s = kDefaultKfacTaskOverheadS;
+  KfacKindOverheads kfac_kind_overheads_s{};
+  double kfac_overhead(sched::OpKind kind) const {
+    return kfac_overhead_of(kind, kfac_task_overhead_s, kfac_kind_overheads_s);
+  }
 
   // Efficiency and latency of a class after the defaults above.
   double efficiency(OpClass op_class) const;
@@ -161,6 +171,10 @@ std::vector<std::string> device_preset_names();
 //            "curvature_host_overhead_s": S,
 //            "inverse_solve": "identity" | "lower_triangle" (InverseSolve),
 //            "host_bandwidth": B, "host_latency_s": S (PCIe to host memory),
+//            "kfac_task_overhead_s": S (every K-FAC kind; default 1e-5),
+//            "kfac_task_overheads": {"curvature_a_s": S, "curvature_b_s": S,
+//                                    "curvature_sync_s": S, "invert_a_s": S, "invert_b_s": S,
+//                                    "precondition_s": S} (each optional: a kind's own),
 //            "classes": {"gemm": {"efficiency": E, "latency_s": S, "by_precision": {"bf16": E},
 //                                 "half_efficiency_size": D, "size_exponent": P},
 //                        "attention": {...},

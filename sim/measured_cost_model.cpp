@@ -117,6 +117,24 @@ Profile profile_from_json(const json& root, const std::string& source) {
   profile.optimizer_step_s = read.number(root, "optimizer_step_s", "", 0.0);
   profile.kfac_task_overhead_s =
       read.number(root, "kfac_task_overhead_s", "", kDefaultKfacTaskOverheadS);
+  if (root.contains("kfac_task_overheads")) {
+    const json& node = read.object(root, "kfac_task_overheads", "kfac_task_overheads");
+    for (const auto& [key, ignored] : node.items()) {
+      (void)ignored;
+      if (std::find(kKfacOverheadFields.begin(), kKfacOverheadFields.end(), key) ==
+          kKfacOverheadFields.end()) {
+        read.fail("kfac_task_overheads." + key,
+                  "is unknown (allowed: curvature_a_s, curvature_b_s, curvature_sync_s, "
+                  "invert_a_s, invert_b_s, precondition_s)");
+      }
+    }
+    for (std::size_t i = 0; i < kKfacOverheadFields.size(); ++i) {
+      const std::string field(kKfacOverheadFields[i]);
+      if (node.contains(field)) {
+        profile.kfac_kind_overheads_s[i] = read.number(node, field.c_str(), "kfac_task_overheads.");
+      }
+    }
+  }
   if (const auto kfac = root.find("kfac"); kfac != root.end()) {
     if (!kfac->is_array()) read.fail("kfac", "must be an array");
     for (std::size_t i = 0; i < kfac->size(); ++i) {
@@ -191,6 +209,13 @@ json profile_to_json(const Profile& profile) {
                {"optimizer_step_s", profile.optimizer_step_s},
                {"kfac_task_overhead_s", profile.kfac_task_overhead_s}};
   if (profile.host_link.bandwidth > 0.0) root["host_link"] = link(profile.host_link, false);
+  json by_kind = json::object();
+  for (std::size_t i = 0; i < kKfacOverheadFields.size(); ++i) {
+    if (profile.kfac_kind_overheads_s[i]) {
+      by_kind[std::string(kKfacOverheadFields[i])] = *profile.kfac_kind_overheads_s[i];
+    }
+  }
+  if (!by_kind.empty()) root["kfac_task_overheads"] = by_kind;
   if (!profile.kfac.empty()) {
     json kfac = json::array();
     for (const KfacProfile& k : profile.kfac) {
@@ -209,6 +234,7 @@ json profile_to_json(const Profile& profile) {
 
 MeasuredCostModel::MeasuredCostModel(Profile profile, std::string source)
     : profile_(std::move(profile)), source_(std::move(source)) {
+  check_kfac_overheads(profile_.kfac_task_overhead_s, profile_.kfac_kind_overheads_s, source_);
   for (std::size_t i = 0; i < profile_.chunks.size(); ++i) {
     const ChunkProfile& c = profile_.chunks[i];
     auto& table = c.pipeline < 0 ? chunk_any_pipeline_ : chunk_exact_;
@@ -289,24 +315,24 @@ double MeasuredCostModel::duration(const sched::Schedule& schedule, int /*worker
       return profile_.optimizer_step_s;
     case OpKind::kCurvatureA:
       return kfac_piece_seconds(kfac(in.layer, in.linear).curvature_a_s,
-                                profile_.kfac_task_overhead_s, in);
+                                kfac_task_overhead_s(in.kind), in);
     case OpKind::kCurvatureB:
       return kfac_piece_seconds(kfac(in.layer, in.linear).curvature_b_s,
-                                profile_.kfac_task_overhead_s, in);
+                                kfac_task_overhead_s(in.kind), in);
     case OpKind::kInvertA:
-      return kfac_piece_seconds(kfac(in.layer, in.linear).invert_a_s, profile_.kfac_task_overhead_s,
+      return kfac_piece_seconds(kfac(in.layer, in.linear).invert_a_s, kfac_task_overhead_s(in.kind),
                                 in);
     case OpKind::kInvertB:
-      return kfac_piece_seconds(kfac(in.layer, in.linear).invert_b_s, profile_.kfac_task_overhead_s,
+      return kfac_piece_seconds(kfac(in.layer, in.linear).invert_b_s, kfac_task_overhead_s(in.kind),
                                 in);
     case OpKind::kPrecondition:
       return kfac_piece_seconds(kfac(in.layer, in.linear).precondition_s,
-                                profile_.kfac_task_overhead_s, in);
+                                kfac_task_overhead_s(in.kind), in);
     case OpKind::kCurvatureSync: {
       // A piece: its share of the whole sync plus the per-task overhead.
       const KfacProfile& k = kfac(in.layer, in.linear);
       if (k.curvature_sync_s >= 0.0) {
-        return kfac_piece_seconds(k.curvature_sync_s, profile_.kfac_task_overhead_s, in);
+        return kfac_piece_seconds(k.curvature_sync_s, kfac_task_overhead_s(in.kind), in);
       }
       const int replicas = std::max(1, schedule.placement.num_pipelines) *
                            std::max(1, schedule.params.data_parallel);
@@ -315,7 +341,7 @@ double MeasuredCostModel::duration(const sched::Schedule& schedule, int /*worker
       return kfac_piece_seconds(
           ring_allreduce_seconds(bytes, replicas, profile_.reduction.bandwidth,
                                  profile_.reduction.latency_s),
-          profile_.kfac_task_overhead_s, in);
+          kfac_task_overhead_s(in.kind), in);
     }
     case OpKind::kBroadcastInverses:
     case OpKind::kBroadcastGradient:

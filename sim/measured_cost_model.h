@@ -22,6 +22,9 @@
 //   "optimizer_step_s": ...                                  (optional: 0),
 //   "kfac_task_overhead_s": ...   (optional: 1e-5; part of every measured K-FAC compute time, paid
 //                                  again by each piece of a divided task),
+//   "kfac_task_overheads": {"curvature_a_s", "curvature_b_s", "curvature_sync_s", "invert_a_s",
+//                           "invert_b_s", "precondition_s"}   (optional, each optional: a kind's
+//                                  own overhead in place of kfac_task_overhead_s),
 //   "kfac": [ {"layer": 0 (optional: all), "linear": "query" (optional: all),
 //              "curvature_a_s", "curvature_b_s", "invert_a_s", "invert_b_s", "precondition_s",
 //              "curvature_sync_s" (optional: ring all-reduce of "bytes" / 2),
@@ -88,6 +91,7 @@ struct Profile {
   LinkProfile host_link;  // bandwidth 0: not measured
   double optimizer_step_s = 0.0;
   double kfac_task_overhead_s = kDefaultKfacTaskOverheadS;
+  KfacKindOverheads kfac_kind_overheads_s{};  // per kind; empty: kfac_task_overhead_s
   std::vector<KfacProfile> kfac;
 };
 
@@ -108,7 +112,9 @@ class MeasuredCostModel final : public CostModel {
   double kfac_bytes(const sched::Schedule& schedule, int layer,
                     sched::LinearKind linear) const override;
 
-  double kfac_task_overhead_s() const override { return profile_.kfac_task_overhead_s; }
+  double kfac_task_overhead_s(sched::OpKind kind) const override {
+    return kfac_overhead_of(kind, profile_.kfac_task_overhead_s, profile_.kfac_kind_overheads_s);
+  }
   const Profile& profile() const { return profile_; }
 
  private:

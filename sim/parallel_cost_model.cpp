@@ -24,16 +24,8 @@ double rank_layer_params(const TransformerSpec& m, int t) {
 
 }  // namespace
 
-ParallelCostModel::ParallelCostModel(ParallelWorkload workload, ClusterSpec cluster,
-                                     double kfac_task_overhead_s)
-    : workload_(std::move(workload)),
-      cluster_(std::move(cluster)),
-      kfac_task_overhead_s_(kfac_task_overhead_s) {
-  if (!(kfac_task_overhead_s >= 0.0) || !std::isfinite(kfac_task_overhead_s)) {
-    throw std::invalid_argument(
-        "parallel cost model: kfac_task_overhead_s must be finite and >= 0, got " +
-        std::to_string(kfac_task_overhead_s));
-  }
+ParallelCostModel::ParallelCostModel(ParallelWorkload workload, ClusterSpec cluster)
+    : workload_(std::move(workload)), cluster_(std::move(cluster)) {
   workload_.validate();
   cluster_.validate("cluster '" + cluster_.name + "'");
   const DeviceSpec& device = cluster_.device;
@@ -456,7 +448,7 @@ double ParallelCostModel::duration(const sched::Schedule& schedule, int worker,
     }
     case OpKind::kCurvatureSync:  // a piece: its share of the whole sync, plus overhead
       return kfac_piece_seconds(kfac_seconds(schedule, whole_task(in), kfac_holders(schedule)),
-                                kfac_task_overhead_s_, in);
+                                cluster_.device.kfac_overhead(in.kind), in);
     case OpKind::kBroadcastInverses:
     case OpKind::kBroadcastGradient:
       return kfac_seconds(schedule, in, kfac_holders(schedule));
@@ -466,7 +458,7 @@ double ParallelCostModel::duration(const sched::Schedule& schedule, int worker,
     case OpKind::kInvertB:
     case OpKind::kPrecondition:
       return kfac_piece_seconds(kfac_seconds(schedule, in, kfac_holders(schedule)),
-                                kfac_task_overhead_s_, in);
+                                cluster_.device.kfac_overhead(in.kind), in);
     case OpKind::kPrefetchFactors:
     case OpKind::kWriteBackState:
     case OpKind::kPrefetchInverses: {

@@ -50,8 +50,8 @@ namespace pf::sim {
 class ParallelCostModel final : public CostModel {
  public:
   // Throws std::invalid_argument on an invalid workload or cluster.
-  ParallelCostModel(ParallelWorkload workload, ClusterSpec cluster,
-                    double kfac_task_overhead_s = kDefaultKfacTaskOverheadS);
+  // The K-FAC task overheads are the cluster device's (DeviceSpec::kfac_overhead).
+  ParallelCostModel(ParallelWorkload workload, ClusterSpec cluster);
 
   double duration(const sched::Schedule& schedule, int worker,
                   const sched::Instruction& instruction) const override;
@@ -59,7 +59,9 @@ class ParallelCostModel final : public CostModel {
   double static_bytes(const sched::Schedule& schedule, int pipeline, int chunk) const override;
   double kfac_bytes(const sched::Schedule& schedule, int layer,
                     sched::LinearKind linear) const override;
-  double kfac_task_overhead_s() const override { return kfac_task_overhead_s_; }
+  double kfac_task_overhead_s(sched::OpKind kind) const override {
+    return cluster_.device.kfac_overhead(kind);
+  }
 
   // The K-FAC state's holders for `schedule`'s data-parallel group: d, h_f and h_i. Throws
   // std::invalid_argument unless h_f and h_i divide d and h_f divides h_i.
@@ -138,7 +140,6 @@ class ParallelCostModel final : public CostModel {
   ClusterSpec cluster_;
   PricedPiece layer_, embeddings_, head_;
   std::array<PricedKfac, 6> kfac_{};
-  double kfac_task_overhead_s_ = kDefaultKfacTaskOverheadS;
   double layer_params_ = 0.0;  // per rank
   double tensor_allreduce_s_ = 0.0;
   double head_allreduce_s_ = 0.0;

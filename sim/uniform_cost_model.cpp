@@ -68,7 +68,7 @@ UniformCostModel::UniformCostModel(UniformCosts costs, std::shared_ptr<const Cos
   checked(costs_.activation_bytes, "activation_bytes");
   checked(costs_.static_bytes, "static_bytes");
   checked(costs_.kfac_bytes, "kfac_bytes");
-  checked(costs_.kfac_task_overhead_s, "kfac_task_overhead_s");
+  check_kfac_overheads(costs_.kfac_task_overhead_s, costs_.kfac_kind_overheads_s, "uniform costs");
   checked(costs_.host_bandwidth, "host_bandwidth");
 }
 
@@ -95,20 +95,26 @@ double UniformCostModel::duration(const sched::Schedule& schedule, int /*worker*
     case OpKind::kOptimizerStep:
       return costs_.optimizer_step_s;
     case OpKind::kCurvatureA:
-      return kfac_piece_seconds(costs_.curvature_a_s, costs_.kfac_task_overhead_s, instruction);
+      return kfac_piece_seconds(costs_.curvature_a_s, kfac_task_overhead_s(instruction.kind),
+                                instruction);
     case OpKind::kCurvatureB:
-      return kfac_piece_seconds(costs_.curvature_b_s, costs_.kfac_task_overhead_s, instruction);
+      return kfac_piece_seconds(costs_.curvature_b_s, kfac_task_overhead_s(instruction.kind),
+                                instruction);
     case OpKind::kCurvatureSync:  // a piece: its share plus the overhead
-      return kfac_piece_seconds(costs_.curvature_sync_s, costs_.kfac_task_overhead_s, instruction);
+      return kfac_piece_seconds(costs_.curvature_sync_s, kfac_task_overhead_s(instruction.kind),
+                                instruction);
     case OpKind::kBroadcastInverses:  // one K-FAC collective (the model has no bandwidth)
     case OpKind::kBroadcastGradient:
       return costs_.curvature_sync_s;
     case OpKind::kInvertA:
-      return kfac_piece_seconds(costs_.invert_a_s, costs_.kfac_task_overhead_s, instruction);
+      return kfac_piece_seconds(costs_.invert_a_s, kfac_task_overhead_s(instruction.kind),
+                                instruction);
     case OpKind::kInvertB:
-      return kfac_piece_seconds(costs_.invert_b_s, costs_.kfac_task_overhead_s, instruction);
+      return kfac_piece_seconds(costs_.invert_b_s, kfac_task_overhead_s(instruction.kind),
+                                instruction);
     case OpKind::kPrecondition:
-      return kfac_piece_seconds(costs_.precondition_s, costs_.kfac_task_overhead_s, instruction);
+      return kfac_piece_seconds(costs_.precondition_s, kfac_task_overhead_s(instruction.kind),
+                                instruction);
     case OpKind::kPrefetchFactors:
     case OpKind::kWriteBackState:
     case OpKind::kPrefetchInverses:

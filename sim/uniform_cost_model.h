@@ -27,8 +27,10 @@ struct UniformCosts {
   double invert_a_s = 0.0;
   double invert_b_s = 0.0;
   double precondition_s = 0.0;
-  // Included in each K-FAC compute task above; a piece of a divided task pays it again.
+  // Included in each K-FAC compute task above; a piece of a divided task pays it again. Per
+  // kind (sim/kfac_overheads.h): a kind's own value where given, else kfac_task_overhead_s.
   double kfac_task_overhead_s = 0.0;
+  KfacKindOverheads kfac_kind_overheads_s{};
   // K-FAC offload transfers: bytes / host_bandwidth (bytes/s); 0: they take no time.
   double host_bandwidth = 0.0;
   // Memory without a model: each stashed (chunk, micro-batch) holds activation_bytes / v, each
@@ -54,7 +56,9 @@ class UniformCostModel final : public CostModel {
   double kfac_bytes(const sched::Schedule& schedule, int layer,
                     sched::LinearKind linear) const override;
 
-  double kfac_task_overhead_s() const override { return costs_.kfac_task_overhead_s; }
+  double kfac_task_overhead_s(sched::OpKind kind) const override {
+    return kfac_overhead_of(kind, costs_.kfac_task_overhead_s, costs_.kfac_kind_overheads_s);
+  }
   const UniformCosts& costs() const { return costs_; }
 
  private:

@@ -294,29 +294,53 @@ std::shared_ptr<const Prepared> prepare(const sched::Schedule& base, const Timel
   return prepared;
 }
 
+// The cost model's K-FAC task overhead of each kind (sim::CostModel::kfac_task_overhead_s): what
+// a task of the kind pays whatever its size, and each piece of it again.
+class TaskOverheads {
+ public:
+  explicit TaskOverheads(const sim::CostModel& costs) {
+    for (int k = 0; k < sched::kNumOpKinds; ++k) {
+      const auto kind = static_cast<OpKind>(k);
+      const double seconds = costs.kfac_task_overhead_s(kind);
+      if (!std::isfinite(seconds) || seconds < 0.0) {
+        throw std::invalid_argument("PipeFisher pass: the cost model's K-FAC task overhead of " +
+                                    std::string(sched::to_string(kind)) + " is " +
+                                    std::to_string(seconds) + " s");
+      }
+      seconds_[static_cast<std::size_t>(k)] = seconds;
+    }
+  }
+  double of(OpKind kind) const { return seconds_[static_cast<std::size_t>(kind)]; }
+  double of(const KfacTask& task) const { return of(task.kind()); }
+
+ private:
+  std::array<double, sched::kNumOpKinds> seconds_{};
+};
+
 // Whether the pass may cut the task into pieces (a divisible kind, on one worker or, a curvature
-// sync, on two replicas; work beyond the per-task overhead).
-bool divisible(const KfacTask& task, const KfacOptions& options, double task_overhead_s) {
+// sync, on two replicas; work beyond its kind's per-task overhead).
+bool divisible(const KfacTask& task, const KfacOptions& options, const TaskOverheads& overheads) {
   return options.split && task.workers.size() <= 2 && sched::is_divisible(task.kind()) &&
-         task.duration_s > task_overhead_s;
+         task.duration_s > overheads.of(task);
 }
 
 // The smallest piece the pass cuts a divisible task into.
-double min_piece_seconds(const KfacTask& task, const KfacOptions& options, double task_overhead_s) {
-  return std::max(options.min_piece_overheads * task_overhead_s,
+double min_piece_seconds(const KfacTask& task, const KfacOptions& options,
+                         const TaskOverheads& overheads) {
+  return std::max(options.min_piece_overheads * overheads.of(task),
                   task.duration_s / kMinPieceDivisor);
 }
 
 // Whether no refresh interval holds the task: an indivisible one longer than every steady gap of
 // a worker, or a divided collective whose smallest piece is (each member's longest gap that
 // accepts a collective: a necessary condition for a common window). It runs after a flush.
-bool fits_under_no_k(const KfacTask& task, const KfacOptions& options, double task_overhead_s,
-                     const LongestBubbles& longest) {
-  if (!divisible(task, options, task_overhead_s)) {
+bool fits_under_no_k(const KfacTask& task, const KfacOptions& options,
+                     const TaskOverheads& overheads, const LongestBubbles& longest) {
+  if (!divisible(task, options, overheads)) {
     return longest.never_fits(task.workers, task.duration_s, options.safety_margin);
   }
   return task.workers.size() > 1 &&
-         longest.never_fits(task.workers, min_piece_seconds(task, options, task_overhead_s),
+         longest.never_fits(task.workers, min_piece_seconds(task, options, overheads),
                             options.safety_margin);
 }
 
@@ -329,7 +353,7 @@ constexpr int kWrapHoldRounds = 4;
 // building the items.
 Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timeline,
                const KfacOptions& options, const PackVariant& variant,
-               const LongestBubbles& longest, double task_overhead_s,
+               const LongestBubbles& longest, const TaskOverheads& overheads,
                std::vector<PackItem>& items) {
   const PackingPolicy policy = variant.policy;
   Plan plan;
@@ -411,12 +435,11 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
     item.step_bound = task.step_bound;
     // A divisible task fits any gap piece by piece; an indivisible one longer than every steady
     // gap fits under no k.
-    item.spill_early =
-        item.step_bound < 0 && fits_under_no_k(task, options, task_overhead_s, longest);
-    if (divisible(task, options, task_overhead_s) && !item.spill_early) {
+    item.spill_early = item.step_bound < 0 && fits_under_no_k(task, options, overheads, longest);
+    if (divisible(task, options, overheads) && !item.spill_early) {
       item.divisible = true;
-      item.overhead = task_overhead_s;
-      item.min_piece = min_piece_seconds(task, options, task_overhead_s);
+      item.overhead = overheads.of(task);
+      item.min_piece = min_piece_seconds(task, options, overheads);
       if (variant.long_gap_fraction > 0.0 && item.workers.size() == 1 && item.step_bound < 0) {
         const double gap = longest.any[static_cast<std::size_t>(item.workers[0])];
         item.min_piece =
@@ -559,14 +582,14 @@ const std::vector<PackVariant>& refinement_variants() {
 std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
                          const KfacOptions& options, const DurationFn& duration,
                          const std::vector<PackingPolicy>& policies, const Bound& bound,
-                         const LongestBubbles& longest, double task_overhead_s,
+                         const LongestBubbles& longest, const TaskOverheads& overheads,
                          const std::shared_ptr<const KfacWork>& one_step_work) {
   std::map<int, std::shared_ptr<const Prepared>> prepared;  // by k, shared by the policies
   std::vector<PackItem> items;                              // make_plan's buffer
   auto plan_for = [&](int k, const PackVariant& variant) {
     auto& entry = prepared[k];
     if (!entry) entry = prepare(base, timeline, options, duration, k, one_step_work);
-    return make_plan(entry, timeline, options, variant, longest, task_overhead_s, items);
+    return make_plan(entry, timeline, options, variant, longest, overheads, items);
   };
   // Whether packing k steps must leave curvature / sync / inversion after a flush, known without
   // packing: a task (not one that fits no bubble under any k) released after the last bubble of
@@ -586,7 +609,7 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
     bool spills = false;
     for (const KfacTask& task : entry->work->tasks) {
       if (task.step_bound >= 0) continue;
-      if (fits_under_no_k(task, options, task_overhead_s, longest)) {
+      if (fits_under_no_k(task, options, overheads, longest)) {
         continue;  // spills under every k (spill_early), not counted against k
       }
       double release = 0.0;
@@ -727,7 +750,7 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
 // not bound k.
 Bound refresh_lower_bound(const sched::Schedule& base, const KfacWork& work, const BubbleMap& map,
                           const LongestBubbles& longest, const KfacOptions& options,
-                          double task_overhead_s) {
+                          const TaskOverheads& overheads) {
   // Per worker: curvature (repeated every step with every_step curvature) and the rest.
   std::vector<double> curvature(static_cast<std::size_t>(base.num_workers()), 0.0);
   std::vector<double> rest(curvature.size(), 0.0);
@@ -736,7 +759,7 @@ Bound refresh_lower_bound(const sched::Schedule& base, const KfacWork& work, con
   for (std::size_t t = 0; t < work.tasks.size(); ++t) {
     const auto& task = work.tasks[t];
     if (is_per_step(task.kind())) continue;
-    spills_anyway[t] = fits_under_no_k(task, options, task_overhead_s, longest);
+    spills_anyway[t] = fits_under_no_k(task, options, overheads, longest);
     if (spills_anyway[t]) continue;
     const bool per_step =
         every_step && (task.kind() == OpKind::kCurvatureA || task.kind() == OpKind::kCurvatureB);
@@ -783,7 +806,7 @@ Bound refresh_lower_bound(const sched::Schedule& base, const KfacWork& work, con
 // with every_step curvature (not computed) or where no k can hold the work.
 int release_lower_bound(const sched::Schedule& base, const KfacWork& work, const Timeline& timeline,
                         const BubbleMap& map, const LongestBubbles& longest,
-                        const KfacOptions& options, double task_overhead_s) {
+                        const KfacOptions& options, const TaskOverheads& overheads) {
   if (options.curvature != CurvatureSource::kFirstStep) return -1;
   const double margin = 1.0 + options.safety_margin;
   std::vector<double> release(work.tasks.size(), 0.0);
@@ -799,12 +822,12 @@ int release_lower_bound(const sched::Schedule& base, const KfacWork& work, const
       release[t] = std::max(release[t], release[static_cast<std::size_t>(dep)]);
     }
     if (is_per_step(task.kind())) continue;
-    const bool cut = divisible(task, options, task_overhead_s);
+    const bool cut = divisible(task, options, overheads);
     // What no k can hold runs after a flush whatever k is: it does not bound k (as for the
     // work/bubble bound).
-    if (fits_under_no_k(task, options, task_overhead_s, longest)) continue;
+    if (fits_under_no_k(task, options, overheads, longest)) continue;
     const double piece =
-        cut ? std::min(task.duration_s, min_piece_seconds(task, options, task_overhead_s))
+        cut ? std::min(task.duration_s, min_piece_seconds(task, options, overheads))
             : task.duration_s;
     for (int w : task.workers) {
       items[static_cast<std::size_t>(w)].emplace_back(release[t], task.duration_s * margin);
@@ -862,7 +885,8 @@ int release_lower_bound(const sched::Schedule& base, const KfacWork& work, const
 // wins, the max over workers:
 // - the work over the usable idle time;
 // - the work beyond each task's own overhead over the usable idle time less one overhead per
-//   usable gap (every gap that holds work holds a piece that pays it);
+//   usable gap, the smallest of the worker's kinds' (every gap that holds work holds a piece that
+//   pays at least that);
 // - the work plus the overheads of the pieces each task needs at least (no piece costs more than
 //   the longest usable gap holds, gap / (1 + margin): a task of d seconds is at least
 //   ceil((d - o) / (gap / (1 + margin) - o)) pieces, each past its first paying o again) over the
@@ -874,12 +898,13 @@ int release_lower_bound(const sched::Schedule& base, const KfacWork& work, const
 // work has no usable idle time left for it.
 int usable_lower_bound(const sched::Schedule& base, const KfacWork& work, const BubbleMap& map,
                        const LongestBubbles& longest, const KfacOptions& options,
-                       double task_overhead_s) {
+                       const TaskOverheads& overheads) {
   const double margin = 1.0 + options.safety_margin;
   const bool every_step = options.curvature == CurvatureSource::kEveryStep;
   const auto workers = static_cast<std::size_t>(base.num_workers());
   struct Held {
-    double seconds;  // the whole task
+    double seconds;   // the whole task
+    double overhead;  // its kind's
     bool divisible;
     bool repeated;  // every_step curvature: in every step
   };
@@ -887,14 +912,14 @@ int usable_lower_bound(const sched::Schedule& base, const KfacWork& work, const 
   std::vector<double> smallest(workers, std::numeric_limits<double>::infinity());
   for (const KfacTask& task : work.tasks) {
     if (is_per_step(task.kind())) continue;
-    if (fits_under_no_k(task, options, task_overhead_s, longest)) continue;
-    const bool cut = divisible(task, options, task_overhead_s);
+    if (fits_under_no_k(task, options, overheads, longest)) continue;
+    const bool cut = divisible(task, options, overheads);
     const double piece =
-        cut ? std::min(task.duration_s, min_piece_seconds(task, options, task_overhead_s))
+        cut ? std::min(task.duration_s, min_piece_seconds(task, options, overheads))
             : task.duration_s;
     for (int w : task.workers) {
       const auto v = static_cast<std::size_t>(w);
-      held[v].push_back(Held{task.duration_s, cut,
+      held[v].push_back(Held{task.duration_s, overheads.of(task), cut,
                              every_step && (task.kind() == OpKind::kCurvatureA ||
                                             task.kind() == OpKind::kCurvatureB)});
       smallest[v] = std::min(smallest[v], piece * margin);
@@ -903,13 +928,16 @@ int usable_lower_bound(const sched::Schedule& base, const KfacWork& work, const 
   int bound = 1;
   for (std::size_t w = 0; w < workers; ++w) {
     if (held[w].empty()) continue;
-    // A steady step's usable idle time: [0] whole, [1] less an overhead per gap, [2] whole.
+    // A steady step's usable idle time: [0] whole, [1] less an overhead per gap (the smallest of
+    // the worker's tasks'), [2] whole.
+    double gap_overhead = std::numeric_limits<double>::infinity();
+    for (const Held& task : held[w]) gap_overhead = std::min(gap_overhead, task.overhead);
     std::array<double, 3> room{0.0, 0.0, 0.0};
     double largest = 0.0;
     for (const Bubble& b : map.problem.bubbles[w]) {
       if (b.step != 1 || b.end - b.start < smallest[w]) continue;
       room[0] += b.end - b.start;
-      room[1] += std::max(0.0, b.end - b.start - task_overhead_s * margin);
+      room[1] += std::max(0.0, b.end - b.start - gap_overhead * margin);
       largest = std::max(largest, b.end - b.start);
     }
     room[2] = room[0];
@@ -920,16 +948,14 @@ int usable_lower_bound(const sched::Schedule& base, const KfacWork& work, const 
     for (const Held& task : held[w]) {
       auto& sum = task.repeated ? per_step : rest;
       double pieces = 1.0;
+      const double o = task.overhead;
       if (task.divisible && task.seconds > longest_piece) {
-        pieces =
-            longest_piece > task_overhead_s
-                ? std::ceil((task.seconds - task_overhead_s) / (longest_piece - task_overhead_s) -
-                            1e-9)
-                : std::numeric_limits<double>::infinity();
+        pieces = longest_piece > o ? std::ceil((task.seconds - o) / (longest_piece - o) - 1e-9)
+                                   : std::numeric_limits<double>::infinity();
       }
       sum[0] += task.seconds * margin;
-      sum[1] += std::max(0.0, task.seconds - task_overhead_s) * margin;
-      sum[2] += (task.seconds + (pieces - 1.0) * task_overhead_s) * margin;
+      sum[1] += std::max(0.0, task.seconds - o) * margin;
+      sum[2] += (task.seconds + (pieces - 1.0) * o) * margin;
     }
     for (std::size_t part = 0; part < room.size(); ++part) {
       const double left = room[part] - per_step[part];
@@ -1192,14 +1218,14 @@ KfacReport make_report(const sched::Schedule& base, const sim::CostModel& costs,
         std::max(report.kfac_sent_bytes_per_refresh, worker.kfac_sent_bytes_per_refresh);
   }
   report.capped = !plan.cap_reason.empty();
-  const double overhead = costs.kfac_task_overhead_s();
   for (std::size_t i = 0; i < plan.order.size(); ++i) {
     const KfacTask& task = plan.work().tasks[static_cast<std::size_t>(plan.order[i])];
     const ItemPlacement& placed = plan.packed.placements[i];
     const bool sync = sched::is_kfac_collective(task.kind());
-    // A divided task pays the overhead once more per extra piece.
+    // A divided task pays its kind's overhead once more per extra piece.
     const int instructions = placed.pieces.empty() ? 1 : static_cast<int>(placed.pieces.size());
-    const double seconds = task.duration_s + (instructions - 1) * overhead;
+    const double seconds =
+        task.duration_s + (instructions - 1) * costs.kfac_task_overhead_s(task.kind());
     for (int w : task.workers) {
       auto& worker = report.workers[static_cast<std::size_t>(w)];
       (sync ? worker.kfac_sync_s : worker.kfac_compute_s) += seconds / k;
@@ -1266,11 +1292,7 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
       timeline_from_two_steps(base, two_steps, sim_options.overlap_communication);
   const BubbleMap steady = find_bubbles(base, timeline, 3);  // step 1 is a whole steady step
   const LongestBubbles longest = longest_steady_bubbles(steady);
-  const double task_overhead_s = costs.kfac_task_overhead_s();
-  if (!std::isfinite(task_overhead_s) || task_overhead_s < 0.0) {
-    throw std::invalid_argument("PipeFisher pass: the cost model's K-FAC task overhead is " +
-                                std::to_string(task_overhead_s) + " s");
-  }
+  const TaskOverheads overheads(costs);
   // The plain refresh (PipeFisher's window); with --kfac-pipelined-refresh on the pipelined
   // one is searched too, and kept where it is better.
   KfacOptions plain = options;
@@ -1279,24 +1301,24 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
   const auto one_step_work =
       std::make_shared<const KfacWork>(build_kfac_work(base, plain, 1, duration));
   const Bound bound =
-      refresh_lower_bound(base, *one_step_work, steady, longest, options, task_overhead_s);
-  const int release_bound = bound.impossible.empty()
-                                ? release_lower_bound(base, *one_step_work, timeline, steady,
-                                                      longest, options, task_overhead_s)
-                                : -1;
+      refresh_lower_bound(base, *one_step_work, steady, longest, options, overheads);
+  const int release_bound =
+      bound.impossible.empty()
+          ? release_lower_bound(base, *one_step_work, timeline, steady, longest, options, overheads)
+          : -1;
   const int usable_bound =
       bound.impossible.empty()
-          ? usable_lower_bound(base, *one_step_work, steady, longest, options, task_overhead_s)
+          ? usable_lower_bound(base, *one_step_work, steady, longest, options, overheads)
           : -1;
 
   std::vector<PackingPolicy> policies;
   if (options.policy != PackingPolicy::kBestFit) policies.push_back(PackingPolicy::kFirstFit);
   if (options.policy != PackingPolicy::kFirstFit) policies.push_back(PackingPolicy::kBestFit);
-  std::vector<Plan> plans = search(base, timeline, plain, duration, policies, bound, longest,
-                                   task_overhead_s, one_step_work);
+  std::vector<Plan> plans =
+      search(base, timeline, plain, duration, policies, bound, longest, overheads, one_step_work);
   if (options.pipelined_refresh) {
-    for (Plan& plan : search(base, timeline, options, duration, policies, bound, longest,
-                             task_overhead_s, one_step_work)) {
+    for (Plan& plan : search(base, timeline, options, duration, policies, bound, longest, overheads,
+                             one_step_work)) {
       plans.push_back(std::move(plan));
     }
   }

@@ -54,7 +54,8 @@ sim::MeasuredCostModel measured_from(const sim::AnalyticCostModel& analytic,
   profile.communication = {device.link_bandwidth, device.link_latency_s,
                            sim::boundary_bytes(analytic.workload())};
   profile.reduction = {device.link_bandwidth, device.link_latency_s, 0.0};
-  profile.kfac_task_overhead_s = analytic.kfac_task_overhead_s();
+  profile.kfac_task_overhead_s = device.kfac_task_overhead_s;
+  profile.kfac_kind_overheads_s = device.kfac_kind_overheads_s;
   for (int l = 0; l < sched::kNumLinearKinds; ++l) {
     sched::Instruction in;
     in.layer = 0;

@@ -364,7 +364,7 @@ TEST(PipeFisherPieces, CostModelsPricePiecesWithTheirOverhead) {
   in.piece_begin = sched::kPieceUnits / 4;
   in.piece_end = sched::kPieceUnits;
   EXPECT_DOUBLE_EQ(costs.duration(schedule, 0, in), 0.75 * 11.9 + 0.1);
-  EXPECT_DOUBLE_EQ(costs.kfac_task_overhead_s(), 0.1);
+  EXPECT_DOUBLE_EQ(costs.kfac_task_overhead_s(OpKind::kInvertA), 0.1);
   // A curvature-sync piece: its share of the whole all-reduce plus the overhead, whatever its
   // own payload (`bytes`), in the uniform and the analytic models.
   sched::Instruction sync;
@@ -392,13 +392,84 @@ TEST(PipeFisherPieces, CostModelsPricePiecesWithTheirOverhead) {
   whole_sync.piece_end = sched::kPieceUnits;
   whole_sync.bytes = 0;
   const double whole = analytic.duration(two_pipelines, 0, whole_sync);
-  const double overhead = analytic.kfac_task_overhead_s();
+  const double overhead = analytic.kfac_task_overhead_s(OpKind::kCurvatureSync);
   EXPECT_GT(whole, overhead);
   EXPECT_DOUBLE_EQ(analytic.duration(two_pipelines, 0, sync), 0.25 * (whole - overhead) + overhead);
   // Splitting is never free: the pass's report counts the extra overheads.
   const auto result = run_pipefisher(compiled(ScheduleKind::kOneFOneB, 4, 8),
                                      sim::UniformCostModel(long_inversions(0.01)), two_linears());
   EXPECT_GT(result.report.pieces, 0);
+}
+
+// Per-kind overheads (sim/kfac_overheads.h): the pass takes each task's own kind's overhead for
+// its smallest piece, whether it may be cut, the bounds and the report.
+TEST(PipeFisherPieces, EachTaskUsesItsOwnKindsOverhead) {
+  const auto base = compiled(ScheduleKind::kGPipe, 4, 8);
+  const sim::UniformCosts common = long_inversions(0.001);
+  const auto reference = run_pipefisher(base, sim::UniformCostModel(common), two_linears());
+  // Every kind given the common value as its own: the same pass, bit for bit.
+  sim::UniformCosts same = common;
+  for (auto& own : same.kfac_kind_overheads_s) own = common.kfac_task_overhead_s;
+  const auto again = run_pipefisher(base, sim::UniformCostModel(same), two_linears());
+  EXPECT_EQ(sched::to_json(again.schedule), sched::to_json(reference.schedule));
+  EXPECT_EQ(again.report.refresh_steps, reference.report.refresh_steps);
+  EXPECT_EQ(again.report.usable_bound, reference.report.usable_bound);
+  EXPECT_EQ(again.report.pieces, reference.report.pieces);
+  EXPECT_EQ(again.report.step_time_after_s, reference.report.step_time_after_s);
+  // A kind this run has no task of (GPipe, one replica: no curvature sync) changes nothing.
+  sim::UniformCosts sync_only = common;
+  sync_only.kfac_kind_overheads_s[2] = 0.5;
+  const auto unmoved = run_pipefisher(base, sim::UniformCostModel(sync_only), two_linears());
+  EXPECT_EQ(sched::to_json(unmoved.schedule), sched::to_json(reference.schedule));
+
+  // The inversions alone at 0.6: no inversion piece costs less than 2 overheads of 0.6
+  // (KfacOptions::min_piece_overheads), and the report counts 0.6 per extra inversion piece.
+  sim::UniformCosts inversions = common;
+  inversions.kfac_kind_overheads_s[3] = inversions.kfac_kind_overheads_s[4] = 0.6;
+  const sim::UniformCostModel costly(inversions);
+  const auto result = run_pipefisher(base, costly, two_linears());
+  EXPECT_NO_THROW(sched::validate(result.schedule));
+  EXPECT_GT(check_chains(result.schedule), 0);
+  double compute = 0.0;
+  int inversion_pieces = 0;
+  for (std::size_t w = 0; w < result.schedule.streams.size(); ++w) {
+    for (const auto& in : result.schedule.streams[w]) {
+      if (!sched::is_kfac(in.kind) || sched::is_kfac_collective(in.kind)) continue;
+      const double seconds = costly.duration(result.schedule, static_cast<int>(w), in);
+      compute += seconds;
+      if ((in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) && sched::is_piece(in)) {
+        ++inversion_pieces;
+        EXPECT_GE(seconds, 2 * 0.6 - 1e-12) << sched::short_label(in);
+      }
+    }
+  }
+  EXPECT_GT(inversion_pieces, 0);
+  double reported = 0.0;
+  for (const auto& worker : result.report.workers) reported += worker.kfac_compute_s;
+  EXPECT_NEAR(reported * result.report.refresh_steps, compute, 1e-9 * compute);
+  // The curvature (0.02 a task) is still priced with 0.001.
+  EXPECT_EQ(costly.kfac_task_overhead_s(OpKind::kCurvatureA), 0.001);
+  // The bound in usable gaps counts each task's own overhead: on workers 1 and 2 (longest gap 6,
+  // a piece at most 6 / 1.05) an inversion is three pieces at least, each extra one paying 0.6
+  // (with 0.001: 0.001): (4 * (12 + 2 * 0.6) + 0.64) * 1.05 / 9 = 6.2, 7 steps, against
+  // (4 * 12.002 + 0.64) * 1.05 / 9 = 5.7, 6 steps.
+  EXPECT_EQ(reference.report.usable_bound, 6);
+  EXPECT_EQ(result.report.usable_bound, 7);
+
+  // An inversion overhead as long as the inversion: no inversion may be cut, so each one (longer
+  // than every gap) runs after the flush.
+  sim::UniformCosts whole = common;
+  whole.kfac_kind_overheads_s[3] = whole.kfac_kind_overheads_s[4] = 12.0;
+  const auto uncut = run_pipefisher(base, sim::UniformCostModel(whole), two_linears());
+  EXPECT_NO_THROW(sched::validate(uncut.schedule));
+  for (const auto& stream : uncut.schedule.streams) {
+    for (const auto& in : stream) {
+      if (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) {
+        EXPECT_FALSE(sched::is_piece(in)) << sched::short_label(in);
+      }
+    }
+  }
+  EXPECT_GT(uncut.report.spilled_tasks, 0);
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 #include <limits>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -122,7 +124,7 @@ TEST(SimAnalytic, FormulasOfOneLayerChunk) {
                               4 * d_out * d_out / 3.35e12 + 8 * d_out * d_in / 3.35e12;
   EXPECT_DOUBLE_EQ(costs.duration(schedule, 1, in), precondition);
   // A piece of a quarter of the rows: its share of the rest plus the per-task overhead again.
-  const double overhead = costs.kfac_task_overhead_s();
+  const double overhead = costs.kfac_task_overhead_s(in.kind);
   EXPECT_DOUBLE_EQ(overhead, sim::kDefaultKfacTaskOverheadS);
   in.piece_end = sched::kPieceUnits / 4;
   EXPECT_DOUBLE_EQ(costs.duration(schedule, 1, in), (precondition - overhead) / 4 + overhead);
@@ -266,6 +268,180 @@ nlohmann::json uniform_profile(double forward, double backward, int chunks) {
   return {{"format_version", 1},
           {"chunks", chunk_list},
           {"communication", {{"bandwidth", 1e9}, {"latency_s", 0.0}, {"message_bytes", 0}}}};
+}
+
+// Per-kind K-FAC task overheads (sim/kfac_overheads.h): a kind's own overhead moves only the
+// pieces of that kind, by (1 - share) x the difference; whole tasks keep their duration (the
+// overhead is part of it). The same in the analytic, measured and uniform models.
+TEST(SimKfacOverheads, AKindsOwnOverheadMovesOnlyItsKindsPieces) {
+  const auto schedule = sched::compile(params(ScheduleKind::kChimera, 4, 4, 24));
+  const OpKind kinds[] = {OpKind::kCurvatureA, OpKind::kCurvatureB, OpKind::kCurvatureSync,
+                          OpKind::kInvertA,    OpKind::kInvertB,    OpKind::kPrecondition};
+  auto compare = [&](const CostModel& base, const CostModel& moved, int index, double own) {
+    for (int i = 0; i < kNumKfacOverheadKinds; ++i) {
+      SCOPED_TRACE(std::string(kKfacOverheadFields[static_cast<std::size_t>(i)]));
+      Instruction in;
+      in.kind = kinds[i];
+      ASSERT_EQ(kfac_overhead_index(in.kind), i);
+      in.layer = 0;
+      in.linear = sched::LinearKind::kFfnIn;
+      const double whole = base.duration(schedule, 0, in);
+      EXPECT_EQ(moved.duration(schedule, 0, in), whole);
+      ASSERT_GT(whole, own);
+      const double common = base.kfac_task_overhead_s(in.kind);
+      EXPECT_EQ(moved.kfac_task_overhead_s(in.kind), i == index ? own : common);
+      in.piece_end = sched::kPieceUnits / 4;
+      const double piece = base.duration(schedule, 0, in);
+      if (i == index) {
+        EXPECT_NEAR(moved.duration(schedule, 0, in) - piece, 0.75 * (own - common), 1e-15);
+      } else {
+        EXPECT_EQ(moved.duration(schedule, 0, in), piece);
+      }
+    }
+    // Kinds without an entry of their own keep the common value.
+    EXPECT_EQ(moved.kfac_task_overhead_s(OpKind::kForward),
+              base.kfac_task_overhead_s(OpKind::kForward));
+  };
+  for (int index = 0; index < kNumKfacOverheadKinds; ++index) {
+    SCOPED_TRACE(index);
+    const double own = 15e-6;
+    const Workload workload = bert("large", Precision::kBf16);
+    const AnalyticCostModel analytic(workload, device_preset("h100"));
+    DeviceSpec device = device_preset("h100");
+    device.kfac_kind_overheads_s[static_cast<std::size_t>(index)] = own;
+    compare(analytic, AnalyticCostModel(workload, device), index, own);
+
+    Profile profile = profile_from_json(uniform_profile(1.0, 2.0, 4), "p.json");
+    KfacProfile linear;
+    linear.curvature_a_s = 1e-3;
+    linear.curvature_b_s = 2e-3;
+    linear.invert_a_s = 3e-3;
+    linear.invert_b_s = 4e-3;
+    linear.precondition_s = 5e-3;
+    linear.curvature_sync_s = 6e-3;
+    profile.kfac.push_back(linear);
+    const MeasuredCostModel measured(profile, "p.json");
+    profile.kfac_kind_overheads_s[static_cast<std::size_t>(index)] = own;
+    compare(measured, MeasuredCostModel(profile, "p.json"), index, own);
+
+    UniformCosts costs{.curvature_a_s = 1e-3,
+                       .curvature_b_s = 2e-3,
+                       .curvature_sync_s = 6e-3,
+                       .invert_a_s = 3e-3,
+                       .invert_b_s = 4e-3,
+                       .precondition_s = 5e-3,
+                       .kfac_task_overhead_s = 10e-6};
+    const UniformCostModel uniform(costs);
+    costs.kfac_kind_overheads_s[static_cast<std::size_t>(index)] = own;
+    compare(uniform, UniformCostModel(costs), index, own);
+  }
+}
+
+// The device and profile formats' optional "kfac_task_overhead_s" and "kfac_task_overheads":
+// absent, every kind has the default 10 us and the files written stay as they were; present,
+// they survive a round trip; a negative, non-numeric or unknown field is refused naming the file
+// and the field.
+TEST(SimKfacOverheads, DeviceAndProfileFieldsReadWriteAndRefuseBadValues) {
+  const DeviceSpec h200 = device_preset("h200");
+  for (int i = 0; i < sched::kNumOpKinds; ++i) {
+    EXPECT_EQ(h200.kfac_overhead(static_cast<OpKind>(i)), kDefaultKfacTaskOverheadS);
+  }
+  nlohmann::json j = device_to_json(h200);
+  EXPECT_FALSE(j.contains("kfac_task_overhead_s"));
+  EXPECT_FALSE(j.contains("kfac_task_overheads"));
+  j["kfac_task_overhead_s"] = 20e-6;
+  j["kfac_task_overheads"] = {{"invert_a_s", 5e-6}, {"precondition_s", 30e-6}};
+  const DeviceSpec read = device_from_json(j, "dev.json");
+  EXPECT_EQ(read.kfac_overhead(OpKind::kCurvatureA), 20e-6);
+  EXPECT_EQ(read.kfac_overhead(OpKind::kInvertA), 5e-6);
+  EXPECT_EQ(read.kfac_overhead(OpKind::kInvertB), 20e-6);
+  EXPECT_EQ(read.kfac_overhead(OpKind::kPrecondition), 30e-6);
+  EXPECT_EQ(device_to_json(read), j);
+  const DeviceSpec back = device_from_json(device_to_json(read), "again");
+  EXPECT_EQ(back.kfac_kind_overheads_s, read.kfac_kind_overheads_s);
+
+  nlohmann::json bad = j;
+  bad["kfac_task_overheads"]["invert_b_s"] = -1;
+  EXPECT_NE(error_of([&] {
+              device_from_json(bad, "dev.json");
+            }).find("dev.json: field 'kfac_task_overheads.invert_b_s' = -1"),
+            std::string::npos);
+  bad = j;
+  bad["kfac_task_overheads"]["inversion_s"] = 1e-5;
+  EXPECT_NE(error_of([&] {
+              device_from_json(bad, "dev.json");
+            }).find("dev.json: unknown field 'kfac_task_overheads.inversion_s'"),
+            std::string::npos);
+  bad = j;
+  bad["kfac_task_overheads"]["curvature_a_s"] = "fast";
+  EXPECT_NE(error_of([&] {
+              device_from_json(bad, "dev.json");
+            }).find("dev.json: field 'kfac_task_overheads.curvature_a_s' must be a number"),
+            std::string::npos);
+  bad = j;
+  bad["kfac_task_overheads"] = 1e-5;
+  EXPECT_NE(error_of([&] {
+              device_from_json(bad, "dev.json");
+            }).find("dev.json: field 'kfac_task_overheads' must be an object"),
+            std::string::npos);
+  bad = j;
+  bad["kfac_task_overhead_s"] = -3e-6;
+  EXPECT_NE(error_of([&] {
+              device_from_json(bad, "dev.json");
+            }).find("dev.json: field 'kfac_task_overhead_s' = -0.000003"),
+            std::string::npos);
+  // From a file: the error names it.
+  const auto path = std::filesystem::temp_directory_path() / "pf_test_bad_kind_overhead.json";
+  bad = j;
+  bad["kfac_task_overheads"]["curvature_sync_s"] = -2e-5;
+  {
+    std::ofstream out(path);
+    out << bad.dump();
+  }
+  EXPECT_NE(error_of([&] {
+              device_from_json_file(path);
+            }).find(path.string() + ": field 'kfac_task_overheads.curvature_sync_s'"),
+            std::string::npos);
+  std::filesystem::remove(path);
+
+  nlohmann::json p = uniform_profile(1.0, 2.0, 2);
+  EXPECT_FALSE(profile_to_json(profile_from_json(p, "prof.json")).contains("kfac_task_overheads"));
+  p["kfac_task_overheads"] = {{"curvature_b_s", 25e-6}};
+  const Profile profile = profile_from_json(p, "prof.json");
+  EXPECT_EQ(profile.kfac_kind_overheads_s[1], 25e-6);
+  EXPECT_FALSE(profile.kfac_kind_overheads_s[0]);
+  EXPECT_EQ(MeasuredCostModel(profile, "prof.json").kfac_task_overhead_s(OpKind::kCurvatureA),
+            kDefaultKfacTaskOverheadS);
+  EXPECT_EQ(profile_from_json(profile_to_json(profile), "again").kfac_kind_overheads_s,
+            profile.kfac_kind_overheads_s);
+  p["kfac_task_overheads"]["precondition_s"] = -2;
+  EXPECT_NE(error_of([&] { profile_from_json(p, "prof.json"); })
+                .find("prof.json: field 'kfac_task_overheads.precondition_s' = -2 (must be finite "
+                      "and >= 0)"),
+            std::string::npos);
+  p["kfac_task_overheads"] = {{"invert_s", 1e-5}};
+  EXPECT_NE(error_of([&] {
+              profile_from_json(p, "prof.json");
+            }).find("prof.json: field 'kfac_task_overheads.invert_s' is unknown"),
+            std::string::npos);
+  p["kfac_task_overheads"] = nlohmann::json::array();
+  EXPECT_NE(error_of([&] {
+              profile_from_json(p, "prof.json");
+            }).find("prof.json: field 'kfac_task_overheads' must be an object"),
+            std::string::npos);
+  // Built in code, a model refuses a bad value too.
+  Profile negative = profile;
+  negative.kfac_kind_overheads_s[4] = -1e-6;
+  EXPECT_NE(error_of([&] {
+              MeasuredCostModel(negative, "built");
+            }).find("built: field 'kfac_task_overheads.invert_b_s'"),
+            std::string::npos);
+  UniformCosts costs;
+  costs.kfac_kind_overheads_s[0] = std::numeric_limits<double>::infinity();
+  EXPECT_NE(error_of([&] {
+              UniformCostModel{costs};
+            }).find("uniform costs: field 'kfac_task_overheads.curvature_a_s' = inf"),
+            std::string::npos);
 }
 
 TEST(SimMeasured, UniformProfileReproducesUniformModel) {
