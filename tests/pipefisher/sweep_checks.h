@@ -33,6 +33,13 @@ inline void check_case(const SweepResult& r) {
   }
 }
 
+// The 64 cases the quick sweep tests run: analytic p100 and h100, micro-batch 8 and 32, D = 4
+// and 8, every schedule and model.
+inline bool in_quick_subset(const SweepCase& config) {
+  return config.costs == "analytic" && (config.device == "p100" || config.device == "h100") &&
+         config.micro_batch != 16 && config.stages != 16;
+}
+
 inline double share(int count, int of) {
   return of > 0 ? static_cast<double>(count) / of : 0.0;
 }

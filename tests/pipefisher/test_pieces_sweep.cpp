@@ -16,10 +16,7 @@ namespace {
 TEST(PipeFisherSweep, Subset) {
   std::vector<SweepResult> results;
   for (const SweepCase& config : pieces_sweep_cases()) {
-    if (config.costs != "analytic" || (config.device != "p100" && config.device != "h100") ||
-        config.micro_batch == 16 || config.stages == 16) {
-      continue;
-    }
+    if (!in_quick_subset(config)) continue;
     results.push_back(run_sweep_case(config));
     check_case(results.back());
   }
@@ -45,10 +42,7 @@ TEST(PipeFisherSweep, PipelinedSubset) {
   options.pipelined_refresh = true;
   std::vector<SweepResult> results;
   for (const SweepCase& config : pieces_sweep_cases()) {
-    if (config.costs != "analytic" || (config.device != "p100" && config.device != "h100") ||
-        config.micro_batch == 16 || config.stages == 16) {
-      continue;
-    }
+    if (!in_quick_subset(config)) continue;
     results.push_back(run_sweep_case(config, options));
     check_case(results.back());
     EXPECT_LE(results.back().split.refresh_steps, results.back().split.plain_refresh_steps);

@@ -84,10 +84,7 @@ TEST(SpillBudget, OutOfRangeIsRefusedNamingTheFlag) {
 TEST(SpillBudget, SweepSubsetAtTheBound) {
   std::vector<SweepResult> results;
   for (const SweepCase& config : pieces_sweep_cases()) {
-    if (config.costs != "analytic" || (config.device != "p100" && config.device != "h100") ||
-        config.micro_batch == 16 || config.stages == 16) {
-      continue;
-    }
+    if (!in_quick_subset(config)) continue;
     const SweepResult plain = run_sweep_case(config);
     results.push_back(run_sweep_case(config, with_budget(0.02)));
     const SweepResult& r = results.back();
