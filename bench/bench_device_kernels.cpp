@@ -42,6 +42,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/elementwise_records.h"
 #include "kernels/backend_ops.h"
 #include "kernels/make_ops.h"
 #include "kfac/pieces.h"
@@ -269,11 +270,8 @@ void time_attention(Bench& bench, const Settings& s) {
   }
 }
 
-// The five element-wise kinds at rows x 1024, with the bytes and per-element work that
-// sim/bert_kernels.cpp counts for them (bench_sim_calibrate's accounting): GELU reads x, writes
-// y, 4 FLOPs and an erf; an add reads two and writes one, 1 FLOP; LayerNorm reads x, writes y,
-// 8 FLOPs; the softmax rescales in place, 4 FLOPs and an exp; dropout reads x, writes y, 2 FLOPs
-// and a random number.
+// The five element-wise kinds at rows x 1024, with the bytes and per-element work the simulator
+// counts for them (bench/elementwise_records.h).
 void time_elementwise(Bench& bench, const Settings& s) {
   const std::int64_t cols = s.smoke ? 32 : kHidden;
   std::vector<std::int64_t> rows = {8, 128, 1024, 4096, 16384, 65536};
@@ -287,24 +285,21 @@ void time_elementwise(Bench& bench, const Settings& s) {
          rstd = bench.array(r);
     const ConstMatrixView<float> cx{x->data<float>(), r, cols}, cy{y->data<float>(), r, cols};
     const MatrixView<float> out{z->data<float>(), r, cols};
-    const auto record = [&](const char* name, double bytes, double flops, const char* special) {
-      json entry = {{"operation", "memory"}, {"name", name}, {"bytes", bytes * n},
-                    {"flops", flops * n},    {"rows", r},    {"cols", cols}};
-      if (special != nullptr) entry[special] = n;
+    const auto record = [n, r, cols](const char* name) {
+      json entry = bench::elementwise_record(name, n);
+      entry["rows"] = r;
+      entry["cols"] = cols;
       return entry;
     };
-    bench.add(record("gelu", 8, 4, "error_functions"),
-              [ops, x, z, cx, out] { ops->gelu_forward(cx, out); });
-    bench.add(record("add", 12, 1, nullptr),
-              [ops, x, y, z, cx, cy, out] { ops->add(cx, cy, out); });
-    bench.add(record("layernorm", 8, 8, nullptr), [ops, x, z, cx, out, gamma, beta, mean, rstd] {
+    bench.add(record("gelu"), [ops, x, z, cx, out] { ops->gelu_forward(cx, out); });
+    bench.add(record("add"), [ops, x, y, z, cx, cy, out] { ops->add(cx, cy, out); });
+    bench.add(record("layernorm"), [ops, x, z, cx, out, gamma, beta, mean, rstd] {
       ops->layernorm_forward(cx, gamma->data<float>(), beta->data<float>(), 1e-12F, out,
                              mean->data<float>(), rstd->data<float>());
     });
-    bench.add(record("softmax", 8, 4, "exponentials"),
+    bench.add(record("softmax"),
               [ops, z, out] { ops->masked_softmax_forward(out, 0.125F, nullptr); });
-    bench.add(record("dropout", 8, 2, "random_numbers"),
-              [ops, x, z, cx, out] { ops->dropout_forward(cx, out, 0.1F, 42); });
+    bench.add(record("dropout"), [ops, x, z, cx, out] { ops->dropout_forward(cx, out, 0.1F, 42); });
   }
 }
 

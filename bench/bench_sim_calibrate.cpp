@@ -37,6 +37,7 @@
 #include <Eigen/Dense>
 #include <nlohmann/json.hpp>
 
+#include "bench/elementwise_records.h"
 #include "kernels/ops.h"
 #include "kfac/inverse.h"
 
@@ -235,44 +236,28 @@ void time_memory_kinds(Recorder& rec, std::int64_t r, const std::vector<const ch
   auto x = buffer(r * cols), y = buffer(r * cols), z = buffer(r * cols);
   const ConstMatrixView<float> cx{x->data(), r, cols}, cy{y->data(), r, cols};
   const MatrixView<float> out{z->data(), r, cols};
-  // Bytes moved and per-element arithmetic (sim/bert_kernels.cpp counts the same): GELU reads
-  // x, writes y, 4 FLOPs and an erf per element; an add reads two, writes one, 1 FLOP;
-  // LayerNorm reads x, writes y, 8 FLOPs (the per-row statistics' bytes are negligible);
-  // softmax rescales the scores in place, 4 FLOPs and an exp; dropout reads x, writes y, 2
-  // FLOPs and a random number (the mask is regenerated, not stored). Five kinds per size, so
-  // that each kind lands in both shape sets.
-  // Per element: bytes, then the work (the fields of sim/kernel_costs.h's ElementWork).
-  struct PerElement {
-    double flops = 0, exponentials = 0, error_functions = 0, random_numbers = 0;
-  };
-  auto record = [&](const char* name, double bytes, const PerElement& each) {
-    nlohmann::json entry = {
-        {"operation", "memory"}, {"name", name}, {"bytes", bytes * n}, {"flops", each.flops * n}};
-    if (each.exponentials > 0) entry["exponentials"] = each.exponentials * n;
-    if (each.error_functions > 0) entry["error_functions"] = each.error_functions * n;
-    if (each.random_numbers > 0) entry["random_numbers"] = each.random_numbers * n;
-    return entry;
-  };
+  // Bytes moved and per-element arithmetic as the simulator counts them
+  // (bench/elementwise_records.h). Five kinds per size, so that each kind lands in both shape
+  // sets.
+  const auto record = [n](const char* name) { return bench::elementwise_record(name, n); };
   rec.add(
-      record("gelu", 8, {.flops = 4, .error_functions = 1}),
-      [x, z, cx, out] { kernels::gelu_forward<float>(cx, out); }, set(0));
+      record("gelu"), [x, z, cx, out] { kernels::gelu_forward<float>(cx, out); }, set(0));
   rec.add(
-      record("add", 12, {.flops = 1}), [x, y, z, cx, cy, out] { kernels::add<float>(cx, cy, out); },
-      set(1));
+      record("add"), [x, y, z, cx, cy, out] { kernels::add<float>(cx, cy, out); }, set(1));
   auto gamma = buffer(cols, 0.0f), beta = buffer(cols, 0.0f), mean = buffer(r), rstd = buffer(r);
   rec.add(
-      record("layernorm", 8, {.flops = 8}),
+      record("layernorm"),
       [x, z, cx, out, gamma, beta, mean, rstd] {
         kernels::layernorm_forward<float>(cx, gamma->data(), beta->data(), 1e-12f, out,
                                           mean->data(), rstd->data());
       },
       set(2));
   rec.add(
-      record("softmax", 8, {.flops = 4, .exponentials = 1}),
-      [z, out] { kernels::masked_softmax_forward<float>(out, 0.125f, nullptr); }, set(3));
+      record("softmax"), [z, out] { kernels::masked_softmax_forward<float>(out, 0.125f, nullptr); },
+      set(3));
   rec.add(
-      record("dropout", 8, {.flops = 2, .random_numbers = 1}),
-      [x, z, cx, out] { kernels::dropout_forward<float>(cx, out, 0.1f, 42); }, set(4));
+      record("dropout"), [x, z, cx, out] { kernels::dropout_forward<float>(cx, out, 0.1f, 42); },
+      set(4));
 }
 
 void time_memory(Recorder& rec, bool smoke) {

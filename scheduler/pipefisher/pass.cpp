@@ -627,6 +627,14 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
     return spills;
   };
   std::vector<Plan> plans;
+  // The smallest k of the plans so far that hold all the work (cap + 1: none does).
+  const auto smallest_holding_k = [&] {
+    int reached = cap + 1;
+    for (const Plan& plan : plans) {
+      if (plan.cap_reason.empty()) reached = std::min(reached, plan.refresh_steps);
+    }
+    return reached;
+  };
   for (PackingPolicy policy : policies) {
     if (options.refresh_steps > 0) {
       plans.push_back(plan_for(options.refresh_steps, of_policy(policy)));
@@ -701,10 +709,7 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
   // nothing more is packed.
   if (options.policy == PackingPolicy::kBestOfBoth && options.refresh_steps == 0 &&
       bound.impossible.empty() && bound.steps <= cap) {
-    int reached = cap + 1;
-    for (const Plan& plan : plans) {
-      if (plan.cap_reason.empty()) reached = std::min(reached, plan.refresh_steps);
-    }
+    const int reached = smallest_holding_k();
     const std::vector<PackVariant>& variants = refinement_variants();
     for (int k = reached - 1; k >= std::max(1, bound.steps) && reached <= cap; --k) {
       if (surely_spills(k)) break;
@@ -725,10 +730,7 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
   // everything stays (a spilling plan of the same k would only cost time).
   if (options.spill_budget > 0.0 && options.refresh_steps == 0 && bound.impossible.empty() &&
       bound.steps <= cap) {
-    int reached = cap + 1;
-    for (const Plan& plan : plans) {
-      if (plan.cap_reason.empty()) reached = std::min(reached, plan.refresh_steps);
-    }
+    const int reached = smallest_holding_k();
     bool found = false;
     for (int k = std::max(1, bound.steps); k < reached && !found; ++k) {
       const double allowed = options.spill_budget * timeline.period_s * static_cast<double>(k);
