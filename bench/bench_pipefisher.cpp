@@ -7,7 +7,8 @@
 //                                        CASE (e.g. analytic/v100/large/8/4/1f1b): that one only
 //   bench_pipefisher --pieces-pipelined [CASE]  the same with --kfac-pipelined-refresh on: k on
 //                                        and off against the bound, overhead beside PipeFisher's
-//   (both sweeps: --spill-budget F, the pass's --kfac-spill-budget)
+//   (both sweeps: --spill-budget F, the pass's --kfac-spill-budget; --free-spill, the pass's
+//   --kfac-free-spill on)
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
@@ -385,6 +386,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--spill-budget") == 0)
       sweep_options.spill_budget = std::atof(argv[i + 1]);
+  }
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--free-spill") == 0) sweep_options.free_spill = true;
   }
   const auto case_after = [&](int i) {
     return i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0 ? argv[i + 1] : nullptr;

@@ -65,6 +65,12 @@ void add_kfac_options(CLI::App& app, KfacCommandOptions& options) {
                  "work after the flush when that work costs at most this fraction of a step per "
                  "step on its busiest worker (0: only a k whose bubbles hold all of it)")
       ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--kfac-free-spill", options.free_spill,
+                 "Automatic refresh interval: also take a k below the smallest one whose bubbles "
+                 "hold all of the curvature, sync and inversion, down to the work/bubble bound, "
+                 "where the simulated step with the rest after the flush costs no more (on), or "
+                 "only a k that holds all of it (off)")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--kfac-split", options.split,
                  "Cut curvature, curvature sync, inversion and preconditioning into pieces "
                  "that fit the gaps (on), or keep every task whole (off, the indivisible pass)")
@@ -144,6 +150,11 @@ KfacOptions to_kfac_options(const KfacCommandOptions& command) {
   options.pipelined_refresh = command.pipelined_refresh == "on";
   options.max_refresh_steps = command.max_refresh_steps;
   options.spill_budget = command.spill_budget;
+  if (command.free_spill != "on" && command.free_spill != "off") {
+    throw std::invalid_argument("--kfac-free-spill: '" + command.free_spill +
+                                "' (allowed: on, off)");
+  }
+  options.free_spill = command.free_spill == "on";
   options.min_piece_overheads = command.min_piece_overheads;
   if (command.linears != "all") {
     options.linears.clear();
@@ -244,6 +255,14 @@ std::string format_kfac_report(const KfacReport& report) {
         "that some k could hold run after the flush, %.2f%% of a step per step on the busiest "
         "worker\n",
         100 * report.spill_budget, 100 * report.budget_spill);
+  }
+  if (report.free_spill && report.refresh_steps < report.holding_refresh_steps) {
+    text += format(
+        "free spill (--kfac-free-spill on): k %.0f, below the %.0f whose bubbles hold all of the "
+        "curvature, sync and inversion; what runs after the flush instead costs no step time "
+        "(within 0.1 point)\n",
+        static_cast<double>(report.refresh_steps),
+        static_cast<double>(report.holding_refresh_steps));
   }
   if (report.pipelined_refresh) {
     text += format(

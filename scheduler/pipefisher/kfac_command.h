@@ -30,6 +30,7 @@ struct KfacCommandOptions {
   std::string pipelined_refresh = "off";  // --kfac-pipelined-refresh on|off
   int max_refresh_steps = 64;             // --kfac-max-refresh
   double spill_budget = 0.0;              // --kfac-spill-budget
+  std::string free_spill = "off";         // --kfac-free-spill on|off
   double min_piece_overheads = 2.0;       // --kfac-min-piece
   std::string sharding = "replicate";     // --kfac-sharding auto|replicate|shard|partial:G
   double memory_budget_mib = 0.0;         // --kfac-memory-budget (0: no limit)

@@ -58,6 +58,12 @@ void KfacOptions::validate() const {
         "--kfac-spill-budget (spill_budget) must be a fraction of a step in [0, 1], got " +
         std::to_string(spill_budget));
   }
+  if (free_spill && refresh_steps > 0) {
+    throw std::invalid_argument(
+        "--kfac-free-spill on (free_spill) chooses the refresh interval: it needs the automatic "
+        "one (--kfac-refresh 0), got --kfac-refresh " +
+        std::to_string(refresh_steps));
+  }
   if (max_refresh_steps < 1) {
     throw std::invalid_argument("--kfac-max-refresh (max_refresh_steps) must be >= 1, got " +
                                 std::to_string(max_refresh_steps));

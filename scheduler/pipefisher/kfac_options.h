@@ -45,6 +45,13 @@ struct KfacOptions {
   // GPipe/1F1B gets its last curvature only after its last backward), a budget of a few percent
   // reaches the work/bubble bound (docs/pipefisher.md, "Spill budget").
   double spill_budget = 0.0;
+  // Free spill (--kfac-free-spill): the automatic search also tries the k below the smallest one
+  // that holds all of the work, down to the work/bubble bound, and takes the smallest whose
+  // simulated step costs no more than that holding plan's (within 0.1 point of overhead): the
+  // work left after the flush runs while the step's slowest worker still preconditions, so the
+  // refresh comes sooner for nothing (docs/pipefisher.md, "Free spill"). Needs the automatic k;
+  // a plan the spill budget chose is kept as it is.
+  bool free_spill = false;
   // Divisible tasks: the pass may cut curvature, inversion and preconditioning into pieces that
   // fill the gaps in hand (false: every task whole, the indivisible pass).
   bool split = true;

@@ -75,6 +75,9 @@ struct Plan {
   // on the worker with the most (KfacOptions::spill_budget).
   double busiest_spill_s = 0.0;
   bool within_budget = false;  // taken below the policies' k for the spill budget
+  // A packing of a k below the smallest that holds all of the work, for the free spill
+  // (KfacOptions::free_spill): run_on takes it only where its simulated step costs no more.
+  bool free_spill_candidate = false;
 
   const KfacWork& work() const { return *prepared->work; }
   const BubbleMap& bubbles() const { return prepared->bubbles; }
@@ -347,6 +350,8 @@ bool fits_under_no_k(const KfacTask& task, const KfacOptions& options,
 // A pipelined plan is packed again with more of step 0 held for the wrapped work at most this
 // many times (make_plan).
 constexpr int kWrapHoldRounds = 4;
+// The free spill tries at most this many k below the smallest that holds all of the work.
+constexpr int kFreeSpillSteps = 8;
 
 // `items`: a buffer reused from plan to plan (its contents are replaced): at p = 64, m = 1024 the
 // items of one plan take ~60 MB, and a fresh buffer per plan cost as much in page faults as
@@ -631,7 +636,9 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
   const auto smallest_holding_k = [&] {
     int reached = cap + 1;
     for (const Plan& plan : plans) {
-      if (plan.cap_reason.empty()) reached = std::min(reached, plan.refresh_steps);
+      if (plan.cap_reason.empty() && !plan.within_budget && !plan.free_spill_candidate) {
+        reached = std::min(reached, plan.refresh_steps);
+      }
     }
     return reached;
   };
@@ -742,6 +749,25 @@ std::vector<Plan> search(const sched::Schedule& base, const Timeline& timeline,
         found = true;
         break;
       }
+    }
+  }
+  // The free spill (KfacOptions::free_spill): below the smallest k that holds all of the work,
+  // down to the bound, each k's packing with the least work after the flush (of the policies'),
+  // at most kFreeSpillSteps of them: run_on simulates them from the largest k down.
+  if (options.free_spill && options.refresh_steps == 0 && bound.impossible.empty() &&
+      bound.steps <= cap) {
+    const int reached = smallest_holding_k();
+    const int lowest = std::max({1, bound.steps, reached - kFreeSpillSteps});
+    for (int k = reached - 1; k >= lowest && reached <= cap; --k) {
+      std::optional<Plan> least;
+      for (PackingPolicy policy : policies) {
+        Plan plan = plan_for(k, of_policy(policy));
+        if (!least || plan.total_after_flush_s < least->total_after_flush_s) {
+          least = std::move(plan);
+        }
+      }
+      least->free_spill_candidate = true;
+      plans.push_back(std::move(*least));
     }
   }
   return plans;
@@ -1327,6 +1353,7 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
   int plain_steps = std::numeric_limits<int>::max();
   std::vector<const Plan*> ranked;
   for (const Plan& plan : plans) {
+    if (plan.free_spill_candidate) continue;  // taken below only where its step costs no more
     ranked.push_back(&plan);
     if (!plan.pipelined) plain_steps = std::min(plain_steps, plan.refresh_steps);
   }
@@ -1384,6 +1411,9 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
     }
     return after_options;
   };
+  const auto overhead = [](const sim::SimResult& b, const sim::SimResult& a) {
+    return b.step_time_s > 0.0 ? a.step_time_s / b.step_time_s - 1.0 : 0.0;
+  };
   result.before = simulate_before(chosen->refresh_steps);
   result.after = sim::simulate(result.schedule, costs, options_for(*chosen));
   if (chosen->variant >= 0) {
@@ -1394,9 +1424,6 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
     if (const Plan* fallback = best_valid(true, schedule)) {
       sim::SimResult before = simulate_before(fallback->refresh_steps);
       sim::SimResult after = sim::simulate(schedule, costs, options_for(*fallback));
-      const auto overhead = [](const sim::SimResult& b, const sim::SimResult& a) {
-        return b.step_time_s > 0.0 ? a.step_time_s / b.step_time_s - 1.0 : 0.0;
-      };
       if (overhead(result.before, result.after) > overhead(before, after) + 1e-3) {
         chosen = fallback;
         result.schedule = std::move(schedule);
@@ -1405,12 +1432,60 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
       }
     }
   }
+  // The free spill: from the largest k below the holding plan's down, a plan that leaves work
+  // after the flush replaces it while its simulated step costs no more than the holding plan's
+  // (within the refinement's 0.1 point); the first that costs more ends the walk.
+  const int holding_steps =
+      chosen->within_budget || !chosen->cap_reason.empty() ? -1 : chosen->refresh_steps;
+  if (options.free_spill && holding_steps > 0) {
+    std::vector<const Plan*> candidates;
+    for (const Plan& plan : plans) {
+      if (plan.free_spill_candidate && plan.refresh_steps < holding_steps) {
+        candidates.push_back(&plan);
+      }
+    }
+    std::stable_sort(candidates.begin(), candidates.end(), [](const Plan* a, const Plan* b) {
+      return std::make_pair(-a->refresh_steps, a->total_after_flush_s) <
+             std::make_pair(-b->refresh_steps, b->total_after_flush_s);
+    });
+    const double holding_overhead = overhead(result.before, result.after);
+    for (std::size_t i = 0; i < candidates.size();) {
+      const int k = candidates[i]->refresh_steps;
+      bool taken = false;
+      for (; i < candidates.size() && candidates[i]->refresh_steps == k; ++i) {
+        if (taken) continue;
+        const Plan& plan = *candidates[i];
+        sched::Schedule schedule = emit(base, plan, options.linear_dims);
+        if (plan.pipelined && wraps_collectives(plan)) {
+          try {
+            sched::validate(schedule);
+          } catch (const std::invalid_argument&) {
+            continue;
+          }
+        }
+        sim::SimResult before = simulate_before(plan.refresh_steps);
+        sim::SimResult after = sim::simulate(schedule, costs, options_for(plan));
+        if (overhead(before, after) > holding_overhead + 1e-3) continue;
+        chosen = &plan;
+        result.schedule = std::move(schedule);
+        result.before = std::move(before);
+        result.after = std::move(after);
+        taken = true;
+      }
+      if (!taken) break;
+    }
+  }
   result.report = make_report(base, costs, options, *chosen, result.before, result.after);
+  result.report.free_spill = options.free_spill;
+  result.report.holding_refresh_steps = holding_steps;
   result.report.refresh_bound = bound.impossible.empty() ? bound.steps : -1;
   result.report.release_bound = release_bound;
   result.report.usable_bound = usable_bound;
   for (const Plan& plan : plans) {
-    if (plan.pipelined != chosen->pipelined || plan.variant >= 0 || plan.within_budget) continue;
+    if (plan.pipelined != chosen->pipelined || plan.variant >= 0 || plan.within_budget ||
+        plan.free_spill_candidate) {
+      continue;
+    }
     (plan.policy == PackingPolicy::kFirstFit ? result.report.first_fit_refresh_steps
                                              : result.report.best_fit_refresh_steps) =
         plan.refresh_steps;

@@ -78,6 +78,11 @@ struct KfacReport {
   // time before filling (<= spill_budget where the automatic k took it; 0 where none spilled).
   double spill_budget = 0.0;
   double budget_spill = 0.0;
+  // --kfac-free-spill, and the smallest k whose plan holds all of the curvature, sync and
+  // inversion in the bubbles (the chosen plan's, save the refinement's; with a free spill the
+  // chosen k is below it and its step costs no more).
+  bool free_spill = false;
+  int holding_refresh_steps = -1;
   std::string curvature;  // first_step / every_step
   bool fixed_interval = false;
   double utilization_before = 0.0;  // 1 - bubble fraction of the base schedule over k steps

@@ -42,6 +42,8 @@ nlohmann::json to_json(const KfacReport& report) {
           {"safety_margin", report.safety_margin},
           {"spill_budget", report.spill_budget},
           {"budget_spill", report.budget_spill},
+          {"free_spill", report.free_spill},
+          {"holding_refresh_steps", report.holding_refresh_steps},
           {"utilization_before", report.utilization_before},
           {"utilization_after", report.utilization_after},
           {"step_time_before_s", report.step_time_before_s},
