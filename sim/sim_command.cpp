@@ -641,6 +641,14 @@ CompileCommandOptions with_balanced_layers(CompileCommandOptions placed,
 int run_sim_command(const CompileCommandOptions& compile, const SimCommandOptions& options,
                     std::ostream& out, const pipefisher::KfacCommandOptions& kfac) {
   const bool auto_layers = compile.layers_per_stage == "auto";
+  // The pass's --kfac flags that contradict each other are refused before anything is simulated
+  // or printed (the pass would refuse them only after the schedule's own table). Not the
+  // offload's: its device budget may come from --cluster, known only below.
+  if (kfac.enabled) {
+    pipefisher::KfacCommandOptions pass_flags = kfac;
+    pass_flags.offload = "none";
+    (void)pipefisher::to_kfac_options(pass_flags);
+  }
   if (!simulation_requested(options)) {
     if (auto_layers) {
       throw std::invalid_argument(

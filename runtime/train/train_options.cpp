@@ -170,6 +170,8 @@ void validate_options(const TrainOptions& o) {
   if (!(o.kfac_damping > 0)) bad("--kfac-damping must be > 0");
   if (o.kfac.enabled && o.precision == "fp64") bad("--kfac runs in fp32: drop --precision fp64");
   if (!o.kfac_profile.empty() && !o.kfac.enabled) bad("--kfac-profile needs --kfac");
+  // The pass's flags that contradict each other fail here, not after the self-profile.
+  if (o.kfac.enabled) (void)pipefisher::to_kfac_options(o.kfac);
   if (o.kfac.offload != "none") {
     if (!o.kfac.enabled) bad("--kfac-offload needs --kfac");
     if (o.kfac.offload == "auto" && !(o.kfac.device_memory_budget_mib > 0)) {

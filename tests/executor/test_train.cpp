@@ -368,6 +368,12 @@ TEST_F(TrainTest, DeviceChoicesAreCheckedBeforeAnyWork) {
   o.kfac.enabled = true;
   o.kfac.offload = "host";
   EXPECT_NO_THROW(validate_options(o));
+  // The pass's flags that contradict each other: refused before the self-profile.
+  o = small_run();
+  o.kfac.enabled = true;
+  o.kfac.free_spill = "on";
+  o.kfac.refresh_steps = 2;
+  expect_refused(o, "--kfac-free-spill on (free_spill) chooses the refresh interval");
 }
 
 // pipefisher_train --device cuda --kfac --kfac-offload host on the device path over the CPU

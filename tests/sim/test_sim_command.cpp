@@ -211,6 +211,31 @@ TEST(SimCommand, ShardingAndOffloadFlags) {
   EXPECT_THROW(run_sim_command(compile, options, out), std::invalid_argument);
 }
 
+// --kfac flags that contradict each other are refused before the schedule's own table is
+// printed: the user sees the error alone.
+TEST(SimCommand, ContradictoryKfacFlagsAreRefusedBeforeAnyOutput) {
+  CompileCommandOptions compile;
+  SimCommandOptions options;
+  parse({"--schedule", "1f1b", "-p", "4", "-m", "8", "--uniform", "0.001,0.002", "--grid", "none"},
+        compile, options);
+  pipefisher::KfacCommandOptions kfac;
+  kfac.enabled = true;
+  kfac.free_spill = "on";
+  kfac.refresh_steps = 3;
+  std::ostringstream out;
+  try {
+    run_sim_command(compile, options, out, kfac);
+    FAIL() << "accepted --kfac-free-spill on with --kfac-refresh 3";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("--kfac-free-spill"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_EQ(out.str(), "");
+  kfac.refresh_steps = 0;
+  EXPECT_EQ(run_sim_command(compile, options, out, kfac), 0);
+  EXPECT_NE(out.str().find("refresh interval k"), std::string::npos) << out.str();
+}
+
 TEST(SimCommand, AConfigurationThatDoesNotFitIsReportedAsSuch) {
   CompileCommandOptions compile;
   SimCommandOptions options;
