@@ -285,7 +285,7 @@ class Worker {
   // What this worker allocated, counted from the buffers: per chunk its parameters, gradients
   // and optimizer state (0 before the optimizer's first step allocates it), and per
   // preconditioned Linear the most bytes its K-FAC state held after any of its K-FAC
-  // instructions so far (linear_kfac_bytes in executor.cpp says what counts). The profile's
+  // instructions so far (linear_kfac_bytes in worker_memory.cpp says what counts). The profile's
   // static_bytes and K-FAC bytes (exec::add_measured_memory).
   WorkerMemory memory() const;
   // Bytes of K-FAC state this rank keeps in host memory for its offloaded Linears
