@@ -219,4 +219,11 @@ double AnalyticCostModel::kfac_bytes(const sched::Schedule& /*schedule*/, int /*
   return 2.0 * 4.0 * (double{1.0} * d.in * d.in + double{1.0} * d.out * d.out);
 }
 
+double AnalyticCostModel::kfac_sum_bytes(const sched::Schedule& /*schedule*/, int /*layer*/,
+                                         sched::LinearKind linear, bool a_factor) const {
+  const LinearDims d = linear_dims(workload_.config, linear);
+  const double dim = a_factor ? d.in : d.out;
+  return 4.0 * dim * dim;  // the whole d x d matrix, though only its lower triangle is summed
+}
+
 }  // namespace pf::sim

@@ -39,6 +39,8 @@ class AnalyticCostModel final : public CostModel {
   double static_bytes(const sched::Schedule& schedule, int pipeline, int chunk) const override;
   double kfac_bytes(const sched::Schedule& schedule, int layer,
                     sched::LinearKind linear) const override;
+  double kfac_sum_bytes(const sched::Schedule& schedule, int layer, sched::LinearKind linear,
+                        bool a_factor) const override;
 
   const Workload& workload() const { return workload_; }
   const DeviceSpec& device() const { return device_; }

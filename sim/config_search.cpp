@@ -740,15 +740,19 @@ SearchResult search_configurations(const SearchOptions& options) {
       kfac.state_placement = c.kfac_placement;
       kfac.automatic_placement = false;
       kfac.linear_dims = kfac_linear_dims(*model);
+      // The closed form above counts no factor sums: nor do its simulations (a follow-up of
+      // the sums' counting, docs/simulator.md).
+      SimOptions simulation;
+      simulation.count_factor_sums = false;
       const pipefisher::PassResult pass =
-          pipefisher::run_pipefisher(sched::compile(params_of(c, L)), *model, kfac);
+          pipefisher::run_pipefisher(sched::compile(params_of(c, L)), *model, kfac, simulation);
       ++runs;
       double peak = 0.0;
       for (const auto& w : pass.after.workers) peak = std::max(peak, w.peak_memory_bytes);
       double step = pass.report.step_time_after_s;
       if (c.kfac_offloaded) {
         const pipefisher::OffloadResult offload = pipefisher::run_offload_pass(
-            pass, *model, {options.kfac_offload, options.cluster.gpu_memory_bytes, {}});
+            pass, *model, {options.kfac_offload, options.cluster.gpu_memory_bytes, {}}, simulation);
         c.kfac_peak_before_offload_bytes = peak;
         peak = offload.report.max_peak_memory_after;
         step = offload.report.step_time_after_s;

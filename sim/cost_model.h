@@ -23,6 +23,15 @@ class CostModel {
   // K-FAC factors and inverses of one Linear (layer, linear kind), fp32.
   virtual double kfac_bytes(const sched::Schedule& schedule, int layer,
                             sched::LinearKind linear) const = 0;
+  // The accumulator of one factor (A: `a_factor`, else B) that a refresh's curvature fills from
+  // its first piece to the factor's finalize (kfac::FactorState::sum, a d x d fp32 matrix, as
+  // large as the factor). The simulator counts it while it exists (docs/simulator.md). By
+  // default a quarter of kfac_bytes (the two factors and their inverses, taken as alike in size).
+  virtual double kfac_sum_bytes(const sched::Schedule& schedule, int layer,
+                                sched::LinearKind linear, bool a_factor) const {
+    (void)a_factor;
+    return kfac_bytes(schedule, layer, linear) / 4.0;
+  }
   // Seconds every K-FAC task of `kind` pays whatever its size (kernel launches, synchronization),
   // included in duration(): each piece of a divided task pays it again, so splitting is never
   // free. Per kind (sim/kfac_overheads.h): the PipeFisher pass cuts no piece of a task smaller

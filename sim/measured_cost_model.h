@@ -111,6 +111,11 @@ class MeasuredCostModel final : public CostModel {
   double static_bytes(const sched::Schedule& schedule, int pipeline, int chunk) const override;
   double kfac_bytes(const sched::Schedule& schedule, int layer,
                     sched::LinearKind linear) const override;
+  // 0: a profile's K-FAC bytes are what pipefisher_train measured the Linear holding at its
+  // largest, its factor sums included (counted from its first K-FAC instruction, not twice).
+  double kfac_sum_bytes(const sched::Schedule&, int, sched::LinearKind, bool) const override {
+    return 0.0;
+  }
 
   double kfac_task_overhead_s(sched::OpKind kind) const override {
     return kfac_overhead_of(kind, profile_.kfac_task_overhead_s, profile_.kfac_kind_overheads_s);

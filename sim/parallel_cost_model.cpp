@@ -510,4 +510,11 @@ double ParallelCostModel::kfac_bytes(const sched::Schedule& schedule, int /*laye
          (d.in * d.in + d.out * d.out);
 }
 
+double ParallelCostModel::kfac_sum_bytes(const sched::Schedule& /*schedule*/, int /*layer*/,
+                                         sched::LinearKind linear, bool a_factor) const {
+  const Dims d = linear_dims(linear);
+  const double dim = a_factor ? d.in : d.out;
+  return 4.0 * dim * dim;
+}
+
 }  // namespace pf::sim

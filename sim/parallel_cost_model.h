@@ -59,6 +59,9 @@ class ParallelCostModel final : public CostModel {
   double static_bytes(const sched::Schedule& schedule, int pipeline, int chunk) const override;
   double kfac_bytes(const sched::Schedule& schedule, int layer,
                     sched::LinearKind linear) const override;
+  // Every replica accumulates both sums (those without the factors drop theirs at the sync).
+  double kfac_sum_bytes(const sched::Schedule& schedule, int layer, sched::LinearKind linear,
+                        bool a_factor) const override;
   double kfac_task_overhead_s(sched::OpKind kind) const override {
     return cluster_.device.kfac_overhead(kind);
   }

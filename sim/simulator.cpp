@@ -834,6 +834,100 @@ class Engine {
     return exposed;
   }
 
+  // The factor sums of every Linear the worker accumulates (kfac::FactorState::sum, the
+  // executor's life cycle; docs/simulator.md): a factor's from the start of the first curvature
+  // of its refresh (CurvatureA for A, CurvatureB for B; any piece) to the end of the Linear's
+  // first inversion (either factor's, the piece starting at unit 0: it finalizes both factors,
+  // as the pi-adjusted damping needs both). A replica without the factors (sharded state,
+  // SimOptions::kfac_holds_factors) drops them at the end of the curvature sync's last piece
+  // instead. An offloaded Linear's finalized sums leave the device with its next write-back (the
+  // CUDA layer keeps their buffer until then). A pipelined refresh's sums that no inversion of
+  // their own window finalizes are the next window's set-aside sums: the simulated window, one of
+  // a repeated series, holds them from its start to its first wrapped inversion of that Linear
+  // (or its wrapped sync's end without the factors), while its own sums accumulate.
+  template <typename AddEvent>
+  void add_factor_sum_events(int w, AddEvent add_event) const {
+    const std::size_t slots = offloaded_.size();
+    std::vector<double> open(2 * slots, 0.0);        // accumulating (slot, factor), their bytes
+    std::vector<double> finalized(2 * slots, 0.0);   // offloaded, waiting for the write-back
+    std::vector<double> set_aside_end(slots, -1.0);  // when the set-aside sums leave
+    std::vector<std::uint8_t> set_aside_finalized(slots, 0);  // offloaded: write-back to come
+    for (std::int64_t g = offset_[w]; g < offset_[w + 1]; ++g) {
+      const Instruction& in = *instr_[g];
+      if (in.layer < 0 || !is_kfac_kind(in.kind)) continue;
+      const std::size_t slot = static_cast<std::size_t>(in.layer) * sched::kNumLinearKinds +
+                               static_cast<std::size_t>(in.linear);
+      const bool holds =
+          !options_.kfac_holds_factors || options_.kfac_holds_factors(w, in.layer, in.linear);
+      const auto release_open = [&](double time, bool to_write_back) {
+        for (std::size_t i = 2 * slot; i < 2 * slot + 2; ++i) {
+          if (open[i] <= 0.0) continue;
+          if (to_write_back) {
+            finalized[i] += open[i];
+          } else {
+            add_event(time, -open[i]);
+          }
+          open[i] = 0.0;
+        }
+      };
+      switch (in.kind) {
+        case OpKind::kCurvatureA:
+        case OpKind::kCurvatureB: {
+          const bool a_factor = in.kind == OpKind::kCurvatureA;
+          double& bytes = open[2 * slot + (a_factor ? 0 : 1)];
+          if (bytes > 0.0) break;
+          bytes = options_.kfac_sum_bytes
+                      ? options_.kfac_sum_bytes(in.layer, in.linear, a_factor)
+                      : costs_.kfac_sum_bytes(schedule_, in.layer, in.linear, a_factor);
+          check_duration(bytes, in, w, position_of(g), "K-FAC factor sum bytes");
+          if (bytes > 0.0) add_event(start_[g], bytes);
+          break;
+        }
+        case OpKind::kCurvatureSync:
+          if (holds || in.piece_end != sched::kPieceUnits) break;
+          if (!sched::is_wrapped(in)) {
+            release_open(end_[g], false);
+          } else if (set_aside_end[slot] < 0.0) {
+            set_aside_end[slot] = end_[g];
+          }
+          break;
+        case OpKind::kInvertA:
+        case OpKind::kInvertB:
+          if (!holds || in.piece_begin != 0) break;
+          if (!sched::is_wrapped(in)) {
+            release_open(end_[g], offloaded_[slot] != 0);
+          } else if (set_aside_end[slot] < 0.0 && !set_aside_finalized[slot]) {
+            if (offloaded_[slot] != 0) {
+              set_aside_finalized[slot] = 1;
+            } else {
+              set_aside_end[slot] = end_[g];
+            }
+          }
+          break;
+        case OpKind::kWriteBackState:
+          for (std::size_t i = 2 * slot; i < 2 * slot + 2; ++i) {
+            if (finalized[i] > 0.0) add_event(end_[g], -finalized[i]);
+            finalized[i] = 0.0;
+          }
+          if (set_aside_finalized[slot] && set_aside_end[slot] < 0.0) {
+            set_aside_end[slot] = end_[g];
+          }
+          break;
+        default:
+          break;
+      }
+    }
+    if (!schedule_.kfac_pipelined_refresh) return;
+    for (std::size_t slot = 0; slot < slots; ++slot) {
+      if (set_aside_end[slot] < 0.0) continue;
+      for (std::size_t i = 2 * slot; i < 2 * slot + 2; ++i) {
+        if (open[i] <= 0.0) continue;
+        add_event(0.0, open[i]);
+        add_event(set_aside_end[slot], -open[i]);
+      }
+    }
+  }
+
   void track_memory(int w, double makespan, WorkerReport& report) {
     const auto& placement = schedule_.placement;
     double static_bytes = 0.0;
@@ -960,6 +1054,11 @@ class Engine {
           events.push_back(Event{start_[g], bytes, 0});
         }
       }
+    }
+    if (options_.count_factor_sums) {
+      add_factor_sum_events(w, [&events](double time, double bytes) {
+        events.push_back(Event{time, bytes, 0});
+      });
     }
     if (!std::is_sorted(events.begin(), events.end())) {
       std::stable_sort(events.begin(), events.end());

@@ -29,10 +29,21 @@ namespace pf::sim {
 struct SimOptions {
   bool overlap_communication = true;  // false: sends and receives occupy the compute lane
   bool track_memory = true;           // false: skip the memory counters (faster in loops)
+  // Count the factor sums a refresh accumulates (docs/simulator.md). false: the K-FAC state of
+  // factors and inverses alone, the model before 2026-11-28 (the configuration search's closed
+  // form is still built on it: sim/config_search.cpp).
+  bool count_factor_sums = true;
   // When set, the K-FAC state one Linear adds to `worker` instead of CostModel::kfac_bytes: with
   // the state sharded across data-parallel replicas (kfac/state_placement.h) what the worker's
   // replica holding the most K-FAC state keeps of that Linear (0 where it holds none).
   std::function<double(int worker, int layer, sched::LinearKind linear)> kfac_state_bytes = {};
+  // When set, whether that replica holds a Linear's factors (it finalizes and inverts them):
+  // one that does not drops its factor sums at the end of the curvature sync instead of keeping
+  // them to the inversion. Unset: every worker holds every Linear's factors.
+  std::function<bool(int worker, int layer, sched::LinearKind linear)> kfac_holds_factors = {};
+  // When set, the bytes of one factor's sums (A: a_factor) instead of CostModel::kfac_sum_bytes
+  // (the PipeFisher pass sizes them from KfacOptions::linear_dims, as it does the state).
+  std::function<double(int layer, sched::LinearKind linear, bool a_factor)> kfac_sum_bytes = {};
 };
 
 // When one instruction ran. Parallel to Schedule::streams: times[worker][position].

@@ -144,4 +144,10 @@ double UniformCostModel::kfac_bytes(const sched::Schedule& schedule, int layer,
   return costs_.kfac_bytes;
 }
 
+double UniformCostModel::kfac_sum_bytes(const sched::Schedule& schedule, int layer,
+                                        sched::LinearKind linear, bool a_factor) const {
+  if (memory_model_) return memory_model_->kfac_sum_bytes(schedule, layer, linear, a_factor);
+  return CostModel::kfac_sum_bytes(schedule, layer, linear, a_factor);
+}
+
 }  // namespace pf::sim

@@ -55,6 +55,8 @@ class UniformCostModel final : public CostModel {
   double static_bytes(const sched::Schedule& schedule, int pipeline, int chunk) const override;
   double kfac_bytes(const sched::Schedule& schedule, int layer,
                     sched::LinearKind linear) const override;
+  double kfac_sum_bytes(const sched::Schedule& schedule, int layer, sched::LinearKind linear,
+                        bool a_factor) const override;
 
   double kfac_task_overhead_s(sched::OpKind kind) const override {
     return kfac_overhead_of(kind, costs_.kfac_task_overhead_s, costs_.kfac_kind_overheads_s);

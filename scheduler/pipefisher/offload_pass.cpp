@@ -516,15 +516,24 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
       return HeldKfacState{true, true, costs.kfac_bytes(schedule, layer, linear)};
     };
   }
-  // Simulated as the pass simulated its schedule: a pipelined refresh holds a second
-  // accumulator of each kept Linear's factors (half its state; an offloaded Linear's sums stay
-  // on the device too, uncounted as without a pipelined refresh; the planner counts them).
+  // Simulated as the pass simulated its schedule (the simulator counts every factor sum while
+  // it exists: a kept Linear's, an offloaded one's up to its write-back, a pipelined refresh's
+  // set-aside ones).
   sim::SimOptions simulation = sim_options;
   if (!simulation.kfac_state_bytes) {
-    const double accumulators = schedule.kfac_pipelined_refresh ? 1.5 : 1.0;
+    // Without the factor sums counted (the configuration search's model) a pipelined refresh's
+    // second accumulator is half the state again, as the PipeFisher pass simulated it.
+    const double accumulators =
+        schedule.kfac_pipelined_refresh && !simulation.count_factor_sums ? 1.5 : 1.0;
     simulation.kfac_state_bytes = [held_state, accumulators](int worker, int layer,
                                                              sched::LinearKind linear) {
       return accumulators * held_state(worker, layer, linear).bytes;
+    };
+  }
+  if (!simulation.kfac_sum_bytes) simulation.kfac_sum_bytes = pipefisher.factor_sum_bytes;
+  if (!simulation.kfac_holds_factors) {
+    simulation.kfac_holds_factors = [held_state](int worker, int layer, sched::LinearKind linear) {
+      return held_state(worker, layer, linear).factors;
     };
   }
   std::vector<std::vector<LinearState>> linears(static_cast<std::size_t>(workers));

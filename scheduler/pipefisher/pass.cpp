@@ -1394,13 +1394,25 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
                                           int worker, int layer, sched::LinearKind linear) {
       return held(worker, layer, linear).bytes;
     };
+    common_options.kfac_holds_factors = [held = result.busiest_replica_holds](
+                                            int worker, int layer, sched::LinearKind linear) {
+      return held(worker, layer, linear).factors;
+    };
+    result.factor_sum_bytes = [dims = options.linear_dims](int, sched::LinearKind linear,
+                                                           bool a_factor) {
+      const kfac::LinearDims& d = dims[static_cast<std::size_t>(linear)];
+      const double dim = static_cast<double>(a_factor ? d.d_in : d.d_out);
+      return 4.0 * dim * dim;
+    };
+    common_options.kfac_sum_bytes = result.factor_sum_bytes;
   }
+  // A pipelined refresh's second accumulator (the next window's curvature while the previous
+  // refresh's sums wait for their inversion) is the simulator's own where it counts the factor
+  // sums, the set-aside ones included (docs/simulator.md). Without them (the configuration
+  // search's model) it is the factors' bytes again, half of the state the cost model prices.
   const auto options_for = [&](const Plan& plan) {
     sim::SimOptions after_options = common_options;
-    if (plan.pipelined) {
-      // The second accumulator of each factor (the next window's curvature while the previous
-      // refresh's sums wait for their inversion): the factors' bytes again, half of the state
-      // (factors and inverses) the cost model prices. Pipelined state is replicated (validated).
+    if (plan.pipelined && !after_options.count_factor_sums) {
       auto held = after_options.kfac_state_bytes;
       after_options.kfac_state_bytes = [held, &costs, &base](int worker, int layer,
                                                              sched::LinearKind linear) {

@@ -117,11 +117,15 @@ struct PassResult {
   sim::SimResult after;      // the augmented schedule
   KfacReport report;
   // With KfacOptions::linear_dims: what the replica of each worker holding the most K-FAC state
-  // keeps of each Linear (`after` counts its bytes, plus half again with a pipelined refresh's
-  // second accumulator); empty otherwise (the cost model's kfac_bytes, factors and inverses).
+  // keeps of each Linear (`after` counts its bytes, and its factor sums up to the inversion where
+  // it holds the factors, to the curvature sync where not); empty otherwise (the cost model's
+  // kfac_bytes, factors and inverses).
   // The offload pass plans, prices and counts its copies for that replica.
   std::function<HeldKfacState(int worker, int layer, sched::LinearKind linear)>
       busiest_replica_holds;
+  // With KfacOptions::linear_dims: the bytes of one factor's sums (d x d fp32), which `after`
+  // counts while a refresh accumulates them; empty otherwise (CostModel::kfac_sum_bytes).
+  std::function<double(int layer, sched::LinearKind linear, bool a_factor)> factor_sum_bytes;
 };
 
 // `base` is a compiled one-step schedule (with communication, as from sched::compile). Throws

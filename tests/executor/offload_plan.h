@@ -41,6 +41,14 @@ class SizedCosts final : public sim::CostModel {
     const double d_out = linear == sched::LinearKind::kFfnIn ? i : h;
     return 2.0 * 4.0 * (d_in * d_in + d_out * d_out);
   }
+  double kfac_sum_bytes(const sched::Schedule&, int, sched::LinearKind linear,
+                        bool a_factor) const override {
+    const double h = static_cast<double>(config_.hidden_size);
+    const double i = static_cast<double>(config_.intermediate_size);
+    const bool wide =
+        a_factor ? linear == sched::LinearKind::kFfnOut : linear == sched::LinearKind::kFfnIn;
+    return 4.0 * (wide ? i * i : h * h);
+  }
 
  private:
   model::BertConfig config_;

@@ -47,6 +47,45 @@ PassResult pipelined_1f1b(bool pipelined) {
   return run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), options);
 }
 
+// The simulator counts the second accumulator itself (docs/simulator.md): the previous
+// refresh's sums, set aside, from the window's start to their wrapped inversion, the window's
+// own from its first curvature. `after` is the plain simulation of the schedule, the state at
+// its size, nothing scaled.
+TEST(PipelinedRefresh, TheSecondAccumulatorIsCountedOnce) {
+  const PassResult pipelined = pipelined_1f1b(true);
+  ASSERT_TRUE(pipelined.busiest_replica_holds && pipelined.factor_sum_bytes);
+  sim::UniformCosts costs{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.05};
+  costs.curvature_a_s = costs.curvature_b_s = 0.05;
+  costs.invert_a_s = costs.invert_b_s = 1.0;
+  costs.precondition_s = 0.02;
+  sim::SimOptions options;
+  const auto held = pipelined.busiest_replica_holds;
+  options.kfac_state_bytes = [held](int w, int layer, sched::LinearKind linear) {
+    return held(w, layer, linear).bytes;
+  };
+  options.kfac_holds_factors = [held](int w, int layer, sched::LinearKind linear) {
+    return held(w, layer, linear).factors;
+  };
+  options.kfac_sum_bytes = pipelined.factor_sum_bytes;
+  EXPECT_EQ(pipelined.factor_sum_bytes(0, sched::LinearKind::kQuery, true), 4.0 * 8 * 8);
+  EXPECT_EQ(pipelined.factor_sum_bytes(0, sched::LinearKind::kQuery, false), 4.0 * 16 * 16);
+  const sim::SimResult plain =
+      sim::simulate(pipelined.schedule, sim::UniformCostModel(costs), options);
+  int set_aside = 0;
+  for (int w = 0; w < pipelined.schedule.num_workers(); ++w) {
+    const auto& after = pipelined.after.workers[static_cast<std::size_t>(w)];
+    EXPECT_EQ(after.peak_memory_bytes, plain.workers[static_cast<std::size_t>(w)].peak_memory_bytes)
+        << "worker " << w;
+    // At most the state, and two sums of each factor, of its 6 Linears above the activations.
+    EXPECT_LE(after.peak_memory_bytes - pipelined.before.workers[w].peak_memory_bytes,
+              6 * (2560.0 + 2 * 1280.0))
+        << "worker " << w;
+    // The set-aside sums from the window's start (before any K-FAC instruction).
+    if (after.memory.front().bytes > pipelined.before.workers[w].memory.front().bytes) ++set_aside;
+  }
+  EXPECT_GT(set_aside, 0);
+}
+
 std::string validation_error(const sched::Schedule& schedule) {
   try {
     sched::validate(schedule);
@@ -415,10 +454,11 @@ TEST(PipelinedRefresh, OffloadedStateMovesAroundTheWrappedInversions) {
       EXPECT_LT(position, first_prefetch.at(key));
     }
     const auto& plan = offload.plan.workers[static_cast<std::size_t>(w)];
-    // Kept: 1.5x the state (the second accumulator); offloaded: none at the window's end.
+    // At the window's end kept and offloaded alike hold the window's factor sums (their
+    // inversion runs in the next window); the state differs: the kept one's, none offloaded.
     EXPECT_DOUBLE_EQ(
         pass.after.workers[w].memory.back().bytes - offload.after.workers[w].memory.back().bytes,
-        1.5 * plan.offloaded_bytes)
+        plan.offloaded_bytes)
         << "worker " << w;
   }
   EXPECT_GT(wrapped_windows, 0);

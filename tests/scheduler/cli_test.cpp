@@ -270,9 +270,9 @@ TEST(Program, KfacOffloadFactorsOnlyOnTheMicroBatch8Node) {
   EXPECT_GT(offload_peak_after(host.out), offload_peak_before(host.out)) << host.out;
   EXPECT_LT(offload_peak_after(factors.out), offload_peak_before(factors.out) - 200.0)
       << factors.out;
-  const RunResult automatic = run(config + "--kfac-offload auto --device-memory-budget 2900");
+  const RunResult automatic = run(config + "--kfac-offload auto --device-memory-budget 3200");
   ASSERT_EQ(automatic.status, 0) << automatic.err;
-  EXPECT_LE(offload_peak_after(automatic.out), 2900.0) << automatic.out;
+  EXPECT_LE(offload_peak_after(automatic.out), 3200.0) << automatic.out;
   EXPECT_EQ((automatic.out + automatic.err).find("not met"), std::string::npos) << automatic.out;
   EXPECT_NE(automatic.out.find("(0 whole, "), std::string::npos) << automatic.out;
   EXPECT_LT(offload_step_after(automatic.out), 1.01 * step_before) << automatic.out;

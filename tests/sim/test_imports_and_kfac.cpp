@@ -100,7 +100,9 @@ TEST(SimKfac, CurvatureWaitsForItsDataAndAddsMemory) {
   EXPECT_GE(t[a].start_s, t[forward1].end_s);
   EXPECT_DOUBLE_EQ(t[a].end_s - t[a].start_s, 0.25);
   EXPECT_GE(t[b].start_s, t[position_of(stream, OpKind::kBackward, 0)].end_s);
-  EXPECT_DOUBLE_EQ(r.workers[0].peak_memory_bytes, 100.0 + 2.0);  // factors + 2 stashed
+  // Factors and inverses, both factor sums (a quarter of those each) from curvature B's start
+  // to the first inversion, 1 micro-batch stashed then (2 at curvature A: 100 + 25 + 2).
+  EXPECT_DOUBLE_EQ(r.workers[0].peak_memory_bytes, 100.0 + 2 * 25.0 + 1.0);
   // Without K-FAC work the worker is shorter by at least the K-FAC time that cannot hide.
   const SimResult base = simulate(sched::compile(params(ScheduleKind::kOneFOneB, 2, 2)), costs);
   EXPECT_GT(r.makespan_s, base.makespan_s);
