@@ -1364,18 +1364,22 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
   // go first in their slots while the window's own go by slot; where that order differs
   // between the replicas, the next plan is taken (the plain refresh's never fails). With
   // `unrefined`: of the policies' own packings only.
+  // A plan's schedule into `schedule`; false where the validator refuses it.
+  const auto emit_valid = [&](const Plan& plan, sched::Schedule& schedule) {
+    schedule = emit(base, plan, options.linear_dims);
+    if (plan.pipelined && wraps_collectives(plan)) {
+      try {
+        sched::validate(schedule);
+      } catch (const std::invalid_argument&) {
+        return false;
+      }
+    }
+    return true;
+  };
   const auto best_valid = [&](bool unrefined, sched::Schedule& schedule) -> const Plan* {
     for (const Plan* plan : ranked) {
       if (unrefined && plan->variant >= 0) continue;
-      schedule = emit(base, *plan, options.linear_dims);
-      if (plan->pipelined && wraps_collectives(*plan)) {
-        try {
-          sched::validate(schedule);
-        } catch (const std::invalid_argument&) {
-          continue;
-        }
-      }
-      return plan;
+      if (emit_valid(*plan, schedule)) return plan;
     }
     return nullptr;
   };
@@ -1467,14 +1471,8 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
       for (; i < candidates.size() && candidates[i]->refresh_steps == k; ++i) {
         if (taken) continue;
         const Plan& plan = *candidates[i];
-        sched::Schedule schedule = emit(base, plan, options.linear_dims);
-        if (plan.pipelined && wraps_collectives(plan)) {
-          try {
-            sched::validate(schedule);
-          } catch (const std::invalid_argument&) {
-            continue;
-          }
-        }
+        sched::Schedule schedule;
+        if (!emit_valid(plan, schedule)) continue;
         sim::SimResult before = simulate_before(plan.refresh_steps);
         sim::SimResult after = sim::simulate(schedule, costs, options_for(plan));
         if (overhead(before, after) > holding_overhead + 1e-3) continue;
