@@ -203,8 +203,23 @@ bool estimate_kfac(const ParallelCostModel& model, const SearchOptions& options,
   // The fraction of the replicas holding each Linear's factors, and its inverses.
   const double factor_share = static_cast<double>(h.factors) / d;
   const double inverse_share = static_cast<double>(h.inverses) / d;
+  // The factor sums a refresh accumulates (kfac::FactorState::sum; docs/simulator.md "Memory"),
+  // at the most the simulator's event model can have alive at once: both sums of every Linear
+  // the worker holds layers of. A factor's sum lives from the first curvature of its refresh to
+  // the Linear's first inversion, and that inversion (or, on a replica without the factors, the
+  // curvature sync that drops them) needs the last micro-batch's curvature, which comes after
+  // every Linear's first one in a refresh that draws its curvature from one step: all the sums
+  // are open together. Every replica accumulates every Linear's sums whatever the placement
+  // (the sync reduces them into the holders'), so sharding does not shrink them; nor does host
+  // offload: the sums accumulate on the device, and an offloaded Linear's leave with its next
+  // write-back. A pipelined refresh also holds the previous window's set-aside sums up to their
+  // wrapped inversion: twice as many. Their own peak meets the activations' in the closed form
+  // (it adds maxima), an upper bound on the simulated peak (tests/sim/test_search.cpp).
+  const double sum_windows = kfac.pipelined_refresh ? 2.0 : 1.0;
+  c.kfac_factor_sum_bytes = 0.0;
   for (std::size_t w = 0; w < workers.size(); ++w) {
     const auto cost = layer.times(layers[w], spread);
+    const double sums = sum_windows * cost.factor_sum_bytes;
     double device = cost.busiest_memory_bytes, least = device;
     if (c.kfac_offloaded) {
       // What must stay: the Linear being refreshed, and the inverses that arrive before the
@@ -247,7 +262,8 @@ bool estimate_kfac(const ParallelCostModel& model, const SearchOptions& options,
                                            cost.largest_linear_bytes / 2.0 * 2.0 / k_max);
       const double factors_least =
           layers[w] > 0.0 ? std::min(device, inverses_held + cost.largest_linear_bytes / 2.0) : 0.0;
-      const double room = options.cluster.gpu_memory_bytes - workers[w].peak;
+      // auto: the room beside the rest and the sums, which stay on the device.
+      const double room = options.cluster.gpu_memory_bytes - workers[w].peak - sums;
       double copies = 0.0;
       bool factors = false, whole = false;
       switch (options.kfac_offload) {
@@ -291,10 +307,13 @@ bool estimate_kfac(const ParallelCostModel& model, const SearchOptions& options,
             std::max(c.kfac_overhead_estimate_s, copies / host_bandwidth - c.estimate_s);
       }
     }
+    device += sums;
+    least += sums;
     c.memory_estimate_bytes = std::max(c.memory_estimate_bytes, workers[w].peak + least);
     if (cost.replicated_bytes >= c.kfac_replicated_bytes) {
       c.kfac_memory_bytes = device;
       c.kfac_least_memory_bytes = least;
+      c.kfac_factor_sum_bytes = sums;
       c.kfac_replicated_bytes = cost.replicated_bytes;
       c.kfac_factor_bytes_per_refresh = cost.factor_bytes_per_refresh;
       c.kfac_inverse_bytes_per_refresh = cost.inverse_bytes_per_refresh;
@@ -740,19 +759,16 @@ SearchResult search_configurations(const SearchOptions& options) {
       kfac.state_placement = c.kfac_placement;
       kfac.automatic_placement = false;
       kfac.linear_dims = kfac_linear_dims(*model);
-      // The closed form above counts no factor sums: nor do its simulations (a follow-up of
-      // the sums' counting, docs/simulator.md).
-      SimOptions simulation;
-      simulation.count_factor_sums = false;
+      // The pass and the offload pass simulate the factor sums, as the closed form counts them.
       const pipefisher::PassResult pass =
-          pipefisher::run_pipefisher(sched::compile(params_of(c, L)), *model, kfac, simulation);
+          pipefisher::run_pipefisher(sched::compile(params_of(c, L)), *model, kfac);
       ++runs;
       double peak = 0.0;
       for (const auto& w : pass.after.workers) peak = std::max(peak, w.peak_memory_bytes);
       double step = pass.report.step_time_after_s;
       if (c.kfac_offloaded) {
         const pipefisher::OffloadResult offload = pipefisher::run_offload_pass(
-            pass, *model, {options.kfac_offload, options.cluster.gpu_memory_bytes, {}}, simulation);
+            pass, *model, {options.kfac_offload, options.cluster.gpu_memory_bytes, {}});
         c.kfac_peak_before_offload_bytes = peak;
         peak = offload.report.max_peak_memory_after;
         step = offload.report.step_time_after_s;
@@ -870,6 +886,7 @@ nlohmann::json search_json(const SearchOptions& options, const SearchResult& res
       item["kfac_state"] = {{"placement", c.kfac_state_name()},
                             {"memory_bytes_per_gpu", c.kfac_memory_bytes},
                             {"replicated_memory_bytes_per_gpu", c.kfac_replicated_bytes},
+                            {"factor_sum_bytes_per_gpu", c.kfac_factor_sum_bytes},
                             {"factor_bytes_per_refresh", c.kfac_factor_bytes_per_refresh},
                             {"inverse_bytes_per_refresh", c.kfac_inverse_bytes_per_refresh},
                             {"gradient_bytes_per_step", c.kfac_gradient_bytes_per_step},

@@ -100,6 +100,9 @@ struct Candidate {
   kfac::StatePlacement kfac_placement;
   double kfac_memory_bytes = 0.0;
   double kfac_least_memory_bytes = 0.0;  // what must stay on the device (offload: one Linear's)
+  // Of both: the factor sums a refresh accumulates, on the device in every placement and
+  // offload mode (every Linear's of the worker; twice with a pipelined refresh).
+  double kfac_factor_sum_bytes = 0.0;
   double kfac_replicated_bytes = 0.0;
   double kfac_factor_bytes_per_refresh = 0.0;
   double kfac_inverse_bytes_per_refresh = 0.0;

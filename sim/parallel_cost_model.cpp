@@ -316,6 +316,8 @@ ParallelCostModel::KfacStateCost ParallelCostModel::kfac_layer_cost(
     cost.inversion_seconds_per_refresh +=
         seconds(OpKind::kInvertA, linear) + seconds(OpKind::kInvertB, linear);
     cost.precondition_seconds_per_step += seconds(OpKind::kPrecondition, linear);
+    cost.factor_sum_bytes +=
+        kfac_sum_bytes(schedule, 0, linear, true) + kfac_sum_bytes(schedule, 0, linear, false);
   }
   cost.busiest_memory_bytes = cost.memory_bytes;
   return cost;
@@ -328,7 +330,8 @@ ParallelCostModel::KfacStateCost ParallelCostModel::KfacStateCost::times(double 
                     &out.inverse_bytes_per_refresh, &out.gradient_bytes_per_step,
                     &out.factor_seconds_per_refresh, &out.inverse_seconds_per_refresh,
                     &out.gradient_seconds_per_step, &out.curvature_seconds_per_microbatch,
-                    &out.inversion_seconds_per_refresh, &out.precondition_seconds_per_step}) {
+                    &out.inversion_seconds_per_refresh, &out.precondition_seconds_per_step,
+                    &out.factor_sum_bytes}) {
     *x *= layers;
   }
   if (layers <= 0.0) out.largest_linear_bytes = 0.0;

@@ -95,6 +95,9 @@ class ParallelCostModel final : public CostModel {
     double inversion_seconds_per_refresh = 0.0;     // the average replica's share
     double precondition_seconds_per_step = 0.0;     // the average replica's share
     double largest_linear_bytes = 0.0;              // one Linear's factors and inverses
+    // Both factor sums of every Linear (kfac_sum_bytes): every replica accumulates them during
+    // a refresh, whatever the placement (one without the factors drops them at the sync).
+    double factor_sum_bytes = 0.0;
     // `layers` layers of this (one layer's) cost; `spread`: some component is not replicated.
     KfacStateCost times(double layers, bool spread) const;
   };
