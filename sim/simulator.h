@@ -31,7 +31,7 @@ struct SimOptions {
   bool track_memory = true;           // false: skip the memory counters (faster in loops)
   // Count the factor sums a refresh accumulates (docs/simulator.md). false: the K-FAC state of
   // factors and inverses alone, the model before 2026-11-28 (the configuration search's closed
-  // form is still built on it: sim/config_search.cpp).
+  // form counts the sums too since then: sim/config_search.cpp).
   bool count_factor_sums = true;
   // When set, the K-FAC state one Linear adds to `worker` instead of CostModel::kfac_bytes: with
   // the state sharded across data-parallel replicas (kfac/state_placement.h) what the worker's

@@ -521,8 +521,8 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
   // set-aside ones).
   sim::SimOptions simulation = sim_options;
   if (!simulation.kfac_state_bytes) {
-    // Without the factor sums counted (the configuration search's model) a pipelined refresh's
-    // second accumulator is half the state again, as the PipeFisher pass simulated it.
+    // Without the factor sums counted (the old model, count_factor_sums false) a pipelined
+    // refresh's second accumulator is half the state again, as the PipeFisher pass simulated it.
     const double accumulators =
         schedule.kfac_pipelined_refresh && !simulation.count_factor_sums ? 1.5 : 1.0;
     simulation.kfac_state_bytes = [held_state, accumulators](int worker, int layer,
