@@ -119,9 +119,26 @@ sched::Schedule emit(const sched::Schedule& base, const Plan& plan,
     auto& list = inserts[w];
     // In a slot, the previous refresh's work first (it precedes all of the window's work of its
     // Linear), then the planned order; work after a flush after the work in bubbles.
-    std::sort(list.begin(), list.end(), [](const Insert& a, const Insert& b) {
-      return std::tie(a.step, a.position, a.spilled, a.own, a.start, a.item) <
-             std::tie(b.step, b.position, b.spilled, b.own, b.start, b.item);
+    // Sorted by key with the entries' indices, then gathered: moving the keys only is a third
+    // of the bytes of moving the entries (with their instructions).
+    struct Key {
+      int step;
+      int position;
+      bool spilled;
+      bool own;
+      double start;
+      int item;
+      std::uint32_t index;
+    };
+    std::vector<Key> keys(list.size());
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      const Insert& e = list[i];
+      keys[i] =
+          Key{e.step, e.position, e.spilled, e.own, e.start, e.item, static_cast<std::uint32_t>(i)};
+    }
+    std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
+      return std::tie(a.step, a.position, a.spilled, a.own, a.start, a.item, a.index) <
+             std::tie(b.step, b.position, b.spilled, b.own, b.start, b.item, b.index);
     });
     const int n = static_cast<int>(base.streams[w].size());
     auto& stream = out.streams[w];
@@ -129,8 +146,8 @@ sched::Schedule emit(const sched::Schedule& base, const Plan& plan,
     std::size_t next = 0;
     for (int step = 0; step < plan.refresh_steps; ++step) {
       for (int x = 0; x <= n; ++x) {
-        while (next < list.size() && list[next].step == step && list[next].position == x) {
-          stream.push_back(list[next++].instruction);
+        while (next < keys.size() && keys[next].step == step && keys[next].position == x) {
+          stream.push_back(list[keys[next++].index].instruction);
         }
         if (x < n) {
           stream.push_back(
@@ -139,7 +156,7 @@ sched::Schedule emit(const sched::Schedule& base, const Plan& plan,
         }
       }
     }
-    if (next != list.size()) {
+    if (next != keys.size()) {
       throw std::logic_error("PipeFisher pass: K-FAC work of worker " + std::to_string(w) +
                              " was planned outside the schedule");
     }
