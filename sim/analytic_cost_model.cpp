@@ -34,9 +34,9 @@ AnalyticCostModel::AnalyticCostModel(Workload workload, DeviceSpec device)
   (void)device_.peak_flops(workload_.precision);  // throws when the device lacks the precision
   check_fused_attention_device(device_, workload_.attention, workload_.precision,
                                workload_.config.head_dim());
-  layer_ = price_piece(encoder_layer_kernels(workload_));
-  embeddings_ = price_piece(embeddings_kernels(workload_));
-  heads_ = price_piece(heads_kernels(workload_));
+  layer_ = price_piece(device_, encoder_layer_kernels(workload_));
+  embeddings_ = price_piece(device_, embeddings_kernels(workload_));
+  heads_ = price_piece(device_, heads_kernels(workload_));
   const Precision products = kfac_product_precision(device_, workload_.precision);
   const double T = workload_.tokens(), e = workload_.storage_bytes();
   for (int i = 0; i < sched::kNumLinearKinds; ++i) {
@@ -50,28 +50,9 @@ AnalyticCostModel::AnalyticCostModel(Workload workload, DeviceSpec device)
   }
 }
 
-AnalyticCostModel::PricedPiece AnalyticCostModel::price_piece(const PieceKernels& kernels) const {
-  Kernels fused = kernels.backward_input;
-  fused.insert(fused.end(), kernels.backward_weight.begin(), kernels.backward_weight.end());
-  return {price(device_, kernels.forward), price(device_, kernels.backward_input),
-          price(device_, kernels.backward_weight), price(device_, fused)};
-}
-
-const sched::ChunkPlacement& AnalyticCostModel::chunk_at(const sched::Schedule& schedule,
-                                                         int pipeline, int chunk) const {
-  const auto& placement = schedule.placement;
-  const long index = static_cast<long>(pipeline) * placement.chunks_per_pipeline + chunk;
-  if (chunk < 0 || chunk >= placement.chunks_per_pipeline || pipeline < 0 ||
-      index >= static_cast<long>(placement.chunks.size())) {
-    throw std::invalid_argument("analytic costs: no placement for pipeline " +
-                                std::to_string(pipeline) + " chunk " + std::to_string(chunk));
-  }
-  return placement.chunks[static_cast<std::size_t>(index)];
-}
-
 double AnalyticCostModel::chunk_params(const sched::Schedule& schedule, int pipeline,
                                        int chunk) const {
-  const auto& placed = chunk_at(schedule, pipeline, chunk);
+  const auto& placed = chunk_at(schedule, pipeline, chunk, "analytic costs");
   const auto& c = workload_.config;
   double params = placed.num_layers * encoder_layer_params(c);
   if (placed.has_embeddings) params += embeddings_params(c);
@@ -89,30 +70,9 @@ double AnalyticCostModel::worker_params(const sched::Schedule& schedule, int wor
 
 double AnalyticCostModel::compute_seconds(const sched::Schedule& schedule,
                                           const sched::Instruction& in) const {
-  const auto& placed = chunk_at(schedule, in.pipeline, in.chunk);
-  auto piece = [&](const PricedPiece& p) -> const PricedKernels& {
-    switch (in.kind) {
-      case OpKind::kForward:
-        return p.forward;
-      case OpKind::kBackwardInput:
-        return p.backward_input;
-      case OpKind::kBackwardWeight:
-        return p.backward_weight;
-      default:
-        return p.backward;
-    }
-  };
-  // Issue order: forward embeddings -> layers -> heads, backward the reverse.
-  std::array<QueuedPart, 3> parts{};
-  int n = 0;
-  const bool forward = in.kind == OpKind::kForward;
-  if (forward && placed.has_embeddings) parts[n++] = {&piece(embeddings_), 1, -1.0};
-  if (!forward && placed.has_head) parts[n++] = {&piece(heads_), 1, -1.0};
-  if (placed.num_layers > 0) parts[n++] = {&piece(layer_), placed.num_layers, -1.0};
-  if (forward && placed.has_head) parts[n++] = {&piece(heads_), 1, -1.0};
-  if (!forward && placed.has_embeddings) parts[n++] = {&piece(embeddings_), 1, -1.0};
-  return instruction_seconds(
-      device_, std::span<const QueuedPart>(parts.data(), static_cast<std::size_t>(n)), !forward);
+  const auto& placed = chunk_at(schedule, in.pipeline, in.chunk, "analytic costs");
+  const ChunkParts parts = chunk_parts(placed, in.kind, embeddings_, layer_, heads_);
+  return instruction_seconds(device_, parts.span(), in.kind != OpKind::kForward);
 }
 
 double AnalyticCostModel::kfac_seconds(const sched::Schedule& schedule,
@@ -202,7 +162,7 @@ double AnalyticCostModel::duration(const sched::Schedule& schedule, int worker,
 
 double AnalyticCostModel::activation_bytes(const sched::Schedule& schedule, int pipeline,
                                            int chunk) const {
-  const auto& placed = chunk_at(schedule, pipeline, chunk);
+  const auto& placed = chunk_at(schedule, pipeline, chunk, "analytic costs");
   return chunk_activation_bytes(workload_, placed.num_layers, placed.has_embeddings,
                                 placed.has_head);
 }

@@ -18,6 +18,7 @@
 #include "sim/bert_kernels.h"
 #include "sim/cost_model.h"
 #include "sim/device.h"
+#include "sim/priced_pieces.h"
 
 namespace pf::sim {
 
@@ -51,27 +52,13 @@ class AnalyticCostModel final : public CostModel {
   double worker_params(const sched::Schedule& schedule, int worker) const;
 
  private:
-  const sched::ChunkPlacement& chunk_at(const sched::Schedule& schedule, int pipeline,
-                                        int chunk) const;
   double compute_seconds(const sched::Schedule& schedule, const sched::Instruction& in) const;
   double kfac_seconds(const sched::Schedule& schedule, const sched::Instruction& in) const;
-
-  // Priced kernels of one piece: forward, backward-input, backward-weight, and the fused
-  // backward (input then weight).
-  struct PricedPiece {
-    PricedKernels forward, backward_input, backward_weight, backward;
-  };
-  PricedPiece price_piece(const PieceKernels& kernels) const;
-  // K-FAC kernels of one Linear kind (index LinearKind): curvature A, B; inversion A, B;
-  // precondition.
-  struct PricedKfac {
-    PricedKernels curvature_a, curvature_b, invert_a, invert_b, precondition;
-  };
 
   Workload workload_;
   DeviceSpec device_;
   PricedPiece layer_, embeddings_, heads_;
-  std::array<PricedKfac, 6> kfac_{};
+  std::array<PricedKfac, 6> kfac_{};  // index LinearKind
 };
 
 }  // namespace pf::sim

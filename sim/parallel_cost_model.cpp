@@ -32,9 +32,9 @@ ParallelCostModel::ParallelCostModel(ParallelWorkload workload, ClusterSpec clus
   (void)device.peak_flops(workload_.precision);  // throws when the device lacks the precision
   check_fused_attention_device(device, workload_.attention, workload_.precision,
                                workload_.model.head_dim());
-  layer_ = price_piece(transformer_layer_kernels(workload_));
-  embeddings_ = price_piece(transformer_embedding_kernels(workload_));
-  head_ = price_piece(transformer_head_kernels(workload_));
+  layer_ = price_piece(cluster_.device, transformer_layer_kernels(workload_));
+  embeddings_ = price_piece(cluster_.device, transformer_embedding_kernels(workload_));
+  head_ = price_piece(cluster_.device, transformer_head_kernels(workload_));
   layer_params_ = rank_layer_params(workload_.model, workload_.tensor_parallel);
   const int t = workload_.tensor_parallel;
   const Link tensor_link = cluster_.link_for(t, 1);
@@ -54,14 +54,6 @@ ParallelCostModel::ParallelCostModel(ParallelWorkload workload, ClusterSpec clus
     k.invert_b = price(device, inversion_kernels(d.out));
     k.precondition = price(device, precondition_kernels(products, d.in, d.out));
   }
-}
-
-ParallelCostModel::PricedPiece ParallelCostModel::price_piece(const PieceKernels& kernels) const {
-  Kernels fused = kernels.backward_input;
-  fused.insert(fused.end(), kernels.backward_weight.begin(), kernels.backward_weight.end());
-  const DeviceSpec& device = cluster_.device;
-  return {price(device, kernels.forward), price(device, kernels.backward_input),
-          price(device, kernels.backward_weight), price(device, fused)};
 }
 
 ParallelCostModel::Dims ParallelCostModel::linear_dims(sched::LinearKind linear) const {
@@ -85,21 +77,9 @@ ParallelCostModel::Dims ParallelCostModel::linear_dims(sched::LinearKind linear)
   return {H, H};
 }
 
-const sched::ChunkPlacement& ParallelCostModel::chunk_at(const sched::Schedule& schedule,
-                                                         int pipeline, int chunk) const {
-  const auto& placement = schedule.placement;
-  const long index = static_cast<long>(pipeline) * placement.chunks_per_pipeline + chunk;
-  if (chunk < 0 || chunk >= placement.chunks_per_pipeline || pipeline < 0 ||
-      index >= static_cast<long>(placement.chunks.size())) {
-    throw std::invalid_argument("parallel costs: no placement for pipeline " +
-                                std::to_string(pipeline) + " chunk " + std::to_string(chunk));
-  }
-  return placement.chunks[static_cast<std::size_t>(index)];
-}
-
 double ParallelCostModel::chunk_params(const sched::Schedule& schedule, int pipeline,
                                        int chunk) const {
-  const auto& placed = chunk_at(schedule, pipeline, chunk);
+  const auto& placed = chunk_at(schedule, pipeline, chunk, "parallel costs");
   const auto& m = workload_.model;
   const double t = workload_.tensor_parallel, H = m.hidden_size, V = m.vocab_size;
   double params = placed.num_layers * layer_params_;
@@ -159,31 +139,12 @@ Link ParallelCostModel::pipeline_link(const sched::Schedule& schedule) const {
 
 double ParallelCostModel::compute_seconds(const sched::Schedule& schedule,
                                           const sched::Instruction& in) const {
-  const auto& placed = chunk_at(schedule, in.pipeline, in.chunk);
-  auto piece = [&](const PricedPiece& p) -> const PricedKernels& {
-    switch (in.kind) {
-      case OpKind::kForward:
-        return p.forward;
-      case OpKind::kBackwardInput:
-        return p.backward_input;
-      case OpKind::kBackwardWeight:
-        return p.backward_weight;
-      default:
-        return p.backward;
-    }
-  };
-  std::array<QueuedPart, 3> parts{};
-  int n = 0;
+  const auto& placed = chunk_at(schedule, in.pipeline, in.chunk, "parallel costs");
+  const ChunkParts parts = chunk_parts(placed, in.kind, embeddings_, layer_, head_);
   const bool forward = in.kind == OpKind::kForward;
-  if (forward && placed.has_embeddings) parts[n++] = {&piece(embeddings_), 1, -1.0};
-  if (!forward && placed.has_head) parts[n++] = {&piece(head_), 1, -1.0};
-  if (placed.num_layers > 0) parts[n++] = {&piece(layer_), placed.num_layers, -1.0};
-  if (forward && placed.has_head) parts[n++] = {&piece(head_), 1, -1.0};
-  if (!forward && placed.has_embeddings) parts[n++] = {&piece(embeddings_), 1, -1.0};
   const DeviceSpec& device = cluster_.device;
   const double launch = forward ? device.launch_overhead_s : device.backward_launch_s();
-  double seconds = queued_seconds(
-      std::span<const QueuedPart>(parts.data(), static_cast<std::size_t>(n)), launch);
+  double seconds = queued_seconds(parts.span(), launch);
   // Tensor-parallel all-reduces sit on the critical path of the rank's stream.
   if (workload_.tensor_parallel > 1 && in.kind != OpKind::kBackwardWeight) {
     double reductions = 2.0 * placed.num_layers;
@@ -402,7 +363,7 @@ double ParallelCostModel::duration(const sched::Schedule& schedule, int worker,
         } else {
           seconds = allreduce_seconds(bytes, d, cluster_.link_for(d, data_stride(schedule)));
         }
-        const auto& placed = chunk_at(schedule, in.pipeline, in.chunk);
+        const auto& placed = chunk_at(schedule, in.pipeline, in.chunk, "parallel costs");
         const bool split_tied = workload_.model.tied_head &&
                                 schedule.placement.chunks_per_pipeline > 1 &&
                                 (placed.has_embeddings || placed.has_head);
@@ -478,7 +439,7 @@ double ParallelCostModel::duration(const sched::Schedule& schedule, int worker,
 
 double ParallelCostModel::activation_bytes(const sched::Schedule& schedule, int pipeline,
                                            int chunk) const {
-  const auto& placed = chunk_at(schedule, pipeline, chunk);
+  const auto& placed = chunk_at(schedule, pipeline, chunk, "parallel costs");
   double bytes = placed.num_layers * transformer_layer_activation_bytes(workload_);
   if (placed.has_embeddings) bytes += transformer_embedding_activation_bytes(workload_);
   if (placed.has_head) bytes += transformer_head_activation_bytes(workload_);

@@ -43,6 +43,7 @@
 #include "sim/bert_kernels.h"
 #include "sim/cluster.h"
 #include "sim/cost_model.h"
+#include "sim/priced_pieces.h"
 #include "sim/transformer_kernels.h"
 
 namespace pf::sim {
@@ -126,15 +127,6 @@ class ParallelCostModel final : public CostModel {
   int data_stride(const sched::Schedule& schedule) const;
 
  private:
-  struct PricedPiece {
-    PricedKernels forward, backward_input, backward_weight, backward;
-  };
-  struct PricedKfac {
-    PricedKernels curvature_a, curvature_b, invert_a, invert_b, precondition;
-  };
-  PricedPiece price_piece(const PieceKernels& kernels) const;
-  const sched::ChunkPlacement& chunk_at(const sched::Schedule& schedule, int pipeline,
-                                        int chunk) const;
   double compute_seconds(const sched::Schedule& schedule, const sched::Instruction& in) const;
   double kfac_seconds(const sched::Schedule& schedule, const sched::Instruction& in,
                       const KfacHolders& holders) const;
