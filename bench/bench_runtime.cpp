@@ -178,7 +178,8 @@ int main(int argc, char** argv) try {
   const auto profile = train::profile_schedule(
       config, pipeline,
       {s.micro_batch_size, s.seq_len, std::max<std::int64_t>(1, (s.seq_len * 15 + 50) / 100)},
-      profile_options);
+      profile_options, 3, nullptr,
+      {[] { return std::make_unique<optim::Lamb>(); }, device::OptimizerChoice{}});
   pipefisher::KfacOptions kfac_options;
   kfac_options.refresh_steps = s.kfac_refresh;
   const auto pass = pipefisher::run_pipefisher(

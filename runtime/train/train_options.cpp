@@ -76,6 +76,11 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--kfac-profile", o.kfac_profile,
                  "Measured profile (pipefisher_train --profile-out) for the PipeFisher pass; "
                  "without it the run profiles the schedule and the K-FAC kernels first");
+  app.add_option(
+      "--kfac-profile-out", o.kfac_profile_out,
+      "Write the profile the PipeFisher pass used (the self-profile, or --kfac-profile's) "
+      "as JSON: --kfac-profile FILE reuses it and skips profiling, pipefisher_sim "
+      "--profile FILE replays it");
   app.add_option("--threads-per-worker", o.threads_per_worker, "OpenMP threads of each worker")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "Seed of the weights, dropout and data order")
@@ -170,6 +175,7 @@ void validate_options(const TrainOptions& o) {
   if (!(o.kfac_damping > 0)) bad("--kfac-damping must be > 0");
   if (o.kfac.enabled && o.precision == "fp64") bad("--kfac runs in fp32: drop --precision fp64");
   if (!o.kfac_profile.empty() && !o.kfac.enabled) bad("--kfac-profile needs --kfac");
+  if (!o.kfac_profile_out.empty() && !o.kfac.enabled) bad("--kfac-profile-out needs --kfac");
   // The pass's flags that contradict each other fail here, not after the self-profile.
   if (o.kfac.enabled) (void)pipefisher::to_kfac_options(o.kfac);
   if (o.kfac.offload != "none") {

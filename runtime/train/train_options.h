@@ -44,7 +44,8 @@ struct TrainOptions {
   // K-FAC (PipeFisher).
   pipefisher::KfacCommandOptions kfac;
   double kfac_damping = 1e-3;
-  std::string kfac_profile;  // measured profile for the pass (else the run profiles itself)
+  std::string kfac_profile;      // measured profile for the pass (else the run profiles itself)
+  std::string kfac_profile_out;  // where to write the profile the pass used
   // Runtime.
   int threads_per_worker = 1;
   std::uint64_t seed = 1;

@@ -592,10 +592,10 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
       if (!o.quiet)
         out << "profiling the schedule and the K-FAC kernels for the PipeFisher pass...\n";
       if (launch.is_root()) {
-        profile =
-            profile_schedule(context.config, context.schedule,
-                             {context.micro_batch_size, context.seq_len, context.max_predictions},
-                             profile_options, 3, context.device);
+        profile = profile_schedule(
+            context.config, context.schedule,
+            {context.micro_batch_size, context.seq_len, context.max_predictions}, profile_options,
+            3, context.device, {optimizer_factory<float>(o), device_optimizer_choice(o)});
       }
       if (launch.multi_process()) {  // one profile, so that every process compiles one schedule
         profile = sim::profile_from_json(nlohmann::json::parse(launch.share_from_root(
@@ -635,6 +635,10 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
           profile.host_link.latency_s = shared.at("latency_s").get<double>();
         }
       }
+    }
+    if (!o.kfac_profile_out.empty() && launch.is_root()) {
+      traces::write_json_file(o.kfac_profile_out, sim::profile_to_json(profile));
+      if (!o.quiet) out << "PipeFisher pass profile: " << o.kfac_profile_out << "\n";
     }
     const sim::MeasuredCostModel measured(profile, source);
     auto pass = pipefisher::run_pipefisher(context.schedule, measured,

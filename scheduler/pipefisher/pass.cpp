@@ -190,8 +190,9 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
   }
   // A pipelined refresh's second accumulator (the next window's curvature while the previous
   // refresh's sums wait for their inversion) is the simulator's own where it counts the factor
-  // sums, the set-aside ones included (docs/simulator.md). Without them (the configuration
-  // search's model) it is the factors' bytes again, half of the state the cost model prices.
+  // sums, the set-aside ones included (docs/simulator.md). Without them
+  // (SimOptions::count_factor_sums off) it is the factors' bytes again, half of the state the
+  // cost model prices.
   const auto options_for = [&](const Plan& plan) {
     sim::SimOptions after_options = common_options;
     if (plan.pipelined && !after_options.count_factor_sums) {

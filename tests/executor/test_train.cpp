@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "runtime/device/device_runtime.h"
 #include "runtime/device/host_device_runtime.h"
 #include "runtime/model/bert_config.h"
+#include "runtime/optim/lamb.h"
 #include "runtime/train/self_profile.h"
 #include "runtime/train/train_options.h"
 #include "runtime/train/trainer.h"
@@ -698,6 +700,39 @@ TEST_F(TrainTest, SelfProfileRunsOnTheDevicePath) {
   ASSERT_EQ(device.kfac.size(), cpu.kfac.size());
   for (const auto& entry : device.kfac) {
     EXPECT_GT(entry.curvature_a_s, 0.0);
+    EXPECT_GT(entry.invert_b_s, 0.0);
+    EXPECT_GT(entry.precondition_s, 0.0);
+  }
+}
+
+// The self-profile steps the run's optimizer (its step is part of the step time the pass plans
+// around: LAMB's costs about 8x SGD's), one per worker, and times the K-FAC kernels on as many
+// threads at once as the schedule has ranks.
+TEST_F(TrainTest, SelfProfileStepsTheRunsOptimizer) {
+  const auto config = model::resolve_bert_config((dir_ / "config.json").string());
+  cli::CompileCommandOptions compile;
+  compile.schedule = "1f1b";
+  compile.stages = 2;
+  compile.microbatches = 4;
+  compile.layers = config.num_layers;
+  const auto schedule = cli::build_schedule(compile);
+  exec::ExecutorOptions options;
+  options.kfac.damping = 1e-3F;
+  std::atomic<int> made{0};
+  ProfileOptimizer optimizer;
+  optimizer.make = [&made] {
+    ++made;
+    return std::make_unique<optim::Lamb>();
+  };
+  const auto profile =
+      profile_schedule(config, schedule, {2, 12, 2}, options, 2, nullptr, optimizer);
+  EXPECT_EQ(made.load(), 2);
+  EXPECT_GT(profile.optimizer_step_s, 0.0);
+  ASSERT_EQ(profile.kfac.size(), static_cast<std::size_t>(sched::kNumLinearKinds));
+  for (const auto& entry : profile.kfac) {
+    EXPECT_GT(entry.curvature_a_s, 0.0);
+    EXPECT_GT(entry.curvature_b_s, 0.0);
+    EXPECT_GT(entry.invert_a_s, 0.0);
     EXPECT_GT(entry.invert_b_s, 0.0);
     EXPECT_GT(entry.precondition_s, 0.0);
   }
