@@ -1,6 +1,9 @@
 #include "runtime/train/train_options.h"
 
+#include <filesystem>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include <CLI/CLI.hpp>
 
@@ -201,6 +204,23 @@ void validate_options(const TrainOptions& o) {
   if (!(o.target_loss >= 0)) bad("--target-loss must be > 0");
   if (o.target_loss > 0 && (o.eval_data.empty() || o.eval_every == 0)) {
     bad("--target-loss is checked on the held-out loss: it needs --eval-data and --eval-every");
+  }
+  // Files written during or at the end of the run: a missing folder is said now, not after the
+  // run's work (the trace and the profiles are written once training has ended).
+  const std::pair<const char*, const std::string*> outputs[] = {
+      {"--metrics", &o.metrics},
+      {"--trace", &o.trace},
+      {"--profile-out", &o.profile_out},
+      {"--calibration-out", &o.calibration_out},
+      {"--kfac-profile-out", &o.kfac_profile_out}};
+  for (const auto& [flag, path] : outputs) {
+    if (path->empty()) continue;
+    const std::filesystem::path folder = std::filesystem::path(*path).parent_path();
+    std::error_code error;
+    if (!folder.empty() && !std::filesystem::is_directory(folder, error)) {
+      bad(std::string(flag) + " " + *path + ": the folder " + folder.string() +
+          " does not exist (create it first)");
+    }
   }
 }
 

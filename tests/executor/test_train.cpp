@@ -305,6 +305,34 @@ int run_program(const std::string& arguments) {
 
 // --device and --precision are checked before any work; what a device run cannot do yet is
 // refused with a line saying so.
+// An output file in a folder that does not exist is refused before any work, not when the run
+// writes it at its end.
+TEST_F(TrainTest, OutputFilesInMissingFoldersAreRefusedBeforeAnyWork) {
+  const std::string missing = (dir_ / "no_such_folder" / "out.json").string();
+  const std::vector<std::pair<std::string, std::string TrainOptions::*>> outputs = {
+      {"--metrics", &TrainOptions::metrics},
+      {"--trace", &TrainOptions::trace},
+      {"--profile-out", &TrainOptions::profile_out},
+      {"--calibration-out", &TrainOptions::calibration_out},
+      {"--kfac-profile-out", &TrainOptions::kfac_profile_out}};
+  for (const auto& [flag, field] : outputs) {
+    auto o = small_run();
+    o.kfac.enabled = flag == "--kfac-profile-out";
+    o.*field = missing;
+    std::ostringstream out;
+    try {
+      run_training(o, out);
+      ADD_FAILURE() << flag << ": accepted";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find(flag + " " + missing + ": the folder"),
+                std::string::npos)
+          << error.what();
+    }
+    EXPECT_EQ(out.str().find("step "), std::string::npos) << flag << ": training started";
+    EXPECT_EQ(out.str().find("profiling"), std::string::npos) << flag << ": profiling started";
+  }
+}
+
 TEST_F(TrainTest, DeviceChoicesAreCheckedBeforeAnyWork) {
   auto expect_refused = [&](TrainOptions o, const std::string& fragment) {
     std::ostringstream out;
