@@ -704,17 +704,22 @@ TEST_F(TrainTest, KfacWithDataParallelOnTheDevicePathEqualsTheCpuPath) {
   EXPECT_GE(refreshes, 1);
 }
 
-// The self-profile on a device path: the schedule's chunks timed by stream marks, the K-FAC
-// kernels through the device's K-FAC layers (here the device path on the CPU backend; on a GPU
-// the same code times the GPU, which is what --device cuda --kfac uses).
-TEST_F(TrainTest, SelfProfileRunsOnTheDevicePath) {
-  const auto config = model::resolve_bert_config((dir_ / "config.json").string());
+// The self-profiles' schedule: 1F1B over two stages, four micro-batches.
+sched::Schedule two_stage_1f1b(const model::BertConfig& config) {
   cli::CompileCommandOptions compile;
   compile.schedule = "1f1b";
   compile.stages = 2;
   compile.microbatches = 4;
   compile.layers = config.num_layers;
-  const auto schedule = cli::build_schedule(compile);
+  return cli::build_schedule(compile);
+}
+
+// The self-profile on a device path: the schedule's chunks timed by stream marks, the K-FAC
+// kernels through the device's K-FAC layers (here the device path on the CPU backend; on a GPU
+// the same code times the GPU, which is what --device cuda --kfac uses).
+TEST_F(TrainTest, SelfProfileRunsOnTheDevicePath) {
+  const auto config = model::resolve_bert_config((dir_ / "config.json").string());
+  const auto schedule = two_stage_1f1b(config);
   exec::ExecutorOptions options;
   options.kfac.damping = 1e-3F;
   const auto cpu = profile_schedule(config, schedule, {2, 12, 2}, options, 2);
@@ -738,12 +743,7 @@ TEST_F(TrainTest, SelfProfileRunsOnTheDevicePath) {
 // threads at once as the schedule has ranks.
 TEST_F(TrainTest, SelfProfileStepsTheRunsOptimizer) {
   const auto config = model::resolve_bert_config((dir_ / "config.json").string());
-  cli::CompileCommandOptions compile;
-  compile.schedule = "1f1b";
-  compile.stages = 2;
-  compile.microbatches = 4;
-  compile.layers = config.num_layers;
-  const auto schedule = cli::build_schedule(compile);
+  const auto schedule = two_stage_1f1b(config);
   exec::ExecutorOptions options;
   options.kfac.damping = 1e-3F;
   std::atomic<int> made{0};
