@@ -7,6 +7,7 @@
 #include <barrier>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <random>
 #include <thread>
 #include <vector>
@@ -81,10 +82,24 @@ sim::KfacProfile time_kfac(std::int64_t d_in, std::int64_t d_out, std::int64_t t
                          grad.data(), bias.data());
     });
   };
+  // A thread that throws (a factorization that fails) leaves the barrier, so that the others
+  // finish rather than wait for it; its error is rethrown here.
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
+  const auto guarded = [&](int thread) {
+    try {
+      run(thread);
+    } catch (...) {
+      errors[static_cast<std::size_t>(thread)] = std::current_exception();
+      start_together.arrive_and_drop();
+    }
+  };
   {
     std::vector<std::jthread> others;
-    for (int thread = 1; thread < threads; ++thread) others.emplace_back(run, thread);
-    run(0);
+    for (int thread = 1; thread < threads; ++thread) others.emplace_back(guarded, thread);
+    guarded(0);
+  }
+  for (const auto& error : errors) {
+    if (error) std::rethrow_exception(error);
   }
   const auto median_of = [&](Kernel kernel) {
     std::vector<double> all;
