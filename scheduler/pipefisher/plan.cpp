@@ -76,16 +76,19 @@ std::vector<int> packing_order(const KfacWork& work, PackingPolicy policy,
     // The key (layer, Linear) as one index, layer-major: the order of the pairs. Layers are
     // few and dense, so the buckets are indexed directly (a sort and a binary search per task
     // were 5% of the pass at p = 64, m = 1024).
-    int layers = 0;
-    for (int t : middle) {
-      layers = std::max(layers, work.tasks[static_cast<std::size_t>(t)].instructions[0].layer + 1);
+    int first_layer = 0, end_layer = 0;  // the layers' range [first_layer, end_layer)
+    for (std::size_t i = 0; i < middle.size(); ++i) {
+      const int layer = work.tasks[static_cast<std::size_t>(middle[i])].instructions[0].layer;
+      first_layer = i == 0 ? layer : std::min(first_layer, layer);
+      end_layer = i == 0 ? layer + 1 : std::max(end_layer, layer + 1);
     }
     const auto key_of = [&](int t) {
       const auto& in = work.tasks[static_cast<std::size_t>(t)].instructions[0];
-      return static_cast<std::size_t>(in.layer) * sched::kNumLinearKinds +
+      return static_cast<std::size_t>(in.layer - first_layer) * sched::kNumLinearKinds +
              static_cast<std::size_t>(in.linear);
     };
-    const std::size_t key_count = static_cast<std::size_t>(layers) * sched::kNumLinearKinds;
+    const std::size_t key_count =
+        static_cast<std::size_t>(end_layer - first_layer) * sched::kNumLinearKinds;
     std::vector<std::size_t> bucket(middle.size());
     for (std::size_t i = 0; i < middle.size(); ++i) bucket[i] = key_of(middle[i]);
     std::vector<std::size_t> next(key_count + 1, 0);
