@@ -196,14 +196,17 @@ KfacOptions to_kfac_options(const KfacCommandOptions& command) {
 std::string format_kfac_report(const KfacReport& report) {
   std::string text = "K-FAC bubble filling (" + report.policy + ", curvature " + report.curvature +
                      ", margin " + format("%.0f%%", 100 * report.safety_margin) + ")\n";
-  text += "worker  util before  util after  K-FAC/step  spilled/step  sync/step  K-FAC memory\n";
+  text +=
+      "worker  util before  util after  K-FAC/step  spilled/step  sync/step  K-FAC memory  "
+      "+ factor sums\n";
   for (std::size_t w = 0; w < report.workers.size(); ++w) {
     const auto& worker = report.workers[w];
     text +=
-        format("%6.0f  %10.1f%%  %9.1f%%  %7.3f ms  %9.3f ms  %6.3f ms  %8.1f MiB\n",
+        format("%6.0f  %10.1f%%  %9.1f%%  %7.3f ms  %9.3f ms  %6.3f ms  %8.1f MiB",
                static_cast<double>(w), 100 * worker.utilization_before,
                100 * worker.utilization_after, 1e3 * worker.kfac_compute_s, 1e3 * worker.spilled_s,
                1e3 * worker.kfac_sync_s, worker.kfac_memory_bytes / (1024.0 * 1024.0));
+    text += format("  %9.1f MiB\n", worker.factor_sum_bytes / (1024.0 * 1024.0));
   }
   text += format("refresh interval k = %.0f steps", report.refresh_steps);
   if (report.refresh_bound > 0) {

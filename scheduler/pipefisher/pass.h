@@ -22,6 +22,11 @@ struct WorkerKfacReport {
   double spilled_s = 0.0;          // of that, per step, run after the flush instead of in bubbles
   double bubble_s = 0.0;           // idle compute time per step before filling (simulated)
   double kfac_memory_bytes = 0.0;  // factors and inverses held (the busiest replica's)
+  // The factors' running sums a refresh accumulates on top (kfac::FactorState::sum, fp32, both
+  // factors of every Linear the worker preconditions, all open at once before the first
+  // inversion; twice with a pipelined refresh, whose previous window's sums wait for their
+  // wrapped inversions): what the simulator counts in its peak (docs/simulator.md, "Memory").
+  double factor_sum_bytes = 0.0;
   // Bytes the busiest replica of this worker sends per refresh for the K-FAC state (factor
   // sync, broadcasts; kfac::state_cost); 0 without KfacOptions::linear_dims.
   double kfac_sent_bytes_per_refresh = 0.0;
@@ -91,6 +96,7 @@ struct KfacReport {
   double step_time_after_s = 0.0;
   double step_time_overhead = 0.0;            // after / before - 1
   double kfac_memory_bytes = 0.0;             // the largest per-worker addition
+  double factor_sum_bytes = 0.0;              // the largest per-worker factor sums
   double kfac_sent_bytes_per_refresh = 0.0;   // the largest per-worker (busiest replica)
   std::string state_placement = "replicate";  // kfac::to_string of the placement used
   kfac::StatePlacement placement;             // the placement used

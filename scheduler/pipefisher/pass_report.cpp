@@ -59,6 +59,19 @@ KfacReport make_report(const sched::Schedule& base, const sim::CostModel& costs,
     // A pipelined refresh holds a second accumulator per factor: the factors' bytes again
     // (half of the replicated state of factors and inverses).
     if (plan.pipelined) worker.kfac_memory_bytes *= 1.5;
+    // Every replica accumulates every Linear's sums before the sync, whatever the placement.
+    for (const auto& linear : held[w]) {
+      if (!options.linear_dims.empty()) {
+        const auto& d = options.linear_dims[static_cast<std::size_t>(linear.linear)];
+        worker.factor_sum_bytes +=
+            4.0 * (static_cast<double>(d.d_in) * d.d_in + static_cast<double>(d.d_out) * d.d_out);
+      } else {
+        worker.factor_sum_bytes += costs.kfac_sum_bytes(base, linear.layer, linear.linear, true) +
+                                   costs.kfac_sum_bytes(base, linear.layer, linear.linear, false);
+      }
+    }
+    if (plan.pipelined) worker.factor_sum_bytes *= 2.0;
+    report.factor_sum_bytes = std::max(report.factor_sum_bytes, worker.factor_sum_bytes);
     report.kfac_memory_bytes = std::max(report.kfac_memory_bytes, worker.kfac_memory_bytes);
     report.kfac_sent_bytes_per_refresh =
         std::max(report.kfac_sent_bytes_per_refresh, worker.kfac_sent_bytes_per_refresh);

@@ -14,6 +14,7 @@ nlohmann::json to_json(const KfacReport& report) {
                        {"kfac_sync_s", worker.kfac_sync_s},
                        {"spilled_s", worker.spilled_s},
                        {"kfac_memory_bytes", worker.kfac_memory_bytes},
+                       {"factor_sum_bytes", worker.factor_sum_bytes},
                        {"kfac_sent_bytes_per_refresh", worker.kfac_sent_bytes_per_refresh},
                        {"tasks", worker.tasks}});
   }
@@ -50,6 +51,7 @@ nlohmann::json to_json(const KfacReport& report) {
           {"step_time_after_s", report.step_time_after_s},
           {"step_time_overhead", report.step_time_overhead},
           {"kfac_memory_bytes", report.kfac_memory_bytes},
+          {"factor_sum_bytes", report.factor_sum_bytes},
           {"kfac_sent_bytes_per_refresh", report.kfac_sent_bytes_per_refresh},
           {"state_placement", report.state_placement},
           {"automatic_placement", report.automatic_placement},

@@ -301,6 +301,10 @@ TEST(PipeFisherPass, EveryStepCurvatureAndJson) {
   }
   EXPECT_EQ(json["refresh_steps"], 2);
   EXPECT_DOUBLE_EQ(json["kfac_memory_bytes"].get<double>(), 2 * 6 * 1000.0);  // two stages each
+  // The factor sums on top: both factors' sums of each Linear, each a quarter of its state here
+  // (CostModel::kfac_sum_bytes).
+  EXPECT_DOUBLE_EQ(json["factor_sum_bytes"].get<double>(), 2 * 6 * 500.0);
+  EXPECT_DOUBLE_EQ(json["workers"][0]["factor_sum_bytes"].get<double>(), 2 * 6 * 500.0);
 }
 
 TEST(PipeFisherPass, BadInputIsRejected) {

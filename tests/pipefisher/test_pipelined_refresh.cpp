@@ -131,6 +131,9 @@ TEST(PipelinedRefresh, FewerStepsWithInversionsInTheNextWindow) {
   // A second accumulator per factor: the state of factors and inverses grows by half.
   EXPECT_GT(plain.report.kfac_memory_bytes, 0.0);
   EXPECT_DOUBLE_EQ(pipelined.report.kfac_memory_bytes, 1.5 * plain.report.kfac_memory_bytes);
+  // The factor sums: the window's and the previous window's set aside for their inversions.
+  EXPECT_GT(plain.report.factor_sum_bytes, 0.0);
+  EXPECT_DOUBLE_EQ(pipelined.report.factor_sum_bytes, 2.0 * plain.report.factor_sum_bytes);
   // Simulated with the wrapped work in the window's first step.
   EXPECT_GT(pipelined.after.step_time_s, 0.0);
   EXPECT_GE(pipelined.report.step_time_overhead, 0.0);
