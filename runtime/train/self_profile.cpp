@@ -38,9 +38,9 @@ double median_seconds(int repeats, F&& body) {
 // K-FAC kernel times for a Linear of d_in -> d_out on `tokens` rows, on `threads` threads at once
 // (each with its own state and data, `threads_per_worker` OpenMP threads each): every kernel
 // call starts on all of them together, as a worker's K-FAC work in its bubbles runs while the
-// other workers compute. Timed alone on an idle machine they came out 1.5-3x faster than the
-// run's own (a 2-core machine, BERT-mini, 1F1B p = 2): the cores share their caches and memory
-// bandwidth. The median over all threads' calls (three each).
+// other workers compute. Timed alone with the other cores idle, the run's own durations were
+// 1.37x these (median; BERT-mini, 1F1B p = 2, the 2-core machine; docs/benchmarks.md, "The
+// self-profile"): the workers share the cores. The median over all threads' calls (three each).
 sim::KfacProfile time_kfac(std::int64_t d_in, std::int64_t d_out, std::int64_t tokens,
                            float damping, int threads, int threads_per_worker) {
   constexpr int kRepeats = 3;
