@@ -182,8 +182,10 @@ int main(int argc, char** argv) try {
       {[] { return std::make_unique<optim::Lamb>(); }, device::OptimizerChoice{}});
   pipefisher::KfacOptions kfac_options;
   kfac_options.refresh_steps = s.kfac_refresh;
+  sim::SimOptions simulation;
+  simulation.shared_processors = sim::shared_processors_of(profile);
   const auto pass = pipefisher::run_pipefisher(
-      pipeline, sim::MeasuredCostModel(profile, "self-profile"), kfac_options);
+      pipeline, sim::MeasuredCostModel(profile, "self-profile"), kfac_options, simulation);
   // Whole refreshes after the warm-up step, so the K-FAC work measured is k steps' worth.
   Settings kfac_settings = s;
   kfac_settings.steps =

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
 #include <utility>
 
@@ -115,6 +116,13 @@ Profile profile_from_json(const json& root, const std::string& source) {
       root.contains("reduction") ? read.link(root, "reduction", false) : profile.communication;
   if (root.contains("host_link")) profile.host_link = read.link(root, "host_link", false);
   profile.optimizer_step_s = read.number(root, "optimizer_step_s", "", 0.0);
+  if (root.contains("shared_processor")) {
+    const json& node = read.object(root, "shared_processor", "shared_processor");
+    profile.shared_processor_capacity = read.number(node, "capacity", "shared_processor.");
+    if (!(profile.shared_processor_capacity > 0.0)) {
+      read.fail("shared_processor.capacity", "must be > 0 (instructions at full speed at once)");
+    }
+  }
   profile.kfac_task_overhead_s =
       read.number(root, "kfac_task_overhead_s", "", kDefaultKfacTaskOverheadS);
   if (root.contains("kfac_task_overheads")) {
@@ -170,6 +178,15 @@ Profile profile_from_json(const json& root, const std::string& source) {
   return profile;
 }
 
+SharedProcessors shared_processors_of(const Profile& profile) {
+  SharedProcessors shared;
+  if (profile.shared_processor_capacity > 0.0) {
+    shared.workers_per_processor = std::numeric_limits<int>::max();
+    shared.capacity = profile.shared_processor_capacity;
+  }
+  return shared;
+}
+
 Profile profile_from_json_file(const std::filesystem::path& path) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("cannot open profile file " + path.string());
@@ -209,6 +226,9 @@ json profile_to_json(const Profile& profile) {
                {"optimizer_step_s", profile.optimizer_step_s},
                {"kfac_task_overhead_s", profile.kfac_task_overhead_s}};
   if (profile.host_link.bandwidth > 0.0) root["host_link"] = link(profile.host_link, false);
+  if (profile.shared_processor_capacity > 0.0) {
+    root["shared_processor"] = {{"capacity", profile.shared_processor_capacity}};
+  }
   json by_kind = json::object();
   for (std::size_t i = 0; i < kKfacOverheadFields.size(); ++i) {
     if (profile.kfac_kind_overheads_s[i]) {

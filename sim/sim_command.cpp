@@ -58,9 +58,10 @@ std::string workload_details(const sim::Workload& w, const sim::DeviceSpec& devi
          (w.stash == sim::ActivationStash::kEager ? ", eager stash" : "") + " on " + device.name;
 }
 
-sim::SimOptions sim_options(const SimCommandOptions& options) {
+sim::SimOptions sim_options(const SimCommandOptions& options, const CostSetup& setup) {
   sim::SimOptions out;
   out.overlap_communication = !options.no_overlap;
+  out.shared_processors = setup.shared_processors;
   return out;
 }
 
@@ -273,7 +274,8 @@ int run_comparison(const CompileCommandOptions& compile, const SimCommandOptions
       rows.push_back(row);
       continue;
     }
-    const sim::SimResult result = sim::simulate(schedule, *setup.costs, sim_options(options));
+    const sim::SimResult result =
+        sim::simulate(schedule, *setup.costs, sim_options(options, setup));
     const std::string overflow = memory_overflow(result, setup);
     if (!overflow.empty()) {
       row.skipped_reason = "does not fit: " + overflow;
@@ -284,7 +286,7 @@ int run_comparison(const CompileCommandOptions& compile, const SimCommandOptions
     rows.push_back(row);
     if (kfac_options) {
       kfac_rows.push_back({name, pipefisher::run_pipefisher(schedule, *setup.costs, *kfac_options,
-                                                            sim_options(options))
+                                                            sim_options(options, setup))
                                      .report});
     }
   }
@@ -409,6 +411,15 @@ void add_sim_options(CLI::App& app, SimCommandOptions& options) {
                  "docs/simulator.md)");
   app.add_flag("--no-overlap", options.no_overlap,
                "Communication occupies the compute lane (no compute/communication overlap)");
+  app.add_option("--workers-per-processor", options.workers_per_processor,
+                 "Consecutive groups of N workers share one processor (threads on one CPU, ranks "
+                 "on one GPU): compute running at once divides its throughput (docs/simulator.md "
+                 "\"Shared processors\"); 1: a processor each")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--processor-capacity", options.processor_capacity,
+                 "Instructions a shared processor runs at full speed at once (default 1; "
+                 "with --workers-per-processor or a profile's shared_processor)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--report", options.report,
                  "Write the simulation's figures (step time, bubble, per-worker utilization and "
                  "memory) to FILE.json");
@@ -524,6 +535,34 @@ CostSetup make_parallel_setup(const SimCommandOptions& options,
 
 }  // namespace
 
+namespace {
+
+constexpr int kAllWorkers = std::numeric_limits<int>::max();
+
+// --workers-per-processor and --processor-capacity over a --profile's "shared_processor" (all
+// workers on one processor of its capacity). One worker per processor at a capacity of 1 or
+// more is a processor each: off, the engine's plain path.
+sim::SharedProcessors shared_processors_of(const SimCommandOptions& options,
+                                           const CostSetup& setup) {
+  const auto* measured = dynamic_cast<const sim::MeasuredCostModel*>(setup.costs.get());
+  sim::SharedProcessors shared =
+      measured ? sim::shared_processors_of(measured->profile()) : sim::SharedProcessors{};
+  if (options.workers_per_processor > 0)
+    shared.workers_per_processor = options.workers_per_processor;
+  if (options.processor_capacity > 0.0) {
+    if (shared.workers_per_processor == 0) {
+      throw std::invalid_argument(
+          "--processor-capacity sizes a shared processor: give --workers-per-processor (or a "
+          "--profile with \"shared_processor\")");
+    }
+    shared.capacity = options.processor_capacity;
+  }
+  if (shared.workers_per_processor == 1 && shared.capacity >= 1.0) return {};
+  return shared;
+}
+
+}  // namespace
+
 CostSetup make_cost_setup(const SimCommandOptions& options,
                           const pipefisher::KfacCommandOptions& kfac) {
   if (sim::attention_from_string(options.attention) != sim::AttentionAlgorithm::kBatched &&
@@ -533,7 +572,15 @@ CostSetup make_cost_setup(const SimCommandOptions& options,
   if (!options.stash.empty() && options.model.empty()) {
     throw std::invalid_argument("--stash counts a model's activations: give --model");
   }
-  if (parallel_requested(options)) return make_parallel_setup(options, kfac);
+  if (parallel_requested(options)) {
+    if (options.workers_per_processor > 0 || options.processor_capacity > 0.0) {
+      throw std::invalid_argument(
+          "--workers-per-processor and --processor-capacity share a processor among pipeline "
+          "workers; the parallel model (--tensor-parallel, --cluster, ...) gives every rank a "
+          "GPU of its own");
+    }
+    return make_parallel_setup(options, kfac);
+  }
   CostSetup setup;
   std::shared_ptr<const sim::AnalyticCostModel> analytic;
   if (!options.model.empty()) {
@@ -584,6 +631,16 @@ CostSetup make_cost_setup(const SimCommandOptions& options,
   } else {
     throw std::invalid_argument("simulating needs a cost model: --model, --uniform or --profile");
   }
+  setup.shared_processors = shared_processors_of(options, setup);
+  if (setup.shared_processors.enabled()) {
+    std::ostringstream line;
+    line << "; "
+         << (setup.shared_processors.workers_per_processor >= kAllWorkers
+                 ? std::string("all workers")
+                 : std::to_string(setup.shared_processors.workers_per_processor) + " workers")
+         << " per processor of capacity " << setup.shared_processors.capacity;
+    setup.run.details += line.str();
+  }
   return setup;
 }
 
@@ -606,15 +663,16 @@ CompileCommandOptions with_balanced_layers(CompileCommandOptions placed,
     const sched::Schedule schedule = build_schedule(split);
     check_layers(schedule, setup);
     sim::SplitEvaluation e;
-    const sim::SimResult result = sim::simulate(schedule, *setup.costs, sim_options(options));
+    const sim::SimResult result =
+        sim::simulate(schedule, *setup.costs, sim_options(options, setup));
     if (!memory_overflow(result, setup).empty()) {
       e.step_time_s = std::numeric_limits<double>::infinity();
       return e;
     }
     e.step_time_s = result.step_time_s;
     if (kfac_options) {
-      const pipefisher::PassResult pass =
-          pipefisher::run_pipefisher(schedule, *setup.costs, *kfac_options, sim_options(options));
+      const pipefisher::PassResult pass = pipefisher::run_pipefisher(
+          schedule, *setup.costs, *kfac_options, sim_options(options, setup));
       e.step_time_s = pass.after.step_time_s;
       e.refresh_steps = pass.report.refresh_steps;
     }
@@ -669,6 +727,11 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
       throw std::invalid_argument(
           "--report and --no-overlap need a simulation: give --model, --uniform or --profile");
     }
+    if (options.workers_per_processor > 0 || options.processor_capacity > 0.0) {
+      throw std::invalid_argument(
+          "--workers-per-processor and --processor-capacity need a simulation: give --model, "
+          "--uniform or --profile");
+    }
     if (compile.schedule == "all") {
       throw std::invalid_argument(
           "--schedule all compares simulated schedules: give --model, --uniform or --profile");
@@ -700,7 +763,7 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
 
   const sched::Schedule schedule = load_or_compile(placed);
   check_layers(schedule, setup);
-  const sim::SimResult result = sim::simulate(schedule, *setup.costs, sim_options(options));
+  const sim::SimResult result = sim::simulate(schedule, *setup.costs, sim_options(options, setup));
   // A configuration that does not fit is reported as such, with no step time.
   const std::string overflow = memory_overflow(result, setup);
   if (!overflow.empty()) {
@@ -736,8 +799,8 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
     if (setup.parallel && with_dims.device_memory_budget_mib <= 0.0) {
       with_dims.device_memory_budget_mib = setup.gpu_memory_bytes / (1024.0 * 1024.0);
     }
-    pass.emplace(
-        pipefisher::run_kfac_command(schedule, *setup.costs, with_dims, out, sim_options(options)));
+    pass.emplace(pipefisher::run_kfac_command(schedule, *setup.costs, with_dims, out,
+                                              sim_options(options, setup)));
     report["kfac"] = pipefisher::to_json(pass->report);
     report["with_kfac"] = sim::report_json(pass->schedule, pass->after, setup.run);
     if (setup.parallel) {
@@ -749,7 +812,7 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
     }
     // --kfac-offload: the copies join the schedule; what follows writes and traces that one.
     if (auto offload = pipefisher::run_offload_command(*pass, *setup.costs, with_dims, out,
-                                                       sim_options(options))) {
+                                                       sim_options(options, setup))) {
       report["kfac_offload"] = pipefisher::offload_report_json(offload->report);
       report["with_kfac_offload"] = sim::report_json(offload->schedule, offload->after, setup.run);
       if (setup.parallel) {

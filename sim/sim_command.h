@@ -49,6 +49,10 @@ struct SimCommandOptions {
   std::string uniform;  // "F,B[,COMM]" seconds
   std::string profile;  // measured profile JSON
   bool no_overlap = false;
+  // Workers sharing a processor (sim::SharedProcessors): 0 and 0.0 are unset (a --profile with
+  // "shared_processor" puts every worker on one of its capacity; otherwise one each).
+  int workers_per_processor = 0;
+  double processor_capacity = 0.0;
   std::string report;  // --report FILE.json
 };
 
@@ -68,6 +72,9 @@ struct CostSetup {
   std::string cluster_name;
   // (d_in, d_out) per Linear kind of --model (empty without one): K-FAC state placement.
   std::vector<kfac::LinearDims> linear_dims;
+  // Which workers share a processor: --workers-per-processor and --processor-capacity, or a
+  // profile's "shared_processor"; off (a processor each) otherwise.
+  sim::SharedProcessors shared_processors;
   // The parallel model when it was chosen (costs points to it too), else null.
   std::shared_ptr<const sim::ParallelCostModel> parallel;
 };

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "sim/op_names.h"
+#include "sim/processor_share.h"
 
 namespace pf::sim {
 namespace {
@@ -123,6 +124,7 @@ class Engine {
       : schedule_(schedule), costs_(costs), options_(options) {}
 
   SimResult run() {
+    resolve_shared_processors();
     flatten();
     size_keys();
     index_producers();
@@ -134,6 +136,41 @@ class Engine {
   }
 
  private:
+  // The processor of every worker (processor_of_), or none when every worker has its own.
+  void resolve_shared_processors() {
+    const auto& shared = options_.shared_processors;
+    processor_of_.clear();
+    if (!shared.enabled()) return;
+    const int workers = schedule_.num_workers();
+    if (!std::isfinite(shared.capacity) || shared.capacity <= 0.0) {
+      throw std::invalid_argument("shared processors: capacity " + std::to_string(shared.capacity) +
+                                  " (must be finite and > 0)");
+    }
+    if (shared.workers_per_processor > 0) {
+      for (int w = 0; w < workers; ++w) processor_of_.push_back(w / shared.workers_per_processor);
+      return;
+    }
+    if (shared.workers_per_processor < 0) {
+      throw std::invalid_argument(
+          "shared processors: " + std::to_string(shared.workers_per_processor) +
+          " workers per processor (must be >= 0)");
+    }
+    if (static_cast<int>(shared.processor_of_worker.size()) != workers) {
+      throw std::invalid_argument(
+          "shared processors: " + std::to_string(shared.processor_of_worker.size()) +
+          " workers mapped, the schedule has " + std::to_string(workers));
+    }
+    for (int w = 0; w < workers; ++w) {
+      const int p = shared.processor_of_worker[static_cast<std::size_t>(w)];
+      if (p < 0 || p >= workers) {
+        throw std::invalid_argument("shared processors: worker " + std::to_string(w) +
+                                    " on processor " + std::to_string(p) + " (allowed: 0.." +
+                                    std::to_string(workers - 1) + ")");
+      }
+      processor_of_.push_back(p);
+    }
+  }
+
   // ---- flattening --------------------------------------------------------------------------
   void flatten() {
     const int workers = schedule_.num_workers();
@@ -690,10 +727,34 @@ class Engine {
     if (role_[g] == Role::kRecv) {
       const std::int64_t send = partner_[g];
       if (ended(send)) finish(g, std::max(start, end_[send]));
+    } else if (role_[g] == Role::kCompute && !processors_.empty()) {
+      const int p = processor_of(worker);
+      processors_[p].add(g, duration_[g], start);
+      schedule_processor(p);  // its end comes when the processor's share says
     } else {
       finish(g, start + duration_[g]);
     }
     queue_.emplace(start, worker);
+  }
+
+  // ---- shared processors (SimOptions::shared_processors) --------------------------------------
+  // Queue entries past the workers' ids are processor events: the next end of a running job.
+  // Compute on a shared processor is issued in time order (try_issue waits until `now_` reaches
+  // its start), so a job never joins a processor in its past.
+  int processor_of(int worker) const { return processor_of_[static_cast<std::size_t>(worker)]; }
+
+  void schedule_processor(int p) {
+    const double end = processors_[p].next_end();
+    processor_event_[p] = end;
+    if (std::isfinite(end)) queue_.emplace(end, schedule_.num_workers() + p);
+  }
+
+  void on_processor_event(int p, double time) {
+    if (processor_event_[p] != time) return;  // superseded: a job started or ended since
+    done_.clear();
+    processors_[p].take_done(time, done_);
+    for (const std::int64_t g : done_) finish(g, time);
+    schedule_processor(p);
   }
 
   void try_issue(int worker) {
@@ -729,6 +790,10 @@ class Engine {
           break;
       }
     }
+    if (role_[g] == Role::kCompute && !processors_.empty() && ready > now_) {
+      queue_.emplace(ready, worker);  // joins its shared processor at its start, not before
+      return;
+    }
     if (role_[g] == Role::kCompute) exposed_[worker] += ready - free;
     const std::int32_t group = group_of_[g];
     if (group < 0) return issue(worker, g, ready);
@@ -758,11 +823,25 @@ class Engine {
     lane_last_.assign(static_cast<std::size_t>(workers) * kNumLanes, -1);
     group_ready_.assign(group_members_.size() / 2, 0.0);
     group_arrivals_.assign(group_members_.size() / 2, 0);
+    processors_.clear();
+    processor_event_.clear();
+    now_ = 0.0;
+    if (!processor_of_.empty()) {
+      processors_.assign(static_cast<std::size_t>(workers),
+                         ProcessorShare(options_.shared_processors.capacity));
+      processor_event_.assign(static_cast<std::size_t>(workers),
+                              std::numeric_limits<double>::infinity());
+    }
     for (int w = 0; w < workers; ++w) queue_.emplace(0.0, w);
     while (!queue_.empty()) {
-      const int worker = queue_.top().second;
+      const auto [time, id] = queue_.top();
       queue_.pop();
-      try_issue(worker);
+      now_ = time;
+      if (id >= workers) {
+        on_processor_event(id - workers, time);
+      } else {
+        try_issue(id);
+      }
     }
     std::string stuck;
     int count = 0;
@@ -1125,6 +1204,12 @@ class Engine {
 
   std::vector<std::uint8_t> kfac_seen_;
   std::vector<std::uint8_t> offloaded_;
+
+  std::vector<int> processor_of_;           // per worker; empty: a processor per worker
+  std::vector<ProcessorShare> processors_;  // empty: a processor per worker
+  std::vector<double> processor_event_;     // each processor's pending event time
+  std::vector<std::int64_t> done_;
+  double now_ = 0.0;  // time of the queue entry in hand
 };
 
 }  // namespace

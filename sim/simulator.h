@@ -18,6 +18,9 @@
 //   sender's lane for the transfer time and the data is there when it ends.
 // - A collective with a peer is a rendezvous: all participants start together, when the last
 //   one is ready, and end after the cost model's (ring all-reduce) duration.
+// - With shared processors (SharedProcessors), the compute instructions of the workers on one
+//   processor that run at once divide its throughput: an instruction's end then depends on what
+//   starts and ends beside it, not only on its own cost.
 #include <functional>
 #include <vector>
 
@@ -25,6 +28,21 @@
 #include "sim/cost_model.h"
 
 namespace pf::sim {
+
+// Workers whose compute shares one processor: threads on one machine's cores, ranks on one GPU
+// (docs/simulator.md "Shared processors"). While n compute instructions (forward, backward,
+// optimizer, K-FAC) run on a processor, each progresses at min(1, capacity / n) of the speed
+// its cost model prices, which is its time alone. Communication and host copies keep lanes of
+// their own. Neither field set: a processor per worker, as the cost models assume.
+struct SharedProcessors {
+  // > 0: consecutive groups of this many workers share a processor (the last may be smaller);
+  // a number >= the workers puts them all on one.
+  int workers_per_processor = 0;
+  // Or per worker, its processor (0 .. workers - 1); used when workers_per_processor is 0.
+  std::vector<int> processor_of_worker;
+  double capacity = 1.0;  // instructions a processor runs at full speed at once (> 0)
+  bool enabled() const { return workers_per_processor != 0 || !processor_of_worker.empty(); }
+};
 
 struct SimOptions {
   bool overlap_communication = true;  // false: sends and receives occupy the compute lane
@@ -44,6 +62,7 @@ struct SimOptions {
   // When set, the bytes of one factor's sums (A: a_factor) instead of CostModel::kfac_sum_bytes
   // (the PipeFisher pass sizes them from KfacOptions::linear_dims, as it does the state).
   std::function<double(int layer, sched::LinearKind linear, bool a_factor)> kfac_sum_bytes = {};
+  SharedProcessors shared_processors = {};
 };
 
 // When one instruction ran. Parallel to Schedule::streams: times[worker][position].

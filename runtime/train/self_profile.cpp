@@ -10,11 +10,13 @@
 #include <exception>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kfac/factors.h"
 #include "kfac/layer_state.h"
 #include "kfac/precondition.h"
+#include "runtime/executor/alone_times.h"
 #include "runtime/executor/measured.h"
 #include "runtime/optim/sgd.h"
 
@@ -37,10 +39,9 @@ double median_seconds(int repeats, F&& body) {
 
 // K-FAC kernel times for a Linear of d_in -> d_out on `tokens` rows, on `threads` threads at once
 // (each with its own state and data, `threads_per_worker` OpenMP threads each): every kernel
-// call starts on all of them together, as a worker's K-FAC work in its bubbles runs while the
-// other workers compute. Timed alone with the other cores idle, the run's own durations were
-// 1.37x these (median; BERT-mini, 1F1B p = 2, the 2-core machine; docs/benchmarks.md, "The
-// self-profile"): the workers share the cores. The median over all threads' calls (three each).
+// call starts on all of them together. One thread gives the times alone, the profile's; as many
+// as the run has workers, how much the workers slow each other down when they compute at once
+// (shared_capacity). The median over all threads' calls (three each).
 sim::KfacProfile time_kfac(std::int64_t d_in, std::int64_t d_out, std::int64_t tokens,
                            float damping, int threads, int threads_per_worker) {
   constexpr int kRepeats = 3;
@@ -119,6 +120,28 @@ sim::KfacProfile time_kfac(std::int64_t d_in, std::int64_t d_out, std::int64_t t
   return profile;
 }
 
+// How many kernels the machine runs at full speed at once: `threads` times the median, over the
+// kernels, of (time alone / time beside threads - 1 others). Between 1 (the others take as much
+// as they get: one core's worth) and `threads` (no slowdown: a core each).
+double shared_capacity(const std::vector<sim::KfacProfile>& alone,
+                       const std::vector<sim::KfacProfile>& together, int threads) {
+  std::vector<double> speed;
+  for (std::size_t i = 0; i < alone.size(); ++i) {
+    const auto& a = alone[i];
+    const auto& t = together[i];
+    for (const auto& [solo, shared] :
+         {std::pair{a.curvature_a_s, t.curvature_a_s}, std::pair{a.curvature_b_s, t.curvature_b_s},
+          std::pair{a.invert_a_s, t.invert_a_s}, std::pair{a.invert_b_s, t.invert_b_s},
+          std::pair{a.precondition_s, t.precondition_s}}) {
+      if (solo > 0.0 && shared > 0.0) speed.push_back(solo / shared);
+    }
+  }
+  if (speed.empty()) return static_cast<double>(threads);
+  std::sort(speed.begin(), speed.end());
+  const double median = speed[speed.size() / 2];
+  return std::clamp(threads * median, 1.0, static_cast<double>(threads));
+}
+
 // The same kernels on a device, through its K-FAC layer on a stream of its own.
 sim::KfacProfile time_kfac_on_device(device::DeviceRuntime& device, std::int64_t d_in,
                                      std::int64_t d_out, std::int64_t tokens, float damping) {
@@ -187,20 +210,35 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
   exec::ThreadedExecutor<float> executor(setup);
   executor.run(0, std::max(2, steps));
   const int concurrent = executor.num_ranks();
-  auto profile = exec::measured_profile(
-      base, executor.take_events(), 1,
-      "pipefisher_train self-profile of " + std::string(sched::to_string(base.params.kind)));
+  auto events = executor.take_events();
   omp_set_num_threads(std::max(1, options.threads_per_worker));
   const std::int64_t H = config.hidden_size, I = config.intermediate_size;
   const std::int64_t tokens = shape.micro_batch_size * shape.seq_len;
-  const auto time = [&](std::int64_t d_in, std::int64_t d_out) {
+  const auto time = [&](std::int64_t d_in, std::int64_t d_out, int threads) {
     return device ? time_kfac_on_device(*device, d_in, d_out, tokens, options.kfac.damping)
-                  : time_kfac(d_in, d_out, tokens, options.kfac.damping, concurrent,
+                  : time_kfac(d_in, d_out, tokens, options.kfac.damping, threads,
                               options.threads_per_worker);
   };
-  const auto square = time(H, H);
-  const auto ffn_in = time(H, I);
-  const auto ffn_out = time(I, H);
+  const auto square = time(H, H, 1);
+  const auto ffn_in = time(H, I, 1);
+  const auto ffn_out = time(I, H, 1);
+  // The workers are threads on this machine's cores: on the CPU, how much throughput they have
+  // together, from the same kernels on one thread per worker at once. The simulator then shares
+  // it among the compute running at once (docs/simulator.md "Shared processors"), and the
+  // schedule's durations, measured with the workers beside each other, become times alone.
+  // On a device its streams' marks time the schedule; a device shared by the workers is not
+  // modelled yet (the trainer's note says so).
+  double capacity = 0.0;
+  if (!device && concurrent > 1) {
+    capacity = shared_capacity(
+        {square, ffn_in, ffn_out},
+        {time(H, H, concurrent), time(H, I, concurrent), time(I, H, concurrent)}, concurrent);
+    events = exec::alone_times(std::move(events), capacity);
+  }
+  auto profile = exec::measured_profile(
+      base, events, 1,
+      "pipefisher_train self-profile of " + std::string(sched::to_string(base.params.kind)));
+  profile.shared_processor_capacity = capacity;
   for (int k = 0; k < sched::kNumLinearKinds; ++k) {
     const auto linear = static_cast<sched::LinearKind>(k);
     sim::KfacProfile entry = linear == sched::LinearKind::kFfnIn    ? ffn_in

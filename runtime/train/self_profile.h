@@ -32,10 +32,13 @@ struct ProfileOptimizer {
 
 // Runs `steps` steps (the first is warm-up) of `base` and times the K-FAC kernels; the profile
 // has chunk entries for every chunk and one K-FAC entry per Linear kind (all layers). On the CPU
-// the K-FAC kernels run on as many threads at once as the schedule has ranks (the run's workers
-// compute beside each other's K-FAC work). With a device (--device cuda) both run there: the
-// schedule on the executor's device path (times from its stream marks), the K-FAC kernels
-// through the device's K-FAC layers (host time around each call and a wait for the stream).
+// with more than one rank, the workers share this machine's cores: the K-FAC kernels are timed
+// alone and on one thread per rank at once, the profile's shared_processor_capacity is what the
+// two say the cores give together, and the schedule's measured times become times alone
+// (exec::alone_times), so that the simulator shares the capacity as the run does. With a device
+// (--device cuda) both run there: the schedule on the executor's device path (times from its
+// stream marks), the K-FAC kernels through the device's K-FAC layers (host time around each call
+// and a wait for the stream); no shared processor.
 sim::Profile profile_schedule(const model::BertConfig& config, const sched::Schedule& base,
                               const ProfileShape& shape, const exec::ExecutorOptions& options,
                               int steps = 3,

@@ -641,11 +641,15 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
       if (!o.quiet) out << "PipeFisher pass profile: " << o.kfac_profile_out << "\n";
     }
     const sim::MeasuredCostModel measured(profile, source);
+    // Worker threads share this machine's cores: the pass simulates them sharing one processor
+    // of the capacity the self-profile measured (none in a profile without one).
+    sim::SimOptions simulation;
+    simulation.shared_processors = sim::shared_processors_of(profile);
     auto pass = pipefisher::run_pipefisher(context.schedule, measured,
-                                           pipefisher::to_kfac_options(kfac_command));
+                                           pipefisher::to_kfac_options(kfac_command), simulation);
     std::string offload_summary;
     if (offload_options.mode != pipefisher::OffloadMode::kNone) {
-      auto offload = pipefisher::run_offload_pass(pass, measured, offload_options);
+      auto offload = pipefisher::run_offload_pass(pass, measured, offload_options, simulation);
       std::ostringstream line;
       line << "K-FAC offload (" << offload.report.mode << "): " << offload.report.offloaded_linears
            << " Linears' state in host memory ("
@@ -676,7 +680,14 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
             << " step(s); predicted utilization " << std::fixed << std::setprecision(1)
             << 100.0 * pass.report.utilization_before << "% -> "
             << 100.0 * pass.report.utilization_after << "%, step time " << std::showpos
-            << 100.0 * pass.report.step_time_overhead << std::noshowpos << "% (" << source << ")\n";
+            << 100.0 * pass.report.step_time_overhead << std::noshowpos << "% ("
+            << std::setprecision(3) << pass.report.step_time_before_s << " -> "
+            << pass.report.step_time_after_s << " s/step; " << source;
+    if (profile.shared_processor_capacity > 0.0) {
+      summary << "; the workers share the cores, capacity " << std::setprecision(2)
+              << profile.shared_processor_capacity;
+    }
+    summary << ")\n";
     if (pass.report.data_parallel > 1) {
       summary << "K-FAC state over " << pass.report.data_parallel
               << " data-parallel replicas: " << pass.report.state_placement

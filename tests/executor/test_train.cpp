@@ -756,6 +756,9 @@ TEST_F(TrainTest, SelfProfileStepsTheRunsOptimizer) {
       profile_schedule(config, schedule, {2, 12, 2}, options, 2, nullptr, optimizer);
   EXPECT_EQ(made.load(), 2);
   EXPECT_GT(profile.optimizer_step_s, 0.0);
+  // Two worker threads on this machine's cores: between one core's worth and one each.
+  EXPECT_GE(profile.shared_processor_capacity, 1.0);
+  EXPECT_LE(profile.shared_processor_capacity, 2.0);
   ASSERT_EQ(profile.kfac.size(), static_cast<std::size_t>(sched::kNumLinearKinds));
   for (const auto& entry : profile.kfac) {
     EXPECT_GT(entry.curvature_a_s, 0.0);

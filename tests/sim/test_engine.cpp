@@ -1,8 +1,14 @@
 // The event engine on small hand-built schedules (independent of the generators).
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "scheduler/compile.h"
+#include "sim/processor_share.h"
 #include "sim/simulator.h"
 #include "sim/uniform_cost_model.h"
 
@@ -163,6 +169,121 @@ TEST(SimEngine, ParsesUniformFlag) {
   EXPECT_THROW(parse_uniform_costs("1,x"), std::invalid_argument);
   EXPECT_THROW(parse_uniform_costs("1,2,"), std::invalid_argument);
   EXPECT_THROW(parse_uniform_costs("1,-2"), std::invalid_argument);
+}
+
+// ---- shared processors ------------------------------------------------------------------------
+
+SharedProcessors grouped(int workers_per_processor, double capacity) {
+  SharedProcessors shared;
+  shared.workers_per_processor = workers_per_processor;
+  shared.capacity = capacity;
+  return shared;
+}
+
+SharedProcessors mapped(std::vector<int> processor_of_worker) {
+  SharedProcessors shared;
+  shared.processor_of_worker = std::move(processor_of_worker);
+  return shared;
+}
+
+TEST(ProcessorShare, JobsBesideEachOtherSplitTheCapacity) {
+  ProcessorShare processor(1.0);
+  processor.add(0, 1.0, 0.0);
+  EXPECT_DOUBLE_EQ(processor.next_end(), 1.0);
+  processor.add(1, 1.0, 0.5);  // job 0 has half its work left, now at half speed
+  EXPECT_DOUBLE_EQ(processor.rate(), 0.5);
+  EXPECT_DOUBLE_EQ(processor.next_end(), 1.5);
+  std::vector<std::int64_t> done;
+  processor.take_done(1.5, done);
+  ASSERT_EQ(done, std::vector<std::int64_t>{0});
+  // Job 1 did 0.5 beside job 0 and finishes the rest alone.
+  EXPECT_DOUBLE_EQ(processor.next_end(), 2.0);
+  processor.take_done(2.0, done);
+  EXPECT_EQ(done, (std::vector<std::int64_t>{0, 1}));
+  EXPECT_EQ(processor.running(), 0);
+  EXPECT_EQ(processor.next_end(), std::numeric_limits<double>::infinity());
+}
+
+TEST(ProcessorShare, CapacityRunsThatManyJobsAtFullSpeed) {
+  ProcessorShare processor(2.0);
+  processor.add(0, 1.0, 0.0);
+  processor.add(1, 1.0, 0.0);
+  EXPECT_DOUBLE_EQ(processor.rate(), 1.0);
+  processor.add(2, 1.0, 0.0);  // three on two: each at 2/3
+  EXPECT_DOUBLE_EQ(processor.rate(), 2.0 / 3.0);
+  std::vector<std::int64_t> done;
+  processor.take_done(processor.next_end(), done);
+  EXPECT_EQ(done.size(), 3U);  // equal jobs end together
+  EXPECT_THROW(ProcessorShare{0.0}, std::invalid_argument);
+}
+
+TEST(SimEngine, SharedProcessorWithRoomForEveryWorkerChangesNothing) {
+  const UniformCostModel costs(
+      UniformCosts{.forward_s = 1.0, .backward_s = 2.0, .communication_s = 0.25});
+  sched::ScheduleParams params;
+  params.workers = 4;
+  params.microbatches = 8;
+  const Schedule schedule = sched::compile(params);
+  const SimResult own = simulate(schedule, costs);
+  SimOptions options;
+  options.shared_processors = grouped(4, 4.0);
+  const SimResult shared = simulate(schedule, costs, options);
+  EXPECT_NEAR(shared.makespan_s, own.makespan_s, 1e-12 * own.makespan_s);
+  for (int w = 0; w < 4; ++w) {
+    EXPECT_NEAR(shared.workers[w].busy_s, own.workers[w].busy_s, 1e-9) << "worker " << w;
+  }
+}
+
+TEST(SimEngine, WorkersOnOneProcessorShareItsThroughput) {
+  const UniformCostModel costs(UniformCosts{.forward_s = 1.0, .backward_s = 2.0});
+  SimOptions options;
+  options.shared_processors = grouped(2, 1.0);
+  const SimResult r = simulate(gpipe_compute_only(4), costs, options);
+  // Capacity 1: the processor does the 24 s of work of both workers one at a time in effect,
+  // and it is never idle (one worker always has work while the other waits).
+  EXPECT_NEAR(r.makespan_s, 24.0, 1e-9);
+  // Worker 0's first forward runs alone; its second beside worker 1's first, at half speed.
+  EXPECT_DOUBLE_EQ(r.times[0][0].end_s, 1.0);
+  EXPECT_NEAR(r.times[0][1].end_s, 3.0, 1e-12);
+  EXPECT_NEAR(r.times[1][0].start_s, 1.0, 1e-12);
+  EXPECT_NEAR(r.times[1][0].end_s, 3.0, 1e-12);
+  // Busy time is the stretched time, as a run measures it.
+  EXPECT_GT(r.workers[0].busy_s, 12.0);
+  // Each worker a processor of its own (two processors): the closed form again.
+  options.shared_processors = grouped(1, 1.0);
+  EXPECT_NEAR(simulate(gpipe_compute_only(4), costs, options).makespan_s, 15.0, 1e-12);
+}
+
+TEST(SimEngine, SharedProcessorsAreChecked) {
+  const UniformCostModel costs(UniformCosts{.forward_s = 1.0, .backward_s = 2.0});
+  const auto message = [&](SharedProcessors shared) {
+    SimOptions options;
+    options.shared_processors = std::move(shared);
+    try {
+      simulate(gpipe_compute_only(2), costs, options);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(mapped({0})).find("1 workers mapped, the schedule has 2"), std::string::npos);
+  EXPECT_NE(message(mapped({0, 2})).find("worker 1 on processor 2"), std::string::npos);
+  EXPECT_NE(message(grouped(2, 0.0)).find("capacity"), std::string::npos);
+  EXPECT_NE(message(grouped(-1, 1.0)).find("-1 workers per processor"), std::string::npos);
+  // An explicit map: worker 0 and 1 on processors of their own, the closed form.
+  EXPECT_EQ(message(mapped({1, 0})), "no error");
+}
+
+TEST(SimEngine, SharedProcessorStillReportsADeadlock) {
+  Schedule s = two_stage_skeleton(1);
+  s.streams[0] = {make(OpKind::kForward, 0, 0), make(OpKind::kRecvGradient, 0, 0, 1, 1),
+                  make(OpKind::kBackward, 0, 0), make(OpKind::kSendActivation, 0, 0, 1, 0)};
+  s.streams[1] = {make(OpKind::kRecvActivation, 1, 0, 0, 0), make(OpKind::kForward, 1, 0),
+                  make(OpKind::kBackward, 1, 0), make(OpKind::kSendGradient, 1, 0, 0, 1)};
+  SimOptions options;
+  options.shared_processors = grouped(2, 1.0);
+  EXPECT_THROW(simulate(s, UniformCostModel(UniformCosts{.forward_s = 1.0}), options),
+               std::invalid_argument);
 }
 
 }  // namespace

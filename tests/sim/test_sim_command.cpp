@@ -19,6 +19,7 @@
 #include "sim/bert_costs.h"
 #include "sim/calibrate_command.h"
 #include "sim/device.h"
+#include "sim/measured_cost_model.h"
 #include "sim/sim_command.h"
 #include "tests/sim/error_message.h"
 
@@ -794,6 +795,63 @@ TEST(SimCommand, StashFlag) {
   o.tensor_parallel = 1;
   o.profile = "profile.json";
   EXPECT_NE(error_of(o).find("measured --profile"), std::string::npos) << error_of(o);
+}
+
+TEST(SimCommand, WorkersSharingAProcessor) {
+  const auto step_time = [](std::vector<std::string> extra) {
+    CompileCommandOptions compile;
+    SimCommandOptions options;
+    const fs::path report = scratch("shared_report.json");
+    std::vector<std::string> args = {"--schedule", "1f1b",   "-p",   "4",        "-m",
+                                     "8",          "--grid", "none", "--report", report.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    parse(args, compile, options);
+    std::ostringstream out;
+    EXPECT_EQ(run_sim_command(compile, options, out), 0);
+    return read_json(report)["step_time_s"].get<double>();
+  };
+  const double own = step_time({"--uniform", "1,2"});
+  // One processor with one instruction's worth for all four: at least their 96 s of work.
+  const double one = step_time({"--uniform", "1,2", "--workers-per-processor", "4"});
+  EXPECT_GE(one, 96.0 - 1e-9);
+  EXPECT_GT(one, own);
+  // Two processors of two workers, each with room for both: the own-processor figure.
+  EXPECT_NEAR(
+      step_time({"--uniform", "1,2", "--workers-per-processor", "2", "--processor-capacity", "2"}),
+      own, 1e-9);
+  // A profile that says its workers shared one processor is simulated so.
+  const fs::path profile = scratch("shared_profile.json");
+  sim::Profile measured;
+  for (int chunk = 0; chunk < 4; ++chunk) {
+    sim::ChunkProfile entry;
+    entry.chunk = chunk;
+    entry.forward_s = 1.0;
+    entry.backward_s = 2.0;
+    measured.chunks.push_back(entry);
+  }
+  measured.communication.bandwidth = 1e12;
+  measured.reduction.bandwidth = 1e12;
+  measured.shared_processor_capacity = 1.0;
+  std::ofstream(profile) << sim::profile_to_json(measured).dump();
+  EXPECT_NEAR(step_time({"--profile", profile.string()}), one, 1e-9);
+  EXPECT_NEAR(step_time({"--profile", profile.string(), "--workers-per-processor", "1"}), own,
+              1e-9);
+  // The field round-trips, and a bad one names itself.
+  EXPECT_DOUBLE_EQ(
+      sim::profile_from_json(sim::profile_to_json(measured), "x").shared_processor_capacity, 1.0);
+  auto bad = sim::profile_to_json(measured);
+  bad["shared_processor"]["capacity"] = 0.0;
+  EXPECT_NE(sim::test::error_of([&] {
+              sim::profile_from_json(bad, "bad.json");
+            }).find("shared_processor.capacity"),
+            std::string::npos);
+  SimCommandOptions o;
+  o.uniform = "1,2";
+  o.processor_capacity = 2.0;
+  EXPECT_NE(error_of(o).find("--processor-capacity sizes a shared processor"), std::string::npos);
+  o = {};
+  o.workers_per_processor = 2;
+  EXPECT_NE(error_of(o).find("need a simulation"), std::string::npos);
 }
 
 TEST(SimCommand, BadInputGivesClearErrors) {

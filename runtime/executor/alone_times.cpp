@@ -1,0 +1,56 @@
+#include "runtime/executor/alone_times.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace pf::exec {
+
+namespace {
+
+bool computes(const InstructionEvent& event) {
+  return (event.lane == Lane::kCompute || event.lane == Lane::kKfac) && event.bucket < 0;
+}
+
+}  // namespace
+
+std::vector<InstructionEvent> alone_times(std::vector<InstructionEvent> events, double capacity) {
+  if (!std::isfinite(capacity) || capacity <= 0.0) {
+    throw std::invalid_argument("alone_times: capacity " + std::to_string(capacity) +
+                                " (must be finite and > 0)");
+  }
+  // How many compute instructions run, piece by piece: a sweep over their starts and ends.
+  std::vector<std::pair<double, int>> edges;
+  for (const auto& event : events) {
+    if (!computes(event) || !(event.end_s > event.start_s)) continue;
+    edges.emplace_back(event.start_s, +1);
+    edges.emplace_back(event.end_s, -1);
+  }
+  std::sort(edges.begin(), edges.end());
+  std::vector<double> boundary;  // piece i is [boundary[i], boundary[i + 1])
+  std::vector<double> rate;      // each instruction's speed in piece i
+  int running = 0;
+  for (std::size_t i = 0; i < edges.size();) {
+    const double time = edges[i].first;
+    for (; i < edges.size() && edges[i].first == time; ++i) running += edges[i].second;
+    boundary.push_back(time);
+    rate.push_back(running <= capacity ? 1.0 : capacity / running);
+  }
+  for (auto& event : events) {
+    if (!computes(event) || !(event.end_s > event.start_s)) continue;
+    const auto first = std::upper_bound(boundary.begin(), boundary.end(), event.start_s) - 1;
+    double work = 0.0;
+    for (auto piece = first; piece + 1 < boundary.end() && *piece < event.end_s; ++piece) {
+      const double from = std::max(*piece, event.start_s);
+      const double to = std::min(*(piece + 1), event.end_s);
+      if (to > from) work += (to - from) * rate[static_cast<std::size_t>(piece - boundary.begin())];
+    }
+    event.busy_s *= work / (event.end_s - event.start_s);
+  }
+  return events;
+}
+
+}  // namespace pf::exec
