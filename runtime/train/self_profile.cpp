@@ -37,58 +37,33 @@ double median_seconds(int repeats, F&& body) {
   return times[times.size() / 2];
 }
 
-// K-FAC kernel times for a Linear of d_in -> d_out on `tokens` rows, on `threads` threads at once
-// (each with its own state and data, `threads_per_worker` OpenMP threads each): every kernel
-// call starts on all of them together. One thread gives the times alone, the profile's; as many
-// as the run has workers, how much the workers slow each other down when they compute at once
-// (shared_capacity). The median over all threads' calls (three each).
-sim::KfacProfile time_kfac(std::int64_t d_in, std::int64_t d_out, std::int64_t tokens,
-                           float damping, int threads, int threads_per_worker) {
+enum Kernel { kCurvatureA, kCurvatureB, kInvertA, kInvertB, kPrecondition, kKernels };
+
+// Runs run(thread, timed) on `threads` threads (the caller's is thread 0), where timed(kernel,
+// body) times body() three times, every call started on all threads together (a barrier), and
+// gives the medians over all threads' calls. One thread gives times alone, the profile's; as many
+// as the run has workers, how much they slow each other down when they compute at once
+// (shared_capacity). A thread that throws (a factorization that fails) leaves the barrier, so
+// that the others finish rather than wait for it; its error is rethrown here.
+template <typename Run>
+sim::KfacProfile time_together(int threads, std::int64_t d_in, std::int64_t d_out, Run&& run) {
   constexpr int kRepeats = 3;
-  enum Kernel { kCurvatureA, kCurvatureB, kInvertA, kInvertB, kPrecondition, kKernels };
   std::vector<std::array<std::vector<double>, kKernels>> seconds(static_cast<std::size_t>(threads));
   std::barrier start_together(threads);
-  const auto run = [&](int thread) {
-    omp_set_num_threads(std::max(1, threads_per_worker));
-    std::mt19937 rng(5 + static_cast<unsigned>(thread));
-    std::normal_distribution<float> normal(0.0F, 1.0F);
-    auto random = [&](std::int64_t count) {
-      std::vector<float> values(static_cast<std::size_t>(count));
-      for (auto& v : values) v = normal(rng);
-      return values;
-    };
-    const auto a = random(tokens * d_in), g = random(tokens * d_out);
-    auto grad = random(d_out * d_in);
-    auto bias = random(d_out);
-    kfac::KfacLayerState layer(d_in, d_out);
-    auto& mine = seconds[static_cast<std::size_t>(thread)];
-    const auto timed = [&](Kernel kernel, auto&& body) {
-      for (int repeat = 0; repeat < kRepeats; ++repeat) {
-        start_together.arrive_and_wait();
-        const auto start = std::chrono::steady_clock::now();
-        body();
-        mine[kernel].push_back(
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-      }
-    };
-    timed(kCurvatureA, [&] { kfac::accumulate_a(layer, a.data(), tokens); });
-    timed(kCurvatureB, [&] { kfac::accumulate_b(layer, g.data(), tokens, 1.0F); });
-    kfac::finalize_a(layer);
-    kfac::finalize_b(layer);
-    const auto d = kfac::layer_damping(layer, damping);
-    timed(kInvertA, [&] { kfac::invert_a(layer, d.a); });
-    timed(kInvertB, [&] { kfac::invert_b(layer, d.b); });
-    timed(kPrecondition, [&] {
-      kfac::precondition(layer.a.inverse, layer.b.inverse, grad.data(), bias.data(), d_out, d_in,
-                         grad.data(), bias.data());
-    });
-  };
-  // A thread that throws (a factorization that fails) leaves the barrier, so that the others
-  // finish rather than wait for it; its error is rethrown here.
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
   const auto guarded = [&](int thread) {
     try {
-      run(thread);
+      auto& mine = seconds[static_cast<std::size_t>(thread)];
+      const auto timed = [&](Kernel kernel, auto&& body) {
+        for (int repeat = 0; repeat < kRepeats; ++repeat) {
+          start_together.arrive_and_wait();
+          const auto start = std::chrono::steady_clock::now();
+          body();
+          mine[kernel].push_back(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        }
+      };
+      run(thread, timed);
     } catch (...) {
       errors[static_cast<std::size_t>(thread)] = std::current_exception();
       start_together.arrive_and_drop();
@@ -120,6 +95,37 @@ sim::KfacProfile time_kfac(std::int64_t d_in, std::int64_t d_out, std::int64_t t
   return profile;
 }
 
+// K-FAC kernel times for a Linear of d_in -> d_out on `tokens` rows, on `threads` threads at once
+// (each with its own state and data, `threads_per_worker` OpenMP threads each).
+sim::KfacProfile time_kfac(std::int64_t d_in, std::int64_t d_out, std::int64_t tokens,
+                           float damping, int threads, int threads_per_worker) {
+  return time_together(threads, d_in, d_out, [&](int thread, auto&& timed) {
+    omp_set_num_threads(std::max(1, threads_per_worker));
+    std::mt19937 rng(5 + static_cast<unsigned>(thread));
+    std::normal_distribution<float> normal(0.0F, 1.0F);
+    auto random = [&](std::int64_t count) {
+      std::vector<float> values(static_cast<std::size_t>(count));
+      for (auto& v : values) v = normal(rng);
+      return values;
+    };
+    const auto a = random(tokens * d_in), g = random(tokens * d_out);
+    auto grad = random(d_out * d_in);
+    auto bias = random(d_out);
+    kfac::KfacLayerState layer(d_in, d_out);
+    timed(kCurvatureA, [&] { kfac::accumulate_a(layer, a.data(), tokens); });
+    timed(kCurvatureB, [&] { kfac::accumulate_b(layer, g.data(), tokens, 1.0F); });
+    kfac::finalize_a(layer);
+    kfac::finalize_b(layer);
+    const auto d = kfac::layer_damping(layer, damping);
+    timed(kInvertA, [&] { kfac::invert_a(layer, d.a); });
+    timed(kInvertB, [&] { kfac::invert_b(layer, d.b); });
+    timed(kPrecondition, [&] {
+      kfac::precondition(layer.a.inverse, layer.b.inverse, grad.data(), bias.data(), d_out, d_in,
+                         grad.data(), bias.data());
+    });
+  });
+}
+
 // How many kernels the machine runs at full speed at once: `threads` times the median, over the
 // kernels, of (time alone / time beside threads - 1 others). Between 1 (the others take as much
 // as they get: one core's worth) and `threads` (no slowdown: a core each).
@@ -142,50 +148,53 @@ double shared_capacity(const std::vector<sim::KfacProfile>& alone,
   return std::clamp(threads * median, 1.0, static_cast<double>(threads));
 }
 
-// The same kernels on a device, through its K-FAC layer on a stream of its own.
+// The same kernels on a device, through its K-FAC layer, on `threads` threads at once, each with
+// a stream of its own (host time around each call and a wait for its stream): the workers of a
+// run on one device share it as these threads do.
 sim::KfacProfile time_kfac_on_device(device::DeviceRuntime& device, std::int64_t d_in,
-                                     std::int64_t d_out, std::int64_t tokens, float damping) {
-  std::mt19937 rng(5);
-  std::normal_distribution<float> normal(0.0F, 1.0F);
-  auto& backend = device.backend();
-  const auto stream = backend.create_stream();
-  std::vector<tensor::Tensor> keep;
-  auto upload = [&](std::int64_t count) {
-    std::vector<float> values(static_cast<std::size_t>(count));
-    for (auto& v : values) v = normal(rng);
-    auto tensor = tensor::Tensor::empty(backend, {count}, tensor::DType::kF32);
-    backend.copy(tensor.raw_data(), values.data(), tensor.nbytes(), tensor::CopyKind::kHostToDevice,
-                 stream.get());
-    stream->synchronize();  // `values` goes out of scope
-    keep.push_back(tensor);
-    return tensor.data<float>();
-  };
-  const float* a = upload(tokens * d_in);
-  const float* g = upload(tokens * d_out);
-  float* grad = upload(d_out * d_in);
-  float* bias = upload(d_out);
-  const auto layer = device.make_kfac_layer(stream.get(), d_in, d_out, "self-profile");
-  auto timed = [&](auto&& body) {
-    return median_seconds(3, [&] {
-      body();
-      stream->synchronize();
-    });
-  };
-  sim::KfacProfile profile;
-  profile.curvature_a_s = timed([&] {
-    layer->accumulate(true, {a, tokens, d_in}, 1.0F, 0, kfac::kPieceUnits);
+                                     std::int64_t d_out, std::int64_t tokens, float damping,
+                                     int threads) {
+  return time_together(threads, d_in, d_out, [&](int thread, auto&& timed) {
+    device.bind_thread();
+    std::mt19937 rng(5 + static_cast<unsigned>(thread));
+    std::normal_distribution<float> normal(0.0F, 1.0F);
+    auto& backend = device.backend();
+    const auto stream = backend.create_stream();
+    std::vector<tensor::Tensor> keep;
+    auto upload = [&](std::int64_t count) {
+      std::vector<float> values(static_cast<std::size_t>(count));
+      for (auto& v : values) v = normal(rng);
+      auto tensor = tensor::Tensor::empty(backend, {count}, tensor::DType::kF32);
+      backend.copy(tensor.raw_data(), values.data(), tensor.nbytes(),
+                   tensor::CopyKind::kHostToDevice, stream.get());
+      stream->synchronize();  // `values` goes out of scope
+      keep.push_back(tensor);
+      return tensor.data<float>();
+    };
+    const float* a = upload(tokens * d_in);
+    const float* g = upload(tokens * d_out);
+    float* grad = upload(d_out * d_in);
+    float* bias = upload(d_out);
+    const auto layer = device.make_kfac_layer(stream.get(), d_in, d_out, "self-profile");
+    const auto waited = [&stream](auto body) {
+      return [&stream, body] {
+        body();
+        stream->synchronize();
+      };
+    };
+    timed(kCurvatureA, waited([&] {
+            layer->accumulate(true, {a, tokens, d_in}, 1.0F, 0, kfac::kPieceUnits);
+          }));
+    timed(kCurvatureB, waited([&] {
+            layer->accumulate(false, {g, tokens, d_out}, 1.0F, 0, kfac::kPieceUnits);
+          }));
+    layer->finalize(true, 0.0F);
+    layer->finalize(false, 0.0F);
+    const auto d = layer->damping(damping, true);
+    timed(kInvertA, waited([&] { layer->invert(true, d.a, kfac::InverseMethod::kCholesky); }));
+    timed(kInvertB, waited([&] { layer->invert(false, d.b, kfac::InverseMethod::kCholesky); }));
+    timed(kPrecondition, waited([&] { layer->precondition(false, false, grad, bias); }));
   });
-  profile.curvature_b_s = timed([&] {
-    layer->accumulate(false, {g, tokens, d_out}, 1.0F, 0, kfac::kPieceUnits);
-  });
-  layer->finalize(true, 0.0F);
-  layer->finalize(false, 0.0F);
-  const auto d = layer->damping(damping, true);
-  profile.invert_a_s = timed([&] { layer->invert(true, d.a, kfac::InverseMethod::kCholesky); });
-  profile.invert_b_s = timed([&] { layer->invert(false, d.b, kfac::InverseMethod::kCholesky); });
-  profile.precondition_s = timed([&] { layer->precondition(false, false, grad, bias); });
-  profile.bytes = static_cast<double>(2 * (d_in * d_in + d_out * d_out) * sizeof(float));
-  return profile;
 }
 
 }  // namespace
@@ -215,21 +224,20 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
   const std::int64_t H = config.hidden_size, I = config.intermediate_size;
   const std::int64_t tokens = shape.micro_batch_size * shape.seq_len;
   const auto time = [&](std::int64_t d_in, std::int64_t d_out, int threads) {
-    return device ? time_kfac_on_device(*device, d_in, d_out, tokens, options.kfac.damping)
+    return device ? time_kfac_on_device(*device, d_in, d_out, tokens, options.kfac.damping, threads)
                   : time_kfac(d_in, d_out, tokens, options.kfac.damping, threads,
                               options.threads_per_worker);
   };
   const auto square = time(H, H, 1);
   const auto ffn_in = time(H, I, 1);
   const auto ffn_out = time(I, H, 1);
-  // The workers are threads on this machine's cores: on the CPU, how much throughput they have
-  // together, from the same kernels on one thread per worker at once. The simulator then shares
-  // it among the compute running at once (docs/simulator.md "Shared processors"), and the
-  // schedule's durations, measured with the workers beside each other, become times alone.
-  // On a device its streams' marks time the schedule; a device shared by the workers is not
-  // modelled yet (the trainer's note says so).
+  // The workers are threads sharing this machine's cores, or with a device its streams: how much
+  // throughput they have together, from the same kernels on one thread per worker at once. The
+  // simulator then shares it among the compute running at once (docs/simulator.md "Shared
+  // processors"), and the schedule's durations, measured with the workers beside each other,
+  // become times alone. (On a device, not yet checked against a GPU run: docs/cuda.md.)
   double capacity = 0.0;
-  if (!device && concurrent > 1) {
+  if (concurrent > 1) {
     capacity = shared_capacity(
         {square, ffn_in, ffn_out},
         {time(H, H, concurrent), time(H, I, concurrent), time(I, H, concurrent)}, concurrent);

@@ -641,8 +641,11 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
       if (!o.quiet) out << "PipeFisher pass profile: " << o.kfac_profile_out << "\n";
     }
     const sim::MeasuredCostModel measured(profile, source);
-    // Worker threads share this machine's cores: the pass simulates them sharing one processor
-    // of the capacity the self-profile measured (none in a profile without one).
+    // Worker threads share this machine's cores (or, with a device, the one GPU): the pass
+    // simulates them sharing one processor of the capacity the self-profile measured (none in a
+    // profile without one). Not under mpirun with a device: every rank has a GPU of its own (the
+    // profile's times are times alone all the same).
+    if (context.device && launch.multi_process()) profile.shared_processor_capacity = 0.0;
     sim::SimOptions simulation;
     simulation.shared_processors = sim::shared_processors_of(profile);
     auto pass = pipefisher::run_pipefisher(context.schedule, measured,
@@ -698,12 +701,16 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     }
     summary << offload_summary;
     if (context.device && !launch.multi_process() && context.schedule.num_workers() > 1) {
-      // The pass gives each worker a device of its own; here they share one, so a worker's
-      // bubble is another's compute (an H200, BERT-Large 1F1B p = 4: predicted +3.1%, measured
-      // +76%; docs/cuda.md).
+      // The workers share one device, so a worker's bubble is another's compute (an H200,
+      // BERT-Large 1F1B p = 4, a GPU per worker in the model: predicted +3.1%, measured +76%;
+      // docs/cuda.md). The shared processor models that, with the capacity the self-profile
+      // measured on the device; not yet checked against a GPU run.
       summary << "note: the " << context.schedule.num_workers()
               << " workers share one GPU, so K-FAC work in one worker's bubbles competes with the "
-                 "others' compute; the predicted step time assumes a GPU per worker\n";
+                 "others' compute; "
+              << (profile.shared_processor_capacity > 0.0
+                      ? "the prediction shares the GPU as the self-profile measured it\n"
+                      : "the predicted step time assumes a GPU per worker\n");
     }
     context.kfac_summary = summary.str();
     context.schedule = pass.schedule;

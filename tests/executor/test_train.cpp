@@ -736,6 +736,9 @@ TEST_F(TrainTest, SelfProfileRunsOnTheDevicePath) {
     EXPECT_GT(entry.invert_b_s, 0.0);
     EXPECT_GT(entry.precondition_s, 0.0);
   }
+  // Both workers on the one device: its capacity, timed on one stream per worker at once.
+  EXPECT_GE(device.shared_processor_capacity, 1.0);
+  EXPECT_LE(device.shared_processor_capacity, 2.0);
 }
 
 // The self-profile steps the run's optimizer (its step is part of the step time the pass plans
