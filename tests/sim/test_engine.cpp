@@ -123,16 +123,20 @@ TEST(SimEngine, ReceiveWithoutSendIsRejected) {
   EXPECT_THROW(simulate(s, costs), std::invalid_argument);
 }
 
-TEST(SimEngine, CrossedReceivesDeadlockWithAClearError) {
+// Both workers receive before they send: nothing can ever start.
+Schedule crossed_receives() {
   Schedule s = two_stage_skeleton(1);
-  // Both workers receive before they send: nothing can ever start.
   s.streams[0] = {make(OpKind::kForward, 0, 0), make(OpKind::kRecvGradient, 0, 0, 1, 1),
                   make(OpKind::kBackward, 0, 0), make(OpKind::kSendActivation, 0, 0, 1, 0)};
   s.streams[1] = {make(OpKind::kRecvActivation, 1, 0, 0, 0), make(OpKind::kForward, 1, 0),
                   make(OpKind::kBackward, 1, 0), make(OpKind::kSendGradient, 1, 0, 0, 1)};
+  return s;
+}
+
+TEST(SimEngine, CrossedReceivesDeadlockWithAClearError) {
   const UniformCostModel costs(UniformCosts{});
   try {
-    simulate(s, costs);
+    simulate(crossed_receives(), costs);
     FAIL() << "expected a deadlock";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("deadlock"), std::string::npos) << e.what();
@@ -275,15 +279,11 @@ TEST(SimEngine, SharedProcessorsAreChecked) {
 }
 
 TEST(SimEngine, SharedProcessorStillReportsADeadlock) {
-  Schedule s = two_stage_skeleton(1);
-  s.streams[0] = {make(OpKind::kForward, 0, 0), make(OpKind::kRecvGradient, 0, 0, 1, 1),
-                  make(OpKind::kBackward, 0, 0), make(OpKind::kSendActivation, 0, 0, 1, 0)};
-  s.streams[1] = {make(OpKind::kRecvActivation, 1, 0, 0, 0), make(OpKind::kForward, 1, 0),
-                  make(OpKind::kBackward, 1, 0), make(OpKind::kSendGradient, 1, 0, 0, 1)};
   SimOptions options;
   options.shared_processors = grouped(2, 1.0);
-  EXPECT_THROW(simulate(s, UniformCostModel(UniformCosts{.forward_s = 1.0}), options),
-               std::invalid_argument);
+  EXPECT_THROW(
+      simulate(crossed_receives(), UniformCostModel(UniformCosts{.forward_s = 1.0}), options),
+      std::invalid_argument);
 }
 
 }  // namespace
