@@ -138,37 +138,7 @@ class Engine {
  private:
   // The processor of every worker (processor_of_), or none when every worker has its own.
   void resolve_shared_processors() {
-    const auto& shared = options_.shared_processors;
-    processor_of_.clear();
-    if (!shared.enabled()) return;
-    const int workers = schedule_.num_workers();
-    if (!std::isfinite(shared.capacity) || shared.capacity <= 0.0) {
-      throw std::invalid_argument("shared processors: capacity " + std::to_string(shared.capacity) +
-                                  " (must be finite and > 0)");
-    }
-    if (shared.workers_per_processor > 0) {
-      for (int w = 0; w < workers; ++w) processor_of_.push_back(w / shared.workers_per_processor);
-      return;
-    }
-    if (shared.workers_per_processor < 0) {
-      throw std::invalid_argument(
-          "shared processors: " + std::to_string(shared.workers_per_processor) +
-          " workers per processor (must be >= 0)");
-    }
-    if (static_cast<int>(shared.processor_of_worker.size()) != workers) {
-      throw std::invalid_argument(
-          "shared processors: " + std::to_string(shared.processor_of_worker.size()) +
-          " workers mapped, the schedule has " + std::to_string(workers));
-    }
-    for (int w = 0; w < workers; ++w) {
-      const int p = shared.processor_of_worker[static_cast<std::size_t>(w)];
-      if (p < 0 || p >= workers) {
-        throw std::invalid_argument("shared processors: worker " + std::to_string(w) +
-                                    " on processor " + std::to_string(p) + " (allowed: 0.." +
-                                    std::to_string(workers - 1) + ")");
-      }
-      processor_of_.push_back(p);
-    }
+    processor_of_ = resolve_processors(options_.shared_processors, schedule_.num_workers());
   }
 
   // ---- flattening --------------------------------------------------------------------------
@@ -1213,6 +1183,39 @@ class Engine {
 };
 
 }  // namespace
+
+std::vector<int> resolve_processors(const SharedProcessors& shared, int workers) {
+  std::vector<int> processor_of;
+  if (!shared.enabled()) return processor_of;
+  if (!std::isfinite(shared.capacity) || shared.capacity <= 0.0) {
+    throw std::invalid_argument("shared processors: capacity " + std::to_string(shared.capacity) +
+                                " (must be finite and > 0)");
+  }
+  if (shared.workers_per_processor > 0) {
+    for (int w = 0; w < workers; ++w) processor_of.push_back(w / shared.workers_per_processor);
+    return processor_of;
+  }
+  if (shared.workers_per_processor < 0) {
+    throw std::invalid_argument(
+        "shared processors: " + std::to_string(shared.workers_per_processor) +
+        " workers per processor (must be >= 0)");
+  }
+  if (static_cast<int>(shared.processor_of_worker.size()) != workers) {
+    throw std::invalid_argument(
+        "shared processors: " + std::to_string(shared.processor_of_worker.size()) +
+        " workers mapped, the schedule has " + std::to_string(workers));
+  }
+  for (int w = 0; w < workers; ++w) {
+    const int p = shared.processor_of_worker[static_cast<std::size_t>(w)];
+    if (p < 0 || p >= workers) {
+      throw std::invalid_argument("shared processors: worker " + std::to_string(w) +
+                                  " on processor " + std::to_string(p) + " (allowed: 0.." +
+                                  std::to_string(workers - 1) + ")");
+    }
+    processor_of.push_back(p);
+  }
+  return processor_of;
+}
 
 SimResult simulate(const sched::Schedule& schedule, const CostModel& costs,
                    const SimOptions& options) {

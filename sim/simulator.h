@@ -44,6 +44,11 @@ struct SharedProcessors {
   bool enabled() const { return workers_per_processor != 0 || !processor_of_worker.empty(); }
 };
 
+// Every worker's processor (0 .. workers - 1) under `shared`; empty when it is off. Throws
+// std::invalid_argument naming what is wrong (a map of another length, a processor out of range,
+// a capacity that is not finite and > 0, a negative group).
+std::vector<int> resolve_processors(const SharedProcessors& shared, int workers);
+
 struct SimOptions {
   bool overlap_communication = true;  // false: sends and receives occupy the compute lane
   bool track_memory = true;           // false: skip the memory counters (faster in loops)

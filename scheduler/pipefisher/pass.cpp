@@ -94,8 +94,8 @@ PassResult run_on(const sched::Schedule& base, const sched::Schedule& reference,
   // Two steps of the base schedule give the timeline, and they are the "before" of a refresh of
   // two steps (simulated once: at p = 64, m = 1024 a simulation is ~10% of the pass).
   const sim::SimResult two_steps = sim::simulate(repeat_steps(base, 2), costs, sim_options);
-  const Timeline timeline =
-      timeline_from_two_steps(base, two_steps, sim_options.overlap_communication);
+  const Timeline timeline = timeline_from_two_steps(
+      base, two_steps, sim_options.overlap_communication, sim_options.shared_processors);
   const BubbleMap steady = find_bubbles(base, timeline, 3);  // step 1 is a whole steady step
   const LongestBubbles longest = longest_steady_bubbles(steady);
   const TaskOverheads overheads(costs);

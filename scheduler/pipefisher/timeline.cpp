@@ -4,6 +4,8 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace pf::pipefisher {
 
@@ -54,13 +56,15 @@ Timeline measure_timeline(const sched::Schedule& base, const sim::CostModel& cos
   sim::SimOptions quiet = options;
   quiet.track_memory = false;
   return timeline_from_two_steps(base, sim::simulate(repeat_steps(base, 2), costs, quiet),
-                                 options.overlap_communication);
+                                 options.overlap_communication, options.shared_processors);
 }
 
 Timeline timeline_from_two_steps(const sched::Schedule& base, const sim::SimResult& two,
-                                 bool overlap_communication) {
+                                 bool overlap_communication, const sim::SharedProcessors& shared) {
   Timeline timeline;
   timeline.overlap_communication = overlap_communication;
+  timeline.processor_of = sim::resolve_processors(shared, base.num_workers());
+  timeline.processor_capacity = shared.capacity;
   for (std::size_t w = 0; w < base.streams.size(); ++w) {
     const std::size_t n = base.streams[w].size();
     const auto& times = two.times[w];
@@ -80,6 +84,82 @@ bool occupies_compute_lane(OpKind kind, bool overlap_communication) {
   return !sched::is_point_to_point(kind) && !sched::is_reduction(kind);
 }
 
+namespace {
+
+// The compute of every worker on each shared processor over `steps` steps, for the room a
+// bubble leaves beside it.
+class ProcessorRoom {
+ public:
+  ProcessorRoom(const sched::Schedule& base, const Timeline& timeline, int steps)
+      : timeline_(timeline) {
+    if (timeline.processor_of.empty()) return;
+    spans_.resize(timeline.processor_of.size());
+    for (int w = 0; w < base.num_workers(); ++w) {
+      const auto& stream = base.streams[static_cast<std::size_t>(w)];
+      auto& spans = spans_[static_cast<std::size_t>(processor(w))];
+      for (int step = 0; step < steps; ++step) {
+        for (int x = 0; x < static_cast<int>(stream.size()); ++x) {
+          if (!occupies_compute_lane(stream[static_cast<std::size_t>(x)].kind, true)) continue;
+          const sim::Timing t = timeline.at(BaseRef{w, x, step});
+          if (t.end_s > t.start_s) spans.push_back(Span{t.start_s, t.end_s, w});
+        }
+      }
+    }
+    for (auto& spans : spans_) {
+      std::sort(spans.begin(), spans.end(),
+                [](const Span& a, const Span& b) { return a.start < b.start; });
+      double longest = 0.0;
+      for (const Span& span : spans) longest = std::max(longest, span.end - span.start);
+      longest_.push_back(longest);
+    }
+  }
+
+  bool shared() const { return !spans_.empty(); }
+
+  // Seconds of [from, to) that `worker` may compute in at full speed beside the others.
+  double room(int worker, double from, double to) const {
+    const auto p = static_cast<std::size_t>(processor(worker));
+    const auto& spans = spans_[p];
+    std::vector<std::pair<double, int>> edges;
+    // Spans that start before `to`, back to the longest span's length before `from`.
+    auto it = std::lower_bound(spans.begin(), spans.end(), to,
+                               [](const Span& span, double time) { return span.start < time; });
+    while (it != spans.begin()) {
+      --it;
+      if (it->start + longest_[p] <= from) break;
+      if (it->worker == worker || it->end <= from) continue;
+      edges.emplace_back(std::max(from, it->start), +1);
+      edges.emplace_back(std::min(to, it->end), -1);
+    }
+    std::sort(edges.begin(), edges.end());
+    const double capacity = timeline_.processor_capacity;
+    const auto free_at = [capacity](int others) { return std::clamp(capacity - others, 0.0, 1.0); };
+    double room = 0.0, time = from;
+    int others = 0;
+    for (const auto& [at, change] : edges) {
+      room += (at - time) * free_at(others);
+      time = at;
+      others += change;
+    }
+    return room + (to - time) * free_at(others);
+  }
+
+ private:
+  struct Span {
+    double start, end;
+    int worker;
+  };
+  int processor(int worker) const {
+    return timeline_.processor_of[static_cast<std::size_t>(worker)];
+  }
+
+  const Timeline& timeline_;
+  std::vector<std::vector<Span>> spans_;  // per processor, by start
+  std::vector<double> longest_;           // per processor
+};
+
+}  // namespace
+
 BubbleMap find_bubbles(const sched::Schedule& base, const Timeline& timeline, int steps) {
   if (steps < 1) {
     throw std::invalid_argument("find_bubbles: steps must be >= 1, got " + std::to_string(steps));
@@ -96,6 +176,7 @@ BubbleMap find_bubbles(const sched::Schedule& base, const Timeline& timeline, in
   map.capacity_s.assign(static_cast<std::size_t>(workers),
                         std::vector<double>(static_cast<std::size_t>(steps), 0.0));
 
+  const ProcessorRoom processors(base, timeline, steps);
   for (int w = 0; w < workers; ++w) {
     const auto& stream = base.streams[static_cast<std::size_t>(w)];
     const int n = static_cast<int>(stream.size());
@@ -134,11 +215,14 @@ BubbleMap find_bubbles(const sched::Schedule& base, const Timeline& timeline, in
       while (end > from) {
         const bool lanes_busy = transfer_end > from;
         const double to = lanes_busy ? std::min(end, transfer_end) : end;
-        bubbles.push_back(Bubble{previous_step, from, to, static_cast<int>(slots.size()), true,
-                                 reductions_end, !lanes_busy});
-        slots.push_back(slot);
-        map.capacity_s[static_cast<std::size_t>(w)][static_cast<std::size_t>(previous_step)] +=
-            to - from;
+        const double room = processors.shared() ? processors.room(w, from, to) : to - from;
+        if (room > 0.0) {
+          bubbles.push_back(Bubble{previous_step, from, from + room, static_cast<int>(slots.size()),
+                                   true, reductions_end, !lanes_busy});
+          slots.push_back(slot);
+          map.capacity_s[static_cast<std::size_t>(w)][static_cast<std::size_t>(previous_step)] +=
+              room;
+        }
         from = to;
       }
       other_busy = 0.0;

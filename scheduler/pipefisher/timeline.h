@@ -24,6 +24,10 @@ struct Timeline {
   double first_step_end_s = 0.0;                 // makespan of step 0 alone
   double period_s = 0.0;                         // start-to-start distance of later steps
   bool overlap_communication = true;
+  // Workers sharing a processor (sim::SharedProcessors, resolved): a worker's idle time is worth
+  // only the processor's room beside the others' compute. Empty: a processor per worker.
+  std::vector<int> processor_of;
+  double processor_capacity = 1.0;
 
   sim::Timing at(const BaseRef& ref) const;
   double end_of_steps(int steps) const { return first_step_end_s + (steps - 1) * period_s; }
@@ -33,7 +37,8 @@ Timeline measure_timeline(const sched::Schedule& base, const sim::CostModel& cos
                           const sim::SimOptions& options = {});
 // The same from a simulation of repeat_steps(base, 2) the caller ran (and may reuse).
 Timeline timeline_from_two_steps(const sched::Schedule& base, const sim::SimResult& two,
-                                 bool overlap_communication);
+                                 bool overlap_communication,
+                                 const sim::SharedProcessors& shared = {});
 
 // Whether an instruction of this kind occupies the compute lane.
 bool occupies_compute_lane(sched::OpKind kind, bool overlap_communication);
@@ -59,6 +64,11 @@ struct BubbleMap {
 // transfer runs). A bubble's work is inserted before the receives that feed the next
 // forward/backward, before the collective that ends the bubble, or before the optimizer step
 // inside it (delaying that step within the bubble, and keeping preconditioning ahead of it).
+// With shared processors (Timeline::processor_of) a bubble holds only the processor's room in it:
+// its length is the integral of clamp(capacity - others computing, 0, 1) over its span, where
+// "others" are the other workers on its processor (it keeps its start; a bubble with no room is
+// dropped). K-FAC work in a worker's idle time that the other workers' compute fills would take
+// their processor, not idle time (docs/simulator.md, "Shared processors").
 BubbleMap find_bubbles(const sched::Schedule& base, const Timeline& timeline, int steps);
 
 }  // namespace pf::pipefisher

@@ -348,3 +348,60 @@ TEST(PipeFisherPass, EveryStepCurvatureWarnsWhenNoIntervalFits) {
 
 }  // namespace
 }  // namespace pf::pipefisher
+
+// ---- workers sharing a processor --------------------------------------------------------------
+
+namespace pf::pipefisher {
+namespace {
+
+sim::SimOptions sharing(int workers_per_processor, double capacity) {
+  sim::SimOptions options;
+  options.shared_processors.workers_per_processor = workers_per_processor;
+  options.shared_processors.capacity = capacity;
+  return options;
+}
+
+double total_bubble_s(const BubbleMap& map) {
+  double total = 0.0;
+  for (const auto& worker : map.capacity_s) {
+    for (const double step : worker) total += step;
+  }
+  return total;
+}
+
+TEST(PipeFisherSharedProcessors, BubblesHoldOnlyTheProcessorsRoom) {
+  const auto base = compiled(ScheduleKind::kOneFOneB, 4, 8);
+  const sim::UniformCostModel costs(kfac_costs());
+  const BubbleMap own = find_bubbles(base, measure_timeline(base, costs), 3);
+  // Room for every worker: the same bubbles.
+  const BubbleMap roomy = find_bubbles(base, measure_timeline(base, costs, sharing(4, 4.0)), 3);
+  EXPECT_NEAR(total_bubble_s(roomy), total_bubble_s(own), 1e-9);
+  // Two of four at full speed: less room, and never a bubble longer than its idle span.
+  const Timeline half_timeline = measure_timeline(base, costs, sharing(4, 2.0));
+  const BubbleMap half = find_bubbles(base, half_timeline, 3);
+  EXPECT_LT(total_bubble_s(half), total_bubble_s(own));
+  EXPECT_GT(total_bubble_s(half), 0.0);
+  // One processor's worth for four workers of a 1F1B pipeline: one of them always computes,
+  // so no worker's idle time is the processor's.
+  const BubbleMap none = find_bubbles(base, measure_timeline(base, costs, sharing(4, 1.0)), 3);
+  EXPECT_NEAR(total_bubble_s(none), 0.0, 1e-9);
+}
+
+TEST(PipeFisherSharedProcessors, ThePassPlansWithTheRoomAndStaysValid) {
+  const auto base = compiled(ScheduleKind::kOneFOneB, 4, 8);
+  const sim::UniformCostModel costs(kfac_costs(4.0));
+  const PassResult own = run_pipefisher(base, costs);
+  const PassResult roomy = run_pipefisher(base, costs, {}, sharing(4, 4.0));
+  EXPECT_EQ(roomy.report.refresh_steps, own.report.refresh_steps);
+  EXPECT_NEAR(roomy.report.step_time_after_s, own.report.step_time_after_s,
+              1e-9 * own.report.step_time_after_s);
+  const PassResult half = run_pipefisher(base, costs, {}, sharing(4, 2.0));
+  EXPECT_GE(half.report.refresh_steps, own.report.refresh_steps);
+  EXPECT_NO_THROW(sched::validate(half.schedule));
+  // The same K-FAC work on the shared processor costs more step time than on processors of
+  // their own.
+  EXPECT_GT(half.report.step_time_after_s, own.report.step_time_after_s);
+}
+
+}  // namespace
+}  // namespace pf::pipefisher
