@@ -1002,13 +1002,20 @@ class Engine {
     // new inverses, its bytes); from an inverse prefetch's start to the end of its
     // preconditioning's last piece, its bytes.
     // A Linear offloaded factors only (sched::is_factors_only; offloaded_ 2) keeps its inverses
-    // on the device: they count from its first inversion's start on, as a kept Linear's state
-    // (the factors' bytes, the same size: its factor prefetch's, or where that is 0, a replica
-    // holding the inverses alone, its K-FAC state), its factors only inside their windows.
+    // on the device: where the worker inverts it, they count from its first K-FAC instruction's
+    // start on, as a kept Linear's state does (in the steady state the previous refresh's
+    // inverses are there when the window starts: its first preconditionings read them), at the
+    // factors' bytes (the same size: its factor prefetch's, or where that is 0, a replica
+    // holding the inverses alone, its K-FAC state); its factors only inside their windows.
     offloaded_.assign(keys_.layers * sched::kNumLinearKinds, 0);
     std::vector<double> factor_bytes(offloaded_.size(), 0.0);
+    std::vector<std::uint8_t> inverts(offloaded_.size(), 0);
     for (std::int64_t g = offset_[w]; g < offset_[w + 1]; ++g) {
       const Instruction& in = *instr_[g];
+      if ((in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) && in.layer >= 0) {
+        inverts[static_cast<std::size_t>(in.layer) * sched::kNumLinearKinds +
+                static_cast<std::size_t>(in.linear)] = 1;
+      }
       if (sched::is_kfac_transfer(in.kind) && in.layer >= 0) {
         const std::int64_t slot =
             std::int64_t{in.layer} * sched::kNumLinearKinds + static_cast<int>(in.linear);
@@ -1045,6 +1052,16 @@ class Engine {
               ? std::int64_t{in.layer} * sched::kNumLinearKinds + static_cast<int>(in.linear)
               : -1;
       if (linear_slot >= 0 && is_kfac_kind(in.kind) && offloaded_[linear_slot]) {
+        if (offloaded_[linear_slot] == 2 && inverts[linear_slot] && !kfac_seen_[linear_slot]) {
+          kfac_seen_[linear_slot] = 1;  // the inverses, from now on
+          double bytes = factor_bytes[linear_slot];
+          if (bytes <= 0.0) {
+            bytes = options_.kfac_state_bytes ? options_.kfac_state_bytes(w, in.layer, in.linear)
+                                              : costs_.kfac_bytes(schedule_, in.layer, in.linear);
+          }
+          check_duration(bytes, in, w, position_of(g), "K-FAC bytes");
+          events.push_back(Event{start_[g], bytes, 0});
+        }
         switch (in.kind) {
           case OpKind::kPrefetchFactors:
             events.push_back(Event{start_[g], window_bytes[g - offset_[w]], 0});
@@ -1060,20 +1077,6 @@ class Engine {
             if (in.piece_end == sched::kPieceUnits && fetched_inverses[linear_slot] > 0.0) {
               events.push_back(Event{end_[g], -fetched_inverses[linear_slot], 0});
               fetched_inverses[linear_slot] = 0.0;
-            }
-            break;
-          case OpKind::kInvertA:
-          case OpKind::kInvertB:
-            if (offloaded_[linear_slot] == 2 && !kfac_seen_[linear_slot]) {
-              kfac_seen_[linear_slot] = 1;  // the inverses, from now on
-              double bytes = factor_bytes[linear_slot];
-              if (bytes <= 0.0) {
-                bytes = options_.kfac_state_bytes
-                            ? options_.kfac_state_bytes(w, in.layer, in.linear)
-                            : costs_.kfac_bytes(schedule_, in.layer, in.linear);
-              }
-              check_duration(bytes, in, w, position_of(g), "K-FAC bytes");
-              events.push_back(Event{start_[g], bytes, 0});
             }
             break;
           default:

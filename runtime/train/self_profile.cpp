@@ -202,7 +202,8 @@ sim::KfacProfile time_kfac_on_device(device::DeviceRuntime& device, std::int64_t
 sim::Profile profile_schedule(const model::BertConfig& config, const sched::Schedule& base,
                               const ProfileShape& shape, const exec::ExecutorOptions& options,
                               int steps, const std::shared_ptr<device::DeviceRuntime>& device,
-                              const ProfileOptimizer& optimizer) {
+                              const ProfileOptimizer& optimizer,
+                              const SharedProcessorChoice& shared) {
   exec::SyntheticBatches batches(config, shape.micro_batch_size, shape.seq_len,
                                  shape.max_predictions, 99);
   exec::RunSetup<float> setup;
@@ -238,10 +239,12 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
   // become times alone. (On a device, not yet checked against a GPU run: docs/cuda.md.)
   double capacity = 0.0;
   if (concurrent > 1) {
-    capacity = shared_capacity(
-        {square, ffn_in, ffn_out},
-        {time(H, H, concurrent), time(H, I, concurrent), time(I, H, concurrent)}, concurrent);
-    events = exec::alone_times(std::move(events), capacity);
+    capacity = shared.measure ? shared_capacity({square, ffn_in, ffn_out},
+                                                {time(H, H, concurrent), time(H, I, concurrent),
+                                                 time(I, H, concurrent)},
+                                                concurrent)
+                              : shared.capacity;
+    if (capacity > 0.0) events = exec::alone_times(std::move(events), capacity);
   }
   auto profile = exec::measured_profile(
       base, events, 1,

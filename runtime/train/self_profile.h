@@ -7,6 +7,7 @@
 
 #include "runtime/device/device_runtime.h"
 #include "runtime/executor/executor.h"
+#include "runtime/train/train_options.h"
 #include "sim/measured_cost_model.h"
 
 namespace pf::train {
@@ -38,12 +39,15 @@ struct ProfileOptimizer {
 // (exec::alone_times), so that the simulator shares the capacity as the run does. With a device
 // (--device cuda) both run there: the schedule on the executor's device path (times from its
 // stream marks), the K-FAC kernels through the device's K-FAC layers (host time around each call
-// and a wait for the stream); no shared processor.
+// and a wait for the stream), one stream per rank at once for the capacity. `shared` not
+// measuring (--shared-processor off or C) skips the timing at once and takes its capacity (0:
+// none, the measured times as they are).
 sim::Profile profile_schedule(const model::BertConfig& config, const sched::Schedule& base,
                               const ProfileShape& shape, const exec::ExecutorOptions& options,
                               int steps = 3,
                               const std::shared_ptr<device::DeviceRuntime>& device = nullptr,
-                              const ProfileOptimizer& optimizer = {});
+                              const ProfileOptimizer& optimizer = {},
+                              const SharedProcessorChoice& shared = {});
 
 // The host link of K-FAC offload (--kfac-offload). On the CPU (no device): the rate of a memcpy
 // between two host buffers of `bytes` (the copies runtime/executor/host_kfac_state.h makes),

@@ -1,5 +1,6 @@
 #include "runtime/train/train_options.h"
 
+#include <cmath>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -84,6 +85,12 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
       "Write the profile the PipeFisher pass used (the self-profile, or --kfac-profile's) "
       "as JSON: --kfac-profile FILE reuses it and skips profiling, pipefisher_sim "
       "--profile FILE replays it");
+  app.add_option("--shared-processor", o.shared_processor,
+                 "How the PipeFisher pass models the workers sharing the cores (or the one GPU): "
+                 "auto (the self-profile measures their capacity together; a --kfac-profile "
+                 "keeps its own), off (a processor per worker), or a capacity C >= 1 (the "
+                 "workers together run C times one worker's speed)")
+      ->capture_default_str();
   app.add_option("--threads-per-worker", o.threads_per_worker, "OpenMP threads of each worker")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "Seed of the weights, dropout and data order")
@@ -179,6 +186,8 @@ void validate_options(const TrainOptions& o) {
   if (o.kfac.enabled && o.precision == "fp64") bad("--kfac runs in fp32: drop --precision fp64");
   if (!o.kfac_profile.empty() && !o.kfac.enabled) bad("--kfac-profile needs --kfac");
   if (!o.kfac_profile_out.empty() && !o.kfac.enabled) bad("--kfac-profile-out needs --kfac");
+  (void)shared_processor_choice(o.shared_processor);
+  if (o.shared_processor != "auto" && !o.kfac.enabled) bad("--shared-processor needs --kfac");
   // The pass's flags that contradict each other fail here, not after the self-profile.
   if (o.kfac.enabled) (void)pipefisher::to_kfac_options(o.kfac);
   if (o.kfac.offload != "none") {
@@ -233,6 +242,23 @@ optim::PolyWarmupSchedule learning_rate_schedule(const TrainOptions& o) {
   schedule.warmup_fraction =
       o.warmup < 1 ? o.warmup : o.warmup / static_cast<double>(schedule.total_steps);
   return schedule;
+}
+
+SharedProcessorChoice shared_processor_choice(const std::string& value) {
+  if (value == "auto") return {};
+  if (value == "off") return {false, 0.0};
+  std::size_t used = 0;
+  double capacity = 0.0;
+  try {
+    capacity = std::stod(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != value.size() || !std::isfinite(capacity) || capacity < 1.0) {
+    throw std::invalid_argument("--shared-processor: '" + value +
+                                "' (allowed: auto, off, or a capacity >= 1)");
+  }
+  return {false, capacity};
 }
 
 }  // namespace pf::train

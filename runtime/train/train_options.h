@@ -46,6 +46,10 @@ struct TrainOptions {
   double kfac_damping = 1e-3;
   std::string kfac_profile;      // measured profile for the pass (else the run profiles itself)
   std::string kfac_profile_out;  // where to write the profile the pass used
+  // How the pass models the workers sharing this machine's cores (or the one GPU): "auto" (the
+  // self-profile measures the capacity; a --kfac-profile's own), "off" (a processor per
+  // worker), or a capacity C >= 1 (docs/simulator.md "Shared processors").
+  std::string shared_processor = "auto";
   // Runtime.
   int threads_per_worker = 1;
   std::uint64_t seed = 1;
@@ -83,5 +87,13 @@ std::string products_precision(const std::string& precision);
 // The learning-rate schedule of the options: --lr (or the optimizer's default), --warmup, over
 // --lr-decay-steps (else --steps).
 optim::PolyWarmupSchedule learning_rate_schedule(const TrainOptions& options);
+
+// --shared-processor's value: measure the capacity (auto), or a fixed one (0: off, a processor
+// per worker). Throws std::invalid_argument naming the flag and the allowed values.
+struct SharedProcessorChoice {
+  bool measure = true;
+  double capacity = 0.0;
+};
+SharedProcessorChoice shared_processor_choice(const std::string& value);
 
 }  // namespace pf::train

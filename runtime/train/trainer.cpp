@@ -378,10 +378,10 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   if (!kfac_states.empty() && context.kfac_offload_device_after >= 0.0) {
     // The most K-FAC memory a rank held at once (its layers and the offload staging pool,
     // sampled after each K-FAC instruction) beside the plan's, and what was left at the end
-    // (between refreshes an offloaded Linear holds nothing). The plan counts one offloaded
-    // Linear's state while it is moved and the offloaded Linears' factor sums the curvature
-    // accumulates on the device (docs/offload.md); the host holds values, newest and previous
-    // inverses (1.5x).
+    // (between refreshes an offloaded Linear holds nothing). The plan counts the kept state, one
+    // offloaded Linear's state while it is moved and every Linear's factor sums, which the
+    // curvature accumulates on the device (docs/offload.md); the host holds values, newest and
+    // previous inverses (1.5x).
     std::int64_t peak = 0, end = 0, host = 0;
     for (const auto& state : kfac_states) {
       peak = std::max(peak, state.peak_resident_bytes);
@@ -595,7 +595,8 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
         profile = profile_schedule(
             context.config, context.schedule,
             {context.micro_batch_size, context.seq_len, context.max_predictions}, profile_options,
-            3, context.device, {optimizer_factory<float>(o), device_optimizer_choice(o)});
+            3, context.device, {optimizer_factory<float>(o), device_optimizer_choice(o)},
+            shared_processor_choice(o.shared_processor));
       }
       if (launch.multi_process()) {  // one profile, so that every process compiles one schedule
         profile = sim::profile_from_json(nlohmann::json::parse(launch.share_from_root(
@@ -636,6 +637,10 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
         }
       }
     }
+    // --shared-processor off or C: that capacity for the pass, a --kfac-profile's too.
+    if (const auto shared = shared_processor_choice(o.shared_processor); !shared.measure) {
+      profile.shared_processor_capacity = shared.capacity;
+    }
     if (!o.kfac_profile_out.empty() && launch.is_root()) {
       traces::write_json_file(o.kfac_profile_out, sim::profile_to_json(profile));
       if (!o.quiet) out << "PipeFisher pass profile: " << o.kfac_profile_out << "\n";
@@ -670,7 +675,7 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
             std::max(context.kfac_offload_device_before, worker.kfac_device_bytes_before);
         context.kfac_offload_device_after =
             std::max(context.kfac_offload_device_after, worker.kfac_device_bytes_after);
-        context.kfac_offload_sums = std::max(context.kfac_offload_sums, worker.offloaded_sum_bytes);
+        context.kfac_offload_sums = std::max(context.kfac_offload_sums, worker.factor_sum_bytes);
       }
       offload_summary = line.str();
       pass.schedule = std::move(offload.schedule);

@@ -538,16 +538,23 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
   }
   std::vector<std::vector<LinearState>> linears(static_cast<std::size_t>(workers));
   std::vector<double> other(static_cast<std::size_t>(workers));
+  // The factor sums as the simulator counts them: every replica accumulates both of each Linear
+  // it holds layers of (the others drop theirs at the curvature sync); a pipelined refresh's
+  // set-aside ones too.
+  const double set_aside = schedule.kfac_pipelined_refresh ? 2.0 : 1.0;
+  const auto factor_sums = [&](int layer, sched::LinearKind linear) {
+    if (!simulation.count_factor_sums) return 0.0;
+    const auto one = [&](bool a_factor) {
+      return simulation.kfac_sum_bytes ? simulation.kfac_sum_bytes(layer, linear, a_factor)
+                                       : costs.kfac_sum_bytes(schedule, layer, linear, a_factor);
+    };
+    return set_aside * (one(true) + one(false));
+  };
   for (int w = 0; w < workers; ++w) {
     for (const auto& [key, in] : found.sample[static_cast<std::size_t>(w)]) {
-      const HeldKfacState held = held_state(w, in->layer, in->linear);
-      // The factor sums a factor holder keeps up to their inversion (the others drop theirs at
-      // the curvature sync, offloaded or not: not counted, as for a kept Linear).
-      const double sums =
-          held.factors ? costs.kfac_bytes(schedule, in->layer, in->linear) / 2.0 : 0.0;
       linears[static_cast<std::size_t>(w)].push_back(
           {std::get<0>(key), std::get<1>(key), static_cast<sched::LinearKind>(std::get<2>(key)),
-           held.bytes, sums});
+           held_state(w, in->layer, in->linear).bytes, factor_sums(in->layer, in->linear)});
     }
     other[static_cast<std::size_t>(w)] = pipefisher.before.workers[w].peak_memory_bytes;
   }
@@ -628,10 +635,11 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
         static_cast<int>(plan.offloaded.size() + plan.factors_only.size());
     worker_report.factors_only_linears = static_cast<int>(plan.factors_only.size());
     worker_report.kept_linears = static_cast<int>(plan.kept.size());
-    worker_report.kfac_device_bytes_before =
-        plan.kept_bytes + plan.offloaded_bytes + plan.factors_only_bytes;
+    worker_report.factor_sum_bytes = factor_sum_bytes(plan);
+    worker_report.kfac_device_bytes_before = plan.kept_bytes + plan.offloaded_bytes +
+                                             plan.factors_only_bytes +
+                                             worker_report.factor_sum_bytes;
     worker_report.kfac_device_bytes_after = plan.device_kfac_bytes;
-    worker_report.offloaded_sum_bytes = offloaded_sum_bytes(plan);
     worker_report.offloaded_bytes = plan.offloaded_bytes + plan.factors_only_bytes / 2.0;
     worker_report.peak_memory_before = pipefisher.after.workers[w].peak_memory_bytes;
     worker_report.peak_memory_after = result.after.workers[w].peak_memory_bytes;
@@ -709,6 +717,7 @@ nlohmann::json offload_report_json(const OffloadReport& report) {
                        {"kept_linears", r.kept_linears},
                        {"kfac_device_bytes_before", r.kfac_device_bytes_before},
                        {"kfac_device_bytes_after", r.kfac_device_bytes_after},
+                       {"factor_sum_bytes", r.factor_sum_bytes},
                        {"offloaded_bytes", r.offloaded_bytes},
                        {"peak_memory_before_bytes", r.peak_memory_before},
                        {"peak_memory_after_bytes", r.peak_memory_after},

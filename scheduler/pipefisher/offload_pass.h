@@ -55,12 +55,13 @@ struct WorkerOffloadReport {
   int offloaded_linears = 0;     // whole and factors only
   int factors_only_linears = 0;  // of those, factors only (the inverses on the device)
   int kept_linears = 0;
-  double kfac_device_bytes_before = 0.0;  // all K-FAC state on the device
-  double kfac_device_bytes_after = 0.0;   // the planner's estimate (WorkerOffloadPlan)
-  // Of that estimate, the factor sums of the offloaded Linears whose factors the replica holds
-  // (offloaded_sum_bytes): the refresh's curvature accumulates them on the device up to their
-  // inversion. The simulated memory does not count them yet (docs/offload.md).
-  double offloaded_sum_bytes = 0.0;
+  // The planner's estimates of the K-FAC bytes on the device at once (WorkerOffloadPlan):
+  // without offload, all the state and the factor sums; with the plan, device_kfac_bytes.
+  double kfac_device_bytes_before = 0.0;
+  double kfac_device_bytes_after = 0.0;
+  // Of both, every Linear's factor sums (factor_sum_bytes): the refresh's curvature accumulates
+  // them on the device, offloaded or not.
+  double factor_sum_bytes = 0.0;
   double offloaded_bytes = 0.0;     // in host memory: whole states and factors
   double peak_memory_before = 0.0;  // simulated peak, PipeFisher schedule without offload
   double peak_memory_after = 0.0;   // simulated peak, with offload

@@ -41,7 +41,7 @@ double device_need(const WorkerOffloadPlan& plan) {
   if (!plan.factors_only.empty()) {
     transient = std::max(transient, plan.factors_only.front().bytes / 2.0);
   }
-  return resident_bytes(plan) + offloaded_sum_bytes(plan) + transient;
+  return resident_bytes(plan) + factor_sum_bytes(plan) + transient;
 }
 
 // Moves the largest Linear of `from` to `to` (both kept largest first) and recounts the plan.
@@ -65,9 +65,9 @@ double resident_bytes(const WorkerOffloadPlan& worker) {
   return worker.kept_bytes + worker.factors_only_bytes / 2.0;
 }
 
-double offloaded_sum_bytes(const WorkerOffloadPlan& worker) {
+double factor_sum_bytes(const WorkerOffloadPlan& worker) {
   double bytes = 0.0;
-  for (const auto* states : {&worker.offloaded, &worker.factors_only}) {
+  for (const auto* states : {&worker.kept, &worker.offloaded, &worker.factors_only}) {
     for (const auto& state : *states) bytes += state.sum_bytes;
   }
   return bytes;

@@ -25,11 +25,13 @@ enum class OffloadMode : unsigned char {
 std::string_view to_string(OffloadMode mode);
 OffloadMode offload_mode_from_string(std::string_view name);  // throws naming the allowed values
 
-// One preconditioned Linear held by a worker, the bytes of its K-FAC state (factors and
-// inverses, fp32) and of its factor sums (one of each factor, as large as the factors) where it
-// holds the factors: a refresh accumulates them on the device up to their inversion. (With
-// sharded state, kfac/state_placement.h, a replica without the factors drops its sums at the
-// curvature sync, offloaded or not: 0 here, as a kept Linear's sums are not counted.)
+// One preconditioned Linear held by a worker: the bytes of its K-FAC state (factors and
+// inverses, fp32) and of its factor sums (one of each factor, as large as the factors; twice
+// that with a pipelined refresh, whose next window accumulates beside the sums waiting for
+// their inversion). A refresh accumulates the sums on the device of every replica, offloaded or
+// not, whatever the sharding (kfac/state_placement.h: a replica without the factors drops its
+// sums at the curvature sync, the holders at the inversion), and the curvature of every Linear
+// runs before the first inversion, so all of them are there at once.
 struct LinearState {
   int pipeline = 0;
   int layer = 0;
@@ -47,11 +49,9 @@ struct WorkerOffloadPlan {
   double offloaded_bytes = 0.0;           // state of the Linears offloaded whole
   double factors_only_bytes = 0.0;        // whole state of the factors-only Linears (half moves)
   // Device bytes K-FAC needs at most: the kept state, the factors-only Linears' inverses, every
-  // offloaded Linear's factor sums (offloaded_sum_bytes: the refresh's curvature accumulates
-  // them on the device, from its first piece to the write-back after their inversion, so with
-  // the curvature before the inversions all of them at once), plus the largest transient: an
-  // offloaded Linear's state, or a factors-only Linear's factors (resident from its factor
-  // prefetch to its write-back).
+  // Linear's factor sums (factor_sum_bytes), plus the largest transient: an offloaded Linear's
+  // state, or a factors-only Linear's factors (resident from its factor prefetch to its
+  // write-back).
   double device_kfac_bytes = 0.0;
   double other_bytes = 0.0;  // the worker's device memory without K-FAC (its peak)
   bool fits = true;          // other + device K-FAC <= budget (always with no budget)
@@ -82,8 +82,8 @@ bool offload_next(WorkerOffloadPlan& worker);
 // K-FAC bytes resident on the device between refreshes: the kept state and the factors-only
 // Linears' inverses (half their state).
 double resident_bytes(const WorkerOffloadPlan& worker);
-// The factor sums of the Linears offloaded whole or factors only (LinearState::sum_bytes), on
-// the device while a refresh accumulates them (WorkerOffloadPlan::device_kfac_bytes).
-double offloaded_sum_bytes(const WorkerOffloadPlan& worker);
+// The factor sums of every Linear the worker holds, kept or offloaded (LinearState::sum_bytes),
+// on the device while a refresh accumulates them (WorkerOffloadPlan::device_kfac_bytes).
+double factor_sum_bytes(const WorkerOffloadPlan& worker);
 
 }  // namespace pf::pipefisher

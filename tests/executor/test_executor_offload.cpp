@@ -165,7 +165,7 @@ INSTANTIATE_TEST_SUITE_P(
                              0.5F,
                              {},
                              testing::Refresh::kPlain,
-                             0.3},
+                             0.6},
         testing::OffloadCase{"OneFOneBFactorsDividedTasks", sched::ScheduleKind::kOneFOneB, 2, 1, 0,
                              true, pipefisher::OffloadMode::kFactors, 0.9F},
         testing::OffloadCase{"ChimeraDataParallelFactors", sched::ScheduleKind::kChimera, 2, 2, 2,

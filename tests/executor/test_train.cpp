@@ -268,6 +268,43 @@ TEST_F(TrainTest, DoublePrecisionAndOtherSchedules) {
   }
 }
 
+// --shared-processor: off plans a processor per worker, C that capacity (also in the profile the
+// pass used); anything else is refused before any work.
+TEST_F(TrainTest, SharedProcessorFlagSetsThePassCapacity) {
+  auto o = small_run();
+  o.kfac.enabled = true;
+  o.kfac.refresh_steps = 2;
+  o.steps = 2;
+  o.kfac_profile_out = (dir_ / "kfac_profile.json").string();
+  const auto run = [&](const std::string& shared) {
+    o.shared_processor = shared;
+    std::ostringstream out;
+    EXPECT_EQ(run_training(o, out), 0) << shared;
+    return out.str();
+  };
+  const std::string off = run("off");
+  EXPECT_NE(off.find("PipeFisher: K-FAC refresh every"), std::string::npos) << off;
+  EXPECT_EQ(off.find("share the cores"), std::string::npos) << off;
+  EXPECT_EQ(sim::profile_from_json_file(o.kfac_profile_out).shared_processor_capacity, 0.0);
+  const std::string fixed = run("1.5");
+  EXPECT_NE(fixed.find("the workers share the cores, capacity 1.5"), std::string::npos) << fixed;
+  EXPECT_EQ(sim::profile_from_json_file(o.kfac_profile_out).shared_processor_capacity, 1.5);
+  for (const std::string bad : {"0.5", "fast", "1.5x", "nan", ""}) {
+    o.shared_processor = bad;
+    std::ostringstream out;
+    try {
+      run_training(o, out);
+      ADD_FAILURE() << "accepted --shared-processor '" << bad << "'";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find("--shared-processor: '" + bad + "'"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+  EXPECT_EQ(shared_processor_choice("auto").measure, true);
+  EXPECT_EQ(shared_processor_choice("2").capacity, 2.0);
+}
+
 TEST_F(TrainTest, RefusesImpossibleRunsBeforeAnyWork) {
   auto expect_refused = [&](TrainOptions o, const std::string& fragment) {
     std::ostringstream out;

@@ -44,23 +44,26 @@ TEST(OffloadPlanner, NoneKeepsEverythingHostOffloadsEverything) {
   const auto none = plan_offload(OffloadMode::kNone, {three_linears()}, {1000.0}, 0.0);
   EXPECT_EQ(none.offloaded_linears(), 0);
   EXPECT_DOUBLE_EQ(none.workers[0].kept_bytes, 800.0);
-  EXPECT_DOUBLE_EQ(offloaded_sum_bytes(none.workers[0]), 0.0);
-  EXPECT_DOUBLE_EQ(none.workers[0].device_kfac_bytes, 800.0);
+  // Every Linear's factor sums (half its state), which the refresh's curvature accumulates on
+  // the device, offloaded or not.
+  EXPECT_DOUBLE_EQ(factor_sum_bytes(none.workers[0]), 400.0);
+  EXPECT_DOUBLE_EQ(none.workers[0].device_kfac_bytes, 800.0 + 400.0);
   const auto host = plan_offload(OffloadMode::kHost, {three_linears()}, {1000.0}, 0.0);
   EXPECT_EQ(host.offloaded_linears(), 3);
   EXPECT_DOUBLE_EQ(host.workers[0].offloaded_bytes, 800.0);
-  // Every offloaded Linear's factor sums (half its state), which the refresh's curvature
-  // accumulates on the device, and the largest offloaded Linear while it is refreshed.
-  EXPECT_DOUBLE_EQ(offloaded_sum_bytes(host.workers[0]), 400.0);
+  // The sums, and the largest offloaded Linear while it is refreshed.
+  EXPECT_DOUBLE_EQ(factor_sum_bytes(host.workers[0]), 400.0);
   EXPECT_DOUBLE_EQ(host.workers[0].device_kfac_bytes, 400.0 + 400.0);
   EXPECT_TRUE(host.warning.empty());
 }
 
 TEST(OffloadPlanner, AutoOffloadsTheFewestLargestLinearsThatFit) {
   // (What it offloads: OffloadPlanner.AutoOffloadsFactorsFirstThenWholeLinears.) A budget that
-  // holds everything offloads nothing.
-  auto plan = plan_offload(OffloadMode::kAuto, {three_linears()}, {1000.0}, 1800.0);
+  // holds everything (the state and the sums) offloads nothing.
+  auto plan = plan_offload(OffloadMode::kAuto, {three_linears()}, {1000.0}, 2200.0);
   EXPECT_EQ(plan.offloaded_linears(), 0);
+  plan = plan_offload(OffloadMode::kAuto, {three_linears()}, {1000.0}, 2199.0);
+  EXPECT_GT(plan.offloaded_linears(), 0);
   // Per worker: only the worker over the budget offloads.
   plan = plan_offload(OffloadMode::kAuto, {six_linears(), six_linears()}, {1000.0, 200.0}, 2000.0);
   EXPECT_EQ(plan.workers[0].offloaded.size(), 5U);
@@ -82,18 +85,19 @@ TEST(OffloadPlanner, FactorsOffloadsEveryLinearsFactorsAndKeepsItsInverses) {
   EXPECT_DOUBLE_EQ(worker.factors_only_bytes, 800.0);
   EXPECT_DOUBLE_EQ(resident_bytes(worker), 400.0);  // every inverse
   // ... every Linear's factor sums, and the largest Linear's factors while it is refreshed.
-  EXPECT_DOUBLE_EQ(offloaded_sum_bytes(worker), 400.0);
+  EXPECT_DOUBLE_EQ(factor_sum_bytes(worker), 400.0);
   EXPECT_DOUBLE_EQ(worker.device_kfac_bytes, 400.0 + 400.0 + 200.0);
   EXPECT_EQ(offload_mode_from_string("factors"), OffloadMode::kFactors);
   EXPECT_EQ(to_string(OffloadMode::kFactors), "factors");
 }
 
 TEST(OffloadPlanner, AutoOffloadsFactorsFirstThenWholeLinears) {
-  // 1000 other + 1100 K-FAC. With the sums counted, offloading a Linear's factors saves nothing
-  // at once (its factors leave, its sums of the same size count instead), so a budget under the
-  // kept state is met only by whole Linears, after every Linear's factors: 2000 takes the 400
-  // and 300 bytes ones and three of 100 whole (the last one's inverses, 50, the sums 550, the
-  // 400 one's refresh: 1000; with two of 100, 1050).
+  // 1000 other + 1100 K-FAC state + 550 of sums. Offloading the largest Linear's factors saves
+  // nothing at once (its factors leave, and are back while it is refreshed: the largest
+  // transient), every Linear's factors save 350, and a budget under that is met only by whole
+  // Linears, after every Linear's factors: 2000 takes the 400 and 300 bytes ones and three of
+  // 100 whole (the last one's inverses, 50, the sums 550, the 400 one's refresh: 1000; with two
+  // of 100, 1050).
   auto plan = plan_offload(OffloadMode::kAuto, {six_linears()}, {1000.0}, 2000.0);
   auto* worker = &plan.workers[0];
   ASSERT_EQ(worker->offloaded.size(), 5U);
@@ -101,7 +105,7 @@ TEST(OffloadPlanner, AutoOffloadsFactorsFirstThenWholeLinears) {
   EXPECT_EQ(worker->offloaded[1].linear, LinearKind::kFfnOut);
   ASSERT_EQ(worker->factors_only.size(), 1U);
   EXPECT_TRUE(worker->kept.empty());
-  EXPECT_DOUBLE_EQ(offloaded_sum_bytes(*worker), 550.0);
+  EXPECT_DOUBLE_EQ(factor_sum_bytes(*worker), 550.0);
   EXPECT_DOUBLE_EQ(worker->device_kfac_bytes, 50.0 + 550.0 + 400.0);
   EXPECT_TRUE(worker->fits);
   // Every Linear's factors offloaded: its inverses (550), its sums (550) and the 400 one's
@@ -130,7 +134,7 @@ TEST(OffloadPlanner, AutoOffloadsFactorsFirstThenWholeLinears) {
   EXPECT_EQ(seen, expected);
   EXPECT_DOUBLE_EQ(steps.offloaded_bytes, 800.0);
   EXPECT_DOUBLE_EQ(resident_bytes(steps), 0.0);
-  EXPECT_DOUBLE_EQ(offloaded_sum_bytes(steps), 400.0);
+  EXPECT_DOUBLE_EQ(factor_sum_bytes(steps), 400.0);
 }
 
 TEST(OffloadPlanner, ABudgetNothingMeetsIsAWarningAndBadInputIsRefused) {
@@ -238,14 +242,12 @@ TEST_P(OffloadPass, HostOffloadIsValidTimelyAndFreesTheDeviceState) {
     const double after = offload.after.workers[w].memory.back().bytes;
     EXPECT_DOUBLE_EQ(before - after, offload.plan.workers[w].offloaded_bytes) << "worker " << w;
     EXPECT_LE(offload.after.workers[w].peak_memory_bytes, pass.after.workers[w].peak_memory_bytes);
-    // The planner's estimate: one Linear's state while it is moved, and every offloaded
-    // Linear's factor sums.
-    EXPECT_DOUBLE_EQ(offload.report.workers[w].offloaded_sum_bytes,
-                     offload.plan.workers[w].offloaded_bytes / 2.0);
-    EXPECT_DOUBLE_EQ(offload.report.workers[w].kfac_device_bytes_before -
-                         offload.report.workers[w].offloaded_bytes + 1000.0 +
-                         offload.report.workers[w].offloaded_sum_bytes,
-                     offload.report.workers[w].kfac_device_bytes_after);
+    // The planner's estimates count every Linear's factor sums (half its state; here every
+    // Linear is offloaded), and with the plan one Linear's state while it is moved.
+    const auto& r = offload.report.workers[w];
+    EXPECT_DOUBLE_EQ(r.factor_sum_bytes, offload.plan.workers[w].offloaded_bytes / 2.0);
+    EXPECT_DOUBLE_EQ(r.kfac_device_bytes_before, r.offloaded_bytes + r.factor_sum_bytes);
+    EXPECT_DOUBLE_EQ(r.kfac_device_bytes_after, r.factor_sum_bytes + 1000.0);
   }
   // The schedule round-trips through JSON with its copies.
   const auto text = sched::to_json(offload.schedule).dump();
@@ -326,10 +328,11 @@ TEST_P(OffloadPass, FactorsOnlyOffloadMovesTheFactorsAlone) {
       << format_offload_report(offload.report);
 }
 
-// The simulator's memory of a factors-only Linear: nothing of it before its first inversion
-// (the factors come with the prefetch), its inverses from that inversion on, its factors only
-// between a prefetch's start and its write-back's end.
-TEST(OffloadPass, FactorsOnlyInversesCountFromTheirFirstInversion) {
+// The simulator's memory of a factors-only Linear: its inverses from its first K-FAC
+// instruction on (in the steady state the previous refresh's are on the device when the window
+// starts, as a kept Linear's state), its factors only between a prefetch's start and its
+// write-back's end.
+TEST(OffloadPass, FactorsOnlyInversesCountFromTheLinearsFirstKfacWork) {
   const sim::UniformCostModel costs(offload_costs(1e5));
   KfacOptions kfac;
   kfac.refresh_steps = 1;
@@ -361,21 +364,25 @@ TEST(OffloadPass, FactorsOnlyInversesCountFromTheirFirstInversion) {
     }
     return bytes;
   };
-  double factors_start = -1, inversion_start = -1, write_back_end = -1;
+  double kfac_start = -1, factors_start = -1, inversion_start = -1, write_back_end = -1;
   for (std::size_t i = 0; i < s.streams[0].size(); ++i) {
     const auto& in = s.streams[0][i];
+    if (sched::is_kfac(in.kind) && kfac_start < 0) kfac_start = times[i].start_s;
     if (in.kind == OpKind::kPrefetchFactors && factors_start < 0) factors_start = times[i].start_s;
     if ((in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) && inversion_start < 0) {
       inversion_start = times[i].start_s;
     }
     if (in.kind == OpKind::kWriteBackState) write_back_end = times[i].end_s;
   }
+  ASSERT_LT(kfac_start, factors_start);  // the refresh's first curvature, then the factors
   ASSERT_LT(factors_start, inversion_start);
   ASSERT_LT(inversion_start, write_back_end);
   // What changes at an instant (activations are 10 bytes, the K-FAC copies 500).
   const auto jump = [&](double t) { return at(t) - at(std::nextafter(t, -1.0)); };
+  // The inverses from now on, and the curvature's factor sum (a quarter of the state).
+  EXPECT_NEAR(jump(kfac_start), 500.0 + 250.0, 50.0);
   EXPECT_NEAR(jump(factors_start), 500.0, 50.0);    // the factors come in
-  EXPECT_NEAR(jump(inversion_start), 500.0, 50.0);  // the inverses, from now on
+  EXPECT_NEAR(jump(inversion_start), 0.0, 50.0);    // nothing new: the inverses are there
   EXPECT_NEAR(jump(write_back_end), -500.0, 50.0);  // the factors leave
   // At the end: the inverses beside what the stream without K-FAC holds.
   sched::Schedule bare = s;
@@ -558,12 +565,13 @@ TEST(OffloadPass, ShardedStateWindowsReachTheInverseBroadcast) {
           << "worker " << w;
       EXPECT_LE(offload.after.workers[w].peak_memory_bytes,
                 pass.after.workers[w].peak_memory_bytes);
-      // The planner counts the factor sums (half of each Linear's 1000 bytes) where the replica
-      // holds the factors (the others drop theirs at the curvature sync, offloaded or not).
-      EXPECT_GT(offloaded_sum_bytes(plan), 0.0);
-      EXPECT_LT(offloaded_sum_bytes(plan), 500.0 * static_cast<double>(plan.offloaded.size()));
-      EXPECT_DOUBLE_EQ(offload.report.workers[static_cast<std::size_t>(w)].offloaded_sum_bytes,
-                       offloaded_sum_bytes(plan));
+      // The planner counts the factor sums (4 x (8^2 + 8^2) bytes) of every Linear the replica
+      // has K-FAC work of, factors or not: each accumulates them on the device (those without
+      // the factors up to the curvature sync).
+      const auto linears = plan.kept.size() + plan.offloaded.size() + plan.factors_only.size();
+      EXPECT_DOUBLE_EQ(factor_sum_bytes(plan), 512.0 * static_cast<double>(linears));
+      EXPECT_DOUBLE_EQ(offload.report.workers[static_cast<std::size_t>(w)].factor_sum_bytes,
+                       factor_sum_bytes(plan));
     }
   }
 }
