@@ -83,6 +83,12 @@ MpiSession::MpiSession(int* argc, char*** argv) {
     MPI_Finalize();
     throw std::runtime_error(message);
   }
+  MPI_Comm node = MPI_COMM_NULL;
+  PF_MPI_CHECK(rank_, MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_,
+                                          MPI_INFO_NULL, &node));
+  const int code = MPI_Comm_size(node, &node_size_);
+  MPI_Comm_free(&node);
+  PF_MPI_CHECK(rank_, code);
 }
 
 MpiSession::~MpiSession() {

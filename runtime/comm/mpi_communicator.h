@@ -53,6 +53,9 @@ class MpiSession {
 
   int world_rank() const { return rank_; }
   int world_size() const { return size_; }
+  // The processes on this process's machine (MPI_COMM_TYPE_SHARED), this one included: all of
+  // them when the job runs on one machine.
+  int node_size() const { return node_size_; }
 
   // True when this process was started by an MPI launcher (mpirun / mpiexec / srun with PMI):
   // OMPI_COMM_WORLD_SIZE (OpenMPI), PMI_SIZE (MPICH, Slurm) or PMIX_RANK is set.
@@ -61,6 +64,7 @@ class MpiSession {
  private:
   int rank_ = 0;
   int size_ = 1;
+  int node_size_ = 1;
 };
 
 // One rank's communicator over MPI_COMM_WORLD (duplicated: its traffic never meets other

@@ -12,7 +12,8 @@
 
 namespace pf::train {
 
-MpiLaunch::MpiLaunch(comm::MpiCommunicator& comm) : comm_(&comm) {}
+MpiLaunch::MpiLaunch(comm::MpiCommunicator& comm, bool one_machine)
+    : comm_(&comm), one_machine_(one_machine) {}
 MpiLaunch::~MpiLaunch() = default;
 
 tensor::Device MpiLaunch::place_device(tensor::Device requested,

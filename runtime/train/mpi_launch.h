@@ -27,7 +27,8 @@ namespace pf::train {
 
 class MpiLaunch final : public Launch {
  public:
-  explicit MpiLaunch(comm::MpiCommunicator& comm);
+  // one_machine: every rank on this process's node (MpiSession::node_size() == world_size()).
+  MpiLaunch(comm::MpiCommunicator& comm, bool one_machine);
   ~MpiLaunch() override;
 
   bool is_root() const override { return comm_->rank() == 0; }
@@ -36,11 +37,13 @@ class MpiLaunch final : public Launch {
   std::unique_ptr<exec::Executor<double>> make_executor(exec::RunSetup<double> setup) override;
   std::string share_from_root(const std::string& text, std::chrono::milliseconds wait) override;
   std::string workers_noun() const override { return "MPI process(es)"; }
+  bool workers_on_one_machine() const override { return one_machine_; }
   tensor::Device place_device(tensor::Device requested,
                               std::chrono::milliseconds wait_timeout) override;
 
  private:
   comm::MpiCommunicator* comm_;
+  bool one_machine_ = true;
   // A device run's worker communicator (NCCL), held by its base so that builds without NCCL
   // never need its definition, and the GPU it chose.
   std::unique_ptr<comm::Communicator> nccl_;

@@ -249,7 +249,9 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
   auto profile = exec::measured_profile(
       base, events, 1,
       "pipefisher_train self-profile of " + std::string(sched::to_string(base.params.kind)));
-  profile.shared_processor_capacity = capacity;
+  // The simulator runs one replica: with d replicas beside it on the processor (symmetric, as
+  // the data-parallel ranks run the same schedule) its workers have a d-th of the capacity.
+  profile.shared_processor_capacity = capacity / std::max(1, base.params.data_parallel);
   for (int k = 0; k < sched::kNumLinearKinds; ++k) {
     const auto linear = static_cast<sched::LinearKind>(k);
     sim::KfacProfile entry = linear == sched::LinearKind::kFfnIn    ? ffn_in

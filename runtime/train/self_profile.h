@@ -36,7 +36,9 @@ struct ProfileOptimizer {
 // with more than one rank, the workers share this machine's cores: the K-FAC kernels are timed
 // alone and on one thread per rank at once, the profile's shared_processor_capacity is what the
 // two say the cores give together, and the schedule's measured times become times alone
-// (exec::alone_times), so that the simulator shares the capacity as the run does. With a device
+// (exec::alone_times), so that the simulator shares the capacity as the run does; the profile
+// holds one replica's share of it (the capacity over the data-parallel replicas, which run the
+// same schedule beside each other), as the simulator runs one replica. With a device
 // (--device cuda) both run there: the schedule on the executor's device path (times from its
 // stream marks), the K-FAC kernels through the device's K-FAC layers (host time around each call
 // and a wait for the stream), one stream per rank at once for the capacity. `shared` not

@@ -637,9 +637,11 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
         }
       }
     }
-    // --shared-processor off or C: that capacity for the pass, a --kfac-profile's too.
+    // --shared-processor off or C: that capacity for the pass (one replica's share of it, as
+    // the self-profile's), a --kfac-profile's too.
+    const int replicas = std::max(1, context.schedule.params.data_parallel);
     if (const auto shared = shared_processor_choice(o.shared_processor); !shared.measure) {
-      profile.shared_processor_capacity = shared.capacity;
+      profile.shared_processor_capacity = shared.capacity / replicas;
     }
     if (!o.kfac_profile_out.empty() && launch.is_root()) {
       traces::write_json_file(o.kfac_profile_out, sim::profile_to_json(profile));
@@ -651,6 +653,10 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     // profile without one). Not under mpirun with a device: every rank has a GPU of its own (the
     // profile's times are times alone all the same).
     if (context.device && launch.multi_process()) profile.shared_processor_capacity = 0.0;
+    // Nor with MPI processes on several machines: each machine's cores are its ranks' alone (the
+    // capacity measured on one machine for all of them does not describe that).
+    const bool several_machines = launch.multi_process() && !launch.workers_on_one_machine();
+    if (several_machines) profile.shared_processor_capacity = 0.0;
     sim::SimOptions simulation;
     simulation.shared_processors = sim::shared_processors_of(profile);
     auto pass = pipefisher::run_pipefisher(context.schedule, measured,
@@ -693,7 +699,12 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
             << pass.report.step_time_after_s << " s/step; " << source;
     if (profile.shared_processor_capacity > 0.0) {
       summary << "; the workers share the cores, capacity " << std::setprecision(2)
-              << profile.shared_processor_capacity;
+              << profile.shared_processor_capacity * replicas;
+      if (replicas > 1) {
+        summary << " (" << profile.shared_processor_capacity << " per replica)";
+      }
+    } else if (several_machines) {
+      summary << "; the ranks span several machines: a processor per worker";
     }
     summary << ")\n";
     if (pass.report.data_parallel > 1) {

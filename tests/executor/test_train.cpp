@@ -287,8 +287,19 @@ TEST_F(TrainTest, SharedProcessorFlagSetsThePassCapacity) {
   EXPECT_EQ(off.find("share the cores"), std::string::npos) << off;
   EXPECT_EQ(sim::profile_from_json_file(o.kfac_profile_out).shared_processor_capacity, 0.0);
   const std::string fixed = run("1.5");
-  EXPECT_NE(fixed.find("the workers share the cores, capacity 1.5"), std::string::npos) << fixed;
+  EXPECT_NE(fixed.find("the workers share the cores, capacity 1.50)"), std::string::npos) << fixed;
   EXPECT_EQ(sim::profile_from_json_file(o.kfac_profile_out).shared_processor_capacity, 1.5);
+  // Two data-parallel replicas on the same cores: the simulated replica has half of it, in the
+  // profile too; measured, between a quarter and a half of the 4 ranks.
+  o.data_parallel = 2;
+  const std::string replicated = run("1.5");
+  EXPECT_NE(replicated.find("capacity 1.50 (0.75 per replica)"), std::string::npos) << replicated;
+  EXPECT_EQ(sim::profile_from_json_file(o.kfac_profile_out).shared_processor_capacity, 0.75);
+  (void)run("auto");
+  const double measured = sim::profile_from_json_file(o.kfac_profile_out).shared_processor_capacity;
+  EXPECT_GE(measured, 0.5);
+  EXPECT_LE(measured, 2.0);
+  o.data_parallel = 1;
   for (const std::string bad : {"0.5", "fast", "1.5x", "nan", ""}) {
     o.shared_processor = bad;
     std::ostringstream out;

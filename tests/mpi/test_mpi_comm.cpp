@@ -57,6 +57,12 @@ class MpiComm : public ::testing::Test {
   int size = comm.size();
 };
 
+// mpirun on this one machine: every rank is on this process's node (the trainer's shared
+// processor holds only then, pipefisher_train.cpp).
+TEST_F(MpiComm, TheSessionCountsTheRanksOnThisMachine) {
+  EXPECT_EQ(pf::testing::mpi_session().node_size(), size);
+}
+
 TEST_F(MpiComm, MessagesWithOneTagArriveInOrderAndLargeOnesMoveWhileTheSenderComputes) {
   ASSERT_GE(size, 2);
   // A ring: every rank sends three small messages and one of 8 MB (past any eager limit) to
