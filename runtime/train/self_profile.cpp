@@ -40,16 +40,21 @@ double median_seconds(int repeats, F&& body) {
 enum Kernel { kCurvatureA, kCurvatureB, kInvertA, kInvertB, kPrecondition, kKernels };
 
 // Runs run(thread, timed) on `threads` threads (the caller's is thread 0), where timed(kernel,
-// body) times body() three times, every call started on all threads together (a barrier), and
-// gives the medians over all threads' calls. One thread gives times alone, the profile's; as many
-// as the run has workers, how much they slow each other down when they compute at once
-// (shared_capacity). A thread that throws (a factorization that fails) leaves the barrier, so
-// that the others finish rather than wait for it; its error is rethrown here.
+// body) times body() three times, every call started on all threads together (a barrier) and
+// timed from the barrier's release, and gives the medians over all threads' calls. (Timed from
+// each thread's own start instead, a thread the cores could not take at once measured only its
+// own run: 4 threads on 2 cores gave a capacity of 3.7.) One thread gives times alone, the
+// profile's; as many as the run has workers, how much they slow each other down when they compute
+// at once (shared_capacity). A thread that throws (a factorization that fails) leaves the barrier,
+// so that the others finish rather than wait for it; its error is rethrown here.
 template <typename Run>
 sim::KfacProfile time_together(int threads, std::int64_t d_in, std::int64_t d_out, Run&& run) {
   constexpr int kRepeats = 3;
   std::vector<std::array<std::vector<double>, kKernels>> seconds(static_cast<std::size_t>(threads));
-  std::barrier start_together(threads);
+  // Written by the barrier's completion, once all threads arrived and before any leaves.
+  std::chrono::steady_clock::time_point released;
+  std::barrier start_together(
+      threads, [&released]() noexcept { released = std::chrono::steady_clock::now(); });
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
   const auto guarded = [&](int thread) {
     try {
@@ -57,7 +62,7 @@ sim::KfacProfile time_together(int threads, std::int64_t d_in, std::int64_t d_ou
       const auto timed = [&](Kernel kernel, auto&& body) {
         for (int repeat = 0; repeat < kRepeats; ++repeat) {
           start_together.arrive_and_wait();
-          const auto start = std::chrono::steady_clock::now();
+          const auto start = released;
           body();
           mine[kernel].push_back(
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

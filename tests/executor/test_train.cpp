@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -299,6 +300,11 @@ TEST_F(TrainTest, SharedProcessorFlagSetsThePassCapacity) {
   const double measured = sim::profile_from_json_file(o.kfac_profile_out).shared_processor_capacity;
   EXPECT_GE(measured, 0.5);
   EXPECT_LE(measured, 2.0);
+  // The 4 ranks' kernels are timed from their common start: on fewer cores than ranks they
+  // cannot measure more throughput than the cores have (timed from each thread's own start, 4
+  // threads on 2 cores gave 3.7), within the noise of a shared machine.
+  const double cores = std::min(4.0, static_cast<double>(std::thread::hardware_concurrency()));
+  EXPECT_LE(2.0 * measured, 1.25 * cores);
   o.data_parallel = 1;
   for (const std::string bad : {"0.5", "fast", "1.5x", "nan", ""}) {
     o.shared_processor = bad;
