@@ -122,6 +122,10 @@ Profile profile_from_json(const json& root, const std::string& source) {
     if (!(profile.shared_processor_capacity > 0.0)) {
       read.fail("shared_processor.capacity", "must be > 0 (instructions at full speed at once)");
     }
+    profile.shared_processor_replicas = read.integer(node, "replicas", "shared_processor.", 1);
+    if (profile.shared_processor_replicas < 1) {
+      read.fail("shared_processor.replicas", "must be >= 1 (data-parallel replicas)");
+    }
   }
   profile.kfac_task_overhead_s =
       read.number(root, "kfac_task_overhead_s", "", kDefaultKfacTaskOverheadS);
@@ -178,11 +182,17 @@ Profile profile_from_json(const json& root, const std::string& source) {
   return profile;
 }
 
-SharedProcessors shared_processors_of(const Profile& profile) {
+SharedProcessors shared_processors_of(const Profile& profile, int replicas) {
+  if (replicas < 0) {
+    throw std::invalid_argument("shared processor: " + std::to_string(replicas) +
+                                " data-parallel replicas (must be >= 1)");
+  }
   SharedProcessors shared;
   if (profile.shared_processor_capacity > 0.0) {
     shared.workers_per_processor = std::numeric_limits<int>::max();
-    shared.capacity = profile.shared_processor_capacity;
+    const int profiled = std::max(1, profile.shared_processor_replicas);
+    shared.capacity = profile.shared_processor_capacity * profiled /
+                      static_cast<double>(replicas > 0 ? replicas : profiled);
   }
   return shared;
 }
@@ -227,7 +237,8 @@ json profile_to_json(const Profile& profile) {
                {"kfac_task_overhead_s", profile.kfac_task_overhead_s}};
   if (profile.host_link.bandwidth > 0.0) root["host_link"] = link(profile.host_link, false);
   if (profile.shared_processor_capacity > 0.0) {
-    root["shared_processor"] = {{"capacity", profile.shared_processor_capacity}};
+    root["shared_processor"] = {{"capacity", profile.shared_processor_capacity},
+                                {"replicas", profile.shared_processor_replicas}};
   }
   json by_kind = json::object();
   for (std::size_t i = 0; i < kKfacOverheadFields.size(); ++i) {

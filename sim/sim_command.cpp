@@ -540,13 +540,14 @@ namespace {
 constexpr int kAllWorkers = std::numeric_limits<int>::max();
 
 // --workers-per-processor and --processor-capacity over a --profile's "shared_processor" (all
-// workers on one processor of its capacity). One worker per processor at a capacity of 1 or
-// more is a processor each: off, the engine's plain path.
-sim::SharedProcessors shared_processors_of(const SimCommandOptions& options,
-                                           const CostSetup& setup) {
+// workers on one processor of one of `data_parallel` replicas' share of it). One worker per
+// processor at a capacity of 1 or more is a processor each: off, the engine's plain path.
+sim::SharedProcessors shared_processors_of(const SimCommandOptions& options, const CostSetup& setup,
+                                           int data_parallel) {
   const auto* measured = dynamic_cast<const sim::MeasuredCostModel*>(setup.costs.get());
-  sim::SharedProcessors shared =
-      measured ? sim::shared_processors_of(measured->profile()) : sim::SharedProcessors{};
+  sim::SharedProcessors shared = measured
+                                     ? sim::shared_processors_of(measured->profile(), data_parallel)
+                                     : sim::SharedProcessors{};
   if (options.workers_per_processor > 0)
     shared.workers_per_processor = options.workers_per_processor;
   if (options.processor_capacity > 0.0) {
@@ -564,7 +565,7 @@ sim::SharedProcessors shared_processors_of(const SimCommandOptions& options,
 }  // namespace
 
 CostSetup make_cost_setup(const SimCommandOptions& options,
-                          const pipefisher::KfacCommandOptions& kfac) {
+                          const pipefisher::KfacCommandOptions& kfac, int data_parallel) {
   if (sim::attention_from_string(options.attention) != sim::AttentionAlgorithm::kBatched &&
       options.model.empty()) {
     throw std::invalid_argument("--attention fused prices a model's attention: give --model");
@@ -631,7 +632,7 @@ CostSetup make_cost_setup(const SimCommandOptions& options,
   } else {
     throw std::invalid_argument("simulating needs a cost model: --model, --uniform or --profile");
   }
-  setup.shared_processors = shared_processors_of(options, setup);
+  setup.shared_processors = shared_processors_of(options, setup, data_parallel);
   if (setup.shared_processors.enabled()) {
     std::ostringstream line;
     line << "; "
@@ -743,7 +744,7 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
     }
     return run_compile_command(compile, out);
   }
-  const CostSetup setup = make_cost_setup(options, kfac);
+  const CostSetup setup = make_cost_setup(options, kfac, std::max(1, compile.data_parallel));
   CompileCommandOptions placed = with_global_batch(with_model_layers(compile, setup), options);
   if (auto_layers) {
     if (placed.schedule == "all") {

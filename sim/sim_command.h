@@ -84,8 +84,9 @@ struct CostSetup {
 bool parallel_requested(const SimCommandOptions& options);
 // With --kfac (kfac.enabled), the parallel model places the K-FAC state as --kfac-sharding
 // says and prices the pass's K-FAC work on one tensor-parallel rank's shard of each Linear.
+// `data_parallel`: the simulated run's replicas, which share a --profile's shared processor.
 CostSetup make_cost_setup(const SimCommandOptions& options,
-                          const pipefisher::KfacCommandOptions& kfac = {});
+                          const pipefisher::KfacCommandOptions& kfac = {}, int data_parallel = 1);
 
 // Everything pipefisher_sim does: without a cost model, the compiler's command unchanged; with
 // one, compile (or load) and simulate the schedule, print the summary table, and write --out,

@@ -256,7 +256,8 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
       "pipefisher_train self-profile of " + std::string(sched::to_string(base.params.kind)));
   // The simulator runs one replica: with d replicas beside it on the processor (symmetric, as
   // the data-parallel ranks run the same schedule) its workers have a d-th of the capacity.
-  profile.shared_processor_capacity = capacity / std::max(1, base.params.data_parallel);
+  profile.shared_processor_replicas = std::max(1, base.params.data_parallel);
+  profile.shared_processor_capacity = capacity / profile.shared_processor_replicas;
   for (int k = 0; k < sched::kNumLinearKinds; ++k) {
     const auto linear = static_cast<sched::LinearKind>(k);
     sim::KfacProfile entry = linear == sched::LinearKind::kFfnIn    ? ffn_in

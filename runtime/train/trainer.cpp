@@ -642,6 +642,7 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     const int replicas = std::max(1, context.schedule.params.data_parallel);
     if (const auto shared = shared_processor_choice(o.shared_processor); !shared.measure) {
       profile.shared_processor_capacity = shared.capacity / replicas;
+      profile.shared_processor_replicas = replicas;
     }
     if (!o.kfac_profile_out.empty() && launch.is_root()) {
       traces::write_json_file(o.kfac_profile_out, sim::profile_to_json(profile));
@@ -658,7 +659,7 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     const bool several_machines = launch.multi_process() && !launch.workers_on_one_machine();
     if (several_machines) profile.shared_processor_capacity = 0.0;
     sim::SimOptions simulation;
-    simulation.shared_processors = sim::shared_processors_of(profile);
+    simulation.shared_processors = sim::shared_processors_of(profile, replicas);
     auto pass = pipefisher::run_pipefisher(context.schedule, measured,
                                            pipefisher::to_kfac_options(kfac_command), simulation);
     std::string offload_summary;
@@ -697,12 +698,11 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
             << 100.0 * pass.report.step_time_overhead << std::noshowpos << "% ("
             << std::setprecision(3) << pass.report.step_time_before_s << " -> "
             << pass.report.step_time_after_s << " s/step; " << source;
-    if (profile.shared_processor_capacity > 0.0) {
+    if (simulation.shared_processors.enabled()) {
+      const double share = simulation.shared_processors.capacity;
       summary << "; the workers share the cores, capacity " << std::setprecision(2)
-              << profile.shared_processor_capacity * replicas;
-      if (replicas > 1) {
-        summary << " (" << profile.shared_processor_capacity << " per replica)";
-      }
+              << share * replicas;
+      if (replicas > 1) summary << " (" << share << " per replica)";
     } else if (several_machines) {
       summary << "; the ranks span several machines: a processor per worker";
     }

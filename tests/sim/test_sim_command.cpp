@@ -836,15 +836,34 @@ TEST(SimCommand, WorkersSharingAProcessor) {
   EXPECT_NEAR(step_time({"--profile", profile.string()}), one, 1e-9);
   EXPECT_NEAR(step_time({"--profile", profile.string(), "--workers-per-processor", "1"}), own,
               1e-9);
-  // The field round-trips, and a bad one names itself.
-  EXPECT_DOUBLE_EQ(
-      sim::profile_from_json(sim::profile_to_json(measured), "x").shared_processor_capacity, 1.0);
+  // Taken from a run of two data-parallel replicas, the capacity is one replica's share: a run
+  // of two replicas simulates it as it is, a run of one gets the whole (twice the share).
+  measured.shared_processor_capacity = 0.5;
+  measured.shared_processor_replicas = 2;
+  std::ofstream(profile) << sim::profile_to_json(measured).dump();
+  EXPECT_NEAR(step_time({"--profile", profile.string()}), one, 1e-9);
+  EXPECT_DOUBLE_EQ(sim::shared_processors_of(measured).capacity, 0.5);  // the profile's run
+  EXPECT_DOUBLE_EQ(sim::shared_processors_of(measured, 1).capacity, 1.0);
+  EXPECT_DOUBLE_EQ(sim::shared_processors_of(measured, 2).capacity, 0.5);
+  EXPECT_DOUBLE_EQ(sim::shared_processors_of(measured, 4).capacity, 0.25);
+  // The fields round-trip, and a bad one names itself.
+  const auto again = sim::profile_from_json(sim::profile_to_json(measured), "x");
+  EXPECT_DOUBLE_EQ(again.shared_processor_capacity, 0.5);
+  EXPECT_EQ(again.shared_processor_replicas, 2);
   auto bad = sim::profile_to_json(measured);
   bad["shared_processor"]["capacity"] = 0.0;
   EXPECT_NE(sim::test::error_of([&] {
               sim::profile_from_json(bad, "bad.json");
             }).find("shared_processor.capacity"),
             std::string::npos);
+  bad = sim::profile_to_json(measured);
+  bad["shared_processor"]["replicas"] = 0;
+  EXPECT_NE(sim::test::error_of([&] {
+              sim::profile_from_json(bad, "bad.json");
+            }).find("shared_processor.replicas"),
+            std::string::npos);
+  bad["shared_processor"].erase("replicas");  // optional: one replica
+  EXPECT_EQ(sim::profile_from_json(bad, "old.json").shared_processor_replicas, 1);
   SimCommandOptions o;
   o.uniform = "1,2";
   o.processor_capacity = 2.0;
