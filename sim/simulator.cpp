@@ -925,9 +925,7 @@ class Engine {
           const bool a_factor = in.kind == OpKind::kCurvatureA;
           double& bytes = open[2 * slot + (a_factor ? 0 : 1)];
           if (bytes > 0.0) break;
-          bytes = options_.kfac_sum_bytes
-                      ? options_.kfac_sum_bytes(in.layer, in.linear, a_factor)
-                      : costs_.kfac_sum_bytes(schedule_, in.layer, in.linear, a_factor);
+          bytes = factor_sum_bytes(schedule_, costs_, options_, in.layer, in.linear, a_factor);
           check_duration(bytes, in, w, position_of(g), "K-FAC factor sum bytes");
           if (bytes > 0.0) add_event(start_[g], bytes);
           break;
@@ -1218,6 +1216,13 @@ std::vector<int> resolve_processors(const SharedProcessors& shared, int workers)
     processor_of.push_back(p);
   }
   return processor_of;
+}
+
+double factor_sum_bytes(const sched::Schedule& schedule, const CostModel& costs,
+                        const SimOptions& options, int layer, sched::LinearKind linear,
+                        bool a_factor) {
+  return options.kfac_sum_bytes ? options.kfac_sum_bytes(layer, linear, a_factor)
+                                : costs.kfac_sum_bytes(schedule, layer, linear, a_factor);
 }
 
 SimResult simulate(const sched::Schedule& schedule, const CostModel& costs,

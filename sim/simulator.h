@@ -109,4 +109,10 @@ struct SimResult {
 SimResult simulate(const sched::Schedule& schedule, const CostModel& costs,
                    const SimOptions& options = {});
 
+// The bytes of one factor's sums (A: a_factor) of a Linear as simulate() counts them:
+// SimOptions::kfac_sum_bytes where set, else the cost model's.
+double factor_sum_bytes(const sched::Schedule& schedule, const CostModel& costs,
+                        const SimOptions& options, int layer, sched::LinearKind linear,
+                        bool a_factor);
+
 }  // namespace pf::sim

@@ -583,6 +583,7 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     }
     sim::Profile profile;
     std::string source = o.kfac_profile;
+    const SharedProcessorChoice shared_choice = shared_processor_choice(o.shared_processor);
     // Under mpirun, rank 0's process measures and shares (one schedule for every process).
     const auto share_wait =
         std::chrono::milliseconds(static_cast<std::int64_t>(o.wait_timeout_s * 1e3));
@@ -596,7 +597,7 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
             context.config, context.schedule,
             {context.micro_batch_size, context.seq_len, context.max_predictions}, profile_options,
             3, context.device, {optimizer_factory<float>(o), device_optimizer_choice(o)},
-            shared_processor_choice(o.shared_processor));
+            shared_choice);
       }
       if (launch.multi_process()) {  // one profile, so that every process compiles one schedule
         profile = sim::profile_from_json(nlohmann::json::parse(launch.share_from_root(
@@ -640,8 +641,8 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     // --shared-processor off or C: that capacity for the pass (one replica's share of it, as
     // the self-profile's), a --kfac-profile's too.
     const int replicas = std::max(1, context.schedule.params.data_parallel);
-    if (const auto shared = shared_processor_choice(o.shared_processor); !shared.measure) {
-      profile.shared_processor_capacity = shared.capacity / replicas;
+    if (!shared_choice.measure) {
+      profile.shared_processor_capacity = shared_choice.capacity / replicas;
       profile.shared_processor_replicas = replicas;
     }
     if (!o.kfac_profile_out.empty() && launch.is_root()) {

@@ -544,11 +544,8 @@ OffloadResult run_offload_pass(const PassResult& pipefisher, const sim::CostMode
   const double set_aside = schedule.kfac_pipelined_refresh ? 2.0 : 1.0;
   const auto factor_sums = [&](int layer, sched::LinearKind linear) {
     if (!simulation.count_factor_sums) return 0.0;
-    const auto one = [&](bool a_factor) {
-      return simulation.kfac_sum_bytes ? simulation.kfac_sum_bytes(layer, linear, a_factor)
-                                       : costs.kfac_sum_bytes(schedule, layer, linear, a_factor);
-    };
-    return set_aside * (one(true) + one(false));
+    return set_aside * (sim::factor_sum_bytes(schedule, costs, simulation, layer, linear, true) +
+                        sim::factor_sum_bytes(schedule, costs, simulation, layer, linear, false));
   };
   for (int w = 0; w < workers; ++w) {
     for (const auto& [key, in] : found.sample[static_cast<std::size_t>(w)]) {
