@@ -797,8 +797,10 @@ class Engine {
     processor_event_.clear();
     now_ = 0.0;
     if (!processor_of_.empty()) {
-      processors_.assign(static_cast<std::size_t>(workers),
-                         ProcessorShare(options_.shared_processors.capacity));
+      // capacity_of_processor falls back to the common capacity for processors without an
+      // entry, which only processors no worker uses can lack (resolve_processors checks).
+      for (int p = 0; p < workers; ++p)
+        processors_.emplace_back(capacity_of_processor(options_.shared_processors, p));
       processor_event_.assign(static_cast<std::size_t>(workers),
                               std::numeric_limits<double>::infinity());
     }
@@ -1183,6 +1185,26 @@ class Engine {
   double now_ = 0.0;  // time of the queue entry in hand
 };
 
+// Per-processor capacities, when given, cover every processor in use and are finite and > 0.
+std::vector<int> check_capacities(const SharedProcessors& shared, std::vector<int> processor_of) {
+  if (shared.processor_capacity.empty()) return processor_of;
+  for (const int p : processor_of) {
+    if (static_cast<std::size_t>(p) >= shared.processor_capacity.size()) {
+      throw std::invalid_argument(
+          "shared processors: " + std::to_string(shared.processor_capacity.size()) +
+          " per-processor capacities, processor " + std::to_string(p) + " is in use");
+    }
+  }
+  for (std::size_t p = 0; p < shared.processor_capacity.size(); ++p) {
+    const double c = shared.processor_capacity[p];
+    if (!std::isfinite(c) || c <= 0.0) {
+      throw std::invalid_argument("shared processors: processor " + std::to_string(p) +
+                                  " capacity " + std::to_string(c) + " (must be finite and > 0)");
+    }
+  }
+  return processor_of;
+}
+
 }  // namespace
 
 std::vector<int> resolve_processors(const SharedProcessors& shared, int workers) {
@@ -1194,7 +1216,7 @@ std::vector<int> resolve_processors(const SharedProcessors& shared, int workers)
   }
   if (shared.workers_per_processor > 0) {
     for (int w = 0; w < workers; ++w) processor_of.push_back(w / shared.workers_per_processor);
-    return processor_of;
+    return check_capacities(shared, processor_of);
   }
   if (shared.workers_per_processor < 0) {
     throw std::invalid_argument(
@@ -1215,7 +1237,13 @@ std::vector<int> resolve_processors(const SharedProcessors& shared, int workers)
     }
     processor_of.push_back(p);
   }
-  return processor_of;
+  return check_capacities(shared, processor_of);
+}
+
+double capacity_of_processor(const SharedProcessors& shared, int processor) {
+  return processor >= 0 && static_cast<std::size_t>(processor) < shared.processor_capacity.size()
+             ? shared.processor_capacity[static_cast<std::size_t>(processor)]
+             : shared.capacity;
 }
 
 double factor_sum_bytes(const sched::Schedule& schedule, const CostModel& costs,

@@ -41,13 +41,21 @@ struct SharedProcessors {
   // Or per worker, its processor (0 .. workers - 1); used when workers_per_processor is 0.
   std::vector<int> processor_of_worker;
   double capacity = 1.0;  // instructions a processor runs at full speed at once (> 0)
+  // Or per processor (index 0 .. the highest processor used), its own capacity: machines whose
+  // cores other ranks share unevenly (runtime/train/machine_processors.h). Empty: `capacity`.
+  std::vector<double> processor_capacity;
   bool enabled() const { return workers_per_processor != 0 || !processor_of_worker.empty(); }
 };
 
 // Every worker's processor (0 .. workers - 1) under `shared`; empty when it is off. Throws
 // std::invalid_argument naming what is wrong (a map of another length, a processor out of range,
-// a capacity that is not finite and > 0, a negative group).
+// a capacity that is not finite and > 0, per-processor capacities that miss a processor in use,
+// a negative group).
 std::vector<int> resolve_processors(const SharedProcessors& shared, int workers);
+
+// Processor `processor`'s capacity under `shared`: its entry of processor_capacity, else
+// `capacity`.
+double capacity_of_processor(const SharedProcessors& shared, int processor);
 
 struct SimOptions {
   bool overlap_communication = true;  // false: sends and receives occupy the compute lane

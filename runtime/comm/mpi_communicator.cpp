@@ -86,9 +86,22 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   MPI_Comm node = MPI_COMM_NULL;
   PF_MPI_CHECK(rank_, MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_,
                                           MPI_INFO_NULL, &node));
-  const int code = MPI_Comm_size(node, &node_size_);
+  // The node's lowest world rank names the machine (the split's key is the world rank, so it is
+  // the node's rank 0); every rank learns every rank's, numbered in order of appearance.
+  int machine_leader = rank_;
+  int code = MPI_Comm_size(node, &node_size_);
+  if (code == MPI_SUCCESS) code = MPI_Bcast(&machine_leader, 1, MPI_INT, 0, node);
   MPI_Comm_free(&node);
   PF_MPI_CHECK(rank_, code);
+  std::vector<int> leaders(static_cast<std::size_t>(size_), 0);
+  PF_MPI_CHECK(rank_, MPI_Allgather(&machine_leader, 1, MPI_INT, leaders.data(), 1, MPI_INT,
+                                    MPI_COMM_WORLD));
+  std::map<int, int> machine_of_leader;
+  machine_of_rank_.clear();
+  for (const int leader : leaders) {
+    const int next = static_cast<int>(machine_of_leader.size());
+    machine_of_rank_.push_back(machine_of_leader.emplace(leader, next).first->second);
+  }
 }
 
 MpiSession::~MpiSession() {

@@ -35,6 +35,7 @@
 // and the call.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/comm/communicator.h"
 
@@ -56,6 +57,9 @@ class MpiSession {
   // The processes on this process's machine (MPI_COMM_TYPE_SHARED), this one included: all of
   // them when the job runs on one machine.
   int node_size() const { return node_size_; }
+  // Every world rank's machine, numbered 0, 1, ... in the order of each machine's lowest rank
+  // (rank 0 is on machine 0): all zeros when the job runs on one machine.
+  const std::vector<int>& machine_of_rank() const { return machine_of_rank_; }
 
   // True when this process was started by an MPI launcher (mpirun / mpiexec / srun with PMI):
   // OMPI_COMM_WORLD_SIZE (OpenMPI), PMI_SIZE (MPICH, Slurm) or PMIX_RANK is set.
@@ -65,6 +69,7 @@ class MpiSession {
   int rank_ = 0;
   int size_ = 1;
   int node_size_ = 1;
+  std::vector<int> machine_of_rank_{0};
 };
 
 // One rank's communicator over MPI_COMM_WORLD (duplicated: its traffic never meets other

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "runtime/device/device_runtime.h"
@@ -12,8 +13,8 @@
 
 namespace pf::train {
 
-MpiLaunch::MpiLaunch(comm::MpiCommunicator& comm, bool one_machine)
-    : comm_(&comm), one_machine_(one_machine) {}
+MpiLaunch::MpiLaunch(comm::MpiCommunicator& comm, std::vector<int> machine_of_rank)
+    : comm_(&comm), machine_of_rank_(std::move(machine_of_rank)) {}
 MpiLaunch::~MpiLaunch() = default;
 
 tensor::Device MpiLaunch::place_device(tensor::Device requested,

@@ -19,6 +19,7 @@
 // --device cuda under mpirun with one error line (exit 2). The NCCL communicator is created at
 // place_device, collectively, before the device runtime opens.
 #include <memory>
+#include <vector>
 
 #include "runtime/comm/mpi_communicator.h"
 #include "runtime/train/trainer.h"
@@ -27,8 +28,8 @@ namespace pf::train {
 
 class MpiLaunch final : public Launch {
  public:
-  // one_machine: every rank on this process's node (MpiSession::node_size() == world_size()).
-  MpiLaunch(comm::MpiCommunicator& comm, bool one_machine);
+  // machine_of_rank: every rank's machine (MpiSession::machine_of_rank()).
+  MpiLaunch(comm::MpiCommunicator& comm, std::vector<int> machine_of_rank);
   ~MpiLaunch() override;
 
   bool is_root() const override { return comm_->rank() == 0; }
@@ -37,13 +38,13 @@ class MpiLaunch final : public Launch {
   std::unique_ptr<exec::Executor<double>> make_executor(exec::RunSetup<double> setup) override;
   std::string share_from_root(const std::string& text, std::chrono::milliseconds wait) override;
   std::string workers_noun() const override { return "MPI process(es)"; }
-  bool workers_on_one_machine() const override { return one_machine_; }
+  std::vector<int> machine_of_rank() const override { return machine_of_rank_; }
   tensor::Device place_device(tensor::Device requested,
                               std::chrono::milliseconds wait_timeout) override;
 
  private:
   comm::MpiCommunicator* comm_;
-  bool one_machine_ = true;
+  std::vector<int> machine_of_rank_;
   // A device run's worker communicator (NCCL), held by its base so that builds without NCCL
   // never need its definition, and the GPU it chose.
   std::unique_ptr<comm::Communicator> nccl_;

@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
       return pf::kExitBadInput;
     }
     pf::comm::MpiCommunicator comm(*session);
-    pf::train::MpiLaunch launch(comm, session->node_size() == session->world_size());
+    pf::train::MpiLaunch launch(comm, session->machine_of_rank());
     const int status = run(argc, argv, launch);
     // A failure after the ranks started together ends the job: the others would only wait.
     if (status == pf::kExitInternalError)

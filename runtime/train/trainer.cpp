@@ -21,6 +21,7 @@
 #include "runtime/optim/lr_schedule.h"
 #include "runtime/optim/sgd.h"
 #include "runtime/train/checkpointing.h"
+#include "runtime/train/machine_processors.h"
 #include "runtime/train/periodic_evaluation.h"
 #include "runtime/train/self_profile.h"
 #include "scheduler/pipefisher/offload_pass.h"
@@ -655,12 +656,17 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     // profile without one). Not under mpirun with a device: every rank has a GPU of its own (the
     // profile's times are times alone all the same).
     if (context.device && launch.multi_process()) profile.shared_processor_capacity = 0.0;
-    // Nor with MPI processes on several machines: each machine's cores are its ranks' alone (the
-    // capacity measured on one machine for all of them does not describe that).
-    const bool several_machines = launch.multi_process() && !launch.workers_on_one_machine();
-    if (several_machines) profile.shared_processor_capacity = 0.0;
+    // MPI processes on several machines: each machine's cores are shared by its own ranks, a
+    // processor per machine of the capacity measured on rank 0's (machine_processors.h).
+    const auto machine_of_rank = launch.machine_of_rank();
+    const bool several_machines = spans_machines(machine_of_rank);
     sim::SimOptions simulation;
     simulation.shared_processors = sim::shared_processors_of(profile, replicas);
+    if (several_machines && simulation.shared_processors.enabled()) {
+      simulation.shared_processors =
+          processors_by_machine(machine_of_rank, context.schedule.num_workers(),
+                                sim::shared_processors_of(profile, 1).capacity);
+    }
     auto pass = pipefisher::run_pipefisher(context.schedule, measured,
                                            pipefisher::to_kfac_options(kfac_command), simulation);
     std::string offload_summary;
@@ -699,13 +705,21 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
             << 100.0 * pass.report.step_time_overhead << std::noshowpos << "% ("
             << std::setprecision(3) << pass.report.step_time_before_s << " -> "
             << pass.report.step_time_after_s << " s/step; " << source;
-    if (simulation.shared_processors.enabled()) {
+    if (several_machines && simulation.shared_processors.enabled()) {
+      const auto& shared = simulation.shared_processors;
+      summary << "; the ranks span "
+              << 1 + *std::max_element(machine_of_rank.begin(), machine_of_rank.end())
+              << " machines, each machine's cores shared by its ranks: capacity "
+              << std::setprecision(2) << shared.capacity << " each, a replica's share";
+      for (std::size_t p = 0; p < shared.processor_capacity.size(); ++p)
+        summary << (p == 0 ? " " : ", ") << shared.processor_capacity[p];
+    } else if (simulation.shared_processors.enabled()) {
       const double share = simulation.shared_processors.capacity;
       summary << "; the workers share the cores, capacity " << std::setprecision(2)
               << share * replicas;
       if (replicas > 1) summary << " (" << share << " per replica)";
     } else if (several_machines) {
-      summary << "; the ranks span several machines: a processor per worker";
+      summary << "; the ranks span several machines, no shared processor";
     }
     summary << ")\n";
     if (pass.report.data_parallel > 1) {

@@ -5,6 +5,7 @@
 #include <iosfwd>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/executor/executor.h"
 #include "runtime/train/train_options.h"
@@ -29,9 +30,9 @@ class Launch {
     return text;
   }
   virtual std::string workers_noun() const { return "worker thread(s)"; }
-  // Whether every worker runs on this machine (threads; MPI processes on one node), so that
-  // they share its cores (the self-profile's shared processor).
-  virtual bool workers_on_one_machine() const { return true; }
+  // Every rank's machine (rank = replica * workers + worker), for the shared processors: ranks
+  // on one machine share its cores. Empty: every rank on this machine (threads).
+  virtual std::vector<int> machine_of_rank() const { return {}; }
   // The device this process drives for `--device requested`: threads share the requested one;
   // under MPI each rank drives the GPU of its local rank over NCCL (mpi_launch.h). Throws
   // device::DeviceUnavailableError (exit 2) when the launch cannot.

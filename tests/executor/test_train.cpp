@@ -322,6 +322,51 @@ TEST_F(TrainTest, SharedProcessorFlagSetsThePassCapacity) {
   EXPECT_EQ(shared_processor_choice("2").capacity, 2.0);
 }
 
+// Ranks on several machines (as MpiLaunch reports them under mpirun): the pass plans a processor
+// per machine, each with the simulated replica's share of its cores.
+class TwoMachineLaunch final : public Launch {
+ public:
+  explicit TwoMachineLaunch(std::vector<int> machines) : machines_(std::move(machines)) {}
+  std::vector<int> machine_of_rank() const override { return machines_; }
+
+ private:
+  std::vector<int> machines_;
+};
+
+TEST_F(TrainTest, RanksOnSeveralMachinesShareEachMachinesCores) {
+  auto o = small_run();
+  o.kfac.enabled = true;
+  o.kfac.refresh_steps = 2;
+  o.steps = 2;
+  o.shared_processor = "1.5";
+  const auto run = [&](std::vector<int> machines) {
+    TwoMachineLaunch launch(std::move(machines));
+    std::ostringstream out;
+    EXPECT_EQ(run_training(o, out, launch), 0);
+    return out.str();
+  };
+  // A stage per machine: each worker has its machine's cores alone.
+  const std::string stages = run({0, 1});
+  EXPECT_NE(stages.find("the ranks span 2 machines, each machine's cores shared by its ranks: "
+                        "capacity 1.50 each, a replica's share 1.50, 1.50)"),
+            std::string::npos)
+      << stages;
+  // Two replicas, rank r on machine r % 2: each worker shares its machine with the other
+  // replica's rank of the same stage.
+  o.data_parallel = 2;
+  const std::string spread = run({0, 1, 0, 1});
+  EXPECT_NE(spread.find("capacity 1.50 each, a replica's share 0.75, 0.75)"), std::string::npos)
+      << spread;
+  // A replica per machine: replica 0 has machine 0 to itself, one processor for both stages.
+  const std::string replicas = run({0, 0, 1, 1});
+  EXPECT_NE(replicas.find("capacity 1.50 each, a replica's share 1.50)"), std::string::npos)
+      << replicas;
+  // --shared-processor off: a processor per worker wherever the ranks are.
+  o.shared_processor = "off";
+  EXPECT_NE(run({0, 1, 0, 1}).find("the ranks span several machines, no shared processor"),
+            std::string::npos);
+}
+
 TEST_F(TrainTest, RefusesImpossibleRunsBeforeAnyWork) {
   auto expect_refused = [&](TrainOptions o, const std::string& fragment) {
     std::ostringstream out;

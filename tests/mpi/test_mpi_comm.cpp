@@ -4,6 +4,7 @@
 #include <numeric>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -61,6 +62,8 @@ class MpiComm : public ::testing::Test {
 // processor holds only then, pipefisher_train.cpp).
 TEST_F(MpiComm, TheSessionCountsTheRanksOnThisMachine) {
   EXPECT_EQ(pf::testing::mpi_session().node_size(), size);
+  EXPECT_EQ(pf::testing::mpi_session().machine_of_rank(),
+            std::vector<int>(static_cast<std::size_t>(size), 0));
 }
 
 TEST_F(MpiComm, MessagesWithOneTagArriveInOrderAndLargeOnesMoveWhileTheSenderComputes) {

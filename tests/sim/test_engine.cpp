@@ -276,6 +276,32 @@ TEST(SimEngine, SharedProcessorsAreChecked) {
   EXPECT_NE(message(grouped(-1, 1.0)).find("-1 workers per processor"), std::string::npos);
   // An explicit map: worker 0 and 1 on processors of their own, the closed form.
   EXPECT_EQ(message(mapped({1, 0})), "no error");
+  auto uneven = mapped({0, 1});
+  uneven.processor_capacity = {1.0};
+  EXPECT_NE(message(uneven).find("1 per-processor capacities, processor 1 is in use"),
+            std::string::npos);
+  uneven.processor_capacity = {1.0, -1.0};
+  EXPECT_NE(message(uneven).find("processor 1 capacity -1"), std::string::npos);
+  uneven.processor_capacity = {1.0, 1.0, 3.0};  // an entry no worker uses is allowed
+  EXPECT_EQ(message(uneven), "no error");
+}
+
+TEST(SimEngine, EachProcessorRunsAtItsOwnCapacity) {
+  const UniformCostModel costs(UniformCosts{.forward_s = 1.0, .backward_s = 2.0});
+  SimOptions options;
+  // One processor for both workers: its own capacity (2) overrides the common one (1), so they
+  // no longer slow each other: the closed form of a processor each.
+  options.shared_processors = grouped(2, 1.0);
+  options.shared_processors.processor_capacity = {2.0};
+  EXPECT_NEAR(simulate(gpipe_compute_only(4), costs, options).makespan_s, 15.0, 1e-12);
+  // Worker 0 on a processor of half a capacity, worker 1 on a whole one: worker 0's work takes
+  // twice as long, worker 1's as priced.
+  options.shared_processors = mapped({0, 1});
+  options.shared_processors.processor_capacity = {0.5, 1.0};
+  const SimResult r = simulate(gpipe_compute_only(4), costs, options);
+  for (const auto& t : r.times[0]) EXPECT_GT(t.end_s - t.start_s, 1.999) << "worker 0";
+  EXPECT_NEAR(r.times[0][0].end_s, 2.0, 1e-12);
+  EXPECT_NEAR(r.times[1][0].end_s - r.times[1][0].start_s, 1.0, 1e-12);
 }
 
 TEST(SimEngine, SharedProcessorStillReportsADeadlock) {
