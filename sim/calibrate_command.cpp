@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/cli_checks.h"
 #include "sim/calibration.h"
 
 namespace pf::cli {
@@ -60,7 +61,7 @@ CLI::App* add_calibrate_command(CLI::App& app, CalibrateOptions& options) {
       ->add_option("--max-spread", options.max_spread,
                    "Leave out records whose samples' spread ('spread': interquartile range / "
                    "median, bench_sim_calibrate) exceeds this")
-      ->check(CLI::PositiveNumber);
+      ->check(cli_checks::positive());
   return command;
 }
 

@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/cli_checks.h"
 #include "runtime/model/bert_config.h"
 #include "scheduler/compile.h"
 #include "scheduler/grid.h"
@@ -415,11 +416,11 @@ void add_sim_options(CLI::App& app, SimCommandOptions& options) {
                  "Consecutive groups of N workers share one processor (threads on one CPU, ranks "
                  "on one GPU): compute running at once divides its throughput (docs/simulator.md "
                  "\"Shared processors\"); 1: a processor each")
-      ->check(CLI::PositiveNumber);
+      ->check(cli_checks::positive());
   app.add_option("--processor-capacity", options.processor_capacity,
                  "Instructions a shared processor runs at full speed at once (default 1; "
                  "with --workers-per-processor or a profile's shared_processor)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli_checks::positive());
   app.add_option("--report", options.report,
                  "Write the simulation's figures (step time, bubble, per-worker utilization and "
                  "memory) to FILE.json");

@@ -70,10 +70,19 @@ BertConfig bert_preset(std::string_view name) {
   if (name == "medium") return make("medium", 8, 512, 8);
   if (name == "base") return make("base", 12, 768, 12);
   if (name == "large") return make("large", 24, 1024, 16);
+  // "bert-base" as the configuration search and Hugging Face's model names spell it.
+  constexpr std::string_view kPrefix = "bert-";
+  if (name.starts_with(kPrefix) && name.size() > kPrefix.size()) {
+    const auto bare = name.substr(kPrefix.size());
+    for (const auto& preset : bert_preset_names()) {
+      if (bare == preset) return bert_preset(bare);
+    }
+  }
   std::string known;
   for (const auto& preset : bert_preset_names()) known += (known.empty() ? "" : ", ") + preset;
   throw std::invalid_argument("unknown BERT preset '" + std::string(name) + "' (known: " + known +
-                              ", or a path to a Hugging Face config.json)");
+                              ", each also with a bert- prefix, or a path to a Hugging Face "
+                              "config.json)");
 }
 
 BertConfig bert_config_from_hf_json(const nlohmann::json& json, std::string_view source) {

@@ -1,5 +1,6 @@
 #include "scheduler/pipefisher/kfac_command.h"
 
+#include "common/cli_checks.h"
 #include "scheduler/pipefisher/defer_weights.h"
 
 #include <CLI/CLI.hpp>
@@ -52,19 +53,19 @@ void add_kfac_options(CLI::App& app, KfacCommandOptions& options) {
       ->check(CLI::IsMember({"first_fit", "best_fit", "best_of_both"}));
   app.add_option("--kfac-margin", options.safety_margin,
                  "Safety margin: a task fits when duration * (1 + margin) fits")
-      ->check(CLI::Range(0.0, 10.0));
+      ->check(cli_checks::between(0.0, 10.0));
   app.add_option("--kfac-refresh", options.refresh_steps,
                  "Fixed refresh interval k in steps; 0 = as few steps as the bubbles allow")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli_checks::non_negative());
   app.add_option("--kfac-max-refresh", options.max_refresh_steps,
                  "Cap of the automatic refresh interval: beyond it, what does not fit in the "
                  "bubbles runs after the flush (with a warning)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli_checks::positive());
   app.add_option("--kfac-spill-budget", options.spill_budget,
                  "Automatic refresh interval: take a k that leaves curvature, sync or inversion "
                  "work after the flush when that work costs at most this fraction of a step per "
                  "step on its busiest worker (0: only a k whose bubbles hold all of it)")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(cli_checks::between(0.0, 1.0));
   app.add_option("--kfac-free-spill", options.free_spill,
                  "Automatic refresh interval: also take a k below the smallest one whose bubbles "
                  "hold all of the curvature, sync and inversion, down to the work/bubble bound, "
@@ -88,7 +89,7 @@ void add_kfac_options(CLI::App& app, KfacCommandOptions& options) {
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--kfac-min-piece", options.min_piece_overheads,
                  "Smallest piece, in multiples of the cost model's per-task overhead")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli_checks::non_negative());
   app.add_option("--kfac-curvature", options.curvature,
                  "Curvature from the refresh's first step (first_step, PipeFisher) or from "
                  "every step (every_step)")
@@ -104,7 +105,7 @@ void add_kfac_options(CLI::App& app, KfacCommandOptions& options) {
   app.add_option("--kfac-memory-budget", options.memory_budget_mib,
                  "With --kfac-sharding auto: K-FAC state per replica at most this many MiB "
                  "(0: no limit)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli_checks::non_negative());
   app.add_option("--kfac-offload", options.offload,
                  "K-FAC state in host memory (ZeRO-Infinity): none, host (every Linear's factors "
                  "and inverses, prefetched over the host link before use and written back after "
@@ -117,7 +118,7 @@ void add_kfac_options(CLI::App& app, KfacCommandOptions& options) {
   app.add_option("--device-memory-budget", options.device_memory_budget_mib,
                  "Device memory per GPU in MiB that --kfac-offload auto must fit under (weights, "
                  "optimizer state, activations and the K-FAC state kept on the device)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli_checks::non_negative());
   app.add_option("--kfac-offload-copies", options.offload_copies,
                  "How the offload pass places each worker's copies on the host link: best (both "
                  "ways below, each simulated, the better kept), by-deadline (each copy in its "

@@ -34,6 +34,21 @@ TEST(BertConfigJson, RoundTripOfEveryPreset) {
 
 // Issue #16 defect 1: the default intermediate_size = 4 * hidden_size overflowed int (UBSan:
 // "4 * 600000000") before any validation; now hidden_size is refused first, by name.
+TEST(BertConfigJson, PresetsAlsoAnswerToTheirBertPrefixedNames) {
+  for (const auto& name : bert_preset_names())
+    EXPECT_EQ(bert_preset("bert-" + name), bert_preset(name));
+  for (const char* bad : {"bert-", "bert-huge", "bert-bert-base", "Base"}) {
+    try {
+      (void)bert_preset(bad);
+      ADD_FAILURE() << "accepted preset '" << bad << "'";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find("unknown BERT preset '" + std::string(bad) + "'"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+}
+
 TEST(BertConfigJson, HugeHiddenSizeIsRefusedBeforeAnyArithmetic) {
   nlohmann::json j = base_config();
   j["hidden_size"] = 600000000;

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -235,6 +236,44 @@ TEST(SimCommand, ContradictoryKfacFlagsAreRefusedBeforeAnyOutput) {
   kfac.refresh_steps = 0;
   EXPECT_EQ(run_sim_command(compile, options, out, kfac), 0);
   EXPECT_NE(out.str().find("refresh interval k"), std::string::npos) << out.str();
+}
+
+// Numeric flags out of their range name the value and the rule, not CLI11's bound of the
+// largest double.
+TEST(SimCommand, NumericFlagsOutOfRangeSayWhatIsWrong) {
+  const auto error_of = [](std::vector<std::string> args) {
+    CompileCommandOptions compile;
+    SimCommandOptions options;
+    pipefisher::KfacCommandOptions kfac;
+    CLI::App app;
+    add_compile_options(app, compile);
+    add_sim_options(app, options);
+    pipefisher::add_kfac_options(app, kfac);
+    args.insert(args.begin(), "pipefisher_sim");
+    std::vector<const char*> argv;
+    for (const auto& a : args) argv.push_back(a.c_str());
+    try {
+      app.parse(static_cast<int>(argv.size()), argv.data());
+    } catch (const CLI::ParseError& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--device-memory-budget", "-5"}, "--device-memory-budget: '-5' is negative (must be >= 0)"},
+      {{"--kfac-max-refresh", "0"}, "--kfac-max-refresh: '0' is not > 0"},
+      {{"--kfac-spill-budget", "2"}, "--kfac-spill-budget: '2' is outside 0 to 1"},
+      {{"--kfac-margin", "-0.5"}, "--kfac-margin: '-0.5' is outside 0 to 10"},
+      {{"--kfac-refresh", "x"}, "--kfac-refresh: 'x' is not a number"},
+      {{"--kfac-memory-budget", "inf"}, "--kfac-memory-budget: 'inf' is not a finite number"},
+      {{"--processor-capacity", "-1"}, "--processor-capacity: '-1' is not > 0"},
+  };
+  for (const auto& [args, expected] : cases) {
+    const std::string error = error_of(args);
+    EXPECT_NE(error.find(expected), std::string::npos) << args[0] << ": " << error;
+    EXPECT_EQ(error.find("1797"), std::string::npos) << error;
+  }
+  EXPECT_EQ(error_of({"--kfac-spill-budget", "0.5", "--device-memory-budget", "0"}), "no error");
 }
 
 TEST(SimCommand, AConfigurationThatDoesNotFitIsReportedAsSuch) {
