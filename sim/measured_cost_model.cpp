@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <limits>
 #include <stdexcept>
@@ -11,6 +12,7 @@
 
 #include "common/json_fields.h"
 #include "sim/communication.h"
+#include "sim/machine_processors.h"
 #include "sim/op_names.h"
 
 namespace pf::sim {
@@ -126,6 +128,24 @@ Profile profile_from_json(const json& root, const std::string& source) {
     if (profile.shared_processor_replicas < 1) {
       read.fail("shared_processor.replicas", "must be >= 1 (data-parallel replicas)");
     }
+    if (node.contains("machines")) {
+      const json& machines = node.at("machines");
+      if (!machines.is_array() || machines.empty() ||
+          machines.size() % static_cast<std::size_t>(profile.shared_processor_replicas) != 0) {
+        read.fail("shared_processor.machines",
+                  "must be a list of every rank's machine, a whole number of the " +
+                      std::to_string(profile.shared_processor_replicas) + " replicas' ranks");
+      }
+      for (std::size_t r = 0; r < machines.size(); ++r) {
+        const json& m = machines[r];
+        if (!m.is_number_integer() || m.get<std::int64_t>() < 0 ||
+            m.get<std::int64_t>() >= static_cast<std::int64_t>(machines.size())) {
+          read.fail("shared_processor.machines[" + std::to_string(r) + "]",
+                    "must be an integer from 0 to " + std::to_string(machines.size() - 1));
+        }
+        profile.shared_processor_machines.push_back(m.get<int>());
+      }
+    }
   }
   profile.kfac_task_overhead_s =
       read.number(root, "kfac_task_overhead_s", "", kDefaultKfacTaskOverheadS);
@@ -193,6 +213,11 @@ SharedProcessors shared_processors_of(const Profile& profile, int replicas) {
     const int profiled = std::max(1, profile.shared_processor_replicas);
     shared.capacity = profile.shared_processor_capacity * profiled /
                       static_cast<double>(replicas > 0 ? replicas : profiled);
+    const auto& machines = profile.shared_processor_machines;
+    if (spans_machines(machines) && (replicas == 0 || replicas == profiled)) {
+      return processors_by_machine(machines, static_cast<int>(machines.size()) / profiled,
+                                   profile.shared_processor_capacity * profiled);
+    }
   }
   return shared;
 }
@@ -239,6 +264,8 @@ json profile_to_json(const Profile& profile) {
   if (profile.shared_processor_capacity > 0.0) {
     root["shared_processor"] = {{"capacity", profile.shared_processor_capacity},
                                 {"replicas", profile.shared_processor_replicas}};
+    if (!profile.shared_processor_machines.empty())
+      root["shared_processor"]["machines"] = profile.shared_processor_machines;
   }
   json by_kind = json::object();
   for (std::size_t i = 0; i < kKfacOverheadFields.size(); ++i) {

@@ -20,13 +20,16 @@
 //   "host_link": {"bandwidth": B/s, "latency_s": ...}      (optional: device <-> host copies of
 //                                                            K-FAC offload; needed only by them),
 //   "optimizer_step_s": ...                                  (optional: 0),
-//   "shared_processor": {"capacity": ..., "replicas": d}  (optional: the workers ran as threads
-//                                  sharing one processor, and every duration is an
-//                                  instruction's time alone; the simulator then shares the
-//                                  processor's throughput among the compute running at once,
-//                                  SharedProcessors in sim/simulator.h. The capacity is one of
-//                                  the run's d data-parallel replicas' share (replicas optional:
-//                                  1). Absent: a processor per worker),
+//   "shared_processor": {"capacity": ..., "replicas": d, "machines": [...]}  (optional: the
+//                                  workers ran as threads sharing one processor, and every
+//                                  duration is an instruction's time alone; the simulator then
+//                                  shares the processor's throughput among the compute running
+//                                  at once, SharedProcessors in sim/simulator.h. The capacity
+//                                  is one of the run's d data-parallel replicas' share (replicas
+//                                  optional: 1). machines (optional): the run's ranks spanned
+//                                  several machines, each rank's machine (rank = replica x
+//                                  workers + worker): a processor per machine,
+//                                  sim/machine_processors.h. Absent: a processor per worker),
 //   "kfac_task_overhead_s": ...   (optional: 1e-5; part of every measured K-FAC compute time, paid
 //                                  again by each piece of a divided task),
 //   "kfac_task_overheads": {"curvature_a_s", "curvature_b_s", "curvature_sync_s", "invert_a_s",
@@ -102,6 +105,8 @@ struct Profile {
   // with shared_processor_replicas replicas on it ("shared_processor").
   double shared_processor_capacity = 0.0;
   int shared_processor_replicas = 1;
+  // Each rank's machine when the run's ranks spanned several ("machines"); empty: one machine.
+  std::vector<int> shared_processor_machines;
   double kfac_task_overhead_s = kDefaultKfacTaskOverheadS;
   KfacKindOverheads kfac_kind_overheads_s{};  // per kind; empty: kfac_task_overhead_s
   std::vector<KfacProfile> kfac;
@@ -116,7 +121,9 @@ nlohmann::json profile_to_json(const Profile& profile);
 // The profile's "shared_processor" as the simulator's option for a run of `replicas`
 // data-parallel replicas on the same processor (0: the profile's own): every worker on one
 // processor of one replica's share, the profile's capacity x its replicas / `replicas`; off (a
-// processor each) without one.
+// processor each) without one. With "machines" and the profile's own replicas: a processor per
+// machine (processors_by_machine, each machine of the profile's whole capacity); a run of
+// another replica count has other ranks, and gets the one processor.
 SharedProcessors shared_processors_of(const Profile& profile, int replicas = 0);
 
 class MeasuredCostModel final : public CostModel {

@@ -21,13 +21,13 @@
 #include "runtime/optim/lr_schedule.h"
 #include "runtime/optim/sgd.h"
 #include "runtime/train/checkpointing.h"
-#include "runtime/train/machine_processors.h"
 #include "runtime/train/periodic_evaluation.h"
 #include "runtime/train/self_profile.h"
 #include "scheduler/pipefisher/offload_pass.h"
 #include "scheduler/pipefisher/pass.h"
 #include "scheduler/schedule_json.h"
 #include "sim/cli/compile_command.h"
+#include "sim/machine_processors.h"
 #include "sim/measured_cost_model.h"
 #include "sim/profile_measurements.h"
 #include "sim/simulator.h"
@@ -646,6 +646,21 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
       profile.shared_processor_capacity = shared_choice.capacity / replicas;
       profile.shared_processor_replicas = replicas;
     }
+    // A --kfac-profile of another replica count: this run's replica share of the same capacity.
+    if (profile.shared_processor_capacity > 0.0 && profile.shared_processor_replicas != replicas) {
+      profile.shared_processor_capacity *=
+          profile.shared_processor_replicas / static_cast<double>(replicas);
+      profile.shared_processor_replicas = replicas;
+    }
+    // MPI processes on several machines: each machine's cores are shared by its own ranks, a
+    // processor per machine of the capacity measured on rank 0's (sim/machine_processors.h).
+    // The profile says so, for pipefisher_sim --profile to simulate the same; a --kfac-profile's
+    // machines were another launch's.
+    const auto machine_of_rank = launch.machine_of_rank();
+    const bool several_machines = sim::spans_machines(machine_of_rank);
+    profile.shared_processor_machines.clear();
+    if (several_machines && profile.shared_processor_capacity > 0.0)
+      profile.shared_processor_machines = machine_of_rank;
     if (!o.kfac_profile_out.empty() && launch.is_root()) {
       traces::write_json_file(o.kfac_profile_out, sim::profile_to_json(profile));
       if (!o.quiet) out << "PipeFisher pass profile: " << o.kfac_profile_out << "\n";
@@ -656,17 +671,8 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     // profile without one). Not under mpirun with a device: every rank has a GPU of its own (the
     // profile's times are times alone all the same).
     if (context.device && launch.multi_process()) profile.shared_processor_capacity = 0.0;
-    // MPI processes on several machines: each machine's cores are shared by its own ranks, a
-    // processor per machine of the capacity measured on rank 0's (machine_processors.h).
-    const auto machine_of_rank = launch.machine_of_rank();
-    const bool several_machines = spans_machines(machine_of_rank);
     sim::SimOptions simulation;
     simulation.shared_processors = sim::shared_processors_of(profile, replicas);
-    if (several_machines && simulation.shared_processors.enabled()) {
-      simulation.shared_processors =
-          processors_by_machine(machine_of_rank, context.schedule.num_workers(),
-                                sim::shared_processors_of(profile, 1).capacity);
-    }
     auto pass = pipefisher::run_pipefisher(context.schedule, measured,
                                            pipefisher::to_kfac_options(kfac_command), simulation);
     std::string offload_summary;

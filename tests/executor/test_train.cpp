@@ -354,9 +354,16 @@ TEST_F(TrainTest, RanksOnSeveralMachinesShareEachMachinesCores) {
   // Two replicas, rank r on machine r % 2: each worker shares its machine with the other
   // replica's rank of the same stage.
   o.data_parallel = 2;
+  o.kfac_profile_out = (dir_ / "kfac_profile.json").string();
   const std::string spread = run({0, 1, 0, 1});
   EXPECT_NE(spread.find("capacity 1.50 each, a replica's share 0.75, 0.75)"), std::string::npos)
       << spread;
+  // The profile the pass used says so, for pipefisher_sim --profile to simulate the same.
+  const auto written = sim::profile_from_json_file(o.kfac_profile_out);
+  EXPECT_EQ(written.shared_processor_machines, (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(sim::shared_processors_of(written).processor_capacity,
+            (std::vector<double>{0.75, 0.75}));
+  o.kfac_profile_out.clear();
   // A replica per machine: replica 0 has machine 0 to itself, one processor for both stages.
   const std::string replicas = run({0, 0, 1, 1});
   EXPECT_NE(replicas.find("capacity 1.50 each, a replica's share 1.50)"), std::string::npos)

@@ -230,6 +230,11 @@ void write_model_and_simulator(CorpusWriter& out) {
   k.linear = sched::LinearKind::kFfnIn;
   profile.kfac.push_back(k);
   out.json("profile", "two-chunks.json", sim::profile_to_json(profile));
+  // Workers that shared processors on two machines (two replicas' ranks).
+  profile.shared_processor_capacity = 0.75;
+  profile.shared_processor_replicas = 2;
+  profile.shared_processor_machines = {0, 1, 0, 1};
+  out.json("profile", "shared-two-machines.json", sim::profile_to_json(profile));
   // Defect 4: about 200 bytes asking for a 2^30 x 2^30 table.
   out.bytes("profile", "defect4-index-1073741824.json",
             R"({"format_version": 1, "chunks": [{"pipeline": 1073741824, "chunk": 1073741824,)"

@@ -903,6 +903,44 @@ TEST(SimCommand, WorkersSharingAProcessor) {
             std::string::npos);
   bad["shared_processor"].erase("replicas");  // optional: one replica
   EXPECT_EQ(sim::profile_from_json(bad, "old.json").shared_processor_replicas, 1);
+  // A run whose ranks spanned machines: a processor per machine. A machine per worker, each of
+  // the whole capacity 1: the own-processor figure; two workers a machine: between.
+  measured.shared_processor_capacity = 1.0;
+  measured.shared_processor_replicas = 1;
+  measured.shared_processor_machines = {0, 1, 2, 3};
+  std::ofstream(profile) << sim::profile_to_json(measured).dump();
+  EXPECT_NEAR(step_time({"--profile", profile.string()}), own, 1e-9);
+  measured.shared_processor_machines = {0, 0, 1, 1};
+  std::ofstream(profile) << sim::profile_to_json(measured).dump();
+  const double pairs = step_time({"--profile", profile.string()});
+  EXPECT_GT(pairs, own + 1e-6);
+  EXPECT_LT(pairs, one - 1e-6);
+  EXPECT_EQ(sim::shared_processors_of(measured).processor_of_worker,
+            (std::vector<int>{0, 0, 1, 1}));
+  // Two replicas, ranks spread over two machines: each machine's half for replica 0's workers;
+  // another replica count has other ranks, and gets the one processor.
+  measured.shared_processor_capacity = 0.5;
+  measured.shared_processor_replicas = 2;
+  measured.shared_processor_machines = {0, 0, 1, 1, 0, 0, 1, 1};
+  EXPECT_EQ(sim::shared_processors_of(measured, 2).processor_capacity,
+            (std::vector<double>{0.5, 0.5}));
+  EXPECT_TRUE(sim::shared_processors_of(measured, 1).processor_of_worker.empty());
+  EXPECT_DOUBLE_EQ(sim::shared_processors_of(measured, 1).capacity, 1.0);
+  EXPECT_EQ(sim::profile_from_json(sim::profile_to_json(measured), "x").shared_processor_machines,
+            measured.shared_processor_machines);
+  for (const auto& [machines, field] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {nlohmann::json(3), "shared_processor.machines"},
+           {nlohmann::json::array(), "shared_processor.machines"},
+           {nlohmann::json{0, 1, 0}, "shared_processor.machines"},  // not 2 replicas' ranks
+           {nlohmann::json{0, -1}, "shared_processor.machines[1]"},
+           {nlohmann::json{0, 2}, "shared_processor.machines[1]"},
+           {nlohmann::json{0, 0.5}, "shared_processor.machines[1]"}}) {
+    bad = sim::profile_to_json(measured);
+    bad["shared_processor"]["machines"] = machines;
+    EXPECT_NE(sim::test::error_of([&] { sim::profile_from_json(bad, "bad.json"); }).find(field),
+              std::string::npos)
+        << machines.dump();
+  }
   SimCommandOptions o;
   o.uniform = "1,2";
   o.processor_capacity = 2.0;

@@ -1,6 +1,6 @@
-// A processor per machine for MPI ranks on several machines (runtime/train/machine_processors.h):
+// A processor per machine for MPI ranks on several machines (sim/machine_processors.h):
 // each simulated worker on its machine's processor, with replica 0's share of that machine.
-#include "runtime/train/machine_processors.h"
+#include "sim/machine_processors.h"
 
 #include <stdexcept>
 #include <string>
@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-namespace pf::train {
+namespace pf::sim {
 namespace {
 
 std::string error_of(const std::vector<int>& machines, int workers, double capacity) {
@@ -54,9 +54,9 @@ TEST(MachineProcessors, StagesSpreadOverMachinesShareWithTheOtherReplicas) {
 TEST(MachineProcessors, TheSimulatorAcceptsWhatItReturns) {
   // A worker's processor and capacity come back in range (resolve_processors checks them).
   const auto shared = processors_by_machine({3, 1, 3, 1, 0, 0}, 2, 1.0);
-  EXPECT_EQ(sim::resolve_processors(shared, 2), (std::vector<int>{0, 1}));
-  EXPECT_DOUBLE_EQ(sim::capacity_of_processor(shared, 0), 0.5);
-  EXPECT_DOUBLE_EQ(sim::capacity_of_processor(shared, 1), 0.5);
+  EXPECT_EQ(resolve_processors(shared, 2), (std::vector<int>{0, 1}));
+  EXPECT_DOUBLE_EQ(capacity_of_processor(shared, 0), 0.5);
+  EXPECT_DOUBLE_EQ(capacity_of_processor(shared, 1), 0.5);
 }
 
 TEST(MachineProcessors, BadMapsAreRefused) {
@@ -75,4 +75,4 @@ TEST(MachineProcessors, SpansMachines) {
 }
 
 }  // namespace
-}  // namespace pf::train
+}  // namespace pf::sim

@@ -1,4 +1,4 @@
-#include "runtime/train/machine_processors.h"
+#include "sim/machine_processors.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,10 +7,10 @@
 #include <stdexcept>
 #include <string>
 
-namespace pf::train {
+namespace pf::sim {
 
-sim::SharedProcessors processors_by_machine(const std::vector<int>& machine_of_rank, int workers,
-                                            double machine_capacity) {
+SharedProcessors processors_by_machine(const std::vector<int>& machine_of_rank, int workers,
+                                       double machine_capacity) {
   const auto ranks = static_cast<int>(machine_of_rank.size());
   if (workers < 1 || ranks < workers || ranks % workers != 0) {
     throw std::invalid_argument("shared processors by machine: " + std::to_string(ranks) +
@@ -30,7 +30,7 @@ sim::SharedProcessors processors_by_machine(const std::vector<int>& machine_of_r
     }
     ++ranks_on[machine];
   }
-  sim::SharedProcessors shared;
+  SharedProcessors shared;
   std::map<int, int> processor_of_machine;
   std::vector<int> replica_ranks;  // per processor: replica 0's ranks on its machine
   for (int worker = 0; worker < workers; ++worker) {
@@ -57,4 +57,4 @@ bool spans_machines(const std::vector<int>& machine_of_rank) {
                             std::not_equal_to<>()) != machine_of_rank.end();
 }
 
-}  // namespace pf::train
+}  // namespace pf::sim
