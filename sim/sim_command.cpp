@@ -549,15 +549,21 @@ sim::SharedProcessors shared_processors_of(const SimCommandOptions& options, con
   sim::SharedProcessors shared = measured
                                      ? sim::shared_processors_of(measured->profile(), data_parallel)
                                      : sim::SharedProcessors{};
-  if (options.workers_per_processor > 0)
+  // The flags replace a profile's processors: groups instead of its machines, one capacity for
+  // every processor instead of each machine's share.
+  if (options.workers_per_processor > 0) {
     shared.workers_per_processor = options.workers_per_processor;
+    shared.processor_of_worker.clear();
+    shared.processor_capacity.clear();
+  }
   if (options.processor_capacity > 0.0) {
-    if (shared.workers_per_processor == 0) {
+    if (!shared.enabled()) {
       throw std::invalid_argument(
           "--processor-capacity sizes a shared processor: give --workers-per-processor (or a "
           "--profile with \"shared_processor\")");
     }
     shared.capacity = options.processor_capacity;
+    shared.processor_capacity.clear();
   }
   if (shared.workers_per_processor == 1 && shared.capacity >= 1.0) return {};
   return shared;
@@ -635,12 +641,23 @@ CostSetup make_cost_setup(const SimCommandOptions& options,
   }
   setup.shared_processors = shared_processors_of(options, setup, data_parallel);
   if (setup.shared_processors.enabled()) {
+    const auto& shared = setup.shared_processors;
     std::ostringstream line;
-    line << "; "
-         << (setup.shared_processors.workers_per_processor >= kAllWorkers
-                 ? std::string("all workers")
-                 : std::to_string(setup.shared_processors.workers_per_processor) + " workers")
-         << " per processor of capacity " << setup.shared_processors.capacity;
+    if (shared.workers_per_processor == 0) {  // a profile's machines
+      line << "; a processor per machine, workers on processors";
+      for (std::size_t w = 0; w < shared.processor_of_worker.size(); ++w)
+        line << (w == 0 ? " " : ",") << shared.processor_of_worker[w];
+      line << " of capacity";
+      if (shared.processor_capacity.empty()) line << " " << shared.capacity;
+      for (std::size_t p = 0; p < shared.processor_capacity.size(); ++p)
+        line << (p == 0 ? " " : ", ") << shared.processor_capacity[p];
+    } else {
+      line << "; "
+           << (shared.workers_per_processor >= kAllWorkers
+                   ? std::string("all workers")
+                   : std::to_string(shared.workers_per_processor) + " workers")
+           << " per processor of capacity " << shared.capacity;
+    }
     setup.run.details += line.str();
   }
   return setup;

@@ -915,6 +915,11 @@ TEST(SimCommand, WorkersSharingAProcessor) {
   const double pairs = step_time({"--profile", profile.string()});
   EXPECT_GT(pairs, own + 1e-6);
   EXPECT_LT(pairs, one - 1e-6);
+  // The flags replace the machines: groups of all four, or one capacity for every processor
+  // (2 on each machine's pair: the own-processor figure).
+  EXPECT_NEAR(step_time({"--profile", profile.string(), "--workers-per-processor", "4"}), one,
+              1e-9);
+  EXPECT_NEAR(step_time({"--profile", profile.string(), "--processor-capacity", "2"}), own, 1e-9);
   EXPECT_EQ(sim::shared_processors_of(measured).processor_of_worker,
             (std::vector<int>{0, 0, 1, 1}));
   // Two replicas, ranks spread over two machines: each machine's half for replica 0's workers;
