@@ -1,6 +1,9 @@
 // Small corpora and vocabularies made inside the data tests.
 #pragma once
 
+#include <unistd.h>
+
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -42,12 +45,16 @@ inline std::string random_corpus(std::size_t documents, std::uint64_t seed) {
   return text;
 }
 
-// A fresh directory under the system temp directory, removed on destruction.
+// A fresh directory under the system temp directory, removed on destruction. Named by the
+// process and the object: ctest runs tests in parallel processes, and under ASan (no address
+// randomisation) two of them placed their TempDir at one address, so that one removed the
+// other's files.
 class TempDir {
  public:
   explicit TempDir(const std::string& name)
       : path_(std::filesystem::temp_directory_path() /
-              (name + "-" + std::to_string(reinterpret_cast<std::uintptr_t>(this)))) {
+              (name + "-" + std::to_string(::getpid()) + "-" +
+               std::to_string(reinterpret_cast<std::uintptr_t>(this)))) {
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }

@@ -10,11 +10,14 @@
 // of order 1e-2 or more) still fails. The scale of a tensor is its largest |value|, floored at a
 // tenth of the largest gradient of the model: the key biases' true gradient is exactly zero
 // (softmax ignores a constant shift), so only an absolute bound makes sense there.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <string>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -147,8 +150,10 @@ TEST(HfWeights, SaveThenLoadRoundTripsAndSplitsAcrossChunks) {
   tensor::CpuBackend backend;
   BertChunk<float> whole(golden.config, whole_model(golden.config), backend);
   load_hf_weights(golden.file, whole);
-  const auto path = std::filesystem::temp_directory_path() / "pf_hf_roundtrip.safetensors";
-  const auto config_path = std::filesystem::temp_directory_path() / "pf_hf_roundtrip_config.json";
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("pf_hf_roundtrip_" + std::to_string(::getpid()) + ".safetensors");
+  const auto config_path = std::filesystem::temp_directory_path() /
+                           ("pf_hf_roundtrip_config_" + std::to_string(::getpid()) + ".json");
   std::vector<BertChunk<float>*> chunks{&whole};
   save_hf_weights<float>(path, chunks, config_path);
   const auto saved = ckpt::load_safetensors(path);

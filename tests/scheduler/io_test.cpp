@@ -1,4 +1,6 @@
 // JSON and torch CSV: round trips, imports, and errors that point at the bad field or cell.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -47,7 +49,8 @@ TEST(Json, RoundTripIsIdentical) {
 }
 
 TEST(Json, FileRoundTrip) {
-  const auto path = std::filesystem::temp_directory_path() / "pf_sched_roundtrip.json";
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("pf_sched_roundtrip_" + std::to_string(::getpid()) + ".json");
   const Schedule s = samples()[1];
   save_schedule_json(path, s);
   EXPECT_EQ(load_schedule_json(path), s);

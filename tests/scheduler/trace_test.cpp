@@ -1,10 +1,13 @@
 // Chrome traces of schedules: metadata, one complete event per instruction with its args, flow
 // arrows from sends to receives, counters, and the reader.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <map>
 #include <set>
+#include <string>
 
 #include "scheduler/compile.h"
 #include "scheduler/unit_timings.h"
@@ -55,7 +58,8 @@ TEST(ChromeTrace, EventsFlowsAndMetadata) {
   for (const auto& [id, phases] : flow_phases) EXPECT_EQ(phases, 3) << id;
 
   // Write, read back: the X events keep their fields.
-  const auto path = std::filesystem::temp_directory_path() / "pf_trace_test.json";
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("pf_trace_test_" + std::to_string(::getpid()) + ".json");
   traces::write_json_file(path, trace);
   const auto events = traces::read_chrome_trace(path);
   std::filesystem::remove(path);

@@ -1,4 +1,6 @@
 // The analytic and measured cost models, device and profile files, and their bad input.
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 #include <limits>
 
@@ -391,7 +393,8 @@ TEST(SimKfacOverheads, DeviceAndProfileFieldsReadWriteAndRefuseBadValues) {
             }).find("dev.json: field 'kfac_task_overhead_s' = -0.000003"),
             std::string::npos);
   // From a file: the error names it.
-  const auto path = std::filesystem::temp_directory_path() / "pf_test_bad_kind_overhead.json";
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("pf_test_bad_kind_overhead_" + std::to_string(::getpid()) + ".json");
   bad = j;
   bad["kfac_task_overheads"]["curvature_sync_s"] = -2e-5;
   {
