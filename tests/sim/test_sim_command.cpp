@@ -60,12 +60,14 @@ nlohmann::json read_json(const fs::path& path) {
   return nlohmann::json::parse(in);
 }
 
-// Parses a command line with both sets of flags, as pipefisher_sim does.
+// Parses a command line with both sets of flags, as pipefisher_sim does (and the --kfac ones
+// when `kfac` is given).
 void parse(std::vector<std::string> args, CompileCommandOptions& compile,
-           SimCommandOptions& options) {
+           SimCommandOptions& options, pipefisher::KfacCommandOptions* kfac = nullptr) {
   CLI::App app;
   add_compile_options(app, compile);
   add_sim_options(app, options);
+  if (kfac != nullptr) pipefisher::add_kfac_options(app, *kfac);
   args.insert(args.begin(), "pipefisher_sim");
   std::vector<const char*> argv;
   for (const auto& a : args) argv.push_back(a.c_str());
@@ -241,19 +243,12 @@ TEST(SimCommand, ContradictoryKfacFlagsAreRefusedBeforeAnyOutput) {
 // Numeric flags out of their range name the value and the rule, not CLI11's bound of the
 // largest double.
 TEST(SimCommand, NumericFlagsOutOfRangeSayWhatIsWrong) {
-  const auto error_of = [](std::vector<std::string> args) {
+  const auto error_of = [](const std::vector<std::string>& args) {
     CompileCommandOptions compile;
     SimCommandOptions options;
     pipefisher::KfacCommandOptions kfac;
-    CLI::App app;
-    add_compile_options(app, compile);
-    add_sim_options(app, options);
-    pipefisher::add_kfac_options(app, kfac);
-    args.insert(args.begin(), "pipefisher_sim");
-    std::vector<const char*> argv;
-    for (const auto& a : args) argv.push_back(a.c_str());
     try {
-      app.parse(static_cast<int>(argv.size()), argv.data());
+      parse(args, compile, options, &kfac);
     } catch (const CLI::ParseError& error) {
       return std::string(error.what());
     }
