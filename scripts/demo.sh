@@ -45,7 +45,11 @@ if [[ ! -d out/data/heldout && $(ls out/data/shards/*.pfshard | wc -l) -gt 1 ]];
   mv "$(ls out/data/shards/*.pfshard | sort | tail -n 1)" out/data/heldout/
 fi
 rm -rf out/checkpoints out/metrics.jsonl
+# --kfac-max-refresh 10: the 40 steps see K-FAC refresh several times even where the measured
+# capacity leaves the bubbles no room (two threads on cores that give about one core's worth:
+# the pass would otherwise pick its cap of 64 steps, beyond the run).
 exec build/release/runtime/train/pipefisher_train --model mini --data out/data/shards \
   --schedule 1f1b --stages 2 --microbatches 8 --micro-batch-size 8 --steps 40 --lr 1e-2 --kfac \
+  --kfac-max-refresh 10 \
   --checkpoint-dir out/checkpoints --metrics out/metrics.jsonl --trace out/train_trace.json \
   --eval-data out/data/heldout --eval-every 10 --log-every 2
