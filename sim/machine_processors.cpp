@@ -30,25 +30,27 @@ SharedProcessors processors_by_machine(const std::vector<int>& machine_of_rank, 
     }
     ++ranks_on[machine];
   }
+  // Processors numbered in the workers' order, densely: processor p is machine_of_processor[p].
   SharedProcessors shared;
   std::map<int, int> processor_of_machine;
+  std::vector<int> machine_of_processor;
   std::vector<int> replica_ranks;  // per processor: replica 0's ranks on its machine
   for (int worker = 0; worker < workers; ++worker) {
     const int machine = machine_of_rank[static_cast<std::size_t>(worker)];
     const auto [at, added] =
-        processor_of_machine.emplace(machine, static_cast<int>(processor_of_machine.size()));
-    if (added) replica_ranks.push_back(0);
+        processor_of_machine.emplace(machine, static_cast<int>(machine_of_processor.size()));
+    if (added) {
+      machine_of_processor.push_back(machine);
+      replica_ranks.push_back(0);
+    }
     ++replica_ranks[static_cast<std::size_t>(at->second)];
     shared.processor_of_worker.push_back(at->second);
   }
-  for (const auto& [machine, processor] : processor_of_machine) {
-    const double share = replica_ranks[static_cast<std::size_t>(processor)] /
-                         static_cast<double>(ranks_on.at(machine));
-    shared.processor_capacity.resize(
-        std::max(shared.processor_capacity.size(), static_cast<std::size_t>(processor) + 1));
-    shared.processor_capacity[static_cast<std::size_t>(processor)] = machine_capacity * share;
+  for (std::size_t p = 0; p < machine_of_processor.size(); ++p) {
+    shared.processor_capacity.push_back(machine_capacity * replica_ranks[p] /
+                                        ranks_on.at(machine_of_processor[p]));
   }
-  shared.capacity = machine_capacity;  // processors no worker uses (none here)
+  shared.capacity = machine_capacity;  // a whole machine's (every processor has its own entry)
   return shared;
 }
 

@@ -42,7 +42,7 @@ struct SharedProcessors {
   std::vector<int> processor_of_worker;
   double capacity = 1.0;  // instructions a processor runs at full speed at once (> 0)
   // Or per processor (index 0 .. the highest processor used), its own capacity: machines whose
-  // cores other ranks share unevenly (runtime/train/machine_processors.h). Empty: `capacity`.
+  // cores other ranks share unevenly (sim/machine_processors.h). Empty: `capacity`.
   std::vector<double> processor_capacity;
   bool enabled() const { return workers_per_processor != 0 || !processor_of_worker.empty(); }
 };
