@@ -42,7 +42,10 @@
 namespace pf::comm {
 
 // MPI's lifetime in this process: MPI_Init_thread(MPI_THREAD_MULTIPLE) ... MPI_Finalize. One per
-// process, created before and destroyed after every MpiCommunicator.
+// process, created before and destroyed after every MpiCommunicator. Its start-up collectives
+// (the split by machine, the all-gather of every rank's machine) have no deadline, as
+// MPI_Init_thread has none: every rank reaches them straight after it, before any work, and
+// mpirun ends the job if a rank dies on the way.
 class MpiSession {
  public:
   // Throws std::runtime_error when MPI is already initialised or provides less than
