@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/dense_library_context.h"
 #include "kfac/factors.h"
 #include "kfac/inverse.h"
 #include "kfac/precondition.h"
@@ -223,6 +224,7 @@ int main(int argc, char** argv) {
   const int threads = threads_env != nullptr ? std::max(1, std::atoi(threads_env)) : 2;
   omp_set_num_threads(threads);
   Eigen::setNbThreads(threads);
+  if (!pf::bench::add_dense_library_context(argv[0])) return 2;
   benchmark::AddCustomContext("threads", std::to_string(threads));
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 
+#include "bench/dense_library_context.h"
 #include "kfac/factors.h"
 #include "kfac/inverse.h"
 #include "kfac/inverse_chain.h"
@@ -181,6 +182,7 @@ int main(int argc, char** argv) {
   const int threads = threads_env != nullptr ? std::max(1, std::atoi(threads_env)) : 2;
   omp_set_num_threads(threads);
   Eigen::setNbThreads(threads);
+  if (!pf::bench::add_dense_library_context(argv[0])) return 2;
   benchmark::AddCustomContext("threads", std::to_string(threads));
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -17,6 +17,7 @@
 #include <benchmark/benchmark.h>
 #include <Eigen/Core>
 
+#include "bench/dense_library_context.h"
 #include "kernels/cpu/eigen_maps.h"
 #include "kernels/ops.h"
 #include "kernels/rng.h"
@@ -218,6 +219,7 @@ int main(int argc, char** argv) {
   if (threads < 1) threads = 1;
   omp_set_num_threads(threads);
   Eigen::setNbThreads(threads);
+  if (!pf::bench::add_dense_library_context(argv[0])) return 2;
   int count = static_cast<int>(rest.size());
   benchmark::Initialize(&count, rest.data());
   if (benchmark::ReportUnrecognizedArguments(count, rest.data())) return 1;

@@ -1,9 +1,10 @@
 #pragma once
 // The dense kernels of K-FAC's curvature and inversion on lower triangles, each on the calling
-// thread: OpenBLAS (CBLAS and its LAPACK potrf) where CMake found it (PF_HAVE_CBLAS), Eigen
-// otherwise. One thread per call, as the matrix products (kernels/cpu/gemm.cpp): the callers
-// cut the work by shape and spread it over OpenMP threads, so the bits do not depend on the
-// thread count. OpenBLAS's kernels are 1.4-2x Eigen's here (docs/benchmarks.md).
+// thread: OpenBLAS (CBLAS and its LAPACK potrf) where CMake found it (PF_HAVE_CBLAS) and the
+// process chose it (kernels/cpu/dense_library.h), Eigen otherwise. One thread per call, as the
+// matrix products (kernels/cpu/gemm.cpp): the callers cut the work by shape and spread it over
+// OpenMP threads, so the bits do not depend on the thread count. OpenBLAS's kernels were 1.4-2x
+// Eigen's on an AVX2 Zen (docs/benchmarks.md).
 #include "kfac/eigen_core.h"
 
 namespace pf::kfac {

@@ -1,10 +1,11 @@
 // Matrix products on the CPU. A product goes to a CBLAS GEMM on the calling thread (Debian's
-// OpenBLAS, found by CMake: PF_HAVE_CBLAS; 1.3-1.4x Eigen's GEMM on this machine's AVX2 cores,
-// docs/benchmarks.md, "CPU matrix products") or, without one, to Eigen's. Large products are cut
-// into blocks of rows (or of columns, when the result is wide and short) and the blocks spread
-// over the OpenMP threads. The cut depends on the shape only, never on the thread count: OpenBLAS
-// rounds a row differently depending on where a block boundary falls, so a cut by thread count
-// would make the result depend on it. One barrier per product: Eigen's own parallel GEMM
+// OpenBLAS, found by CMake: PF_HAVE_CBLAS; 1.3-1.4x Eigen's GEMM on an AVX2 Zen core,
+// docs/benchmarks.md, "CPU matrix products") or, without one or where OpenBLAS runs kernels
+// narrower than Eigen's (kernels/cpu/dense_library.h), to Eigen's, single-threaded. Large products
+// are cut into blocks of rows (or of columns, when the result is wide and short) and the blocks
+// spread over the OpenMP threads. The cut depends on the shape only, never on the thread count:
+// OpenBLAS rounds a row differently depending on where a block boundary falls, so a cut by thread
+// count would make the result depend on it. One barrier per product: Eigen's own parallel GEMM
 // synchronises its threads by spinning on shared flags, which collapses when the machine is
 // oversubscribed (one descheduled thread stalls the others for whole time slices).
 #include <omp.h>
@@ -19,6 +20,7 @@
 #endif
 
 #include "kernels/cpu/blas_threads.h"
+#include "kernels/cpu/dense_library.h"
 #include "kernels/cpu/eigen_maps.h"
 #include "kernels/ops.h"
 
@@ -63,7 +65,8 @@ void blas_product(bool ta, bool tb, std::int64_t k, ConstMatrixView<T> a, ConstM
                 ld(a.ld), b.data, ld(b.ld), beta, c.data, ld(c.ld));
   }
 }
-#else
+#endif
+
 template <typename T, typename A, typename B>
 void eigen_product(const A& a, const B& b, MatrixView<T> c, T alpha, T beta) {
   auto out = cpu::map(c);
@@ -82,15 +85,18 @@ void eigen_product(const A& a, const B& b, MatrixView<T> c, T alpha, T beta) {
     }
   }
 }
-#endif
 
-// One block of the result, on the calling thread.
+// One block of the result, on the calling thread (Eigen's GEMM is called inside an OpenMP team,
+// see gemm(), so that it does not start threads of its own).
 template <typename T>
 void block_product(ConstMatrixView<T> a, bool ta, ConstMatrixView<T> b, bool tb, std::int64_t k,
                    MatrixView<T> c, T alpha, T beta) {
 #if PF_HAVE_CBLAS
-  blas_product<T>(ta, tb, k, a, b, c, alpha, beta);
-#else
+  if (cpu::use_openblas()) {
+    blas_product<T>(ta, tb, k, a, b, c, alpha, beta);
+    return;
+  }
+#endif
   (void)k;
   auto ma = cpu::map(a);
   auto mb = cpu::map(b);
@@ -98,7 +104,6 @@ void block_product(ConstMatrixView<T> a, bool ta, ConstMatrixView<T> b, bool tb,
   if (!ta && tb) eigen_product(ma, mb.transpose(), c, alpha, beta);
   if (ta && !tb) eigen_product(ma.transpose(), mb, c, alpha, beta);
   if (ta && tb) eigen_product(ma.transpose(), mb.transpose(), c, alpha, beta);
-#endif
 }
 
 // The cut of an m x n result into blocks: along its longer side, into at most kMaxBlocks blocks
@@ -156,12 +161,15 @@ void gemm(ConstMatrixView<T> a, Transpose transpose_a, ConstMatrixView<T> b, Tra
     }
     return;
   }
+  const bool openblas = cpu::use_openblas();  // before any OpenMP region: it may throw
   const ProductCut cut = cut_product(m, n, k);
-  if (cut.count == 1) {
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  // Eigen's GEMM threads itself outside an OpenMP team, with blocks sized by its thread count
+  // (so the bits would follow the thread count): one product alone still runs in a team then.
+  if (cut.count == 1 && (threads == 1 || openblas)) {
     block_product(a, ta, b, tb, k, c, alpha, beta);
     return;
   }
-  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (std::int64_t i = 0; i < cut.count; ++i) {
     const std::int64_t first = i * cut.block;
@@ -185,6 +193,7 @@ void batched_gemm(std::int64_t count, ConstMatrixView<T> a, std::int64_t stride_
                   Transpose transpose_a, ConstMatrixView<T> b, std::int64_t stride_b,
                   Transpose transpose_b, MatrixView<T> c, std::int64_t stride_c, T alpha, T beta) {
   require(count >= 0, "batched_gemm", "negative batch count");
+  (void)cpu::dense_library();  // chosen before the OpenMP region: it may throw
 #pragma omp parallel for schedule(static) if (count > 1)
   for (std::int64_t i = 0; i < count; ++i) {
     ConstMatrixView<T> ai(a.data + i * stride_a, a.rows, a.cols, a.ld);

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "kernels/cpu/dense_library.h"
 #include "runtime/device/device_spec.h"
 #include "runtime/executor/executor.h"
 #include "runtime/executor/measured.h"
@@ -229,6 +230,8 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
       out << ", on " << tensor::to_string(context.device->device()) << " ("
           << kernels::to_string(context.device->precision()) << " products, "
           << kernels::to_string(context.device->attention()) << " attention)";
+    } else {
+      out << ", on the CPU (dense kernels: " << kernels::cpu::dense_library().summary << ")";
     }
     out << "\n";
     if (!context.kfac_summary.empty()) out << context.kfac_summary;
@@ -483,6 +486,9 @@ int run_training(const TrainOptions& o, std::ostream& out) {
 
 int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
   validate_options(o);
+  // The CPU's dense library (a bad PF_CPU_DENSE_LIBRARY is an input error, reported before any
+  // kernel runs).
+  (void)kernels::cpu::dense_library();
   RunContext context;
   // The device first: a missing one is the first thing to report (exit 2, one line).
   const tensor::Device device = launch.place_device(
