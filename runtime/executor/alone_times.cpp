@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -49,6 +50,34 @@ std::vector<InstructionEvent> alone_times(std::vector<InstructionEvent> events, 
       if (to > from) work += (to - from) * rate[static_cast<std::size_t>(piece - boundary.begin())];
     }
     event.busy_s *= work / (event.end_s - event.start_s);
+  }
+  return events;
+}
+
+std::vector<InstructionEvent> alone_times_by_machine(std::vector<InstructionEvent> events,
+                                                     double capacity,
+                                                     const std::vector<int>& machine_of_rank) {
+  std::map<int, std::vector<std::size_t>> by_machine;  // event indices of each machine
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const int rank = events[i].rank;
+    if (machine_of_rank.empty()) {
+      by_machine[0].push_back(i);
+      continue;
+    }
+    if (rank < 0 || static_cast<std::size_t>(rank) >= machine_of_rank.size()) {
+      throw std::invalid_argument("alone_times_by_machine: an event of rank " +
+                                  std::to_string(rank) + ", but the machine map has " +
+                                  std::to_string(machine_of_rank.size()) + " ranks");
+    }
+    by_machine[machine_of_rank[static_cast<std::size_t>(rank)]].push_back(i);
+  }
+  if (by_machine.size() <= 1) return alone_times(std::move(events), capacity);
+  for (const auto& [machine, indices] : by_machine) {
+    std::vector<InstructionEvent> mine;
+    mine.reserve(indices.size());
+    for (const auto i : indices) mine.push_back(events[i]);
+    mine = alone_times(std::move(mine), capacity);
+    for (std::size_t j = 0; j < indices.size(); ++j) events[indices[j]] = std::move(mine[j]);
   }
   return events;
 }

@@ -17,4 +17,12 @@ namespace pf::exec {
 // must share one clock (threads of one process, or a gathered run on one machine).
 std::vector<InstructionEvent> alone_times(std::vector<InstructionEvent> events, double capacity);
 
+// The same on each machine apart: ranks of different machines (machine_of_rank[rank]) do not
+// share a processor, so each machine's events are swept on their own, each machine of the same
+// capacity (MPI processes on several machines, their events gathered on a common start). An
+// empty machine_of_rank: one machine. std::invalid_argument for an event of a rank it lacks.
+std::vector<InstructionEvent> alone_times_by_machine(std::vector<InstructionEvent> events,
+                                                     double capacity,
+                                                     const std::vector<int>& machine_of_rank);
+
 }  // namespace pf::exec

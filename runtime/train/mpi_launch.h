@@ -6,8 +6,9 @@
 // OMPI_COMM_WORLD_SIZE, or PMI_SIZE / PMIX_RANK); started directly, it runs threads as before.
 //
 // Only rank 0 prints progress and the summary and writes metrics, the trace (every rank's
-// events, one process per rank) and the profile. A K-FAC self-profile is measured by rank 0 and
-// broadcast, so that every process places K-FAC identically. Checkpoints are written
+// events, one process per rank) and the profile. A K-FAC self-profile runs each rank in its own
+// process (train::ProfileLaunch); rank 0 gathers it, times the K-FAC kernels and broadcasts the
+// profile, so that every process places K-FAC identically. Checkpoints are written
 // collectively (each process its part, rank 0 the manifest: checkpointing.h, save_checkpoint).
 //
 // --device cuda under mpirun: one GPU per rank, the GPU of the rank's local rank (mpirun -np 8

@@ -208,7 +208,7 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
                               const ProfileShape& shape, const exec::ExecutorOptions& options,
                               int steps, const std::shared_ptr<device::DeviceRuntime>& device,
                               const ProfileOptimizer& optimizer,
-                              const SharedProcessorChoice& shared) {
+                              const SharedProcessorChoice& shared, const ProfileLaunch& launch) {
   exec::SyntheticBatches batches(config, shape.micro_batch_size, shape.seq_len,
                                  shape.max_predictions, 99);
   exec::RunSetup<float> setup;
@@ -222,10 +222,15 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
   setup.device_optimizer = optimizer.device;
   setup.learning_rate = [](std::int64_t) { return 0.0; };
   setup.batches = &batches;
-  exec::ThreadedExecutor<float> executor(setup);
-  executor.run(0, std::max(2, steps));
-  const int concurrent = executor.num_ranks();
-  auto events = executor.take_events();
+  const auto executor = launch.make_executor
+                            ? launch.make_executor(std::move(setup))
+                            : std::make_unique<exec::ThreadedExecutor<float>>(std::move(setup));
+  executor->run(0, std::max(2, steps), {});
+  auto events = executor->take_events();  // every rank's, in the root process
+  if (!executor->is_root()) return {};
+  const int concurrent = launch.ranks_sharing_root_processor > 0
+                             ? std::min(launch.ranks_sharing_root_processor, executor->num_ranks())
+                             : executor->num_ranks();
   omp_set_num_threads(std::max(1, options.threads_per_worker));
   const std::int64_t H = config.hidden_size, I = config.intermediate_size;
   const std::int64_t tokens = shape.micro_batch_size * shape.seq_len;
@@ -249,7 +254,9 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
                                                  time(I, H, concurrent)},
                                                 concurrent)
                               : shared.capacity;
-    if (capacity > 0.0) events = exec::alone_times(std::move(events), capacity);
+    if (capacity > 0.0) {
+      events = exec::alone_times_by_machine(std::move(events), capacity, launch.machine_of_rank);
+    }
   }
   auto profile = exec::measured_profile(
       base, events, 1,

@@ -3,7 +3,9 @@
 // base schedule's instructions (a few steps of a throw-away copy of the model on synthetic
 // batches of the run's shapes) and of the K-FAC kernels at the model's Linear sizes.
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "runtime/device/device_runtime.h"
 #include "runtime/executor/executor.h"
@@ -31,6 +33,22 @@ struct ProfileOptimizer {
   }
 };
 
+// Where the profile's schedule runs. By default on threads of this process. Under mpirun, through
+// the launch's executor: one process per rank, each on its own machine (its cores or its GPU),
+// so each rank is timed where it will train, its messages and all-reduces cross the real links,
+// and no process holds more than its own rank's model. The call is then collective; the root
+// process gathers the events, times the K-FAC kernels and returns the profile, the others an
+// empty one (the trainer shares the root's).
+struct ProfileLaunch {
+  std::function<std::unique_ptr<exec::Executor<float>>(exec::RunSetup<float>)> make_executor;
+  // Every rank's machine (empty: one machine): compute shares a processor within a machine only.
+  std::vector<int> machine_of_rank;
+  // Ranks whose compute shares the root's processor, for the K-FAC kernels timed together
+  // (0: every rank: threads of one process; under mpirun the root machine's ranks, or 1 with a
+  // GPU per rank).
+  int ranks_sharing_root_processor = 0;
+};
+
 // Runs `steps` steps (the first is warm-up) of `base` and times the K-FAC kernels; the profile
 // has chunk entries for every chunk and one K-FAC entry per Linear kind (all layers). On the CPU
 // with more than one rank, the workers share this machine's cores: the K-FAC kernels are timed
@@ -49,7 +67,8 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
                               int steps = 3,
                               const std::shared_ptr<device::DeviceRuntime>& device = nullptr,
                               const ProfileOptimizer& optimizer = {},
-                              const SharedProcessorChoice& shared = {});
+                              const SharedProcessorChoice& shared = {},
+                              const ProfileLaunch& launch = {});
 
 // The host link of K-FAC offload (--kfac-offload). On the CPU (no device): the rate of a memcpy
 // between two host buffers of `bytes` (the copies runtime/executor/host_kfac_state.h makes),

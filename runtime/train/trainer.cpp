@@ -591,7 +591,8 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     sim::Profile profile;
     std::string source = o.kfac_profile;
     const SharedProcessorChoice shared_choice = shared_processor_choice(o.shared_processor);
-    // Under mpirun, rank 0's process measures and shares (one schedule for every process).
+    // Under mpirun every process runs its rank of the profile's schedule; rank 0's process
+    // gathers, times the K-FAC kernels and shares the profile (one schedule for every process).
     const auto share_wait =
         std::chrono::milliseconds(static_cast<std::int64_t>(o.wait_timeout_s * 1e3));
     if (!o.kfac_profile.empty()) {
@@ -599,13 +600,25 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     } else {
       if (!o.quiet)
         out << "profiling the schedule and the K-FAC kernels for the PipeFisher pass...\n";
-      if (launch.is_root()) {
-        profile = profile_schedule(
-            context.config, context.schedule,
-            {context.micro_batch_size, context.seq_len, context.max_predictions}, profile_options,
-            3, context.device, {optimizer_factory<float>(o), device_optimizer_choice(o)},
-            shared_choice);
+      ProfileLaunch profile_launch;
+      profile_launch.make_executor = [&launch](exec::RunSetup<float> setup) {
+        return launch.make_executor(std::move(setup));
+      };
+      profile_launch.machine_of_rank = launch.machine_of_rank();
+      if (launch.multi_process()) {
+        // The K-FAC kernels timed together stand for the ranks on rank 0's machine (its cores),
+        // or for none with a GPU per rank.
+        const auto& machines = profile_launch.machine_of_rank;
+        profile_launch.ranks_sharing_root_processor =
+            context.device ? 1
+                           : static_cast<int>(std::count(machines.begin(), machines.end(),
+                                                         machines.empty() ? 0 : machines[0]));
       }
+      profile = profile_schedule(
+          context.config, context.schedule,
+          {context.micro_batch_size, context.seq_len, context.max_predictions}, profile_options, 3,
+          context.device, {optimizer_factory<float>(o), device_optimizer_choice(o)}, shared_choice,
+          profile_launch);
       if (launch.multi_process()) {  // one profile, so that every process compiles one schedule
         profile = sim::profile_from_json(nlohmann::json::parse(launch.share_from_root(
                                              sim::profile_to_json(profile).dump(), share_wait)),

@@ -36,6 +36,38 @@ TEST(AloneTimes, OverlapAtCapacityOneHalvesTheSpeed) {
   EXPECT_THROW(alone_times({}, 0.0), std::invalid_argument);
 }
 
+TEST(AloneTimes, RanksOnDifferentMachinesDoNotShareAProcessor) {
+  // Ranks 0 and 1 on machine 0, rank 2 on machine 1: [0, 2) of rank 0 overlaps [1, 3) of rank 1
+  // and [0, 2) of rank 2, but only rank 1's counts at capacity 1.
+  const auto on_rank = [](InstructionEvent event, int rank) {
+    event.rank = rank;
+    return event;
+  };
+  const std::vector<InstructionEvent> events = {
+      on_rank(compute(0, 2), 0), on_rank(compute(0, 2), 2), on_rank(compute(1, 3), 1)};
+  const auto alone = alone_times_by_machine(events, 1.0, {0, 0, 1});
+  ASSERT_EQ(alone.size(), 3U);
+  EXPECT_DOUBLE_EQ(alone[0].busy_s, 1.5);
+  EXPECT_DOUBLE_EQ(alone[1].busy_s, 2.0);  // alone on its machine, and still in its place
+  EXPECT_EQ(alone[1].rank, 2);
+  EXPECT_DOUBLE_EQ(alone[2].busy_s, 1.5);
+  // One machine (or no map): all three share it.
+  for (const std::vector<int>& one : {std::vector<int>{0, 0, 0}, std::vector<int>{}}) {
+    const auto shared = alone_times_by_machine(events, 1.0, one);
+    const auto expected = alone_times(events, 1.0);
+    for (std::size_t i = 0; i < events.size(); ++i) {
+      EXPECT_DOUBLE_EQ(shared[i].busy_s, expected[i].busy_s);
+    }
+  }
+  try {
+    (void)alone_times_by_machine(events, 1.0, {0, 1});
+    FAIL() << "an event of a rank outside the map was accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_STREQ(error.what(),
+                 "alone_times_by_machine: an event of rank 2, but the machine map has 2 ranks");
+  }
+}
+
 TEST(AloneTimes, InvertsTheSimulatorsSharedProcessor) {
   sched::ScheduleParams params;
   params.workers = 3;
