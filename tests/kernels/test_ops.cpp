@@ -93,13 +93,16 @@ TEST(Gemm, ThreadedRowSplitMatchesTheDefinition) {
 TEST(Gemm, BitsAreTheSameForAnyThreadCount) {
   // The products are cut into blocks by their shape only (kernels/cpu/gemm.cpp): a BLAS rounds
   // a row differently depending on where a block boundary falls, so a cut by thread count would
-  // change the result with it. Tall (cut by rows), wide (cut by columns), each transposition.
+  // change the result with it. Tall (cut by rows), wide (cut by columns), each transposition;
+  // and one product too narrow to cut but large enough for Eigen's GEMM to thread itself (with
+  // blocks sized by its thread count) if it ran outside an OpenMP team.
   const int saved = omp_get_max_threads();
   std::mt19937_64 rng(16);
   struct Shape {
     std::int64_t m, n, k;
   };
-  for (const Shape shape : {Shape{1000, 70, 64}, Shape{40, 900, 96}, Shape{300, 300, 33}}) {
+  for (const Shape shape :
+       {Shape{1000, 70, 64}, Shape{40, 900, 96}, Shape{300, 300, 33}, Shape{200, 200, 512}}) {
     for (int ta = 0; ta < 2; ++ta) {
       for (int tb = 0; tb < 2; ++tb) {
         const auto [m, n, k] = shape;
