@@ -23,6 +23,7 @@
 #include "sim/attention_kernels.h"
 #include "sim/config_search.h"
 #include "sim/layer_balance.h"
+#include "sim/machine_processors.h"
 #include "sim/measured_cost_model.h"
 #include "sim/parallel_cost_model.h"
 #include "sim/simulator.h"
@@ -421,6 +422,13 @@ void add_sim_options(CLI::App& app, SimCommandOptions& options) {
                  "Instructions a shared processor runs at full speed at once (default 1; "
                  "with --workers-per-processor or a profile's shared_processor)")
       ->check(cli_checks::positive());
+  app.add_option("--machines", options.machines,
+                 "Every rank's machine, comma-separated (rank = replica x workers + worker, over "
+                 "the --data-parallel replicas; as mpirun places them): each machine's cores "
+                 "shared by its ranks, a processor of --processor-capacity (or a profile's) per "
+                 "machine (docs/simulator.md \"Shared processors\")")
+      ->delimiter(',')
+      ->check(cli_checks::non_negative());
   app.add_option("--report", options.report,
                  "Write the simulation's figures (step time, bubble, per-worker utilization and "
                  "memory) to FILE.json");
@@ -549,6 +557,33 @@ sim::SharedProcessors shared_processors_of(const SimCommandOptions& options, con
   sim::SharedProcessors shared = measured
                                      ? sim::shared_processors_of(measured->profile(), data_parallel)
                                      : sim::SharedProcessors{};
+  if (!options.machines.empty()) {
+    // A machine map of this run's ranks: each machine's capacity from the flag, else the
+    // profile's (one replica's share of it, times its replicas).
+    if (options.workers_per_processor > 0) {
+      throw std::invalid_argument(
+          "--machines and --workers-per-processor both place workers on processors: give one");
+    }
+    double machine_capacity = options.processor_capacity;
+    if (!(machine_capacity > 0.0) && measured &&
+        measured->profile().shared_processor_capacity > 0.0) {
+      machine_capacity = measured->profile().shared_processor_capacity *
+                         std::max(1, measured->profile().shared_processor_replicas);
+    }
+    if (!(machine_capacity > 0.0)) {
+      throw std::invalid_argument(
+          "--machines shares each machine's cores: give --processor-capacity C (a machine's "
+          "capacity), or a --profile with \"shared_processor\"");
+    }
+    const int replicas = std::max(1, data_parallel);
+    const auto ranks = static_cast<int>(options.machines.size());
+    if (ranks % replicas != 0) {
+      throw std::invalid_argument("--machines lists " + std::to_string(ranks) +
+                                  " ranks, not a whole number of the " + std::to_string(replicas) +
+                                  " data-parallel replicas' ranks");
+    }
+    return sim::processors_by_machine(options.machines, ranks / replicas, machine_capacity);
+  }
   // The flags replace a profile's processors: groups instead of its machines, one capacity for
   // every processor instead of each machine's share.
   if (options.workers_per_processor > 0) {
@@ -581,11 +616,12 @@ CostSetup make_cost_setup(const SimCommandOptions& options,
     throw std::invalid_argument("--stash counts a model's activations: give --model");
   }
   if (parallel_requested(options)) {
-    if (options.workers_per_processor > 0 || options.processor_capacity > 0.0) {
+    if (options.workers_per_processor > 0 || options.processor_capacity > 0.0 ||
+        !options.machines.empty()) {
       throw std::invalid_argument(
-          "--workers-per-processor and --processor-capacity share a processor among pipeline "
-          "workers; the parallel model (--tensor-parallel, --cluster, ...) gives every rank a "
-          "GPU of its own");
+          "--workers-per-processor, --processor-capacity and --machines share a processor among "
+          "pipeline workers; the parallel model (--tensor-parallel, --cluster, ...) gives every "
+          "rank a GPU of its own");
     }
     return make_parallel_setup(options, kfac);
   }
@@ -746,10 +782,11 @@ int run_sim_command(const CompileCommandOptions& compile, const SimCommandOption
       throw std::invalid_argument(
           "--report and --no-overlap need a simulation: give --model, --uniform or --profile");
     }
-    if (options.workers_per_processor > 0 || options.processor_capacity > 0.0) {
+    if (options.workers_per_processor > 0 || options.processor_capacity > 0.0 ||
+        !options.machines.empty()) {
       throw std::invalid_argument(
-          "--workers-per-processor and --processor-capacity need a simulation: give --model, "
-          "--uniform or --profile");
+          "--workers-per-processor, --processor-capacity and --machines need a simulation: give "
+          "--model, --uniform or --profile");
     }
     if (compile.schedule == "all") {
       throw std::invalid_argument(

@@ -5,6 +5,7 @@
 #include <iosfwd>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "scheduler/pipefisher/kfac_command.h"
 #include "sim/cli/compile_command.h"
@@ -53,6 +54,9 @@ struct SimCommandOptions {
   // "shared_processor" puts every worker on one of its capacity; otherwise one each).
   int workers_per_processor = 0;
   double processor_capacity = 0.0;
+  // Every rank's machine (rank = replica x workers + worker, over --data-parallel replicas): a
+  // processor per machine of --processor-capacity (or a profile's) shared by its ranks.
+  std::vector<int> machines;
   std::string report;  // --report FILE.json
 };
 

@@ -941,6 +941,24 @@ TEST(SimCommand, WorkersSharingAProcessor) {
               std::string::npos)
         << machines.dump();
   }
+  // The same machine maps by flag (--machines, each machine's capacity by --processor-capacity
+  // or the profile's): a machine per worker, pairs, all on one.
+  EXPECT_NEAR(step_time({"--uniform", "1,2", "--machines", "0,1,2,3", "--processor-capacity", "1"}),
+              own, 1e-9);
+  EXPECT_NEAR(step_time({"--uniform", "1,2", "--machines", "0,0,1,1", "--processor-capacity", "1"}),
+              pairs, 1e-9);
+  EXPECT_NEAR(step_time({"--uniform", "1,2", "--machines", "5,5,5,5", "--processor-capacity", "1"}),
+              one, 1e-9);
+  measured.shared_processor_capacity = 1.0;
+  measured.shared_processor_replicas = 1;
+  measured.shared_processor_machines.clear();
+  std::ofstream(profile) << sim::profile_to_json(measured).dump();
+  EXPECT_NEAR(step_time({"--profile", profile.string(), "--machines", "0,0,1,1"}), pairs, 1e-9);
+  // Two replicas on two machines, a pair of each replica's stages per machine (mpirun by node):
+  // each machine's capacity 2 is shared by four ranks, replica 0's pair gets 1: the pairs figure.
+  EXPECT_NEAR(step_time({"--uniform", "1,2", "--data-parallel", "2", "--machines",
+                         "0,0,1,1,0,0,1,1", "--processor-capacity", "2"}),
+              pairs, 1e-9);
   SimCommandOptions o;
   o.uniform = "1,2";
   o.processor_capacity = 2.0;
@@ -948,6 +966,23 @@ TEST(SimCommand, WorkersSharingAProcessor) {
   o = {};
   o.workers_per_processor = 2;
   EXPECT_NE(error_of(o).find("need a simulation"), std::string::npos);
+  o = {};
+  o.machines = {0, 0, 1, 1};
+  EXPECT_NE(error_of(o).find("need a simulation"), std::string::npos);
+  o.uniform = "1,2";
+  EXPECT_NE(error_of(o).find("--machines shares each machine's cores: give --processor-capacity"),
+            std::string::npos);
+  o.processor_capacity = 1.0;
+  o.workers_per_processor = 2;
+  EXPECT_NE(error_of(o).find("--machines and --workers-per-processor"), std::string::npos);
+  o.workers_per_processor = 0;
+  o.machines = {0, 0, 1};
+  EXPECT_NE(error_of(o).find("3 workers mapped, the schedule has 4"), std::string::npos);
+  o.machines = {0, 0, 1, 1, 0};
+  CompileCommandOptions two_replicas;
+  two_replicas.data_parallel = 2;
+  EXPECT_NE(error_of(o, two_replicas).find("--machines lists 5 ranks, not a whole number of the 2"),
+            std::string::npos);
 }
 
 TEST(SimCommand, BadInputGivesClearErrors) {
