@@ -38,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/elementwise_records.h"
+#include "kernels/cpu/dense_library.h"
 #include "kernels/ops.h"
 #include "kfac/inverse.h"
 
@@ -363,7 +364,9 @@ int main(int argc, char** argv) {
   if (s.cpu_clock && s.threads != 1) return usage("--clock cpu needs --threads 1");
   Recorder rec(s.repeats, s.cpu_clock, s.sequential);
   const double load_before = load_average();
+  std::string dense_library;
   try {
+    dense_library = pf::kernels::cpu::dense_library().summary;
     time_gemms(rec, s.smoke);
     time_attention(rec, s.smoke);
     time_memory(rec, s.smoke);
@@ -385,6 +388,7 @@ int main(int argc, char** argv) {
                           "; written by bench_sim_calibrate."},
       {"load_average", {{"before", load_before}, {"after", load_average()}}},
       {"caches", cache_levels()},
+      {"dense_library", dense_library},
       {"defaults", {{"precision", "fp32"}}},
       {"measurements", rec.records()}};
   if (s.out.empty()) {

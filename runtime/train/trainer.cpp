@@ -347,11 +347,12 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
           .micro_batch_size = static_cast<int>(context.micro_batch_size),
           .precision = sim::precision_from_string(products_precision(o.precision)),
           .attention = sim::attention_from_string(o.attention)};
-      const nlohmann::json tags = {
-          {"schedule", std::string(sched::to_string(schedule.params.kind))},
-          {"stages", schedule.params.workers},
-          {"threads_per_worker", o.threads_per_worker},
-          {"statistic", "mean"}};
+      nlohmann::json tags = {{"schedule", std::string(sched::to_string(schedule.params.kind))},
+                             {"stages", schedule.params.workers},
+                             {"threads_per_worker", o.threads_per_worker},
+                             {"statistic", "mean"}};
+      // The CPU's rates depend on the library that ran its dense kernels.
+      if (!context.device) tags["dense_library"] = kernels::cpu::dense_library().summary;
       traces::write_json_file(o.calibration_out,
                               sim::measurements_from_profile(profile, schedule, workload, tags));
     }
