@@ -262,6 +262,10 @@ TEST(SimCommand, NumericFlagsOutOfRangeSayWhatIsWrong) {
       {{"--kfac-refresh", "x"}, "--kfac-refresh: 'x' is not a number"},
       {{"--kfac-memory-budget", "inf"}, "--kfac-memory-budget: 'inf' is not a finite number"},
       {{"--processor-capacity", "-1"}, "--processor-capacity: '-1' is not > 0"},
+      {{"--machines", "0,-1"}, "--machines: rank 1: '-1' is not a machine id (an integer >= 0)"},
+      {{"--machines", ","}, "--machines: rank 0: '' is not a machine id"},
+      {{"--machines", "0,1.5"}, "--machines: rank 1: '1.5' is not a machine id"},
+      {{"--machines", "99999999999"}, "--machines: rank 0: '99999999999' is not a machine id"},
   };
   for (const auto& [args, expected] : cases) {
     const std::string error = error_of(args);
@@ -269,6 +273,7 @@ TEST(SimCommand, NumericFlagsOutOfRangeSayWhatIsWrong) {
     EXPECT_EQ(error.find("1797"), std::string::npos) << error;
   }
   EXPECT_EQ(error_of({"--kfac-spill-budget", "0.5", "--device-memory-budget", "0"}), "no error");
+  EXPECT_EQ(error_of({"--machines", "3,3,0,2147483647"}), "no error");
 }
 
 TEST(SimCommand, AConfigurationThatDoesNotFitIsReportedAsSuch) {
