@@ -90,14 +90,15 @@ void eigen_product(const A& a, const B& b, MatrixView<T> c, T alpha, T beta) {
 // see gemm(), so that it does not start threads of its own).
 template <typename T>
 void block_product(ConstMatrixView<T> a, bool ta, ConstMatrixView<T> b, bool tb, std::int64_t k,
-                   MatrixView<T> c, T alpha, T beta) {
+                   MatrixView<T> c, T alpha, T beta, bool openblas) {
 #if PF_HAVE_CBLAS
-  if (cpu::use_openblas()) {
+  if (openblas) {
     blas_product<T>(ta, tb, k, a, b, c, alpha, beta);
     return;
   }
 #endif
   (void)k;
+  (void)openblas;  // always false without CBLAS
   auto ma = cpu::map(a);
   auto mb = cpu::map(b);
   if (!ta && !tb) eigen_product(ma, mb, c, alpha, beta);
@@ -161,13 +162,14 @@ void gemm(ConstMatrixView<T> a, Transpose transpose_a, ConstMatrixView<T> b, Tra
     }
     return;
   }
-  const bool openblas = cpu::use_openblas();  // before any OpenMP region: it may throw
+  // The library, once per product and before any OpenMP region (the first call may throw).
+  const bool openblas = cpu::use_openblas();
   const ProductCut cut = cut_product(m, n, k);
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   // Eigen's GEMM threads itself outside an OpenMP team, with blocks sized by its thread count
   // (so the bits would follow the thread count): one product alone still runs in a team then.
   if (cut.count == 1 && (threads == 1 || openblas)) {
-    block_product(a, ta, b, tb, k, c, alpha, beta);
+    block_product(a, ta, b, tb, k, c, alpha, beta, openblas);
     return;
   }
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
@@ -178,12 +180,12 @@ void gemm(ConstMatrixView<T> a, Transpose transpose_a, ConstMatrixView<T> b, Tra
       // Rows [first, first + length) of op(a): rows of a, or columns of a when transposed.
       const ConstMatrixView<T> a_block =
           ta ? a.block_cols(first, length) : a.block_rows(first, length);
-      block_product(a_block, ta, b, tb, k, c.block_rows(first, length), alpha, beta);
+      block_product(a_block, ta, b, tb, k, c.block_rows(first, length), alpha, beta, openblas);
     } else {
       // Columns [first, first + length) of op(b): columns of b, or rows of b when transposed.
       const ConstMatrixView<T> b_block =
           tb ? b.block_rows(first, length) : b.block_cols(first, length);
-      block_product(a, ta, b_block, tb, k, c.block_cols(first, length), alpha, beta);
+      block_product(a, ta, b_block, tb, k, c.block_cols(first, length), alpha, beta, openblas);
     }
   }
 }
