@@ -14,6 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/cli_checks.h"
+#include "common/comma_list.h"
 #include "runtime/model/bert_config.h"
 #include "scheduler/compile.h"
 #include "scheduler/grid.h"
@@ -322,36 +323,6 @@ sched::Schedule load_or_compile(const CompileCommandOptions& compile) {
 
 }  // namespace
 
-namespace {
-
-// --machines M0,M1,...: non-negative machine ids, one per rank.
-std::vector<int> parse_machines(const std::string& value) {
-  std::vector<int> machines;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t comma = value.find(',', start);
-    const std::string item =
-        value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    std::size_t used = 0;
-    long id = -1;
-    try {
-      id = std::stol(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (item.empty() || used != item.size() || id < 0 || id > std::numeric_limits<int>::max()) {
-      throw CLI::ValidationError("--machines", "rank " + std::to_string(machines.size()) + ": '" +
-                                                   item +
-                                                   "' is not a machine id (an integer >= 0)");
-    }
-    machines.push_back(static_cast<int>(id));
-    if (comma == std::string::npos) return machines;
-    start = comma + 1;
-  }
-}
-
-}  // namespace
-
 void add_sim_options(CLI::App& app, SimCommandOptions& options) {
   app.add_option("--model", options.model,
                  "Simulate with the analytic cost model of this BERT: preset (tiny, mini, small, "
@@ -454,7 +425,13 @@ void add_sim_options(CLI::App& app, SimCommandOptions& options) {
       ->check(cli_checks::positive());
   app.add_option_function<std::string>(
       "--machines",
-      [&options](const std::string& value) { options.machines = parse_machines(value); },
+      [&options](const std::string& value) {
+        try {
+          options.machines = parse_non_negative_int_list(value, "--machines");
+        } catch (const std::invalid_argument& error) {
+          throw CLI::ValidationError(error.what());
+        }
+      },
       "Every rank's machine, comma-separated (rank = replica x workers + worker, over the "
       "--data-parallel replicas; as mpirun places them): each machine's cores shared by its "
       "ranks, a processor of --processor-capacity (or a profile's) per machine "

@@ -51,6 +51,25 @@ TEST(CommaList, EachBadItemIsNamedWithItsFlagValueAndPosition) {
   EXPECT_EQ(error_of("3,9", 8), "--stages '3,9': item 2 '9' exceeds 8");
 }
 
+TEST(CommaList, ParsesNonNegativeIntegers) {
+  EXPECT_EQ(parse_non_negative_int_list("0,0,1,1", "--machines"), (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(parse_non_negative_int_list("3, 2147483647", "--machines"),
+            (std::vector<int>{3, std::numeric_limits<int>::max()}));
+  const auto error = [](std::string_view text) {
+    try {
+      parse_non_negative_int_list(text, "--machines");
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(error("0,-1"), "--machines '0,-1': item 2 '-1' is not an integer >= 0");
+  EXPECT_EQ(error("0,1.5"), "--machines '0,1.5': item 2 '1.5' is not an integer >= 0");
+  EXPECT_EQ(error(","), "--machines ',': item 1 is empty");
+  EXPECT_EQ(error("99999999999"), "--machines '99999999999': item 1 '99999999999' exceeds " +
+                                      std::to_string(std::numeric_limits<int>::max()));
+}
+
 TEST(CommaList, SplitsNamedItems) {
   EXPECT_EQ(split_comma_list("1f1b, chimera", "--schedules"),
             (std::vector<std::string_view>{"1f1b", "chimera"}));

@@ -262,10 +262,10 @@ TEST(SimCommand, NumericFlagsOutOfRangeSayWhatIsWrong) {
       {{"--kfac-refresh", "x"}, "--kfac-refresh: 'x' is not a number"},
       {{"--kfac-memory-budget", "inf"}, "--kfac-memory-budget: 'inf' is not a finite number"},
       {{"--processor-capacity", "-1"}, "--processor-capacity: '-1' is not > 0"},
-      {{"--machines", "0,-1"}, "--machines: rank 1: '-1' is not a machine id (an integer >= 0)"},
-      {{"--machines", ","}, "--machines: rank 0: '' is not a machine id"},
-      {{"--machines", "0,1.5"}, "--machines: rank 1: '1.5' is not a machine id"},
-      {{"--machines", "99999999999"}, "--machines: rank 0: '99999999999' is not a machine id"},
+      {{"--machines", "0,-1"}, "--machines '0,-1': item 2 '-1' is not an integer >= 0"},
+      {{"--machines", ","}, "--machines ',': item 1 is empty"},
+      {{"--machines", "0,1.5"}, "--machines '0,1.5': item 2 '1.5' is not an integer >= 0"},
+      {{"--machines", "99999999999"}, "--machines '99999999999': item 1 '99999999999' exceeds"},
   };
   for (const auto& [args, expected] : cases) {
     const std::string error = error_of(args);
