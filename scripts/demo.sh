@@ -33,18 +33,6 @@ if [[ $mode == sim ]]; then
 fi
 
 cmake --build build/release -j "$PF_JOBS" --target pipefisher_data pipefisher_train >/dev/null
-# Debian 12's OpenBLAS (0.3.21) runs SSE kernels on CPUs newer than it knows (an Emerald Rapids
-# Xeon), and the programs then take Eigen's (docs/numerics.md). Where the CPU has AVX-512,
-# OpenBLAS's own AVX-512 kernels are faster still (BERT-mini's step by 12%, the Cholesky inverse
-# by 20-30%, docs/benchmarks.md): name them, unless you did.
-has_cpu_flags() {
-  local flags
-  flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true) "
-  for flag in "$@"; do [[ $flags == *" $flag "* ]] || return 1; done
-}
-if [[ -z ${OPENBLAS_CORETYPE:-} ]] && has_cpu_flags avx512f avx512bw avx512vl avx512dq; then
-  export OPENBLAS_CORETYPE=SkylakeX
-fi
 if (($#)); then exec build/release/runtime/train/pipefisher_train "$@"; fi
 if ! compgen -G "out/data/shards/*.pfshard" >/dev/null; then
   echo "demo: building the demo corpus, vocabulary and shards in out/data..."

@@ -10,6 +10,7 @@
 
 #if PF_HAVE_CBLAS
 #include <cblas.h>
+#include <dlfcn.h>
 #endif
 
 namespace pf::kernels::cpu {
@@ -32,7 +33,59 @@ const char* tier_name(int tier) {
   return tier >= 0 && tier < 4 ? kTierNames[static_cast<std::size_t>(tier)] : "unknown";
 }
 
+const char* core_of_tier(int tier) {
+  return kCoreOfTier[static_cast<std::size_t>(std::clamp(tier, 0, 3))];
+}
+
+#if PF_HAVE_CBLAS
+// Makes the loaded OpenBLAS select its kernels again, for `core`: its start-up routine run once
+// more with OPENBLAS_CORETYPE naming the core, as if the variable had been set when it loaded
+// (driver/others/dynamic.c: gotoblas_dynamic_quit forgets the core, gotoblas_dynamic_init picks
+// one). Both are exported by OpenBLAS's DYNAMIC_ARCH builds (Debian's); false where they are
+// absent. Only before any OpenBLAS call, on one thread: the kernel table is not guarded.
+bool select_openblas_core(const std::string& core) {
+  using Routine = void (*)();
+  auto* quit = reinterpret_cast<Routine>(dlsym(RTLD_DEFAULT, "gotoblas_dynamic_quit"));
+  auto* init = reinterpret_cast<Routine>(dlsym(RTLD_DEFAULT, "gotoblas_dynamic_init"));
+  if (quit == nullptr || init == nullptr) return false;
+  // The variable only for the call: child processes and later readers see the environment the
+  // process was given.
+  if (setenv("OPENBLAS_CORETYPE", core.c_str(), 1) != 0) return false;
+  quit();
+  init();
+  unsetenv("OPENBLAS_CORETYPE");
+  return true;
+}
+
+std::string loaded_openblas_core() {
+  const char* core = openblas_get_corename();
+  return core != nullptr && *core != '\0' ? core : "unknown";
+}
+#endif
+
 }  // namespace
+
+int cpu_vector_tier() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl")) {
+    return 3;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 2;
+  if (__builtin_cpu_supports("avx")) return 1;
+#endif
+  return 0;
+}
+
+std::string openblas_core_to_select(std::string_view openblas_core, int eigen_tier, int cpu_tier,
+                                    bool coretype_named, std::string_view requested) {
+  if (openblas_core.empty() || coretype_named || requested == "eigen") return {};
+  const int core_tier = openblas_core_tier(openblas_core);
+  if (core_tier < 0 || core_tier >= eigen_tier || cpu_tier < eigen_tier) return {};
+  return core_of_tier(eigen_tier);
+}
 
 int openblas_core_tier(std::string_view core_name) {
   // OpenBLAS's x86-64 DYNAMIC_ARCH cores (driver/others/dynamic.c), by the widest vectors their
@@ -66,9 +119,15 @@ int eigen_build_tier() {
 }
 
 DenseLibraryChoice choose_dense_library(std::string_view openblas_core, int eigen_tier,
-                                        std::string_view requested) {
+                                        std::string_view requested, std::string_view loaded_core) {
   DenseLibraryChoice choice;
   choice.openblas_core = std::string(openblas_core);
+  choice.loaded_core = std::string(loaded_core);
+  // Where this process selected OpenBLAS's kernels itself, after the core OpenBLAS took.
+  const std::string selected =
+      loaded_core.empty()
+          ? std::string()
+          : ", selected at start-up: OpenBLAS took this CPU for " + std::string(loaded_core);
   if (!requested.empty()) {
     const std::string source = std::string(kDenseLibraryVariable) + "=" + std::string(requested);
     if (requested == "eigen") {
@@ -83,7 +142,7 @@ DenseLibraryChoice choose_dense_library(std::string_view openblas_core, int eige
       throw std::invalid_argument(source + ": this build has no OpenBLAS (CMake's PF_CPU_BLAS)");
     }
     choice.library = DenseLibrary::kOpenBlas;
-    choice.summary = "OpenBLAS (" + choice.openblas_core + "; " + source + ")";
+    choice.summary = "OpenBLAS (" + choice.openblas_core + selected + "; " + source + ")";
     return choice;
   }
   if (openblas_core.empty()) {
@@ -94,15 +153,14 @@ DenseLibraryChoice choose_dense_library(std::string_view openblas_core, int eige
   const int core_tier = openblas_core_tier(openblas_core);
   if (core_tier < 0 || core_tier >= eigen_tier) {
     choice.library = DenseLibrary::kOpenBlas;
-    choice.summary = "OpenBLAS (" + choice.openblas_core + ")";
+    choice.summary = "OpenBLAS (" + choice.openblas_core + selected + ")";
     return choice;
   }
   choice.library = DenseLibrary::kEigen;
   choice.summary = std::string("Eigen (") + tier_name(eigen_tier) + "): OpenBLAS runs its " +
                    choice.openblas_core + " kernels (" + tier_name(core_tier) +
-                   ") on this CPU; OPENBLAS_CORETYPE=" +
-                   kCoreOfTier[static_cast<std::size_t>(std::clamp(eigen_tier, 0, 3))] +
-                   " gives it " + tier_name(eigen_tier) + " ones";
+                   ") on this CPU; OPENBLAS_CORETYPE=" + core_of_tier(eigen_tier) + " gives it " +
+                   tier_name(eigen_tier) + " ones";
   return choice;
 }
 
@@ -112,9 +170,17 @@ const DenseLibraryChoice& dense_library() {
     const char* requested = std::getenv(kDenseLibraryVariable);
     const std::string_view request = requested != nullptr ? requested : "";
 #if PF_HAVE_CBLAS
-    const char* core = openblas_get_corename();
-    return choose_dense_library(core != nullptr && *core != '\0' ? core : "unknown",
-                                eigen_build_tier(), request);
+    const std::string loaded = loaded_openblas_core();
+    const std::string wanted =
+        openblas_core_to_select(loaded, eigen_build_tier(), cpu_vector_tier(),
+                                std::getenv("OPENBLAS_CORETYPE") != nullptr, request);
+    if (wanted.empty() || !select_openblas_core(wanted)) {
+      return choose_dense_library(loaded, eigen_build_tier(), request);
+    }
+    // What OpenBLAS took now (a build without that core keeps another); the rule judges it.
+    const std::string selected = loaded_openblas_core();
+    return choose_dense_library(selected, eigen_build_tier(), request,
+                                selected != loaded ? loaded : std::string());
 #else
     return choose_dense_library("", eigen_build_tier(), request);
 #endif

@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#if PF_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
 #include <stdexcept>
 #include <string>
 
@@ -50,6 +54,42 @@ TEST(DenseLibrary, OpenBlasUnlessItsKernelsAreNarrowerThanEigens) {
   EXPECT_EQ(without.summary, "Eigen (AVX-512; built without OpenBLAS)");
 }
 
+TEST(DenseLibrary, OpenBlasKernelsNarrowerThanEigensAreSelectedAgainForEigensTier) {
+  // Debian 12's OpenBLAS on an Emerald Rapids Xeon (AVX-512), in an AVX-512 build.
+  EXPECT_EQ(openblas_core_to_select("Prescott", 3, 3, false), "SkylakeX");
+  EXPECT_EQ(openblas_core_to_select("Haswell", 3, 3, false), "SkylakeX");
+  EXPECT_EQ(openblas_core_to_select("Prescott", 2, 3, false), "Haswell");  // an AVX2 build
+  EXPECT_EQ(openblas_core_to_select("Nehalem", 1, 1, false), "Sandybridge");
+  EXPECT_EQ(openblas_core_to_select("Prescott", 3, 3, false, "openblas"), "SkylakeX");
+  // Kept: kernels as wide as Eigen's (or wider), a core this table does not know, no OpenBLAS.
+  EXPECT_EQ(openblas_core_to_select("SkylakeX", 3, 3, false), "");
+  EXPECT_EQ(openblas_core_to_select("Zen", 2, 2, false), "");
+  EXPECT_EQ(openblas_core_to_select("SkylakeX", 2, 3, false), "");
+  EXPECT_EQ(openblas_core_to_select("SomeFutureCore", 3, 3, false), "");
+  EXPECT_EQ(openblas_core_to_select("", 3, 3, false), "");
+  // Kept: a CPU without Eigen's vectors, a core named by OPENBLAS_CORETYPE, Eigen requested.
+  EXPECT_EQ(openblas_core_to_select("Prescott", 3, 2, false), "");
+  EXPECT_EQ(openblas_core_to_select("Prescott", 3, 3, true), "");
+  EXPECT_EQ(openblas_core_to_select("Prescott", 3, 3, false, "eigen"), "");
+}
+
+TEST(DenseLibrary, TheSummarySaysWhenTheProcessSelectedOpenBlasKernels) {
+  const auto selected = choose_dense_library("SkylakeX", 3, "", "Prescott");
+  EXPECT_EQ(selected.library, DenseLibrary::kOpenBlas);
+  EXPECT_EQ(selected.loaded_core, "Prescott");
+  EXPECT_EQ(selected.summary,
+            "OpenBLAS (SkylakeX, selected at start-up: OpenBLAS took this CPU for Prescott)");
+  EXPECT_EQ(choose_dense_library("SkylakeX", 3, "openblas", "Prescott").summary,
+            "OpenBLAS (SkylakeX, selected at start-up: OpenBLAS took this CPU for Prescott; "
+            "PF_CPU_DENSE_LIBRARY=openblas)");
+  // An OpenBLAS that kept narrow kernels after all: Eigen's, as for the loaded core.
+  EXPECT_EQ(choose_dense_library("Prescott", 3, "", "Nehalem").library, DenseLibrary::kEigen);
+}
+
+TEST(DenseLibrary, TheCpuRunsTheVectorsThisBuildWasCompiledFor) {
+  EXPECT_GE(cpu_vector_tier(), eigen_build_tier());
+}
+
 TEST(DenseLibrary, TheVariableOverridesTheRuleAndIsChecked) {
   const auto eigen = choose_dense_library("SkylakeX", 3, "eigen");
   EXPECT_EQ(eigen.library, DenseLibrary::kEigen);
@@ -79,12 +119,28 @@ TEST(DenseLibrary, TheProcessChoiceFollowsTheRuleOrTheVariable) {
   EXPECT_FALSE(choice.summary.empty());
   EXPECT_EQ(use_openblas(), choice.library == DenseLibrary::kOpenBlas);
   const char* requested = std::getenv(kDenseLibraryVariable);
-  const auto expected = choose_dense_library(choice.openblas_core, eigen_build_tier(),
-                                             requested != nullptr ? requested : "");
+  const auto expected =
+      choose_dense_library(choice.openblas_core, eigen_build_tier(),
+                           requested != nullptr ? requested : "", choice.loaded_core);
   EXPECT_EQ(choice.library, expected.library);
   EXPECT_EQ(choice.summary, expected.summary);
 #if PF_HAVE_CBLAS
   EXPECT_FALSE(choice.openblas_core.empty());
+  // OpenBLAS's kernels were selected again only where the rule asked for them, and not below
+  // Eigen's vectors then (on this machine: what the process runs is what the rule judged).
+  EXPECT_EQ(choice.openblas_core, openblas_get_corename());
+  const std::string_view request = requested != nullptr ? requested : "";
+  if (!choice.loaded_core.empty()) {
+    EXPECT_FALSE(openblas_core_to_select(choice.loaded_core, eigen_build_tier(), cpu_vector_tier(),
+                                         false, request)
+                     .empty());
+  }
+  // Nothing is left to select: the kernels OpenBLAS runs now are as wide as Eigen's, or were
+  // named by OPENBLAS_CORETYPE, or Eigen was asked for (Debian's OpenBLAS has the routines).
+  EXPECT_EQ(openblas_core_to_select(choice.openblas_core, eigen_build_tier(), cpu_vector_tier(),
+                                    std::getenv("OPENBLAS_CORETYPE") != nullptr, request),
+            "")
+      << choice.summary;
 #else
   EXPECT_TRUE(choice.openblas_core.empty());
 #endif
