@@ -1,5 +1,7 @@
 #include "sim/device.h"
 
+#include "sim/cpu_device.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -224,8 +226,9 @@ DeviceSpec device_preset(std::string_view name) {
     return make("a100", 19.5e12, 156e12, 312e12, 312e12, 2.0e12, 300e9, 5e-6, 25.6e9);
   if (name == "v100") return make("v100", 15.7e12, 0.0, 0.0, 125e12, 0.9e12, 150e9, 5e-6, 12.8e9);
   if (name == "p100") return make("p100", 9.3e12, 0.0, 0.0, 18.7e12, 0.732e12, 16e9, 10e-6, 12.8e9);
-  throw std::invalid_argument("unknown device '" + std::string(name) + "' (presets: " +
-                              join(device_preset_names()) + ", or a path to a device JSON file)");
+  throw std::invalid_argument("unknown device '" + std::string(name) +
+                              "' (presets: " + join(device_preset_names()) + ", " + kThisCpuDevice +
+                              ", or a path to a device JSON file)");
 }
 
 DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source) {
@@ -498,6 +501,7 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
 }
 
 DeviceSpec resolve_device(std::string_view name_or_path) {
+  if (name_or_path == kThisCpuDevice) return this_cpu_device();
   const auto names = device_preset_names();
   for (const auto& name : names) {
     if (name == name_or_path) return device_preset(name);

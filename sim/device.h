@@ -190,7 +190,8 @@ std::vector<std::string> device_preset_names();
 DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source);
 DeviceSpec device_from_json_file(const std::filesystem::path& path);
 nlohmann::json device_to_json(const DeviceSpec& device);
-// A preset name or a path to a JSON file.
+// A preset name, "this-cpu" (this machine's CPU, one core, its peaks measured: sim/cpu_device.h)
+// or a path to a JSON file.
 DeviceSpec resolve_device(std::string_view name_or_path);
 
 }  // namespace pf::sim

@@ -1,5 +1,7 @@
 #include "kernels/cpu/dense_library.h"
 
+#include "common/cpu_vectors.h"
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <array>
@@ -24,13 +26,12 @@ std::string lower_case(std::string_view text) {
   return lowered;
 }
 
-constexpr std::array<const char*, 4> kTierNames = {"SSE", "AVX", "AVX2", "AVX-512"};
 // The OpenBLAS core whose kernels use each tier's vectors (what OPENBLAS_CORETYPE may name).
 constexpr std::array<const char*, 4> kCoreOfTier = {"Nehalem", "Sandybridge", "Haswell",
                                                     "SkylakeX"};
 
 const char* tier_name(int tier) {
-  return tier >= 0 && tier < 4 ? kTierNames[static_cast<std::size_t>(tier)] : "unknown";
+  return vector_tier_name(tier);
 }
 
 const char* core_of_tier(int tier) {
@@ -64,20 +65,6 @@ std::string loaded_openblas_core() {
 #endif
 
 }  // namespace
-
-int cpu_vector_tier() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vl")) {
-    return 3;
-  }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 2;
-  if (__builtin_cpu_supports("avx")) return 1;
-#endif
-  return 0;
-}
 
 std::string openblas_core_to_select(std::string_view openblas_core, int eigen_tier, int cpu_tier,
                                     bool coretype_named, std::string_view requested) {

@@ -15,15 +15,13 @@ namespace pf::kernels::cpu {
 
 enum class DenseLibrary { kOpenBlas, kEigen };
 
-// Vector instruction tiers: 0 SSE, 1 AVX, 2 AVX2 with FMA, 3 AVX-512.
+// Vector instruction tiers: 0 SSE, 1 AVX, 2 AVX2 with FMA, 3 AVX-512 (common/cpu_vectors.h:
+// this CPU's, pf::cpu_vector_tier()).
 // The tier of an OpenBLAS x86-64 kernel set by its core name (openblas_get_corename(), any case);
 // -1 for a name this table does not know (a newer core: trusted).
 int openblas_core_tier(std::string_view core_name);
 // The widest vectors this build's Eigen was compiled for (-march decides).
 int eigen_build_tier();
-
-// The widest tier this CPU runs, the operating system's support for the registers included.
-int cpu_vector_tier();
 
 // The OpenBLAS core to select at start-up (pure, tested): the core of Eigen's tier (SkylakeX for
 // AVX-512, Haswell for AVX2, ...) when the loaded OpenBLAS runs kernels of a known, narrower tier

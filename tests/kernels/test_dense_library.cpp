@@ -2,6 +2,8 @@
 // and the process's choice.
 #include "kernels/cpu/dense_library.h"
 
+#include "common/cpu_vectors.h"
+
 #include <gtest/gtest.h>
 
 #if PF_HAVE_CBLAS

@@ -18,6 +18,7 @@
 #include "sim/bert_costs.h"
 #include "sim/bert_kernels.h"
 #include "sim/calibration.h"
+#include "sim/cpu_device.h"
 #include "sim/device.h"
 #include "sim/kernel_costs.h"
 #include "sim/kfac_kernels.h"
@@ -1068,6 +1069,47 @@ TEST(SimCalibration, DeviceJsonRoundTripsTheClasses) {
   bad = device_to_json(d);
   bad["classes"]["tensor"] = nlohmann::json::object();
   EXPECT_NE(error_of([&] { device_from_json(bad, "bad"); }).find("tensor"), std::string::npos);
+}
+
+// A device for this machine's CPU (sim/cpu_device.h): its peaks from its clock and vectors.
+TEST(CpuDevice, PeaksFollowTheClockAndTheVectorTier) {
+  // The AMD EPYC core of sim/calibration/cpu_start.json: AVX2 at 2.45 GHz.
+  const DeviceSpec avx2 = cpu_device(2.45e9, 2);
+  EXPECT_DOUBLE_EQ(avx2.peak_flops(Precision::kFp32), 2.45e9 * 32);
+  EXPECT_DOUBLE_EQ(avx2.memory_bandwidth, 2.45e9 * 64);
+  EXPECT_EQ(avx2.name, "this-cpu (AVX2, 2.45 GHz)");
+  const DeviceSpec avx512 = cpu_device(2.7e9, 3);
+  EXPECT_DOUBLE_EQ(avx512.peak_flops(Precision::kFp32), 2.7e9 * 64);
+  EXPECT_DOUBLE_EQ(avx512.memory_bandwidth, 2.7e9 * 128);
+  EXPECT_DOUBLE_EQ(cpu_device(3e9, 0).peak_flops(Precision::kFp32), 3e9 * 8);
+  EXPECT_DOUBLE_EQ(cpu_device(3e9, 1).peak_flops(Precision::kFp32), 3e9 * 16);
+  // As cpu_start.json: the runtime's triangular inverse, efficiency 0.5 before a fit.
+  const DeviceSpec start = device_from_json_file("sim/calibration/cpu_start.json");
+  EXPECT_EQ(avx2.inverse_solve, start.inverse_solve);
+  EXPECT_DOUBLE_EQ(avx2.matmul_efficiency, start.matmul_efficiency);
+  EXPECT_THROW(cpu_device(0.0, 2), std::invalid_argument);
+  EXPECT_THROW(cpu_device(std::nan(""), 2), std::invalid_argument);
+  EXPECT_THROW(cpu_device(2e9, 4), std::invalid_argument);
+  EXPECT_THROW(cpu_device(2e9, -1), std::invalid_argument);
+}
+
+TEST(CpuDevice, ThisCpuIsMeasured) {
+#if defined(__x86_64__)
+  const double clock = measure_core_clock_hz();
+  EXPECT_GT(clock, 0.3e9);  // a core of this century, even on a busy machine
+  EXPECT_LT(clock, 7e9);    // no core runs a dependent chain faster than this
+  const DeviceSpec device = resolve_device("this-cpu");
+  EXPECT_EQ(device.name.rfind("this-cpu (", 0), 0u) << device.name;
+  EXPECT_GE(device.peak_flops(Precision::kFp32), 0.3e9 * 8);
+#else
+  EXPECT_THROW(resolve_device("this-cpu"), std::runtime_error);
+#endif
+  try {
+    (void)resolve_device("no-such-device");
+    FAIL() << "an unknown device was accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("this-cpu"), std::string::npos) << error.what();
+  }
 }
 
 }  // namespace
