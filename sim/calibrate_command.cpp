@@ -134,7 +134,7 @@ int run_calibrate_command(const CalibrateOptions& options, std::ostream& out) {
   }
   // An efficiency is a fraction of the start device's peak and stops at 1. With the fitted
   // records still predicted slow, that bound held the fit back: the start's peaks are below
-  // what the records ran at (the AVX2 cpu_start.json against an AVX-512 Xeon: +25%).
+  // what the records ran at (the AVX2 cpu_start.json against an AVX-512 Xeon: +14% to +20%).
   std::vector<double> fitted_errors;
   for (const auto& r : rows) {
     if (!r.held_out) fitted_errors.push_back(r.relative_error);

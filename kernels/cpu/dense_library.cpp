@@ -30,10 +30,6 @@ std::string lower_case(std::string_view text) {
 constexpr std::array<const char*, 4> kCoreOfTier = {"Nehalem", "Sandybridge", "Haswell",
                                                     "SkylakeX"};
 
-const char* tier_name(int tier) {
-  return vector_tier_name(tier);
-}
-
 const char* core_of_tier(int tier) {
   return kCoreOfTier[static_cast<std::size_t>(std::clamp(tier, 0, 3))];
 }
@@ -119,7 +115,7 @@ DenseLibraryChoice choose_dense_library(std::string_view openblas_core, int eige
     const std::string source = std::string(kDenseLibraryVariable) + "=" + std::string(requested);
     if (requested == "eigen") {
       choice.library = DenseLibrary::kEigen;
-      choice.summary = std::string("Eigen (") + tier_name(eigen_tier) + "; " + source + ")";
+      choice.summary = std::string("Eigen (") + vector_tier_name(eigen_tier) + "; " + source + ")";
       return choice;
     }
     if (requested != "openblas") {
@@ -134,7 +130,8 @@ DenseLibraryChoice choose_dense_library(std::string_view openblas_core, int eige
   }
   if (openblas_core.empty()) {
     choice.library = DenseLibrary::kEigen;
-    choice.summary = std::string("Eigen (") + tier_name(eigen_tier) + "; built without OpenBLAS)";
+    choice.summary =
+        std::string("Eigen (") + vector_tier_name(eigen_tier) + "; built without OpenBLAS)";
     return choice;
   }
   const int core_tier = openblas_core_tier(openblas_core);
@@ -144,10 +141,10 @@ DenseLibraryChoice choose_dense_library(std::string_view openblas_core, int eige
     return choice;
   }
   choice.library = DenseLibrary::kEigen;
-  choice.summary = std::string("Eigen (") + tier_name(eigen_tier) + "): OpenBLAS runs its " +
-                   choice.openblas_core + " kernels (" + tier_name(core_tier) +
+  choice.summary = std::string("Eigen (") + vector_tier_name(eigen_tier) + "): OpenBLAS runs its " +
+                   choice.openblas_core + " kernels (" + vector_tier_name(core_tier) +
                    ") on this CPU; OPENBLAS_CORETYPE=" + core_of_tier(eigen_tier) + " gives it " +
-                   tier_name(eigen_tier) + " ones";
+                   vector_tier_name(eigen_tier) + " ones";
   return choice;
 }
 
