@@ -45,8 +45,10 @@ CLI::App* add_calibrate_command(CLI::App& app, CalibrateOptions& options) {
       "with --no-fit, report a device's error against the measurements");
   command->add_option("--measurements", options.measurements, "Measured durations (JSON)")
       ->required();
-  command->add_option("--device", options.device,
-                      "Device to start from (or to evaluate with --no-fit): preset or JSON file");
+  command->add_option(
+      "--device", options.device,
+      "Device to start from (or to evaluate with --no-fit): preset, this-cpu (one core "
+      "of this machine, its peaks measured) or JSON file");
   command->add_option("--out", options.out, "Write the fitted device to FILE.json");
   command->add_option("--name", options.name, "Name of the fitted device");
   command->add_option("--report", options.report, "Write every record's residual to FILE.json");

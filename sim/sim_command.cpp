@@ -366,8 +366,9 @@ void add_sim_options(CLI::App& app, SimCommandOptions& options) {
            options.device = value;
            options.device_given = true;
          },
-         "Accelerator (analytic model): h100, h200, a100, v100, p100 or a device JSON file "
-         "(with --cluster: replaces the cluster's GPU)")
+         "Accelerator (analytic model): h100, h200, a100, v100, p100, this-cpu (one core of "
+         "this machine, its peaks measured) or a device JSON file (with --cluster: replaces the "
+         "cluster's GPU)")
       ->default_str(options.device);
   app.add_option("--tensor-parallel", options.tensor_parallel,
                  "Tensor-parallel ranks t per pipeline stage (Megatron's intra-layer split; "
