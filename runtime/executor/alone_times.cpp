@@ -57,13 +57,10 @@ std::vector<InstructionEvent> alone_times(std::vector<InstructionEvent> events, 
 std::vector<InstructionEvent> alone_times_by_machine(std::vector<InstructionEvent> events,
                                                      double capacity,
                                                      const std::vector<int>& machine_of_rank) {
+  if (machine_of_rank.empty()) return alone_times(std::move(events), capacity);
   std::map<int, std::vector<std::size_t>> by_machine;  // event indices of each machine
   for (std::size_t i = 0; i < events.size(); ++i) {
     const int rank = events[i].rank;
-    if (machine_of_rank.empty()) {
-      by_machine[0].push_back(i);
-      continue;
-    }
     if (rank < 0 || static_cast<std::size_t>(rank) >= machine_of_rank.size()) {
       throw std::invalid_argument("alone_times_by_machine: an event of rank " +
                                   std::to_string(rank) + ", but the machine map has " +
