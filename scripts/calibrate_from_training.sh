@@ -63,9 +63,11 @@ median() { tr ' ' '\n' <<< "$1" | grep . | sort -g | awk '{v[NR]=$1} END {print 
 # worker count: they cannot place a cache cliff. Fitted freely, the two-worker device of run set F
 # put a 990x cliff between its optimizer's 107 MB and the one worker's 155 MB (the one-worker
 # optimizer step predicted 11x too long). So the memory class keeps the start device's shape
-# (cpu_start.json: one bandwidth for every size) and the fit sets its efficiencies only.
+# (this-cpu places its two cliffs at the caches with no slowdown: one bandwidth for every size)
+# and the fit sets its efficiencies only.
 keep_cache_shape=(--keep classes.memory.half_efficiency_size --keep classes.memory.beyond_cache_slowdown
-  --keep classes.memory.size_exponent --keep classes.memory.roofline_exponent)
+  --keep classes.memory.size_exponent --keep classes.memory.roofline_exponent
+  --keep classes.memory.outer_cache_bytes --keep classes.memory.beyond_outer_cache_slowdown)
 
 # One measurements file per worker count, every record tagged with its run and round.
 start_device="$out/start_device.json"

@@ -335,6 +335,7 @@ bool is_efficiency(const FitParameter& p) {
 std::pair<double, double> log_range(const FitParameter& p) {
   switch (p.kind) {
     case FitParameter::Kind::kHalfEfficiencySize:  // sizes, or bytes for the memory class
+    case FitParameter::Kind::kOuterCacheBytes:
       return {std::log(1e-4), std::log(1e13)};
     case FitParameter::Kind::kSizeExponent:
       // Up to 2 for the FLOP classes: a steeper curve is a step that a few sizes cannot place
@@ -342,6 +343,7 @@ std::pair<double, double> log_range(const FitParameter& p) {
       // classifier product); the caches' cliff may be steeper.
       return {std::log(0.25), std::log(p.index == static_cast<int>(OpClass::kMemory) ? 8.0 : 2.0)};
     case FitParameter::Kind::kCacheSlowdown:  // of slowdown - 1
+    case FitParameter::Kind::kOuterCacheSlowdown:
       return {std::log(1e-3), std::log(1e3)};
     case FitParameter::Kind::kRooflineExponent:  // of exponent - 1: from near the sum to the max
       return {std::log(1e-2), std::log(1e2)};
@@ -356,6 +358,8 @@ bool is_curve(const FitParameter& p) {
   return p.kind == FitParameter::Kind::kHalfEfficiencySize ||
          p.kind == FitParameter::Kind::kSizeExponent ||
          p.kind == FitParameter::Kind::kCacheSlowdown ||
+         p.kind == FitParameter::Kind::kOuterCacheBytes ||
+         p.kind == FitParameter::Kind::kOuterCacheSlowdown ||
          p.kind == FitParameter::Kind::kRooflineExponent;
 }
 
@@ -363,6 +367,7 @@ bool is_curve(const FitParameter& p) {
 // log(value - 1).
 double offset(const FitParameter& p) {
   return p.kind == FitParameter::Kind::kCacheSlowdown ||
+                 p.kind == FitParameter::Kind::kOuterCacheSlowdown ||
                  p.kind == FitParameter::Kind::kRooflineExponent
              ? 1.0
              : 0.0;
@@ -630,6 +635,10 @@ std::string FitParameter::name() const {
       return "classes." + std::string(to_string(static_cast<OpClass>(index))) + ".size_exponent";
     case Kind::kCacheSlowdown:
       return "classes.memory.beyond_cache_slowdown";
+    case Kind::kOuterCacheBytes:
+      return "classes.memory.outer_cache_bytes";
+    case Kind::kOuterCacheSlowdown:
+      return "classes.memory.beyond_outer_cache_slowdown";
     case Kind::kRooflineExponent:
       return "classes.memory.roofline_exponent";
     case Kind::kElementWork:
@@ -659,6 +668,10 @@ double FitParameter::get(const DeviceSpec& device) const {
       return device.classes[static_cast<std::size_t>(index)].size_exponent;
     case Kind::kCacheSlowdown:
       return device.classes[static_cast<std::size_t>(OpClass::kMemory)].beyond_cache_slowdown;
+    case Kind::kOuterCacheBytes:
+      return device.classes[static_cast<std::size_t>(OpClass::kMemory)].outer_cache_bytes;
+    case Kind::kOuterCacheSlowdown:
+      return device.classes[static_cast<std::size_t>(OpClass::kMemory)].beyond_outer_cache_slowdown;
     case Kind::kRooflineExponent:
       return device.classes[static_cast<std::size_t>(OpClass::kMemory)].roofline_exponent;
     case Kind::kElementWork:
@@ -697,6 +710,13 @@ void FitParameter::set(DeviceSpec& device, double value) const {
     case Kind::kCacheSlowdown:
       device.classes[static_cast<std::size_t>(OpClass::kMemory)].beyond_cache_slowdown = value;
       break;
+    case Kind::kOuterCacheBytes:
+      device.classes[static_cast<std::size_t>(OpClass::kMemory)].outer_cache_bytes = value;
+      break;
+    case Kind::kOuterCacheSlowdown:
+      device.classes[static_cast<std::size_t>(OpClass::kMemory)].beyond_outer_cache_slowdown =
+          value;
+      break;
     case Kind::kRooflineExponent:
       device.classes[static_cast<std::size_t>(OpClass::kMemory)].roofline_exponent = value;
       break;
@@ -712,7 +732,8 @@ void FitParameter::set(DeviceSpec& device, double value) const {
   }
 }
 
-std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurements) {
+std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurements,
+                                        bool outer_cache) {
   std::array<bool, kNumOpClasses> classes{};
   std::array<bool, 4> precisions{};
   std::array<std::set<double>, kNumOpClasses> sizes;
@@ -795,6 +816,11 @@ std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurem
       out.push_back({Kind::kHalfEfficiencySize, c});
       out.push_back({Kind::kSizeExponent, c});
       if (c == static_cast<int>(OpClass::kMemory)) out.push_back({Kind::kCacheSlowdown, c});
+    }
+    if (c == static_cast<int>(OpClass::kMemory) && outer_cache &&
+        static_cast<int>(sizes[static_cast<std::size_t>(c)].size()) >= kMinSizesForOuterCache) {
+      out.push_back({Kind::kOuterCacheBytes, c});
+      out.push_back({Kind::kOuterCacheSlowdown, c});
     }
   }
   if (!exp_apart_from_erf && element_work[1] && element_work[2]) {
@@ -941,7 +967,9 @@ bool is_shape_term(const FitParameter& p) {
 FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& measurements,
                      const FitOptions& options) {
   FitResult result;
-  result.parameters = parameters_of(measurements);
+  const bool outer_cache =
+      start.classes[static_cast<std::size_t>(OpClass::kMemory)].outer_cache_bytes > 0.0;
+  result.parameters = parameters_of(measurements, outer_cache);
   if (result.parameters.empty()) {
     throw std::invalid_argument("calibrate: no measurement left to fit (all held out)");
   }
@@ -1009,21 +1037,58 @@ FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& me
         }
       }
     }
+    // The memory class's own parameters (no roofline exponent: it comes last) and the records
+    // that time nothing else.
+    std::vector<FitParameter> memory_shapes;
+    for (const auto& p : shapes) {
+      const bool memory_class =
+          (p.kind == FitParameter::Kind::kEfficiency || p.kind == FitParameter::Kind::kLatency ||
+           p.kind == FitParameter::Kind::kHalfEfficiencySize ||
+           p.kind == FitParameter::Kind::kSizeExponent) &&
+          p.index == static_cast<int>(OpClass::kMemory);
+      if (memory_class || p.kind == FitParameter::Kind::kCacheSlowdown ||
+          p.kind == FitParameter::Kind::kOuterCacheBytes ||
+          p.kind == FitParameter::Kind::kOuterCacheSlowdown ||
+          p.kind == FitParameter::Kind::kElementWork) {
+        memory_shapes.push_back(p);
+      }
+    }
+    std::vector<const Measurement*> memory_records;
+    for (const Measurement* m : fitted) {
+      bool only_memory = true;
+      for (const auto* list : {&m->before, &m->before_backward, &m->timed, &m->backward}) {
+        for (const Kernel& k : *list) only_memory = only_memory && k.op_class == OpClass::kMemory;
+      }
+      if (only_memory) memory_records.push_back(m);
+    }
     for (const StageResult& flat_optimum : flats) {
       DeviceSpec acting = flat_optimum.device;
       for (const auto& p : result.parameters) {
         if (p.kind == FitParameter::Kind::kHalfEfficiencySize) {
           const auto c = static_cast<std::size_t>(p.index);
-          p.set(acting, p.index == static_cast<int>(OpClass::kMemory)
-                            ? std::sqrt(smallest[c] * largest[c])
-                            : smallest[c]);
-        } else if (p.kind == FitParameter::Kind::kCacheSlowdown) {
+          // With two cliffs the first one starts where the start device puts it (this-cpu:
+          // its L2), the outer one stays at the start's (its last-level cache).
+          const double placed = start.classes[c].half_efficiency_size;
+          p.set(acting, p.index != static_cast<int>(OpClass::kMemory) ? smallest[c]
+                        : outer_cache && placed > 0.0                 ? placed
+                                                      : std::sqrt(smallest[c] * largest[c]));
+        } else if (p.kind == FitParameter::Kind::kCacheSlowdown ||
+                   p.kind == FitParameter::Kind::kOuterCacheSlowdown) {
           p.set(acting, 2.0);
         } else if (p.kind == FitParameter::Kind::kElementWork) {
           p.set(acting, 8.0 / (acting.memory_bandwidth * acting.efficiency(OpClass::kMemory)));
         }
       }
-      for (const DeviceSpec& from : {flat_optimum.device, acting}) {
+      std::vector<DeviceSpec> froms = {flat_optimum.device, acting};
+      if (outer_cache && !memory_records.empty() && !memory_shapes.empty()) {
+        // Two cliffs give the memory class local optima of its own (one smooth curve through
+        // both, with the other cliff run off past every record), which the joint fit of every
+        // class reached from this-cpu. So also from the memory class fitted alone first, on the
+        // records that time only element-wise kernels.
+        froms.push_back(
+            fit_stage(acting, memory_shapes, memory_records, options, result.evaluations).device);
+      }
+      for (const DeviceSpec& from : froms) {
         const StageResult full = fit_stage(from, shapes, fitted, options, result.evaluations);
         if (full.cost < best.cost) best = full;
       }
@@ -1044,6 +1109,13 @@ FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& me
     }
   }
   result.device = best.device;
+  // The two cache cliffs multiply, so the fit may return them in either order: the first is the
+  // inner one.
+  ClassRate& memory = result.device.classes[static_cast<std::size_t>(OpClass::kMemory)];
+  if (memory.outer_cache_bytes > 0.0 && memory.outer_cache_bytes < memory.half_efficiency_size) {
+    std::swap(memory.outer_cache_bytes, memory.half_efficiency_size);
+    std::swap(memory.beyond_outer_cache_slowdown, memory.beyond_cache_slowdown);
+  }
   result.rms_log_error = std::sqrt(best.cost / static_cast<double>(fitted.size()));
   return result;
 }

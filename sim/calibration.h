@@ -121,6 +121,8 @@ struct FitParameter {
     kHalfEfficiencySize,  // ClassRate::half_efficiency_size of class `index`
     kSizeExponent,        // ClassRate::size_exponent of class `index`
     kCacheSlowdown,       // the memory class's beyond_cache_slowdown
+    kOuterCacheBytes,     // the memory class's outer_cache_bytes
+    kOuterCacheSlowdown,  // the memory class's beyond_outer_cache_slowdown
     kRooflineExponent,    // the memory class's roofline_exponent
     kElementWork          // the memory class's element_flop_s (index 0), exponential_s (1),
                           // error_function_s (2), random_number_s (3), or exponential_s and
@@ -168,8 +170,13 @@ struct FitResult {
 // error_function_s, random_number_s) when a fitted element-wise kernel does that work;
 // exponential_s and error_function_s as one value unless some record times exp work without
 // erf work or the reverse (layer records always do both: they cannot tell the two apart).
+// With `outer_cache` (a start device that places the memory class's second cliff,
+// outer_cache_bytes > 0) also that cliff's bytes and slowdown, when the fitted element-wise
+// kernels have at least kMinSizesForOuterCache distinct sizes.
 inline constexpr int kMinSizesForCurve = 4;
-std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurements);
+inline constexpr int kMinSizesForOuterCache = 6;
+std::vector<FitParameter> parameters_of(const std::vector<Measurement>& measurements,
+                                        bool outer_cache = false);
 
 // Minimizes the sum over records not held out of log(predicted / measured)^2 over
 // `parameters_of` (efficiencies in (0, 1], times >= 0), starting from `start`, by Nelder-Mead

@@ -37,7 +37,7 @@ double cpu_cache_bytes_per_cycle(int vector_tier) {
   return kBytes[vector_tier];
 }
 
-DeviceSpec cpu_device(double clock_hz, int vector_tier) {
+DeviceSpec cpu_device(double clock_hz, int vector_tier, const std::vector<CacheLevel>& caches) {
   if (!std::isfinite(clock_hz) || clock_hz <= 0.0) {
     throw std::invalid_argument("cpu device: clock " + std::to_string(clock_hz) +
                                 " Hz is not a positive number");
@@ -47,15 +47,31 @@ DeviceSpec cpu_device(double clock_hz, int vector_tier) {
   std::snprintf(name, sizeof name, "%s (%s, %.2f GHz)", kThisCpuDevice,
                 vector_tier_name(vector_tier), clock_hz * 1e-9);
   // The fields of sim/calibration/cpu_start.json, with this CPU's peaks.
-  const nlohmann::json json = {
-      {"name", name},
-      {"peak_flops", {{"fp32", peak}}},
-      {"matmul_efficiency", 0.5},
-      {"memory_bandwidth", clock_hz * cpu_cache_bytes_per_cycle(vector_tier)},
-      {"link_bandwidth", 1.0e10},
-      {"link_latency_s", 1e-6},
-      {"inverse_solve", "lower_triangle"},
-      {"classes", {{"attention", {{"size_measure", "harmonic_mean"}}}}}};
+  nlohmann::json json = {{"name", name},
+                         {"peak_flops", {{"fp32", peak}}},
+                         {"matmul_efficiency", 0.5},
+                         {"memory_bandwidth", clock_hz * cpu_cache_bytes_per_cycle(vector_tier)},
+                         {"link_bandwidth", 1.0e10},
+                         {"link_latency_s", 1e-6},
+                         {"inverse_solve", "lower_triangle"},
+                         {"classes", {{"attention", {{"size_measure", "harmonic_mean"}}}}}};
+  double second_level = 0.0, last_level = 0.0;
+  int last = 2;
+  for (const CacheLevel& cache : caches) {
+    if (cache.level == 2) second_level = std::max(second_level, cache.bytes);
+    if (cache.level > last) {
+      last = cache.level;
+      last_level = cache.bytes;
+    }
+  }
+  nlohmann::json memory = nlohmann::json::object();
+  if (second_level > 0.0) {
+    memory["half_efficiency_size"] = second_level;
+    if (last_level > 0.0) memory["outer_cache_bytes"] = last_level;
+  } else if (last_level > 0.0) {
+    memory["half_efficiency_size"] = last_level;
+  }
+  if (!memory.empty()) json["classes"]["memory"] = memory;
   return device_from_json(json, kThisCpuDevice);
 }
 
@@ -93,7 +109,7 @@ double measure_core_clock_hz() {
 }
 
 DeviceSpec this_cpu_device() {
-  return cpu_device(measure_core_clock_hz(), cpu_vector_tier());
+  return cpu_device(measure_core_clock_hz(), cpu_vector_tier(), cpu_data_caches());
 }
 
 }  // namespace pf::sim

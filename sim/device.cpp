@@ -102,12 +102,23 @@ double DeviceSpec::efficiency(OpClass op_class) const {
 
 double DeviceSpec::size_factor(OpClass op_class, double size) const {
   const ClassRate& rate = classes[static_cast<std::size_t>(op_class)];
-  if (!(rate.half_efficiency_size > 0.0) || !(size > 0.0)) return 1.0;
-  const double curve = 1.0 / (1.0 + std::pow(rate.half_efficiency_size / size, rate.size_exponent));
-  // Memory: the bandwidth falls to 1 / beyond_cache_slowdown once the bytes outgrow the caches
-  // (and stays there); FLOP classes: the efficiency rises with the size.
-  if (op_class == OpClass::kMemory) return 1.0 / (1.0 + (rate.beyond_cache_slowdown - 1.0) * curve);
-  return curve;
+  if (!(size > 0.0)) return 1.0;
+  // How far a kernel of this size is past the size h: 0 well below it, 1 well above.
+  const auto past = [&](double h) { return 1.0 / (1.0 + std::pow(h / size, rate.size_exponent)); };
+  if (op_class == OpClass::kMemory) {
+    // The bandwidth falls by beyond_cache_slowdown once the bytes outgrow the caches, and by
+    // beyond_outer_cache_slowdown more past the last level (and stays there).
+    double slowdown = 1.0;
+    if (rate.half_efficiency_size > 0.0) {
+      slowdown *= 1.0 + (rate.beyond_cache_slowdown - 1.0) * past(rate.half_efficiency_size);
+    }
+    if (rate.outer_cache_bytes > 0.0) {
+      slowdown *= 1.0 + (rate.beyond_outer_cache_slowdown - 1.0) * past(rate.outer_cache_bytes);
+    }
+    return 1.0 / slowdown;
+  }
+  // FLOP classes: the efficiency rises with the size.
+  return rate.half_efficiency_size > 0.0 ? past(rate.half_efficiency_size) : 1.0;
 }
 
 double DeviceSpec::gemm_efficiency(Precision precision) const {
@@ -184,11 +195,16 @@ void DeviceSpec::validate(std::string_view source) const {
     check(rate.latency_s, (field + ".latency_s").c_str(), true);
     check(rate.half_efficiency_size, (field + ".half_efficiency_size").c_str(), true);
     check(rate.size_exponent, (field + ".size_exponent").c_str(), false);
-    if (!(rate.beyond_cache_slowdown >= 1.0) || !std::isfinite(rate.beyond_cache_slowdown)) {
-      throw std::invalid_argument(
-          std::string(source) + ": field '" + field + ".beyond_cache_slowdown' = " +
-          std::to_string(rate.beyond_cache_slowdown) + " (must be finite and >= 1)");
+    for (const auto& [slowdown, slowdown_field] :
+         {std::pair{rate.beyond_cache_slowdown, ".beyond_cache_slowdown"},
+          std::pair{rate.beyond_outer_cache_slowdown, ".beyond_outer_cache_slowdown"}}) {
+      if (!(slowdown >= 1.0) || !std::isfinite(slowdown)) {
+        throw std::invalid_argument(std::string(source) + ": field '" + field + slowdown_field +
+                                    "' = " + std::to_string(slowdown) +
+                                    " (must be finite and >= 1)");
+      }
     }
+    check(rate.outer_cache_bytes, (field + ".outer_cache_bytes").c_str(), true);
     check(rate.element_flop_s, (field + ".element_flop_s").c_str(), true);
     check(rate.exponential_s, (field + ".exponential_s").c_str(), true);
     check(rate.error_function_s, (field + ".error_function_s").c_str(), true);
@@ -302,7 +318,8 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
             !(memory && (field == "element_flop_s" || field == "exponential_s" ||
                          field == "error_function_s" || field == "special_function_s" ||
                          field == "beyond_cache_slowdown" || field == "random_number_s" ||
-                         field == "roofline_exponent"))) {
+                         field == "roofline_exponent" || field == "outer_cache_bytes" ||
+                         field == "beyond_outer_cache_slowdown"))) {
           throw std::invalid_argument(
               where + ": unknown field '" + path + "." + field +
               "' (allowed: efficiency, latency_s" +
@@ -310,7 +327,8 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
                : op_class == OpClass::kAttention ? ", size_measure"
                                                  : "") +
               ", half_efficiency_size, size_exponent" +
-              (memory ? ", beyond_cache_slowdown, element_flop_s, exponential_s, "
+              (memory ? ", beyond_cache_slowdown, outer_cache_bytes, "
+                        "beyond_outer_cache_slowdown, element_flop_s, exponential_s, "
                         "error_function_s, random_number_s, roofline_exponent"
                       : "") +
               ")");
@@ -332,6 +350,10 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
       }
       rate.beyond_cache_slowdown =
           number(value, "beyond_cache_slowdown", path + ".beyond_cache_slowdown", false, 1.0);
+      rate.outer_cache_bytes =
+          number(value, "outer_cache_bytes", path + ".outer_cache_bytes", false, 0.0);
+      rate.beyond_outer_cache_slowdown = number(value, "beyond_outer_cache_slowdown",
+                                                path + ".beyond_outer_cache_slowdown", false, 1.0);
       rate.element_flop_s = number(value, "element_flop_s", path + ".element_flop_s", false, 0.0);
       const double special_function_s =
           number(value, "special_function_s", path + ".special_function_s", false, 0.0);
@@ -478,6 +500,11 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
       entry["half_efficiency_size"] = rate.half_efficiency_size;
       entry["size_exponent"] = rate.size_exponent;
       if (op_class == OpClass::kMemory) entry["beyond_cache_slowdown"] = rate.beyond_cache_slowdown;
+    }
+    if (rate.outer_cache_bytes > 0.0) {
+      entry["outer_cache_bytes"] = rate.outer_cache_bytes;
+      entry["beyond_outer_cache_slowdown"] = rate.beyond_outer_cache_slowdown;
+      entry["size_exponent"] = rate.size_exponent;
     }
     if (rate.size_measure == SizeMeasure::kHarmonicMean) entry["size_measure"] = "harmonic_mean";
     if (rate.element_flop_s > 0.0) entry["element_flop_s"] = rate.element_flop_s;

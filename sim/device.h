@@ -59,7 +59,9 @@ OpClass op_class_from_string(std::string_view name);  // throws naming the allow
 //   memory's once the data outgrows the caches: the bandwidth term of an element-wise kernel is
 //   multiplied by 1 + (beyond_cache_slowdown - 1) x 1 / (1 + (h / bytes)^size_exponent)
 //   (h: the bytes half-way between the two, beyond_cache_slowdown: how much slower beyond them;
-//   1: no change).
+//   1: no change). A CPU has a second cliff, from its last-level cache to memory, far beyond the
+//   first (L2 to L3): outer_cache_bytes h2 > 0 multiplies the term once more by
+//   1 + (beyond_outer_cache_slowdown - 1) x 1 / (1 + (h2 / bytes)^size_exponent). 0: one cliff.
 // - element_flop_s, exponential_s, error_function_s, random_number_s (memory class): device
 //   time per element-wise FLOP, per evaluation of exp / tanh (softmax, cross-entropy, the
 //   pooler; the optimizer's square root too), per erf (GELU) and per random number (dropout's
@@ -86,6 +88,8 @@ struct ClassRate {
   double half_efficiency_size = 0.0;
   double size_exponent = 1.0;
   double beyond_cache_slowdown = 1.0;
+  double outer_cache_bytes = 0.0;
+  double beyond_outer_cache_slowdown = 1.0;
   double element_flop_s = 0.0;
   double exponential_s = 0.0;
   double error_function_s = 0.0;
@@ -178,7 +182,8 @@ std::vector<std::string> device_preset_names();
 //            "classes": {"gemm": {"efficiency": E, "latency_s": S, "by_precision": {"bf16": E},
 //                                 "half_efficiency_size": D, "size_exponent": P},
 //                        "attention": {...},
-//                        "memory": {..., "beyond_cache_slowdown": K, "element_flop_s": S,
+//                        "memory": {..., "beyond_cache_slowdown": K, "outer_cache_bytes": B,
+//                                   "beyond_outer_cache_slowdown": K, "element_flop_s": S,
 //                                   "exponential_s": S, "error_function_s": S,
 //                                   "random_number_s": S},
 //                        "factorization": {...}, "triangular_solve": {...},

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <utility>
@@ -150,6 +152,12 @@ TEST(SimKernelCosts, ShapeTermsMoveOnlyTheirClass) {
        [&](DeviceSpec& d) {
          rate(d, OpClass::kMemory).half_efficiency_size = 1e6;
          rate(d, OpClass::kMemory).beyond_cache_slowdown = 3.0;
+       },
+       {2, 3, 4, 6}},
+      {"outer cache cliff",
+       [&](DeviceSpec& d) {
+         rate(d, OpClass::kMemory).outer_cache_bytes = 1e6;
+         rate(d, OpClass::kMemory).beyond_outer_cache_slowdown = 3.0;
        },
        {2, 3, 4, 6}},
       {"element flops",
@@ -313,7 +321,47 @@ TEST(SimCalibration, DevicesWithoutShapeTermsKeepTheirFiles) {
   EXPECT_NEAR(kernel_seconds(d, memory_kernel(1e12)) / kernel_seconds(d, memory_kernel(1e3)), 2e9,
               2e9 * 1e-4);
   EXPECT_DOUBLE_EQ(kernel_seconds(back, gemm), kernel_seconds(d, gemm));
-  nlohmann::json bad = device_to_json(d);
+  // A second cliff past the last-level cache: 3x slower again beyond 1e9 bytes, and only there.
+  DeviceSpec two = d;
+  two.classes[static_cast<std::size_t>(OpClass::kMemory)].outer_cache_bytes = 1e9;
+  two.classes[static_cast<std::size_t>(OpClass::kMemory)].beyond_outer_cache_slowdown = 3.0;
+  const DeviceSpec two_back = device_from_json(device_to_json(two), "round trip");
+  EXPECT_DOUBLE_EQ(two_back.classes[static_cast<std::size_t>(OpClass::kMemory)].outer_cache_bytes,
+                   1e9);
+  for (const double bytes : {1e3, 1e6, 1e8, 1e12}) {
+    EXPECT_DOUBLE_EQ(kernel_seconds(two_back, memory_kernel(bytes)),
+                     kernel_seconds(two, memory_kernel(bytes)));
+  }
+  EXPECT_NEAR(kernel_seconds(two, memory_kernel(1e3)) / kernel_seconds(d, memory_kernel(1e3)), 1.0,
+              1e-5);
+  EXPECT_NEAR(kernel_seconds(two, memory_kernel(1e12)) / kernel_seconds(d, memory_kernel(1e12)),
+              3.0, 3e-3);
+  EXPECT_NEAR(kernel_seconds(two, memory_kernel(1e12)) / kernel_seconds(two, memory_kernel(1e3)),
+              6e9, 6e9 * 1e-3);
+  // Without the first cliff the outer one still acts; a file without it has no field of it.
+  DeviceSpec outer_only = simple_device();
+  outer_only.classes[static_cast<std::size_t>(OpClass::kMemory)].outer_cache_bytes = 1e9;
+  outer_only.classes[static_cast<std::size_t>(OpClass::kMemory)].beyond_outer_cache_slowdown = 3.0;
+  EXPECT_NEAR(kernel_seconds(outer_only, memory_kernel(1e12)) /
+                  kernel_seconds(simple_device(), memory_kernel(1e12)),
+              3.0, 3e-3);
+  EXPECT_FALSE(device_to_json(d).at("classes").at("memory").contains("outer_cache_bytes"));
+  nlohmann::json bad = device_to_json(two);
+  bad["classes"]["memory"]["beyond_outer_cache_slowdown"] = 0.5;
+  EXPECT_NE(error_of([&] {
+              device_from_json(bad, "bad");
+            }).find("classes.memory.beyond_outer_cache_slowdown"),
+            std::string::npos);
+  bad = device_to_json(two);
+  bad["classes"]["memory"]["outer_cache_bytes"] = -1.0;
+  EXPECT_NE(
+      error_of([&] { device_from_json(bad, "bad"); }).find("classes.memory.outer_cache_bytes"),
+      std::string::npos);
+  bad = device_to_json(d);
+  bad["classes"]["gemm"]["outer_cache_bytes"] = 1e6;  // a memory-class field
+  EXPECT_NE(error_of([&] { device_from_json(bad, "bad"); }).find("outer_cache_bytes"),
+            std::string::npos);
+  bad = device_to_json(d);
   bad["classes"]["gemm"]["size_exponent"] = 0.0;
   EXPECT_NE(error_of([&] { device_from_json(bad, "bad"); }).find("classes.gemm.size_exponent"),
             std::string::npos);
@@ -489,6 +537,56 @@ TEST(SimCalibration, FitRecoversKnownShapeTermsFromSyntheticDurations) {
   for (const auto& r : residuals(fit.device, measurements)) {
     EXPECT_NEAR(r.relative_error, 0.0, 0.01) << r.label;
   }
+}
+
+// A CPU's element-wise bandwidth in three plateaus (its L2, its last-level cache, memory): the
+// fit recovers both cliffs from adds of 100 KB ... 400 MB, starting from where the start device
+// places them (this-cpu: at the caches sysfs lists), and only such a start fits the outer one.
+TEST(SimCalibration, FitRecoversTwoCacheCliffs) {
+  DeviceSpec truth = simple_device();
+  ClassRate& memory = truth.classes[static_cast<std::size_t>(OpClass::kMemory)];
+  memory.efficiency = 0.25;
+  memory.half_efficiency_size = 2.2e6;
+  memory.size_exponent = 4.0;
+  memory.beyond_cache_slowdown = 3.0;
+  memory.outer_cache_bytes = 6e7;
+  memory.beyond_outer_cache_slowdown = 2.0;
+  truth.launch_overhead_s = 1e-6;
+  nlohmann::json records = nlohmann::json::array();
+  for (double bytes = 1e5; bytes < 5e8; bytes *= 1.6) {
+    records.push_back({{"operation", "memory"}, {"bytes", bytes}, {"seconds", 1.0}});
+  }
+  auto measurements = measurements_from_json({{"format_version", 1}, {"measurements", records}},
+                                             "synthetic", truth);
+  for (auto& m : measurements) m.seconds = predict(truth, m);
+
+  DeviceSpec start = simple_device();
+  start.classes[static_cast<std::size_t>(OpClass::kMemory)].half_efficiency_size = 2e6;
+  start.classes[static_cast<std::size_t>(OpClass::kMemory)].outer_cache_bytes = 3e8;
+  FitOptions options;
+  options.max_evaluations = 40000;
+  const FitResult fit = fit_device(start, measurements, options);
+  EXPECT_LT(fit.rms_log_error, 1e-2);
+  const ClassRate& got = fit.device.classes[static_cast<std::size_t>(OpClass::kMemory)];
+  EXPECT_NEAR(got.half_efficiency_size / 2.2e6, 1.0, 0.1);
+  EXPECT_NEAR(got.beyond_cache_slowdown / 3.0, 1.0, 0.05);
+  EXPECT_NEAR(got.outer_cache_bytes / 6e7, 1.0, 0.1);
+  EXPECT_NEAR(got.beyond_outer_cache_slowdown / 2.0, 1.0, 0.05);
+  for (const auto& r : residuals(fit.device, measurements)) {
+    EXPECT_NEAR(r.relative_error, 0.0, 0.03) << r.label;
+  }
+  const auto names = [](const std::vector<FitParameter>& params) {
+    std::vector<std::string> out;
+    for (const auto& p : params) out.push_back(p.name());
+    return out;
+  };
+  const auto fitted = names(fit.parameters);
+  EXPECT_NE(std::find(fitted.begin(), fitted.end(), "classes.memory.outer_cache_bytes"),
+            fitted.end());
+  // One cliff only from a start that places none: the records alone do not add the second.
+  const auto one = names(fit_device(simple_device(), measurements).parameters);
+  EXPECT_EQ(std::find(one.begin(), one.end(), "classes.memory.outer_cache_bytes"), one.end());
+  EXPECT_NE(std::find(one.begin(), one.end(), "classes.memory.beyond_cache_slowdown"), one.end());
 }
 
 TEST(SimCalibration, HeldOutRecordsAreNotFitted) {
@@ -1091,6 +1189,64 @@ TEST(CpuDevice, PeaksFollowTheClockAndTheVectorTier) {
   EXPECT_THROW(cpu_device(std::nan(""), 2), std::invalid_argument);
   EXPECT_THROW(cpu_device(2e9, 4), std::invalid_argument);
   EXPECT_THROW(cpu_device(2e9, -1), std::invalid_argument);
+}
+
+// The caches place the memory class's cliffs for a fit to start from, and price nothing yet.
+TEST(CpuDevice, CachesPlaceTheMemoryCliffs) {
+  const std::vector<CacheLevel> xeon = {{1, 48.0 * 1024}, {2, 2048.0 * 1024}, {3, 300.0 * 1048576}};
+  const DeviceSpec device = cpu_device(2.7e9, 3, xeon);
+  const ClassRate& memory = device.classes[static_cast<std::size_t>(OpClass::kMemory)];
+  EXPECT_DOUBLE_EQ(memory.half_efficiency_size, 2048.0 * 1024);
+  EXPECT_DOUBLE_EQ(memory.outer_cache_bytes, 300.0 * 1048576);
+  const DeviceSpec bare = cpu_device(2.7e9, 3);
+  for (const double bytes : {1e4, 3e6, 1e9}) {
+    EXPECT_DOUBLE_EQ(kernel_seconds(device, memory_kernel(bytes)),
+                     kernel_seconds(bare, memory_kernel(bytes)));
+  }
+  EXPECT_EQ(bare.classes[static_cast<std::size_t>(OpClass::kMemory)].half_efficiency_size, 0.0);
+  // An L2 and no further level: one cliff; a last level without an L2: the one cliff there.
+  const DeviceSpec l2 = cpu_device(2.7e9, 3, {{1, 32768.0}, {2, 1048576.0}});
+  EXPECT_DOUBLE_EQ(l2.classes[static_cast<std::size_t>(OpClass::kMemory)].half_efficiency_size,
+                   1048576.0);
+  EXPECT_EQ(l2.classes[static_cast<std::size_t>(OpClass::kMemory)].outer_cache_bytes, 0.0);
+  const DeviceSpec l3 = cpu_device(2.7e9, 3, {{1, 32768.0}, {3, 8388608.0}});
+  EXPECT_DOUBLE_EQ(l3.classes[static_cast<std::size_t>(OpClass::kMemory)].half_efficiency_size,
+                   8388608.0);
+  EXPECT_EQ(l3.classes[static_cast<std::size_t>(OpClass::kMemory)].outer_cache_bytes, 0.0);
+}
+
+TEST(CpuDevice, CacheSizesAreReadAsSysfsWritesThem) {
+  EXPECT_DOUBLE_EQ(cache_size_bytes("48K"), 48.0 * 1024);
+  EXPECT_DOUBLE_EQ(cache_size_bytes("32M"), 32.0 * 1048576);
+  EXPECT_DOUBLE_EQ(cache_size_bytes("1G"), 1073741824.0);
+  EXPECT_DOUBLE_EQ(cache_size_bytes("4096"), 4096.0);
+  EXPECT_EQ(cache_size_bytes(""), 0.0);
+  EXPECT_EQ(cache_size_bytes("K"), 0.0);
+  EXPECT_EQ(cache_size_bytes("12Q"), 0.0);
+  EXPECT_EQ(cache_size_bytes("-4K"), 0.0);
+  // A sysfs tree of its own: L1d, L1i (left out), L2, L3.
+  const auto root =
+      std::filesystem::temp_directory_path() /
+      ("pf_cpu_caches_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+  const std::vector<std::array<const char*, 3>> entries = {{"1", "Data", "48K"},
+                                                           {"1", "Instruction", "32K"},
+                                                           {"2", "Unified", "2048K"},
+                                                           {"3", "Unified", "307200K"}};
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const auto dir = root / ("index" + std::to_string(i));
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "level") << entries[i][0] << "\n";
+    std::ofstream(dir / "type") << entries[i][1] << "\n";
+    std::ofstream(dir / "size") << entries[i][2] << "\n";
+  }
+  const std::vector<CacheLevel> caches = cpu_data_caches(root.string());
+  std::filesystem::remove_all(root);
+  ASSERT_EQ(caches.size(), 3u);
+  EXPECT_EQ(caches[0].level, 1);
+  EXPECT_DOUBLE_EQ(caches[1].bytes, 2048.0 * 1024);
+  EXPECT_EQ(caches[2].level, 3);
+  EXPECT_DOUBLE_EQ(caches[2].bytes, 307200.0 * 1024);
+  EXPECT_TRUE(cpu_data_caches((root / "missing").string()).empty());
 }
 
 TEST(CpuDevice, ThisCpuIsMeasured) {
