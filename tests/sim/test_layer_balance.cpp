@@ -137,9 +137,8 @@ TEST(LayerBalanceCommand, AutoSimulatesTheFastestSplitItFound) {
   const SimRun balanced = run(with(kMini, {"--layers-per-stage", "2,2"}));
   const SimRun moved = run(with(kMini, {"--layers-per-stage", "3,1"}));
   ASSERT_EQ(automatic.code, 0);
-  EXPECT_NE(
-      automatic.text.find("--layers-per-stage auto: 3 splits tried from the balanced 2,2"),
-      std::string::npos)
+  EXPECT_NE(automatic.text.find("--layers-per-stage auto: 3 splits tried from the balanced 2,2"),
+            std::string::npos)
       << automatic.text;
   EXPECT_NE(automatic.text.find("3,1"), std::string::npos);
   EXPECT_NE(automatic.text.find("<- chosen"), std::string::npos);
