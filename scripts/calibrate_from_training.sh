@@ -7,15 +7,20 @@
 #      (--calibration-out);
 #   2. pipefisher_sim calibrate fits one device to the one-worker records and one to the
 #      two-worker records (a worker's share of the machine while the other computes), holding
-#      micro-batch 8 out;
+#      micro-batch 8 out, from a device fitted to this CPU's kernels timed alone
+#      (bench_sim_calibrate, about a minute): 14 parameters and 18 records of one worker leave
+#      the fit underdetermined, so where it starts is its prior, and the kernels' device knows
+#      this CPU's rates and its cache cliffs where nominal peaks do not;
 #   3. pipefisher_sim predicts the micro-batch-8 steps from the analytic model with each device,
 #      beside the measured step times.
 # Usage: scripts/calibrate_from_training.sh [OUT_DIR] (default out/calibrate-from-training)
 # Env: BUILD (default build/release), STEPS (default 6), SIZES (default "4 8 16"), HOLD_OUT (8),
 # REPEATS (rounds of every run, default 3; about 2.5 minutes each on a 2-core machine), START (the
-# device to fit from; default this-cpu: one core of this CPU, its peaks from its measured clock
-# and vector width, sim/cpu_device.h. The fit cannot pass its peaks: the AVX2 core of
-# sim/calibration/cpu_start.json held an AVX-512 Xeon's devices 20-35% slow).
+# device to fit from; default: the kernels' device, fitted from this-cpu, one core of this CPU
+# with its peaks from its measured clock and vector width and its caches, sim/cpu_device.h;
+# START=this-cpu fits from that core's nominal peaks directly. The fit cannot pass the start's
+# peaks: the AVX2 core of sim/calibration/cpu_start.json held an AVX-512 Xeon's devices 20-35%
+# slow).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD:-build/release}
@@ -24,13 +29,25 @@ steps=${STEPS:-6}
 sizes=${SIZES:-4 8 16}
 hold_out=${HOLD_OUT:-8}
 repeats=${REPEATS:-3}
-start=${START:-this-cpu}
+start=${START:-}
 train="$build/runtime/train/pipefisher_train"
 sim="$build/sim/cli/pipefisher_sim"
-for program in "$train" "$sim"; do
+kernels="$build/bench/bench_sim_calibrate"
+programs=("$train" "$sim")
+[[ -n $start ]] || programs+=("$kernels")
+for program in "${programs[@]}"; do
   [[ -x "$program" ]] || { echo "error: $program is not built (cmake --build $build)" >&2; exit 2; }
 done
 mkdir -p "$out"
+if [[ -z $start ]]; then
+  # This CPU's kernels timed alone, fitted from this-cpu on half their shapes (the other half
+  # reported), before the training runs so that both see the machine in the same hour.
+  "$kernels" --threads 1 --repeats 31 --max-order 3072 --out "$out/kernels.json" 2> /dev/null
+  "$sim" calibrate --measurements "$out/kernels.json" --device this-cpu --hold-out shape_set=b \
+    --out "$out/kernels_device.json" --name this-cpu-kernels > "$out/fit_kernels.txt"
+  echo "kernels' device: $(sed -n 's/^fitted \(.*\)/\1/p' "$out/fit_kernels.txt")"
+  start="$out/kernels_device.json"
+fi
 config="$out/mini8192.json"
 cat > "$config" << 'JSON'
 {"vocab_size": 8192, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -63,8 +80,9 @@ median() { tr ' ' '\n' <<< "$1" | grep . | sort -g | awk '{v[NR]=$1} END {print 
 # worker count: they cannot place a cache cliff. Fitted freely, the two-worker device of run set F
 # put a 990x cliff between its optimizer's 107 MB and the one worker's 155 MB (the one-worker
 # optimizer step predicted 11x too long). So the memory class keeps the start device's shape
-# (this-cpu places its two cliffs at the caches with no slowdown: one bandwidth for every size)
-# and the fit sets its efficiencies only.
+# (the kernels' device: its two cliffs fitted to adds of 100 KB ... 100 MB; this-cpu: the cliffs
+# at the caches with no slowdown, one bandwidth for every size) and the fit sets its efficiencies
+# only.
 keep_cache_shape=(--keep classes.memory.half_efficiency_size --keep classes.memory.beyond_cache_slowdown
   --keep classes.memory.size_exponent --keep classes.memory.roofline_exponent
   --keep classes.memory.outer_cache_bytes --keep classes.memory.beyond_outer_cache_slowdown)
