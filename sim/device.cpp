@@ -492,10 +492,13 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
   nlohmann::json classes = nlohmann::json::object();
   for (int i = 0; i < kNumOpClasses; ++i) {
     const auto op_class = static_cast<OpClass>(i);
-    nlohmann::json entry = {{"efficiency", d.efficiency(op_class)},
-                            {"latency_s", d.latency_s(op_class)}};
-    // The optional shape terms only when set: files without them stay as they were.
+    nlohmann::json entry = {{"latency_s", d.latency_s(op_class)}};
     const ClassRate& rate = d.classes[static_cast<std::size_t>(i)];
+    // An efficiency only where it is set: one that is not follows its rule when the file is read
+    // (triangular solves the fp32 gemm rate, the other FLOP classes matmul_efficiency), so that a
+    // start device written to a file fits as the device itself does.
+    if (rate.efficiency > 0.0) entry["efficiency"] = rate.efficiency;
+    // The optional shape terms only when set: files without them stay as they were.
     if (rate.half_efficiency_size > 0.0) {
       entry["half_efficiency_size"] = rate.half_efficiency_size;
       entry["size_exponent"] = rate.size_exponent;

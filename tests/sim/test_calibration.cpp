@@ -1147,6 +1147,28 @@ TEST(SimCalibration, AFactorizationAtOneSetOfOrdersFitsItsLatencyOnly) {
   EXPECT_EQ(fits(two_orders), std::pair(true, true));
 }
 
+// A device written to a file (calibrate --no-fit --out, as scripts/calibrate_from_training.sh
+// writes its start) fits as the device itself: a class whose efficiency is not set still follows
+// its rule after the round trip (triangular solves the fitted fp32 gemm rate), not the value the
+// rule gave when the file was written.
+TEST(SimCalibration, AStartDeviceReadBackFromItsFileFitsTheSame) {
+  DeviceSpec truth = simple_device();
+  truth.classes[static_cast<std::size_t>(OpClass::kGemm)].efficiency = 0.35;
+  truth.classes[static_cast<std::size_t>(OpClass::kFactorization)].efficiency = 0.2;
+  auto measurements = measurements_from_json(synthetic_records(), "synthetic", truth);
+  for (auto& m : measurements) m.seconds = predict(truth, m);
+  const DeviceSpec start = simple_device();
+  const DeviceSpec from_file = device_from_json(device_to_json(start), "start file");
+  EXPECT_FALSE(device_to_json(start).at("classes").at("triangular_solve").contains("efficiency"));
+  const FitResult direct = fit_device(start, measurements);
+  const FitResult via_file = fit_device(from_file, measurements);
+  for (const auto& m : measurements) {
+    EXPECT_DOUBLE_EQ(predict(via_file.device, m), predict(direct.device, m)) << m.label;
+  }
+  EXPECT_DOUBLE_EQ(via_file.device.efficiency(OpClass::kTriangularSolve),
+                   via_file.device.gemm_efficiency(Precision::kFp32));
+}
+
 TEST(SimCalibration, DeviceJsonRoundTripsTheClasses) {
   DeviceSpec d = simple_device();
   d.classes[static_cast<std::size_t>(OpClass::kAttention)].efficiency = 0.25;
