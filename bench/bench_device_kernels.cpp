@@ -44,6 +44,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/elementwise_records.h"
+#include "bench/warm_up.h"
 #include "kernels/backend_ops.h"
 #include "kernels/make_ops.h"
 #include "kfac/pieces.h"
@@ -123,11 +124,7 @@ class Bench {
     }
     for (int r = 0; r < repeats_; ++r) {
       for (Case& c : cases_) {
-        // Untimed runs first, as bench_sim_calibrate's (the other cases evicted this one's data;
-        // an Intel CPU's L3 keeps it only from the second pass on); sample() waits for them.
-        if (c.one_s < 2e-2) {
-          for (int warm_up = 0; warm_up < kWarmUpRuns; ++warm_up) c.run();
-        }
+        bench::warm_up(c.one_s, c.run);  // sample() waits for them
         const Sample s = sample(*start, *stop, c, c.count);
         c.device_s.push_back(s.device_s);
         c.host_s.push_back(s.host_s);
@@ -150,7 +147,6 @@ class Bench {
   }
 
  private:
-  static constexpr int kWarmUpRuns = 3;
   struct Case {
     json record;
     std::function<void()> run;

@@ -38,6 +38,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/elementwise_records.h"
+#include "bench/warm_up.h"
 #include "common/cpu_caches.h"
 #include "kernels/cpu/dense_library.h"
 #include "kernels/ops.h"
@@ -97,8 +98,6 @@ Buffer buffer(std::int64_t n, float value = 0.01f) {
 // after another.
 class Recorder {
  public:
-  static constexpr int kWarmUpRuns = 3;
-
   Recorder(int repeats, bool cpu_clock, bool sequential)
       : repeats_(repeats), cpu_clock_(cpu_clock), sequential_(sequential) {}
   // The shape set alternates with the case's position unless the caller names it.
@@ -121,14 +120,7 @@ class Recorder {
     } else {
       for (int r = 0; r < repeats_; ++r) {
         for (Case& c : cases_) {
-          // Untimed runs first: the other cases ran since and evicted this one's data (a run
-          // this long is not helped by them). Three, not one: on a non-inclusive L3 (Intel's
-          // since Skylake-SP) data that comes back from memory once is not kept there, and an
-          // add of 9.4 MB timed after one warm-up ran at 13 GB/s, after two or more at 23, as
-          // when timed back to back (docs/simulator.md, "The warm-up before each sample").
-          if (c.one_run < 2e-2) {
-            for (int warm_up = 0; warm_up < kWarmUpRuns; ++warm_up) c.run();
-          }
+          bench::warm_up(c.one_run, c.run);
           c.samples.push_back(sample_seconds(cpu_clock_, c.inner, c.run));
         }
       }
@@ -389,7 +381,7 @@ int main(int argc, char** argv) {
                           std::to_string(s.threads) + " thread(s), median of " +
                           std::to_string(s.repeats) + " samples after a warm-up (" +
                           (s.sequential ? "one case after another"
-                                        : "round-robin, " + std::to_string(Recorder::kWarmUpRuns) +
+                                        : "round-robin, " + std::to_string(bench::kWarmUpRuns) +
                                               " untimed runs before each sample") +
                           "), " + (s.cpu_clock ? "process CPU time" : "wall time") +
                           "; written by bench_sim_calibrate."},

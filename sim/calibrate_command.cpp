@@ -113,9 +113,7 @@ int run_calibrate_command(const CalibrateOptions& options, std::ostream& out) {
       out << "  --keep " << rule << ": no such parameter in these records (ignored)\n";
     }
     for (const auto& p : fit.parameters) {
-      const bool efficiency = p.kind == sim::FitParameter::Kind::kEfficiency ||
-                              p.kind == sim::FitParameter::Kind::kGemmPrecisionEfficiency;
-      if (efficiency && p.get(device) >= 0.999) at_bound.push_back(p.name());
+      if (p.is_efficiency() && p.get(device) >= 0.999) at_bound.push_back(p.name());
     }
   }
   const auto rows = sim::residuals(device, measurements);

@@ -325,11 +325,6 @@ std::string as_text(const nlohmann::json& value) {
   return value.dump();
 }
 
-bool is_efficiency(const FitParameter& p) {
-  return p.kind == FitParameter::Kind::kEfficiency ||
-         p.kind == FitParameter::Kind::kGemmPrecisionEfficiency;
-}
-
 // Range of a positive parameter's logarithm: times in seconds (up to e^5), sizes (1e-4 ... 1e13
 // elements or bytes), exponents of the size curve (0.1 ... 10).
 std::pair<double, double> log_range(const FitParameter& p) {
@@ -374,7 +369,7 @@ double offset(const FitParameter& p) {
 }
 
 double to_free(const FitParameter& p, double value) {
-  if (is_efficiency(p)) {
+  if (p.is_efficiency()) {
     const double e = std::clamp(value, 1e-4, 1.0 - 1e-4);
     return std::log(e / (1.0 - e));
   }
@@ -393,7 +388,7 @@ double to_free(const FitParameter& p, double value) {
 }
 
 double from_free(const FitParameter& p, double x) {
-  if (is_efficiency(p)) return std::clamp(1.0 / (1.0 + std::exp(-x)), 1e-4, 1.0);
+  if (p.is_efficiency()) return std::clamp(1.0 / (1.0 + std::exp(-x)), 1e-4, 1.0);
   const auto [lo, hi] = log_range(p);
   if (is_curve(p)) return offset(p) + std::exp(lo + (hi - lo) / (1.0 + std::exp(-x)));
   return std::exp(std::clamp(x, lo, hi));
@@ -403,7 +398,7 @@ double from_free(const FitParameter& p, double x) {
 // operation and a curve where it barely acts (half efficiency at size
 // 0.01, half bandwidth at 100 GB).
 double start_value(const FitParameter& p, double value) {
-  if (is_efficiency(p) || value > 0.0) return value;
+  if (p.is_efficiency() || value > 0.0) return value;
   switch (p.kind) {
     case FitParameter::Kind::kHalfEfficiencySize:  // where the curve barely acts
       return p.index == static_cast<int>(OpClass::kMemory) ? 1e11 : 1e-2;
@@ -1007,7 +1002,7 @@ FitResult fit_device(const DeviceSpec& start, const std::vector<Measurement>& me
   // and the start device's values can lie in the basin of a worse one. The full stage then runs
   // from each of the two flat optima.
   DeviceSpec neutral = start;
-  for (const auto& p : flat) p.set(neutral, is_efficiency(p) ? 0.5 : 1e-5);
+  for (const auto& p : flat) p.set(neutral, p.is_efficiency() ? 0.5 : 1e-5);
   std::vector<StageResult> flats;
   for (const DeviceSpec& from : {start, neutral}) {
     flats.push_back(fit_stage(from, flat, fitted, options, result.evaluations));

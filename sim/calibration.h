@@ -131,6 +131,10 @@ struct FitParameter {
   Kind kind = Kind::kLaunch;
   int index = 0;  // OpClass or Precision
   std::string name() const;
+  // A class's or a precision's efficiency (a fraction of a peak, at most 1).
+  bool is_efficiency() const {
+    return kind == Kind::kEfficiency || kind == Kind::kGemmPrecisionEfficiency;
+  }
   double get(const DeviceSpec& device) const;
   void set(DeviceSpec& device, double value) const;
 };

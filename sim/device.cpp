@@ -499,15 +499,16 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
     // start device written to a file fits as the device itself does.
     if (rate.efficiency > 0.0) entry["efficiency"] = rate.efficiency;
     // The optional shape terms only when set: files without them stay as they were.
+    if (rate.half_efficiency_size > 0.0 || rate.outer_cache_bytes > 0.0) {
+      entry["size_exponent"] = rate.size_exponent;
+    }
     if (rate.half_efficiency_size > 0.0) {
       entry["half_efficiency_size"] = rate.half_efficiency_size;
-      entry["size_exponent"] = rate.size_exponent;
       if (op_class == OpClass::kMemory) entry["beyond_cache_slowdown"] = rate.beyond_cache_slowdown;
     }
     if (rate.outer_cache_bytes > 0.0) {
       entry["outer_cache_bytes"] = rate.outer_cache_bytes;
       entry["beyond_outer_cache_slowdown"] = rate.beyond_outer_cache_slowdown;
-      entry["size_exponent"] = rate.size_exponent;
     }
     if (rate.size_measure == SizeMeasure::kHarmonicMean) entry["size_measure"] = "harmonic_mean";
     if (rate.element_flop_s > 0.0) entry["element_flop_s"] = rate.element_flop_s;
