@@ -82,7 +82,7 @@ double allgather_seconds(double bytes, int ranks, const Link& link) {
 }
 
 std::vector<std::string> cluster_preset_names() {
-  return {"dgx-a100", "dgx-h100"};
+  return {"dgx-a100", "dgx-h100", "dgx-b200"};
 }
 
 ClusterSpec cluster_preset(std::string_view name) {
@@ -112,6 +112,19 @@ ClusterSpec cluster_preset(std::string_view name) {
     c.host_bandwidth = 50e9;
     c.host_memory_bytes = 2e12;
     c.nvme_bandwidth = 50e9;
+  } else if (name == "dgx-b200") {
+    // DGX B200 nodes (NVLink 5: 1.8 TB/s bidirectional per GPU), eight 400 Gb/s ConnectX-7
+    // adapters per node, PCIe 5.0 x16 to the host, 2 TB of host memory, about 50 GB/s of NVMe
+    // (eight U.2 drives); 576 nodes, as dgx-h100.
+    c.name = "dgx-b200";
+    c.device = device_preset("b200");
+    c.gpu_memory_bytes = c.device.memory_bytes;
+    c.num_nodes = 576;
+    c.nvlink = {900e9, 3e-6};
+    c.network = {50e9, 5e-6};
+    c.host_bandwidth = 50e9;
+    c.host_memory_bytes = 2e12;
+    c.nvme_bandwidth = 50e9;
   } else {
     std::string known;
     for (const auto& n : cluster_preset_names()) known += (known.empty() ? "" : ", ") + n;
@@ -126,7 +139,8 @@ ClusterSpec cluster_of_device(const DeviceSpec& device) {
   ClusterSpec c;
   c.name = device.name;
   c.device = device;
-  c.gpu_memory_bytes = 80.0 * 1024 * 1024 * 1024;
+  // The device's memory where it says (the presets do), else the 80 GiB of an H100 or A100.
+  c.gpu_memory_bytes = device.memory_bytes > 0.0 ? device.memory_bytes : 80.0 * 1024 * 1024 * 1024;
   c.gpus_per_node = 8;
   c.num_nodes = 0;
   c.nvlink = {device.link_bandwidth, device.link_latency_s};

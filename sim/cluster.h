@@ -2,7 +2,8 @@
 // A GPU cluster as the parallel cost model sees it: nodes of identical GPUs joined by NVLink
 // inside a node and a network between nodes (per-GPU injection bandwidth and latency), host
 // memory behind PCIe, and NVMe. Presets dgx-a100 (Selene-like: DGX A100 80 GB, 8 x HDR 200 Gb/s
-// per node) and dgx-h100 (8 x NDR 400 Gb/s per node), or a JSON file (format in docs/scale.md).
+// per node), dgx-h100 and dgx-b200 (8 x NDR 400 Gb/s per node), or a JSON file (format in
+// docs/scale.md).
 //
 // Collectives are priced on the link they cross: a group of n ranks spaced `stride` apart
 // (Megatron's rank order: tensor-parallel ranks adjacent, then data-parallel, then pipeline) is

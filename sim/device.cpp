@@ -30,7 +30,7 @@ std::string join(const std::vector<std::string>& names) {
 // per-direction peak: Gen5 64 GB/s on H100/H200, Gen4 32 GB/s on A100, Gen3 16 GB/s on V100 and
 // P100), 10 us per transfer.
 DeviceSpec make(std::string name, double fp32, double tf32, double bf16, double fp16, double memory,
-                double link, double latency, double host) {
+                double link, double latency, double host, double capacity) {
   DeviceSpec d;
   d.name = std::move(name);
   d.peak_fp32_flops = fp32;
@@ -43,8 +43,12 @@ DeviceSpec make(std::string name, double fp32, double tf32, double bf16, double 
   d.link_latency_s = latency;
   d.host_bandwidth = host;
   d.host_latency_s = 10e-6;
+  d.memory_bytes = capacity;
   return d;
 }
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kGiB = 1024.0 * kMiB;
 
 }  // namespace
 
@@ -181,6 +185,10 @@ void DeviceSpec::validate(std::string_view source) const {
   check(link_latency_s, "link_latency_s", true);
   check(host_bandwidth, "host_bandwidth", true);
   check(host_latency_s, "host_latency_s", true);
+  if (!std::isfinite(memory_bytes) || memory_bytes < 0.0) {
+    throw std::invalid_argument(std::string(source) + ": field 'memory_gb' = " +
+                                std::to_string(memory_bytes / 1e9) + " (must be finite and >= 0)");
+  }
   auto fraction = [&](double value, const std::string& field) {
     if (!std::isfinite(value) || value > 1.0) {
       throw std::invalid_argument(std::string(source) + ": field '" + field +
@@ -230,18 +238,33 @@ void DeviceSpec::validate(std::string_view source) const {
 }
 
 std::vector<std::string> device_preset_names() {
-  return {"h100", "h200", "a100", "v100", "p100"};
+  return {"h100", "h200", "b200", "a100", "v100", "p100"};
 }
 
+// Datasheet peaks and bandwidths (docs/simulator.md, "Devices"); the memory is nvidia-smi's
+// total where known (H100 80 GB, A100 80 GB: 80 GiB; H200 143 771 MiB; B200 183 359 MiB).
 DeviceSpec device_preset(std::string_view name) {
   if (name == "h100")
-    return make("h100", 67e12, 494.7e12, 989e12, 989e12, 3.35e12, 450e9, 5e-6, 51.2e9);
-  if (name == "h200")
-    return make("h200", 67e12, 494.7e12, 989e12, 989e12, 4.8e12, 450e9, 5e-6, 51.2e9);
+    return make("h100", 67e12, 494.7e12, 989e12, 989e12, 3.35e12, 450e9, 5e-6, 51.2e9, 80 * kGiB);
+  if (name == "h200") {
+    return make("h200", 67e12, 494.7e12, 989e12, 989e12, 4.8e12, 450e9, 5e-6, 51.2e9,
+                143771 * kMiB);
+  }
+  if (name == "b200") {
+    // HGX B200 (1000 W): the 8-GPU datasheet's totals per GPU; memory bandwidth as the driver
+    // reports the bus (7680 bits at 3996 MHz, DDR: 7.67 TB/s; the datasheet says 8); NVLink 5
+    // 1.8 TB/s per GPU in both directions; PCIe 5.0 x16 to the host CPUs of an HGX B200 system.
+    return make("b200", 75e12, 1.125e15, 2.25e15, 2.25e15, 7.67e12, 900e9, 5e-6, 51.2e9,
+                183359 * kMiB);
+  }
   if (name == "a100")
-    return make("a100", 19.5e12, 156e12, 312e12, 312e12, 2.0e12, 300e9, 5e-6, 25.6e9);
-  if (name == "v100") return make("v100", 15.7e12, 0.0, 0.0, 125e12, 0.9e12, 150e9, 5e-6, 12.8e9);
-  if (name == "p100") return make("p100", 9.3e12, 0.0, 0.0, 18.7e12, 0.732e12, 16e9, 10e-6, 12.8e9);
+    return make("a100", 19.5e12, 156e12, 312e12, 312e12, 2.0e12, 300e9, 5e-6, 25.6e9, 80 * kGiB);
+  if (name == "v100") {
+    return make("v100", 15.7e12, 0.0, 0.0, 125e12, 0.9e12, 150e9, 5e-6, 12.8e9, 32 * kGiB);
+  }
+  if (name == "p100") {
+    return make("p100", 9.3e12, 0.0, 0.0, 18.7e12, 0.732e12, 16e9, 10e-6, 12.8e9, 16 * kGiB);
+  }
   throw std::invalid_argument("unknown device '" + std::string(name) +
                               "' (presets: " + join(device_preset_names()) + ", " + kThisCpuDevice +
                               ", or a path to a device JSON file)");
@@ -398,6 +421,7 @@ DeviceSpec device_from_json(const nlohmann::json& json, std::string_view source)
   d.launch_overhead_s = number(json, "launch_overhead_s", "launch_overhead_s", false, 0.0);
   d.host_bandwidth = number(json, "host_bandwidth", "host_bandwidth", false, 0.0);
   d.host_latency_s = number(json, "host_latency_s", "host_latency_s", false, 0.0);
+  d.memory_bytes = number(json, "memory_gb", "memory_gb", false, 0.0) * 1e9;
   d.backward_launch_overhead_s =
       number(json, "backward_launch_overhead_s", "backward_launch_overhead_s", false, -1.0);
   d.curvature_host_overhead_s =
@@ -489,6 +513,7 @@ nlohmann::json device_to_json(const DeviceSpec& d) {
     json["host_bandwidth"] = d.host_bandwidth;
     json["host_latency_s"] = d.host_latency_s;
   }
+  if (d.memory_bytes > 0.0) json["memory_gb"] = d.memory_bytes / 1e9;
   nlohmann::json classes = nlohmann::json::object();
   for (int i = 0; i < kNumOpClasses; ++i) {
     const auto op_class = static_cast<OpClass>(i);

@@ -1,7 +1,7 @@
 #pragma once
 // What the analytic cost model needs to know about an accelerator: peak FLOP/s per precision,
 // how much of it matrix products achieve, memory bandwidth, and the link to its pipeline
-// neighbours. Presets (dense peaks, per GPU): h100, h200, a100, v100, p100; or a JSON file.
+// neighbours. Presets (dense peaks, per GPU): h100, h200, b200, a100, v100, p100; or a JSON file.
 #include <array>
 #include <cstdint>
 #include <filesystem>
@@ -119,6 +119,10 @@ struct DeviceSpec {
   // (docs/offload.md). 0: not known (a run that offloads refuses it). Optional in JSON files.
   double host_bandwidth = 0.0;  // bytes/s
   double host_latency_s = 0.0;  // per transfer
+  // Device memory per GPU in bytes (the presets: nvidia-smi's total). 0: not known; the parallel
+  // model's cluster of one device type then assumes 80 GiB. Optional in JSON files ("memory_gb",
+  // GB = 1e9 bytes).
+  double memory_bytes = 0.0;
   // Per-class rates (indexed by OpClass) and, for dense products, a per-precision efficiency
   // (indexed by Precision; <= 0: the gemm class's).
   std::array<ClassRate, kNumOpClasses> classes{};
@@ -175,6 +179,7 @@ std::vector<std::string> device_preset_names();
 //            "curvature_host_overhead_s": S,
 //            "inverse_solve": "identity" | "lower_triangle" (InverseSolve),
 //            "host_bandwidth": B, "host_latency_s": S (PCIe to host memory),
+//            "memory_gb": G (device memory, GB = 1e9 bytes),
 //            "kfac_task_overhead_s": S (every K-FAC kind; default 1e-5),
 //            "kfac_task_overheads": {"curvature_a_s": S, "curvature_b_s": S,
 //                                    "curvature_sync_s": S, "invert_a_s": S, "invert_b_s": S,

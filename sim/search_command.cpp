@@ -36,9 +36,12 @@ CLI::App* add_search_command(CLI::App& app, SearchCommandOptions& options) {
       ->required();
   command->add_option("--gpus", options.gpus, "GPUs N = t x p x d")->required();
   command->add_option("--global-batch", options.global_batch, "Sequences per step B")->required();
-  command->add_option("--cluster", options.cluster, "dgx-a100, dgx-h100 or a cluster JSON")
+  command
+      ->add_option("--cluster", options.cluster, "dgx-a100, dgx-h100, dgx-b200 or a cluster JSON")
       ->capture_default_str();
-  command->add_option("--device", options.device, "Replace the cluster's GPU (preset or file)");
+  command->add_option(
+      "--device", options.device,
+      "Replace the cluster's GPU (preset or file; its memory too where the device gives it)");
   command->add_option("--seq-len", options.seq_len,
                       "Sequence length (default: the model's maximum, at most 2048)");
   command->add_option("--precision", options.precision, "bf16, fp16, tf32 or fp32")
@@ -110,7 +113,13 @@ int run_search_command(const SearchCommandOptions& options, std::ostream& out) {
   sim::SearchOptions search;
   search.model = sim::resolve_transformer(options.model);
   search.cluster = sim::resolve_cluster(options.cluster);
-  if (!options.device.empty()) search.cluster.device = sim::resolve_device(options.device);
+  if (!options.device.empty()) {
+    search.cluster.device = sim::resolve_device(options.device);
+    // Its memory too, where the device knows it.
+    if (search.cluster.device.memory_bytes > 0.0) {
+      search.cluster.gpu_memory_bytes = search.cluster.device.memory_bytes;
+    }
+  }
   search.gpus = options.gpus;
   search.global_batch = options.global_batch;
   search.seq_len =

@@ -366,16 +366,16 @@ void add_sim_options(CLI::App& app, SimCommandOptions& options) {
            options.device = value;
            options.device_given = true;
          },
-         "Accelerator (analytic model): h100, h200, a100, v100, p100, this-cpu (one core of "
-         "this machine, its peaks measured) or a device JSON file (with --cluster: replaces the "
-         "cluster's GPU)")
+         "Accelerator (analytic model): h100, h200, b200, a100, v100, p100, this-cpu (one core "
+         "of this machine, its peaks measured) or a device JSON file (with --cluster: replaces "
+         "the cluster's GPU, and its memory where the device gives it)")
       ->default_str(options.device);
   app.add_option("--tensor-parallel", options.tensor_parallel,
                  "Tensor-parallel ranks t per pipeline stage (Megatron's intra-layer split; "
                  "parallel model, ranks inside a node first)")
       ->capture_default_str();
   app.add_option("--cluster", options.cluster,
-                 "Cluster (parallel model): dgx-a100, dgx-h100 or a cluster JSON file "
+                 "Cluster (parallel model): dgx-a100, dgx-h100, dgx-b200 or a cluster JSON file "
                  "(docs/scale.md); default: nodes of 8 --device GPUs on the device's link");
   app.add_option("--recompute", options.recompute,
                  "Activation recomputation (parallel model): none, selective (attention core), "
@@ -514,6 +514,9 @@ CostSetup make_parallel_setup(const SimCommandOptions& options,
                                  : sim::resolve_cluster(options.cluster);
   if (options.device_given && !options.cluster.empty()) {
     cluster.device = sim::resolve_device(options.device);
+    // Its memory too, where the device knows it (an H200 in H100 nodes has 141 GB, not 80).
+    if (cluster.device.memory_bytes > 0.0) cluster.gpu_memory_bytes = cluster.device.memory_bytes;
+    cluster.name += " with " + cluster.device.name;
   }
   auto model = std::make_shared<sim::ParallelCostModel>(workload, cluster);
   CostSetup setup;

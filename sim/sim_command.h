@@ -37,7 +37,7 @@ struct SimCommandOptions {
   bool device_given = false;    // --device appeared (overrides the cluster's GPU)
   // Parallel runs (PTD-P): any of these, or a GPT / Llama model, selects the parallel model.
   int tensor_parallel = 1;
-  std::string cluster;             // dgx-a100, dgx-h100 or a cluster JSON
+  std::string cluster;             // dgx-a100, dgx-h100, dgx-b200 or a cluster JSON
   std::string recompute = "none";  // none, selective, full
   int global_batch = 0;            // sequences per step over all replicas; 0: -m decides
   // AMSP / ZeRO state sharding (ranks of the data-parallel group; 0: all) and ZeRO-Infinity

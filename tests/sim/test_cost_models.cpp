@@ -223,6 +223,35 @@ TEST(SimDevice, JsonRoundTripAndErrors) {
             std::string::npos);
 }
 
+// Every preset knows its memory (nvidia-smi's total); the B200's peaks are the HGX datasheet's
+// per GPU. memory_gb is read and written (GB = 1e9 bytes), optional, and must be >= 0.
+TEST(SimDevice, PresetsCarryTheirMemoryAndTheB200ItsPeaks) {
+  for (const std::string& name : device_preset_names()) {
+    EXPECT_GT(device_preset(name).memory_bytes, 0.0) << name;
+  }
+  EXPECT_GT(device_preset("h200").memory_bytes, device_preset("h100").memory_bytes);
+  const DeviceSpec b200 = device_preset("b200");
+  EXPECT_EQ(b200.peak_bf16_flops, 2.25e15);
+  EXPECT_EQ(b200.peak_tf32_flops, 1.125e15);
+  EXPECT_EQ(b200.peak_fp32_flops, 75e12);
+  EXPECT_EQ(b200.link_bandwidth, 900e9);
+  EXPECT_GT(b200.memory_bandwidth, device_preset("h200").memory_bandwidth);
+  EXPECT_GT(b200.memory_bytes, device_preset("h200").memory_bytes);
+
+  nlohmann::json j = device_to_json(b200);
+  ASSERT_TRUE(j.contains("memory_gb"));
+  EXPECT_NEAR(device_from_json(j, "b200.json").memory_bytes, b200.memory_bytes, 1.0);
+  j.erase("memory_gb");
+  EXPECT_EQ(device_from_json(j, "b200.json").memory_bytes, 0.0);
+  EXPECT_FALSE(device_to_json(device_from_json(j, "b200.json")).contains("memory_gb"));
+  j["memory_gb"] = -1;
+  EXPECT_NE(error_of([&] { device_from_json(j, "dev.json"); }).find("dev.json: field 'memory_gb'"),
+            std::string::npos);
+  j["memory_gb"] = "80";
+  EXPECT_NE(error_of([&] { device_from_json(j, "dev.json"); }).find("'memory_gb' must be a number"),
+            std::string::npos);
+}
+
 // The runtime's Cholesky inverse (DeviceSpec::inverse_solve): solving against every column of I
 // prices 2 d^3 FLOPs in the triangular solve, the lower triangle from L's trailing blocks a third
 // of them; nothing else of the inversion moves. Read and written by the device JSON.

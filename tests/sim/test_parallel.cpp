@@ -203,8 +203,26 @@ TEST(Cluster, JsonRoundTripAndBadInput) {
   json["gpus"] = 8;
   EXPECT_NE(error_of([&] { (void)cluster_from_json(json, "c.json"); }).find("unknown field 'gpus'"),
             std::string::npos);
-  EXPECT_NE(error_of([] { (void)resolve_cluster("dgx-b200"); }).find("dgx-a100, dgx-h100"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([] { (void)resolve_cluster("dgx-x100"); }).find("dgx-a100, dgx-h100, dgx-b200"),
+      std::string::npos);
+}
+
+// A cluster of one device type holds the device's memory where the device gives it (an H200:
+// 141 GB, not the H100's 80), else 80 GiB; dgx-b200 is B200 nodes.
+TEST(Cluster, OfADeviceTakesItsMemory) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  EXPECT_EQ(cluster_of_device(device_preset("h200")).gpu_memory_bytes, 143771 * kMiB);
+  EXPECT_EQ(cluster_of_device(device_preset("v100")).gpu_memory_bytes, 32 * 1024 * kMiB);
+  DeviceSpec unknown = device_preset("h100");
+  unknown.memory_bytes = 0.0;
+  EXPECT_EQ(cluster_of_device(unknown).gpu_memory_bytes, 80 * 1024 * kMiB);
+  const ClusterSpec b200 = cluster_preset("dgx-b200");
+  EXPECT_EQ(b200.device.name, "b200");
+  EXPECT_EQ(b200.gpu_memory_bytes, 183359 * kMiB);
+  EXPECT_EQ(b200.gpus_per_node, 8);
+  EXPECT_EQ(b200.nvlink.bandwidth, 900e9);
+  EXPECT_EQ(b200.network.bandwidth, cluster_preset("dgx-h100").network.bandwidth);
 }
 
 sched::Schedule pipeline(int p, int m, int d, int layers,

@@ -173,6 +173,43 @@ TEST(SimCommand, TensorPipelineDataParallelRun) {
   EXPECT_LT(r["mfu"].get<double>(), r["achieved_tflops_per_gpu"].get<double>() / 312.0);
 }
 
+// --device with --cluster replaces the cluster's GPU and, where the device gives it, its memory:
+// an H200 in H100 nodes has 141 GB to fit into, not 80.
+TEST(SimCommand, DeviceReplacesTheClustersMemory) {
+  auto capacity = [](std::vector<std::string> extra) {
+    CompileCommandOptions compile;
+    SimCommandOptions options;
+    std::vector<std::string> args = {"--schedule",
+                                     "1f1b",
+                                     "-p",
+                                     "2",
+                                     "-m",
+                                     "4",
+                                     "--model",
+                                     "gpt3-1.3b",
+                                     "--seq-len",
+                                     "512",
+                                     "--micro-batch-size",
+                                     "1",
+                                     "--tensor-parallel",
+                                     "1",
+                                     "--grid",
+                                     "none",
+                                     "--report",
+                                     scratch("capacity.json").string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    parse(args, compile, options);
+    std::ostringstream out;
+    EXPECT_EQ(run_sim_command(compile, options, out), 0) << out.str();
+    return read_json(scratch("capacity.json"))["gpu_memory_bytes"].get<double>();
+  };
+  constexpr double kMiB = 1024.0 * 1024.0;
+  EXPECT_EQ(capacity({"--cluster", "dgx-h100"}), 80 * 1024 * kMiB);
+  EXPECT_EQ(capacity({"--cluster", "dgx-h100", "--device", "h200"}), 143771 * kMiB);
+  EXPECT_EQ(capacity({"--device", "h200"}), 143771 * kMiB);
+  EXPECT_EQ(capacity({"--cluster", "dgx-b200"}), 183359 * kMiB);
+}
+
 TEST(SimCommand, ShardingAndOffloadFlags) {
   auto peak = [](std::vector<std::string> extra) {
     CompileCommandOptions compile;
