@@ -173,12 +173,22 @@ TEST(SimCommand, TensorPipelineDataParallelRun) {
   EXPECT_LT(r["mfu"].get<double>(), r["achieved_tflops_per_gpu"].get<double>() / 312.0);
 }
 
+// A parallel-model run of `args` with a --report file: the report's `field` (the run must succeed).
+double report_field(std::vector<std::string> args, const char* field) {
+  const auto report = scratch("field_report.json");
+  args.insert(args.end(), {"--grid", "none", "--report", report.string()});
+  CompileCommandOptions compile;
+  SimCommandOptions options;
+  parse(args, compile, options);
+  std::ostringstream out;
+  EXPECT_EQ(run_sim_command(compile, options, out), 0) << out.str();
+  return read_json(report)[field].get<double>();
+}
+
 // --device with --cluster replaces the cluster's GPU and, where the device gives it, its memory:
 // an H200 in H100 nodes has 141 GB to fit into, not 80.
 TEST(SimCommand, DeviceReplacesTheClustersMemory) {
   auto capacity = [](std::vector<std::string> extra) {
-    CompileCommandOptions compile;
-    SimCommandOptions options;
     std::vector<std::string> args = {"--schedule",
                                      "1f1b",
                                      "-p",
@@ -192,16 +202,9 @@ TEST(SimCommand, DeviceReplacesTheClustersMemory) {
                                      "--micro-batch-size",
                                      "1",
                                      "--tensor-parallel",
-                                     "1",
-                                     "--grid",
-                                     "none",
-                                     "--report",
-                                     scratch("capacity.json").string()};
+                                     "1"};
     args.insert(args.end(), extra.begin(), extra.end());
-    parse(args, compile, options);
-    std::ostringstream out;
-    EXPECT_EQ(run_sim_command(compile, options, out), 0) << out.str();
-    return read_json(scratch("capacity.json"))["gpu_memory_bytes"].get<double>();
+    return report_field(args, "gpu_memory_bytes");
   };
   constexpr double kMiB = 1024.0 * 1024.0;
   EXPECT_EQ(capacity({"--cluster", "dgx-h100"}), 80 * 1024 * kMiB);
@@ -212,8 +215,6 @@ TEST(SimCommand, DeviceReplacesTheClustersMemory) {
 
 TEST(SimCommand, ShardingAndOffloadFlags) {
   auto peak = [](std::vector<std::string> extra) {
-    CompileCommandOptions compile;
-    SimCommandOptions options;
     std::vector<std::string> args = {"--schedule",
                                      "1f1b",
                                      "-p",
@@ -227,16 +228,9 @@ TEST(SimCommand, ShardingAndOffloadFlags) {
                                      "--model",
                                      "gpt3-1.3b",
                                      "--cluster",
-                                     "dgx-h100",
-                                     "--grid",
-                                     "none",
-                                     "--report",
-                                     scratch("shard.json").string()};
+                                     "dgx-h100"};
     args.insert(args.end(), extra.begin(), extra.end());
-    parse(args, compile, options);
-    std::ostringstream out;
-    EXPECT_EQ(run_sim_command(compile, options, out), 0) << out.str();
-    return read_json(scratch("shard.json"))["max_peak_memory_bytes"].get<double>();
+    return report_field(args, "max_peak_memory_bytes");
   };
   const double replicated = peak({});
   EXPECT_LT(peak({"--shard-optimizer", "0"}), replicated);
