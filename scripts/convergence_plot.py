@@ -91,6 +91,23 @@ def reach_interpolated(run, target):
     return None
 
 
+def warmup_of(group):
+    """(warm-up steps, the group of K-FAC k = 1 with the same learning rate) of a group whose
+    runs refreshed K-FAC every step for their first steps (pipefisher_train --kfac-warmup-steps),
+    else None."""
+    m = re.match(r"^kfac\d+-warmup(\d+)-lamb-lr(\S+)$", group)
+    return (int(m.group(1)), f"kfac1-lamb-lr{m.group(2)}") if m else None
+
+
+def training_time(steps, step_time, warmup=None):
+    """Seconds of `steps` steps at `step_time`, of which the warm-up's (steps, step time) at
+    its own."""
+    if warmup is None:
+        return steps * step_time
+    warm_steps, warm_time = warmup
+    return min(steps, warm_steps) * warm_time + max(0.0, steps - warm_steps) * step_time
+
+
 def mean_std(values):
     if not values:
         return float("nan"), float("nan")
@@ -99,6 +116,8 @@ def mean_std(values):
 
 def label_of(group):
     g = group
+    g = re.sub(r"^kfac(\d+)-warmup(\d+)-lamb-lr(\S+)$",
+               r"K-FAC k=\1 after \2 steps of k=1 + LAMB lr \3", g)
     g = re.sub(r"^kfac(\d+)-lamb-lr(\S+?)-d(\S+)$", r"K-FAC k=\1 + LAMB lr \2, damping \3", g)
     g = re.sub(r"^kfac(\d+)-lamb-lr(\S+)$", r"K-FAC k=\1 + LAMB lr \2", g)
     g = re.sub(r"^kfac-lamb-lr(\S+)$", r"K-FAC pass's k + LAMB lr \1", g)
@@ -332,6 +351,9 @@ def main():
                                          statistics.median(median_step_time(r) for r in members)),
             "own_step_time": statistics.median(median_step_time(r) for r in members),
             "reached": len(reached), "seeds": len(members)}
+    for group, s in summary.items():  # a warm-up's steps at the k = 1 group's step time
+        w = warmup_of(group)
+        s["warmup"] = (w[0], summary[w[1]]["step_time"]) if w and w[1] in summary else None
     base = summary.get(baseline)
     print("\n| group | seeds | final held-out loss (mean ± sd) | MLM acc | reached target "
           "| steps to target (mean) | interpolated | runs' median step s | step s used "
@@ -344,15 +366,20 @@ def main():
         elif bench_times and group not in bench_times:
             rel = "no side-by-side step time"
         elif base and base["steps"] and s["steps"]:
-            rel = f"{s['steps'] * s['step_time'] / (base['steps'] * base['step_time']):.2f}"
+            ratio = training_time(s["steps"], s["step_time"], s["warmup"]) / (
+                base["steps"] * base["step_time"])
+            rel = f"{ratio:.2f}"
         else:
             rel = "-"
         rel_i = "-"
         if rel[0].isdigit() and base["steps_interpolated"] and s["steps_interpolated"]:
-            rel_i = (f"{s['steps_interpolated'] * s['step_time'] / (base['steps_interpolated'] * base['step_time']):.2f}")
+            ratio = training_time(s["steps_interpolated"], s["step_time"], s["warmup"]) / (
+                base["steps_interpolated"] * base["step_time"])
+            rel_i = f"{ratio:.2f}"
         steps = f"{s['steps']:.1f}" if s["steps"] else "-"
         steps_i = f"{s['steps_interpolated']:.1f}" if s["steps_interpolated"] else "-"
-        product = f"{s['steps'] * s['step_time']:.1f}" if s["steps"] else "-"
+        product = (f"{training_time(s['steps'], s['step_time'], s['warmup']):.1f}"
+                   if s["steps"] else "-")
         print(f"| {label_of(group)} | {s['seeds']} | {m:.4f} ± {sd:.4f} | "
               f"{statistics.mean(s['accs']):.3f} | {s['reached']}/{s['seeds']} | {steps} | "
               f"{steps_i} | {s['own_step_time']:.3f} | {s['step_time']:.3f}"
@@ -391,9 +418,13 @@ def main():
                 for device in ("h100", "a100"):
                     t0, t1, k = simulate(args.sim, model, device, 4, 8, 32, fixed_k)
                     steps_ratio = s["steps"] / base["steps"]
+                    # A warm-up's steps at the simulated k = 1 step, the rest at k.
+                    warm = (s["warmup"][0], simulate(args.sim, model, device, 4, 8, 32, 1)[1]) \
+                        if s["warmup"] else None
+                    time_ratio = training_time(s["steps"], t1, warm) / (base["steps"] * t0)
                     print(f"| {label_of(group)} | {model} | {device} | {k} | {t0 * 1e3:.2f} ms | "
                           f"{t1 * 1e3:.2f} ms | {t1 / t0:.3f} | {steps_ratio:.2f} | "
-                          f"{steps_ratio * t1 / t0:.2f} |")
+                          f"{time_ratio:.2f} |")
 
     for name, run in traced.items():
         run["name"] = name

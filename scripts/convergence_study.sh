@@ -10,7 +10,8 @@
 # utilization figure. Draw the figures and table with scripts/convergence_plot.py.
 #
 #   scripts/convergence_study.sh [RESULTS]          (default out/convergence)
-#   PHASES="lamb-sweep lamb-seeds lamb-warmup kfac kfac-k1 kfac-sgd kfac-damping utilization" (default: all)
+#   PHASES="lamb-sweep lamb-seeds lamb-warmup kfac kfac-warmup kfac-k1 kfac-sgd kfac-damping utilization" (default: all)
+#   KFAC_WARMUP="16" (the kfac-warmup phase's --kfac-warmup-steps)
 #   MODEL=mini SEQ=128 STEPS=160 MBS=4 SEEDS="1 2 3" EVAL_EVERY=20 EVAL_BATCHES=16
 #   LAMB_LRS="5e-3 1e-2 2e-2"  WARMUP=0.1  LAMB_WARMUPS="0.05 0.2"  DAMPINGS="1e-2" DAMPING_K=1  SGD_LRS=0.05
 #
@@ -31,7 +32,7 @@ eval_every=${EVAL_EVERY:-20}
 eval_batches=${EVAL_BATCHES:-16}
 lamb_lrs=${LAMB_LRS:-5e-3 1e-2 2e-2}
 warmup=${WARMUP:-0.1}
-phases=${PHASES:-lamb-sweep lamb-seeds lamb-warmup kfac kfac-k1 kfac-sgd kfac-damping utilization}
+phases=${PHASES:-lamb-sweep lamb-seeds lamb-warmup kfac kfac-warmup kfac-k1 kfac-sgd kfac-damping utilization}
 train="$build/runtime/train/pipefisher_train"
 mkdir -p "$results"
 
@@ -125,6 +126,19 @@ for phase in $phases; do
             --seed "$seed" --kfac --kfac-refresh "$k" || true
         done
       fi
+      ;;
+    kfac-warmup)  # the pass's k (seed 1's, as the kfac phase) after KFAC_WARMUP steps of k = 1:
+      # fresh curvature while the model changes fastest, then the bubbles' refresh interval
+      lr=$(best_lamb_lr)
+      k=$(sed -n 's/^PipeFisher: K-FAC refresh every \([0-9]*\) step.*/\1/p' \
+        "$results/kfac-lamb-lr$lr-s1/log.txt" 2>/dev/null || true)
+      k=${k:-${KFAC_K:-4}}
+      for w in ${KFAC_WARMUP:-16}; do
+        for seed in $seeds; do
+          run "kfac$k-warmup$w-lamb-lr$lr-s$seed" --optimizer lamb --lr "$lr" --warmup "$warmup" \
+            --seed "$seed" --kfac --kfac-refresh "$k" --kfac-warmup-steps "$w" || true
+        done
+      done
       ;;
     kfac-k1)  # fresh curvature every step: the upper bound on what staleness costs
       lr=$(best_lamb_lr)

@@ -77,6 +77,12 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--kfac-damping", o.kfac_damping,
                  "K-FAC Tikhonov damping lambda (pi-adjusted between the two factors)")
       ->capture_default_str();
+  app.add_option("--kfac-warmup-steps", o.kfac_warmup_steps,
+                 "With --kfac: refresh K-FAC every step (curvature and inverses of each step, "
+                 "after its flush where the bubbles cannot hold them) for the first N steps, "
+                 "rounded up to a multiple of the pass's refresh interval, then continue on the "
+                 "pass's k-step schedule (0: none)")
+      ->capture_default_str();
   app.add_option("--kfac-profile", o.kfac_profile,
                  "Measured profile (pipefisher_train --profile-out) for the PipeFisher pass; "
                  "without it the run profiles the schedule and the K-FAC kernels first");
@@ -108,6 +114,11 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--checkpoint-every", o.checkpoint_every, "Steps between checkpoints (0: end)")
       ->capture_default_str();
   app.add_flag("--resume", o.resume, "Continue from the latest checkpoint in --checkpoint-dir");
+  app.add_flag("--kfac-replan", o.kfac_replan,
+               "With --resume and --kfac: profile this machine and run the PipeFisher pass again "
+               "with this run's flags (e.g. another --kfac-refresh) instead of continuing the "
+               "checkpoint's K-FAC schedule; the checkpoint's step must then be a multiple of both "
+               "refresh intervals");
   app.add_option("--metrics", o.metrics, "JSON Lines file: one record per step");
   app.add_option("--trace", o.trace, "Chrome trace of the measured run (Perfetto)");
   app.add_option("--profile-out", o.profile_out,
@@ -206,6 +217,33 @@ void validate_options(const TrainOptions& o) {
     bad("--checkpoint-every needs --checkpoint-dir");
   }
   if (o.resume && o.checkpoint_dir.empty()) bad("--resume needs --checkpoint-dir");
+  if (o.kfac_replan && !(o.resume && o.kfac.enabled))
+    bad("--kfac-replan needs --resume and --kfac");
+  if (o.kfac_warmup_steps < 0) bad("--kfac-warmup-steps must be >= 0");
+  if (o.kfac_warmup_steps > 0) {
+    if (!o.kfac.enabled) bad("--kfac-warmup-steps needs --kfac");
+    if (o.resume) {
+      bad("--kfac-warmup-steps with --resume: a resumed run continues its checkpoint's schedule "
+          "(a checkpoint saved after the warm-up holds the main one); drop --kfac-warmup-steps, "
+          "or add --kfac-replan to plan again at a step that is a multiple of both refresh "
+          "intervals");
+    }
+    if (o.kfac.refresh_steps == 1)
+      bad("--kfac-warmup-steps with --kfac-refresh 1: every step refreshes already");
+    if (o.kfac.pipelined_refresh != "off") {
+      bad("--kfac-warmup-steps with --kfac-pipelined-refresh on: a pipelined refresh's work in "
+          "the next window cannot move to another schedule");
+    }
+    if (o.kfac.sharding != "replicate") {
+      bad("--kfac-warmup-steps with --kfac-sharding " + o.kfac.sharding +
+          ": sharded K-FAC state stays on the schedule that placed it (use replicate)");
+    }
+    if (o.kfac.offload != "none") {
+      bad("--kfac-warmup-steps with --kfac-offload " + o.kfac.offload +
+          ": offloaded K-FAC state stays on the schedule that placed it (use none)");
+    }
+    if (!o.schedule_file.empty()) bad("--kfac-warmup-steps with --schedule-file: drop one");
+  }
   if (o.log_every < 1) bad("--log-every must be >= 1");
   if (o.eval_every < 0) bad("--eval-every must be >= 0");
   if (o.eval_batches < 0) bad("--eval-batches must be >= 0");

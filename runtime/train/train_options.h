@@ -44,6 +44,10 @@ struct TrainOptions {
   // K-FAC (PipeFisher).
   pipefisher::KfacCommandOptions kfac;
   double kfac_damping = 1e-3;
+  // K-FAC refreshed every step for the first this many steps (rounded up to a multiple of the
+  // main refresh interval), then on the pass's schedule: the curvature of the first steps is the
+  // most stale by the next refresh (docs/convergence.md). 0: no warm-up.
+  std::int64_t kfac_warmup_steps = 0;
   std::string kfac_profile;      // measured profile for the pass (else the run profiles itself)
   std::string kfac_profile_out;  // where to write the profile the pass used
   // How the pass models the workers sharing this machine's cores (or the one GPU): "auto" (the
@@ -61,6 +65,9 @@ struct TrainOptions {
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 0;  // 0: only at the end
   bool resume = false;
+  // With --resume and --kfac: plan K-FAC again (self-profile and the pass, with this run's
+  // flags) instead of continuing the checkpoint's k-step schedule.
+  bool kfac_replan = false;
   std::string metrics;          // JSON Lines, one record per step
   std::string trace;            // Chrome trace of the measured run
   std::string profile_out;      // measured profile in the simulator's format

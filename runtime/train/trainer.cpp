@@ -95,6 +95,10 @@ struct RunContext {
   nlohmann::json identity;                         // what a checkpoint must share to resume
   std::optional<ckpt::TrainingCheckpoint> resume;  // --resume: the checkpoint to continue
   std::shared_ptr<device::DeviceRuntime> device;   // --device cuda; null on the CPU
+  // --kfac-warmup-steps: the warm-up's schedule (K-FAC refreshed every step) and the step at
+  // which the main schedule takes over (a multiple of its refresh interval); none: 0.
+  std::optional<sched::Schedule> warmup_schedule;
+  std::int64_t warmup_end = 0;
 };
 
 device::OptimizerChoice device_optimizer_choice(const TrainOptions& o) {
@@ -213,18 +217,30 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   };
   setup.batches = context.batches.get();
 
-  const auto executor_owner = launch.make_executor(setup);
-  auto& executor = *executor_owner;
-  if (context.resume) restore_checkpoint(executor, *context.resume);
-  const auto& schedule = executor.setup().schedule;
-  const std::int64_t sequences_per_step = static_cast<std::int64_t>(schedule.params.microbatches) *
-                                          schedule.params.data_parallel * context.micro_batch_size;
+  // With a K-FAC warm-up the run starts on the warm-up's schedule and moves to the main one at
+  // context.warmup_end, carrying weights, optimizer and K-FAC state over in a checkpoint held in
+  // memory: the inverses of the warm-up's last step serve the main schedule's first window.
+  std::int64_t first_step = context.resume ? context.resume->step : 0;
+  const bool warming_up = context.warmup_schedule && first_step < context.warmup_end;
+  const std::int64_t record_events_from = setup.options.record_events_before_step;
+  std::unique_ptr<exec::Executor<T>> executor_owner;
+  if (warming_up) {
+    auto warmup_setup = setup;
+    warmup_setup.schedule = *context.warmup_schedule;
+    executor_owner = launch.make_executor(std::move(warmup_setup));
+  } else {
+    executor_owner = launch.make_executor(setup);
+  }
+  if (context.resume) restore_checkpoint(*executor_owner, *context.resume);
+  const auto& layout = setup.schedule.params;
+  const std::int64_t sequences_per_step = static_cast<std::int64_t>(layout.microbatches) *
+                                          layout.data_parallel * context.micro_batch_size;
   if (!o.quiet) {
     out << "pipefisher_train: BERT " << config.name << " (" << config.num_layers
         << " layers, hidden " << config.hidden_size << ", vocab " << config.vocab_size << "), "
-        << sched::to_string(schedule.params.kind) << " on " << schedule.num_workers() << " "
-        << launch.workers_noun() << " x " << schedule.params.data_parallel << " replica(s), "
-        << schedule.params.microbatches << " micro-batches of " << context.micro_batch_size << " x "
+        << sched::to_string(layout.kind) << " on " << setup.schedule.num_workers() << " "
+        << launch.workers_noun() << " x " << layout.data_parallel << " replica(s), "
+        << layout.microbatches << " micro-batches of " << context.micro_batch_size << " x "
         << context.seq_len << " tokens per step, " << o.optimizer << ", " << o.steps << " steps";
     if (context.device) {
       out << ", on " << tensor::to_string(context.device->device()) << " ("
@@ -238,10 +254,9 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   }
 
   PeriodicEvaluation<T> evaluation(o, config, context.micro_batch_size, context.seq_len,
-                                   context.max_predictions, executor);
-  MetricsWriter metrics(executor.is_root() ? o.metrics : std::string());
+                                   context.max_predictions, *executor_owner);
+  MetricsWriter metrics(executor_owner->is_root() ? o.metrics : std::string());
   const bool tty = isatty(STDOUT_FILENO) != 0 && &out == &std::cout;
-  const std::int64_t first_step = context.resume ? context.resume->step : 0;
   const auto start = std::chrono::steady_clock::now();
   double last_loss = 0.0;
   std::int64_t done = 0;
@@ -286,17 +301,48 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   };
   evaluation_pauses.after_segment = [&](std::int64_t step) {
     const bool stop = evaluation.at_pause(
-        executor, step, train_time_s, step == o.steps,
+        *executor_owner, step, train_time_s, step == o.steps,
         [&](const nlohmann::json& r) { metrics.write(r); }, out);
     if (!stop && step < o.steps) pauses.push_back(step);
     return stop;
   };
+  if (warming_up) {
+    // The warm-up's steps, without checkpoints (one saved there would continue the warm-up's
+    // schedule when resumed), then its state into the main schedule's executor.
+    TrainOptions warmup_options = o;
+    warmup_options.steps = context.warmup_end;
+    warmup_options.checkpoint_dir.clear();
+    (void)run_with_checkpoints(*executor_owner, warmup_options, first_step, context.identity,
+                               context.shards, on_step, {}, evaluation_pauses);
+    // The warm-up's end is no evaluation's pause (its events end with its executor).
+    if (!pauses.empty() && pauses.back() == context.warmup_end) pauses.pop_back();
+    if (!evaluation.target_step()) {
+      auto* threaded = dynamic_cast<exec::ThreadedExecutor<T>*>(executor_owner.get());
+      if (threaded == nullptr) {
+        throw std::logic_error("--kfac-warmup-steps: the warm-up ran on other than worker threads");
+      }
+      const auto state =
+          collect_checkpoint(*threaded, context.warmup_end, context.identity, context.shards);
+      first_step = context.warmup_end;
+      if (record_events_from != std::numeric_limits<std::int64_t>::max()) {
+        setup.options.record_events_before_step = first_step + kSummarySteps + 1;
+      }
+      executor_owner.reset();  // its workers' memory, before the next executor's
+      executor_owner = launch.make_executor(setup);
+      restore_checkpoint(*executor_owner, state);
+    }
+  }
+  auto& executor = *executor_owner;
+  const auto& schedule = executor.setup().schedule;
   // The stash arenas' peak in the steps the profile keeps (after the first, which grows them).
   for (auto* worker : executor.local_workers()) {
     worker->reset_peak_stash_bytes(o.steps - first_step > 1 ? first_step + 1 : first_step);
   }
-  const auto checkpoint = run_with_checkpoints(executor, o, first_step, context.identity,
-                                               context.shards, on_step, {}, evaluation_pauses);
+  const auto checkpoint =
+      evaluation.target_step()
+          ? std::filesystem::path()
+          : run_with_checkpoints(executor, o, first_step, context.identity, context.shards, on_step,
+                                 {}, evaluation_pauses);
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -567,8 +613,8 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
                                   std::to_string(context.resume->step) +
                                   " already (--steps is the total)");
     }
-    resume_schedule =
-        o.kfac.enabled && o.schedule_file.empty() && same_layout(*context.resume, context.schedule);
+    resume_schedule = o.kfac.enabled && !o.kfac_replan && o.schedule_file.empty() &&
+                      same_layout(*context.resume, context.schedule);
   }
   if (resume_schedule) {
     context.schedule = sched::schedule_from_json(
@@ -584,6 +630,11 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
   profile_options.threads_per_worker = o.threads_per_worker;
   profile_options.init_seed = o.seed;
   profile_options.kfac.damping = static_cast<float>(o.kfac_damping);
+  if (o.kfac_warmup_steps > 0 && launch.multi_process()) {
+    throw std::invalid_argument(
+        "--kfac-warmup-steps runs on worker threads: under mpirun run the warm-up as its own run "
+        "(--kfac-refresh 1 --steps N --lr-decay-steps TOTAL), then --resume --kfac-replan");
+  }
   if (o.kfac.enabled && !resume_schedule) {
     if (has_kfac(context.schedule)) {
       throw std::invalid_argument("--schedule-file " + o.schedule_file +
@@ -768,6 +819,26 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
               << (profile.shared_processor_capacity > 0.0
                       ? "the prediction shares the GPU as the self-profile measured it\n"
                       : "the predicted step time assumes a GPU per worker\n");
+    }
+    if (o.kfac_warmup_steps > 0) {
+      // The warm-up: the same pass with a refresh every step (what the bubbles cannot hold runs
+      // after the flush); the main schedule takes over at a multiple of its refresh interval.
+      auto warmup_command = kfac_command;
+      warmup_command.refresh_steps = 1;
+      warmup_command.spill_budget = 0.0;
+      warmup_command.free_spill = "off";
+      const auto warmup = pipefisher::run_pipefisher(
+          context.schedule, measured, pipefisher::to_kfac_options(warmup_command), simulation);
+      const std::int64_t k = pass.report.refresh_steps;
+      context.warmup_end = (o.kfac_warmup_steps + k - 1) / k * k;
+      context.warmup_schedule = warmup.schedule;
+      summary << "K-FAC warm-up: a refresh every step for the first " << context.warmup_end
+              << " step(s) (--kfac-warmup-steps " << o.kfac_warmup_steps;
+      if (context.warmup_end != o.kfac_warmup_steps) summary << ", up to a multiple of " << k;
+      summary << "), predicted step time " << std::showpos << std::setprecision(1)
+              << 100.0 * warmup.report.step_time_overhead << std::noshowpos << "% ("
+              << std::setprecision(3) << warmup.report.step_time_after_s << " s/step); then every "
+              << k << " step(s)\n";
     }
     context.kfac_summary = summary.str();
     context.schedule = pass.schedule;

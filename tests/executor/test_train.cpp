@@ -745,6 +745,108 @@ TEST_F(TrainTest, KfacTrainingIsBitIdenticalForAnyThreadCount) {
   EXPECT_EQ(runs[1], runs[0]);
 }
 
+// The (loss, gradient norm) of each step record of a metrics file, in order.
+std::vector<std::pair<double, double>> step_records(const fs::path& metrics) {
+  std::vector<std::pair<double, double>> steps;
+  std::istringstream text(read(metrics));
+  for (std::string line; std::getline(text, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record.value("kind", std::string("step")) != "step") continue;
+    steps.emplace_back(record.at("loss").get<double>(), record.at("grad_norm").get<double>());
+  }
+  return steps;
+}
+
+// --kfac-warmup-steps: K-FAC refreshed every step for the warm-up, then the pass's k-step
+// schedule from the warm-up's state, in one run: bit for bit the two runs it stands for (k = 1 up
+// to the warm-up's end, then --resume --kfac-replan with k = 2), one K-FAC profile for all; and
+// not the run without a warm-up. The flag's combinations that cannot move state between
+// schedules are refused by name.
+TEST_F(TrainTest, KfacWarmupEqualsTheTwoRunsItStandsFor) {
+  auto o = small_run();
+  o.steps = 6;
+  o.kfac.enabled = true;
+  o.kfac.refresh_steps = 2;
+  o.profile_out = (dir_ / "profile.json").string();
+  std::ostringstream profiling;
+  ASSERT_EQ(run_training(o, profiling), 0) << profiling.str();
+  o.profile_out.clear();
+  o.kfac_profile = (dir_ / "profile.json").string();
+
+  auto warm = o;
+  warm.kfac_warmup_steps = 3;  // up to 4, a multiple of k = 2
+  warm.metrics = (dir_ / "warm.jsonl").string();
+  std::ostringstream out;
+  ASSERT_EQ(run_training(warm, out), 0) << out.str();
+  EXPECT_NE(out.str().find("K-FAC warm-up: a refresh every step for the first 4 step(s)"),
+            std::string::npos)
+      << out.str();
+
+  auto first = o;
+  first.kfac.refresh_steps = 1;
+  first.steps = 4;
+  first.lr_decay_steps = 6;
+  first.checkpoint_dir = (dir_ / "ckpt").string();
+  first.metrics = (dir_ / "first.jsonl").string();
+  std::ostringstream first_out;
+  ASSERT_EQ(run_training(first, first_out), 0) << first_out.str();
+  auto rest = o;
+  rest.resume = true;
+  rest.kfac_replan = true;
+  rest.checkpoint_dir = first.checkpoint_dir;
+  rest.metrics = (dir_ / "rest.jsonl").string();
+  std::ostringstream rest_out;
+  ASSERT_EQ(run_training(rest, rest_out), 0) << rest_out.str();
+  EXPECT_NE(rest_out.str().find("K-FAC refresh every 2 step(s);"), std::string::npos)
+      << rest_out.str();
+
+  auto two_runs = step_records(first.metrics);
+  const auto after = step_records(rest.metrics);
+  two_runs.insert(two_runs.end(), after.begin(), after.end());
+  const auto warmed = step_records(warm.metrics);
+  ASSERT_EQ(warmed.size(), 6U);
+  EXPECT_EQ(warmed, two_runs);
+
+  auto plain = o;
+  plain.metrics = (dir_ / "plain.jsonl").string();
+  std::ostringstream plain_out;
+  ASSERT_EQ(run_training(plain, plain_out), 0) << plain_out.str();
+  EXPECT_NE(step_records(plain.metrics), warmed);
+
+  auto expect_refused = [&](TrainOptions bad, const std::string& fragment) {
+    std::ostringstream refused;
+    try {
+      run_training(bad, refused);
+      ADD_FAILURE() << "accepted; expected an error containing '" << fragment << "'";
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
+    }
+  };
+  auto bad = warm;
+  bad.kfac.enabled = false;
+  bad.kfac_profile.clear();
+  expect_refused(bad, "--kfac-warmup-steps needs --kfac");
+  bad = warm;
+  bad.resume = true;
+  bad.checkpoint_dir = first.checkpoint_dir;
+  expect_refused(bad, "--kfac-warmup-steps with --resume");
+  bad = warm;
+  bad.kfac.refresh_steps = 1;
+  expect_refused(bad, "--kfac-warmup-steps with --kfac-refresh 1");
+  bad = warm;
+  bad.kfac.pipelined_refresh = "on";
+  expect_refused(bad, "--kfac-warmup-steps with --kfac-pipelined-refresh on");
+  bad = warm;
+  bad.kfac.sharding = "shard";
+  expect_refused(bad, "--kfac-warmup-steps with --kfac-sharding shard");
+  bad = warm;
+  bad.kfac.offload = "host";
+  expect_refused(bad, "--kfac-warmup-steps with --kfac-offload host");
+  bad = warm;
+  bad.kfac_warmup_steps = -1;
+  expect_refused(bad, "--kfac-warmup-steps must be >= 0");
+}
+
 TEST(DeviceHostLink, IsMeasuredThroughPinnedMemory) {
   device::HostDeviceRuntime runtime;
   const auto link = measure_device_host_link(runtime, std::size_t{1} << 20);
