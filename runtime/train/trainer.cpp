@@ -831,14 +831,20 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
           context.schedule, measured, pipefisher::to_kfac_options(warmup_command), simulation);
       const std::int64_t k = pass.report.refresh_steps;
       context.warmup_end = (o.kfac_warmup_steps + k - 1) / k * k;
-      context.warmup_schedule = warmup.schedule;
-      summary << "K-FAC warm-up: a refresh every step for the first " << context.warmup_end
-              << " step(s) (--kfac-warmup-steps " << o.kfac_warmup_steps;
+      summary << "K-FAC warm-up: a refresh every step for the first "
+              << std::min(context.warmup_end, o.steps) << " step(s) (--kfac-warmup-steps "
+              << o.kfac_warmup_steps;
       if (context.warmup_end != o.kfac_warmup_steps) summary << ", up to a multiple of " << k;
       summary << "), predicted step time " << std::showpos << std::setprecision(1)
               << 100.0 * warmup.report.step_time_overhead << std::noshowpos << "% ("
-              << std::setprecision(3) << warmup.report.step_time_after_s << " s/step); then every "
-              << k << " step(s)\n";
+              << std::setprecision(3) << warmup.report.step_time_after_s << " s/step); ";
+      if (context.warmup_end < o.steps) {
+        summary << "then every " << k << " step(s)\n";
+        context.warmup_schedule = warmup.schedule;
+      } else {  // the whole run is the warm-up: one schedule, as --kfac-refresh 1
+        summary << "that is every step of the run\n";
+        pass.schedule = warmup.schedule;
+      }
     }
     context.kfac_summary = summary.str();
     context.schedule = pass.schedule;

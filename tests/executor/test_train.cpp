@@ -813,6 +813,23 @@ TEST_F(TrainTest, KfacWarmupEqualsTheTwoRunsItStandsFor) {
   ASSERT_EQ(run_training(plain, plain_out), 0) << plain_out.str();
   EXPECT_NE(step_records(plain.metrics), warmed);
 
+  // A warm-up as long as the run is a run with a refresh every step.
+  auto whole = warm;
+  whole.steps = 3;
+  whole.kfac_warmup_steps = 8;
+  whole.metrics = (dir_ / "whole.jsonl").string();
+  std::ostringstream whole_out;
+  ASSERT_EQ(run_training(whole, whole_out), 0) << whole_out.str();
+  EXPECT_NE(whole_out.str().find("first 3 step(s)"), std::string::npos) << whole_out.str();
+  EXPECT_NE(whole_out.str().find("that is every step of the run"), std::string::npos);
+  auto every = o;
+  every.steps = 3;
+  every.kfac.refresh_steps = 1;
+  every.metrics = (dir_ / "every.jsonl").string();
+  std::ostringstream every_out;
+  ASSERT_EQ(run_training(every, every_out), 0) << every_out.str();
+  EXPECT_EQ(step_records(whole.metrics), step_records(every.metrics));
+
   auto expect_refused = [&](TrainOptions bad, const std::string& fragment) {
     std::ostringstream refused;
     try {
