@@ -68,6 +68,18 @@ class TrainTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// run_training(o) throws std::invalid_argument naming `fragment`, before any step.
+void expect_refused(const TrainOptions& o, const std::string& fragment) {
+  std::ostringstream out;
+  try {
+    run_training(o, out);
+    ADD_FAILURE() << "accepted; expected an error containing '" << fragment << "'";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(out.str().find("step "), std::string::npos) << "training started";
+}
+
 // The numbers of the summary line that starts with `prefix`, after it, in order ("rank 0 12 B,
 // rank 1 34 B" gives 0, 12, 1, 34); empty when no line starts so. (No std::regex: g++ 12 warns
 // inside it under the sanitizers' -O1, and warnings are errors.)
@@ -375,16 +387,6 @@ TEST_F(TrainTest, RanksOnSeveralMachinesShareEachMachinesCores) {
 }
 
 TEST_F(TrainTest, RefusesImpossibleRunsBeforeAnyWork) {
-  auto expect_refused = [&](TrainOptions o, const std::string& fragment) {
-    std::ostringstream out;
-    try {
-      run_training(o, out);
-      ADD_FAILURE() << "accepted; expected an error containing '" << fragment << "'";
-    } catch (const std::invalid_argument& error) {
-      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
-    }
-    EXPECT_EQ(out.str().find("step "), std::string::npos) << "training started";
-  };
   auto o = small_run();
   o.data = (dir_ / "missing").string();
   expect_refused(o, "not a directory of shards");
@@ -830,15 +832,6 @@ TEST_F(TrainTest, KfacWarmupEqualsTheTwoRunsItStandsFor) {
   ASSERT_EQ(run_training(every, every_out), 0) << every_out.str();
   EXPECT_EQ(step_records(whole.metrics), step_records(every.metrics));
 
-  auto expect_refused = [&](TrainOptions bad, const std::string& fragment) {
-    std::ostringstream refused;
-    try {
-      run_training(bad, refused);
-      ADD_FAILURE() << "accepted; expected an error containing '" << fragment << "'";
-    } catch (const std::invalid_argument& error) {
-      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
-    }
-  };
   auto bad = warm;
   bad.kfac.enabled = false;
   bad.kfac_profile.clear();
