@@ -224,9 +224,9 @@ void validate_options(const TrainOptions& o) {
     if (!o.kfac.enabled) bad("--kfac-warmup-steps needs --kfac");
     if (o.resume) {
       bad("--kfac-warmup-steps with --resume: a resumed run continues its checkpoint's schedule "
-          "(a checkpoint saved after the warm-up holds the main one); drop --kfac-warmup-steps, "
-          "or add --kfac-replan to plan again at a step that is a multiple of both refresh "
-          "intervals");
+          "(one saved after the warm-up holds the main one); drop --kfac-warmup-steps, and add "
+          "--kfac-replan to plan again instead (at a step that is a multiple of both refresh "
+          "intervals)");
     }
     if (o.kfac.refresh_steps == 1)
       bad("--kfac-warmup-steps with --kfac-refresh 1: every step refreshes already");
