@@ -338,11 +338,16 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   for (auto* worker : executor.local_workers()) {
     worker->reset_peak_stash_bytes(o.steps - first_step > 1 ? first_step + 1 : first_step);
   }
+  // A target reached inside the warm-up ends the run there, with its checkpoint (none was
+  // written inside the warm-up).
   const auto checkpoint =
-      evaluation.target_step()
+      !evaluation.target_step()
+          ? run_with_checkpoints(executor, o, first_step, context.identity, context.shards, on_step,
+                                 {}, evaluation_pauses)
+      : o.checkpoint_dir.empty()
           ? std::filesystem::path()
-          : run_with_checkpoints(executor, o, first_step, context.identity, context.shards, on_step,
-                                 {}, evaluation_pauses);
+          : save_checkpoint(executor, *evaluation.target_step(), context.identity, context.shards,
+                            o.checkpoint_dir, {});
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 

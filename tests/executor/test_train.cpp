@@ -815,6 +815,17 @@ TEST_F(TrainTest, KfacWarmupEqualsTheTwoRunsItStandsFor) {
   ASSERT_EQ(run_training(plain, plain_out), 0) << plain_out.str();
   EXPECT_NE(step_records(plain.metrics), warmed);
 
+  // A target reached inside the warm-up stops the run there, with its final checkpoint.
+  auto early = warm;
+  early.eval_data = "synthetic";
+  early.eval_every = 1;
+  early.target_loss = 1000.0;
+  early.checkpoint_dir = (dir_ / "early").string();
+  early.metrics.clear();
+  std::ostringstream early_out;
+  ASSERT_EQ(run_training(early, early_out), 0) << early_out.str();
+  EXPECT_TRUE(fs::exists(dir_ / "early" / "step-00000001")) << early_out.str();
+
   // A warm-up as long as the run is a run with a refresh every step.
   auto whole = warm;
   whole.steps = 3;
