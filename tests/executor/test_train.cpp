@@ -109,6 +109,18 @@ std::string read(const fs::path& path) {
   return text.str();
 }
 
+// The (loss, gradient norm) of each step record of a metrics file, in order.
+std::vector<std::pair<double, double>> step_records(const fs::path& metrics) {
+  std::vector<std::pair<double, double>> steps;
+  std::istringstream text(read(metrics));
+  for (std::string line; std::getline(text, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record.value("kind", std::string("step")) != "step") continue;
+    steps.emplace_back(record.at("loss").get<double>(), record.at("grad_norm").get<double>());
+  }
+  return steps;
+}
+
 TEST_F(TrainTest, WritesMetricsTraceProfileAndSummary) {
   auto o = small_run();
   o.metrics = (dir_ / "m.jsonl").string();
@@ -442,16 +454,6 @@ TEST_F(TrainTest, OutputFilesInMissingFoldersAreRefusedBeforeAnyWork) {
 }
 
 TEST_F(TrainTest, DeviceChoicesAreCheckedBeforeAnyWork) {
-  auto expect_refused = [&](TrainOptions o, const std::string& fragment) {
-    std::ostringstream out;
-    try {
-      run_training(o, out);
-      ADD_FAILURE() << "accepted; expected an error containing '" << fragment << "'";
-    } catch (const std::invalid_argument& error) {
-      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
-    }
-    EXPECT_EQ(out.str().find("step "), std::string::npos) << "training started";
-  };
   auto o = small_run();
   o.device = "gpu";
   expect_refused(o, "--device gpu: expected cpu, cuda or cuda:N");
@@ -733,30 +735,10 @@ TEST_F(TrainTest, KfacTrainingIsBitIdenticalForAnyThreadCount) {
     run.metrics = (dir_ / ("threads" + std::to_string(threads) + ".jsonl")).string();
     std::ostringstream out;
     ASSERT_EQ(run_training(run, out), 0) << out.str();
-    std::vector<std::pair<double, double>> steps;
-    std::istringstream text(read(run.metrics));
-    std::string line;
-    while (std::getline(text, line)) {
-      const auto record = nlohmann::json::parse(line);
-      if (record.value("kind", std::string("step")) != "step") continue;
-      steps.emplace_back(record.at("loss").get<double>(), record.at("grad_norm").get<double>());
-    }
-    runs.push_back(steps);
+    runs.push_back(step_records(run.metrics));
   }
   ASSERT_EQ(runs[0].size(), 4U);
   EXPECT_EQ(runs[1], runs[0]);
-}
-
-// The (loss, gradient norm) of each step record of a metrics file, in order.
-std::vector<std::pair<double, double>> step_records(const fs::path& metrics) {
-  std::vector<std::pair<double, double>> steps;
-  std::istringstream text(read(metrics));
-  for (std::string line; std::getline(text, line);) {
-    const auto record = nlohmann::json::parse(line);
-    if (record.value("kind", std::string("step")) != "step") continue;
-    steps.emplace_back(record.at("loss").get<double>(), record.at("grad_norm").get<double>());
-  }
-  return steps;
 }
 
 // --kfac-warmup-steps: K-FAC refreshed every step for the warm-up, then the pass's k-step
