@@ -239,12 +239,14 @@ int main(int argc, char** argv) try {
       100.0 * figure("pipeline", &Measurement::replay_error_mean));
   std::printf(
       "K-FAC: utilization %.1f%% -> %.1f%% measured (%.1f%% -> %.1f%% predicted), step time "
-      "%+.1f%% measured (%+.1f%% predicted), k = %d\n",
+      "%+.1f%% measured (%+.1f%% predicted), k = %d; the self-profile's capacity of the shared "
+      "cores %.2f\n",
       100.0 * figure("pipeline", &Measurement::compute_utilization),
       100.0 * figure("kfac", &Measurement::utilization_with_kfac),
       100.0 * pass.report.utilization_before, 100.0 * pass.report.utilization_after,
       100.0 * (figure("kfac", &Measurement::step_time_s) / pipeline_step - 1.0),
-      100.0 * pass.report.step_time_overhead, pass.schedule.num_steps);
+      100.0 * pass.report.step_time_overhead, pass.schedule.num_steps,
+      profile.shared_processor_capacity);
   if (!s.profile_out.empty()) {
     traces::write_json_file(s.profile_out, sim::profile_to_json(runs["pipeline"].back().profile));
     std::printf("profile (median durations) of the last pipeline run, measured %.4f s/step: %s\n",
