@@ -9,6 +9,7 @@
 #include <cstring>
 #include <exception>
 #include <random>
+#include <stdexcept>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -239,21 +240,37 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
                   : time_kfac(d_in, d_out, tokens, options.kfac.damping, threads,
                               options.threads_per_worker);
   };
-  const auto square = time(H, H, 1);
-  const auto ffn_in = time(H, I, 1);
-  const auto ffn_out = time(I, H, 1);
   // The workers are threads sharing this machine's cores, or with a device its streams: how much
   // throughput they have together, from the same kernels on one thread per worker at once. The
   // simulator then shares it among the compute running at once (docs/simulator.md "Shared
   // processors"), and the schedule's durations, measured with the workers beside each other,
-  // become times alone. (On a device, not yet checked against a GPU run: docs/cuda.md.)
+  // become times alone. (On a device, not yet checked against a GPU run: docs/cuda.md.) Alone
+  // and together in kCapacityRounds rounds, each kernel time and the capacity the median of the
+  // rounds', so that a moment the machine held a thread back moves neither.
+  const bool measure_capacity = concurrent > 1 && shared.measure;
+  const int rounds = measure_capacity ? kCapacityRounds : 1;
+  std::array<std::vector<sim::KfacProfile>, 3> alone;  // square, ffn_in, ffn_out
+  std::vector<double> capacities;
+  for (int round = 0; round < rounds; ++round) {
+    const std::vector<sim::KfacProfile> solo = {time(H, H, 1), time(H, I, 1), time(I, H, 1)};
+    for (std::size_t i = 0; i < alone.size(); ++i) alone[i].push_back(solo[i]);
+    if (measure_capacity) {
+      capacities.push_back(shared_capacity(
+          solo, {time(H, H, concurrent), time(H, I, concurrent), time(I, H, concurrent)},
+          concurrent));
+    }
+  }
+  const auto square = median_of_rounds(alone[0]);
+  const auto ffn_in = median_of_rounds(alone[1]);
+  const auto ffn_out = median_of_rounds(alone[2]);
   double capacity = 0.0;
   if (concurrent > 1) {
-    capacity = shared.measure ? shared_capacity({square, ffn_in, ffn_out},
-                                                {time(H, H, concurrent), time(H, I, concurrent),
-                                                 time(I, H, concurrent)},
-                                                concurrent)
-                              : shared.capacity;
+    if (measure_capacity) {
+      std::sort(capacities.begin(), capacities.end());
+      capacity = capacities[capacities.size() / 2];
+    } else {
+      capacity = shared.capacity;
+    }
     if (capacity > 0.0) {
       events = exec::alone_times_by_machine(std::move(events), capacity, launch.machine_of_rank);
     }
@@ -275,6 +292,23 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
     profile.kfac.push_back(entry);
   }
   return profile;
+}
+
+sim::KfacProfile median_of_rounds(const std::vector<sim::KfacProfile>& rounds) {
+  if (rounds.empty()) throw std::invalid_argument("median_of_rounds: no rounds");
+  sim::KfacProfile result = rounds.front();
+  const auto median_field = [&rounds](double sim::KfacProfile::*field) {
+    std::vector<double> values;
+    for (const auto& round : rounds) values.push_back(round.*field);
+    std::sort(values.begin(), values.end());
+    return values[values.size() / 2];
+  };
+  for (const auto field : {&sim::KfacProfile::curvature_a_s, &sim::KfacProfile::curvature_b_s,
+                           &sim::KfacProfile::invert_a_s, &sim::KfacProfile::invert_b_s,
+                           &sim::KfacProfile::precondition_s}) {
+    result.*field = median_field(field);
+  }
+  return result;
 }
 
 sim::LinkProfile measure_host_copy(std::size_t bytes,

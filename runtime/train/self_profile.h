@@ -70,6 +70,16 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
                               const SharedProcessorChoice& shared = {},
                               const ProfileLaunch& launch = {});
 
+// Field by field, the median over rounds of one Linear's K-FAC kernel times (the upper middle of
+// an even count; bytes and the Linear from the first round). std::invalid_argument for none.
+sim::KfacProfile median_of_rounds(const std::vector<sim::KfacProfile>& rounds);
+
+// The rounds in which the self-profile times the K-FAC kernels alone and then together when it
+// measures the shared cores' capacity: the capacity is the median of the rounds' (one round
+// whose second thread the machine held back measured 1.09 among 1.76-1.98 on a 2-vCPU EPYC VM,
+// and the pass then chose k = 64 where the others chose 7-10).
+inline constexpr int kCapacityRounds = 3;
+
 // The host link of K-FAC offload (--kfac-offload). On the CPU (no device): the rate of a memcpy
 // between two host buffers of `bytes` (the copies runtime/executor/host_kfac_state.h makes),
 // the median of a few, no latency. On a device: measure_device_host_link.

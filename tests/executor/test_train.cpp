@@ -922,6 +922,34 @@ TEST_F(TrainTest, KfacWithDataParallelOnTheDevicePathEqualsTheCpuPath) {
   EXPECT_GE(refreshes, 1);
 }
 
+// The self-profile's K-FAC kernel times over its rounds: each field the median of the rounds',
+// so that one round the machine slowed (here every kernel of round 1, 10x) moves none of them.
+TEST(SelfProfile, KernelTimesAreTheMediansOfTheRounds) {
+  std::vector<sim::KfacProfile> rounds(3);
+  const double base[] = {1.0, 2.0, 3.0};
+  for (int r = 0; r < 3; ++r) {
+    const double scale = r == 1 ? 10.0 : 1.0 + 0.01 * r;
+    auto& round = rounds[static_cast<std::size_t>(r)];
+    round.linear = sched::LinearKind::kFfnIn;
+    round.bytes = 64.0;
+    round.curvature_a_s = scale * base[0];
+    round.curvature_b_s = scale * base[1];
+    round.invert_a_s = scale * base[2];
+    round.invert_b_s = scale * 4.0;
+    round.precondition_s = scale * 5.0;
+  }
+  const auto median = median_of_rounds(rounds);
+  EXPECT_DOUBLE_EQ(median.curvature_a_s, 1.02);
+  EXPECT_DOUBLE_EQ(median.curvature_b_s, 2.04);
+  EXPECT_DOUBLE_EQ(median.invert_a_s, 3.06);
+  EXPECT_DOUBLE_EQ(median.invert_b_s, 4.08);
+  EXPECT_DOUBLE_EQ(median.precondition_s, 5.1);
+  EXPECT_EQ(median.linear, sched::LinearKind::kFfnIn);
+  EXPECT_DOUBLE_EQ(median.bytes, 64.0);
+  EXPECT_DOUBLE_EQ(median_of_rounds({rounds[1]}).invert_a_s, 30.0);
+  EXPECT_THROW(median_of_rounds({}), std::invalid_argument);
+}
+
 // The self-profiles' schedule: 1F1B over two stages, four micro-batches.
 sched::Schedule two_stage_1f1b(const model::BertConfig& config) {
   cli::CompileCommandOptions compile;
