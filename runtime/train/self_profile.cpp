@@ -25,6 +25,12 @@ namespace pf::train {
 
 namespace {
 
+// The middle value (the upper of the two middle ones of an even count); values non-empty.
+double upper_median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
 template <typename F>
 double median_seconds(int repeats, F&& body) {
   std::vector<double> times;
@@ -34,8 +40,7 @@ double median_seconds(int repeats, F&& body) {
     times.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return upper_median(std::move(times));
 }
 
 enum Kernel { kCurvatureA, kCurvatureB, kInvertA, kInvertB, kPrecondition, kKernels };
@@ -88,8 +93,7 @@ sim::KfacProfile time_together(int threads, std::int64_t d_in, std::int64_t d_ou
     for (const auto& thread : seconds) {
       all.insert(all.end(), thread[kernel].begin(), thread[kernel].end());
     }
-    std::sort(all.begin(), all.end());
-    return all[all.size() / 2];
+    return upper_median(std::move(all));
   };
   sim::KfacProfile profile;
   profile.curvature_a_s = median_of(kCurvatureA);
@@ -149,9 +153,7 @@ double shared_capacity(const std::vector<sim::KfacProfile>& alone,
     }
   }
   if (speed.empty()) return static_cast<double>(threads);
-  std::sort(speed.begin(), speed.end());
-  const double median = speed[speed.size() / 2];
-  return std::clamp(threads * median, 1.0, static_cast<double>(threads));
+  return std::clamp(threads * upper_median(std::move(speed)), 1.0, static_cast<double>(threads));
 }
 
 // The same kernels on a device, through its K-FAC layer, on `threads` threads at once, each with
@@ -265,12 +267,7 @@ sim::Profile profile_schedule(const model::BertConfig& config, const sched::Sche
   const auto ffn_out = median_of_rounds(alone[2]);
   double capacity = 0.0;
   if (concurrent > 1) {
-    if (measure_capacity) {
-      std::sort(capacities.begin(), capacities.end());
-      capacity = capacities[capacities.size() / 2];
-    } else {
-      capacity = shared.capacity;
-    }
+    capacity = measure_capacity ? upper_median(std::move(capacities)) : shared.capacity;
     if (capacity > 0.0) {
       events = exec::alone_times_by_machine(std::move(events), capacity, launch.machine_of_rank);
     }
@@ -300,8 +297,7 @@ sim::KfacProfile median_of_rounds(const std::vector<sim::KfacProfile>& rounds) {
   const auto median_field = [&rounds](double sim::KfacProfile::*field) {
     std::vector<double> values;
     for (const auto& round : rounds) values.push_back(round.*field);
-    std::sort(values.begin(), values.end());
-    return values[values.size() / 2];
+    return upper_median(std::move(values));
   };
   for (const auto field : {&sim::KfacProfile::curvature_a_s, &sim::KfacProfile::curvature_b_s,
                            &sim::KfacProfile::invert_a_s, &sim::KfacProfile::invert_b_s,
@@ -327,8 +323,7 @@ sim::LinkProfile measure_host_copy(std::size_t bytes,
   if (rates.empty()) {
     link.bandwidth = 1e12;  // below the clock's resolution: as good as free
   } else {
-    std::sort(rates.begin(), rates.end());
-    link.bandwidth = rates[rates.size() / 2];
+    link.bandwidth = upper_median(std::move(rates));
   }
   return link;
 }
@@ -360,9 +355,7 @@ sim::LinkProfile measure_device_host_link(device::DeviceRuntime& device, std::si
         (up ? to_device : to_host).push_back(took.count());
       }
     }
-    std::sort(to_device.begin(), to_device.end());
-    std::sort(to_host.begin(), to_host.end());
-    return std::max(to_device[to_device.size() / 2], to_host[to_host.size() / 2]);
+    return std::max(upper_median(std::move(to_device)), upper_median(std::move(to_host)));
   };
   time_copies(bytes);  // warm-up
   const double small_s = time_copies(std::min<std::size_t>(bytes, 4096));
