@@ -325,6 +325,12 @@ void Worker<T>::Impl::run(std::int64_t first_step, std::int64_t last_step,
                           const std::function<void(const StepResult&)>& on_step) {
   omp_set_num_threads(std::max(1, setup.options.threads_per_worker));
   const std::int64_t k = schedule.num_steps;
+  const std::int64_t origin = setup.options.window_origin;
+  if (first_step < origin) {
+    throw std::logic_error("run from step " + std::to_string(first_step) +
+                           ": the schedule's refresh windows start at step " +
+                           std::to_string(origin) + " (ExecutorOptions::window_origin)");
+  }
   if (runtime) {
     runtime->bind_thread();
     synchronize_device();
@@ -333,8 +339,8 @@ void Worker<T>::Impl::run(std::int64_t first_step, std::int64_t last_step,
     timeline->set_epoch(*compute_stream, [this] { return now_s(); });
   }
   last_step_end_s = now_s();
-  for (std::int64_t round = first_step / k; round * k < last_step; ++round) {
-    const std::int64_t round_start = round * k;
+  for (std::int64_t round = (first_step - origin) / k; origin + round * k < last_step; ++round) {
+    const std::int64_t round_start = origin + round * k;
     const std::int64_t from = std::max<std::int64_t>(first_step - round_start, 0);
     const std::int64_t to = std::min<std::int64_t>(last_step - round_start, k);
     current_round = round;

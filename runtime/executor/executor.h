@@ -10,7 +10,7 @@
 //
 // Ranks: rank = replica * workers + worker (a replica's pipeline neighbours are adjacent ranks).
 // A multi-step schedule (the PipeFisher pass's k steps) is one "round": global step t runs
-// stream step t mod k of round t / k.
+// stream step (t - o) mod k of round (t - o) / k, o the options' window_origin (usually 0).
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -57,6 +57,11 @@ struct ExecutorOptions {
   std::uint64_t init_seed = 0;     // weights (identical on every replica)
   std::uint64_t dropout_seed = 0;  // dropout streams, per (step, micro-batch)
   KfacSettings kfac;
+  // The step at which the schedule's first refresh window starts: windows of k =
+  // schedule.num_steps steps run [origin + r k, origin + (r + 1) k). A run on this schedule
+  // starts at or after it: after a K-FAC warm-up the main schedule's windows start where the
+  // warm-up ended, and a run resumed on another schedule starts them at the checkpoint's step.
+  std::int64_t window_origin = 0;
   bool record_events = false;  // keep a timed event per executed instruction (traces, profiles)
   // Events only of global steps before this one (bounds the memory of a long run's summary).
   std::int64_t record_events_before_step = std::numeric_limits<std::int64_t>::max();

@@ -240,7 +240,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   // Step accounting.
   double mlm_sum = 0.0, nsp_sum = 0.0;
   bool refreshed_this_step = false;
-  std::int64_t current_round = 0;  // the window of k steps being run
+  std::int64_t current_round = 0;  // the window of k steps being run (0: the first from the origin)
   Worker<T>::Impl* self_ptr = nullptr;
 
   // Flight recorder and events.

@@ -186,10 +186,32 @@ bool runs_on_across_windows(const sched::Schedule& schedule) {
   return false;
 }
 
-void check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
-                          const sched::Schedule& schedule, const kfac::StatePlacement& placement) {
-  if (!schedule_has_kfac(schedule)) return;
-  if (checkpoint.schedule == sched::to_json(schedule)) return;  // the refresh resumes as it was
+namespace {
+// state.json's kfac.window_origin (0 for checkpoints saved before it existed), checked.
+std::int64_t checkpoint_window_origin(const ckpt::TrainingCheckpoint& checkpoint) {
+  const auto* origin = checkpoint.state.contains("kfac") && checkpoint.state["kfac"].is_object() &&
+                               checkpoint.state["kfac"].contains("window_origin")
+                           ? &checkpoint.state["kfac"]["window_origin"]
+                           : nullptr;
+  if (origin == nullptr) return 0;  // saved before windows could start elsewhere
+  if (!origin->is_number_integer() || origin->get<std::int64_t>() < 0 ||
+      origin->get<std::int64_t>() > checkpoint.step) {
+    throw std::invalid_argument("--resume: " + (checkpoint.directory / "state.json").string() +
+                                ": kfac.window_origin should be a step from 0 to the "
+                                "checkpoint's step " +
+                                std::to_string(checkpoint.step) + ", it is " + origin->dump());
+  }
+  return origin->get<std::int64_t>();
+}
+}  // namespace
+
+std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
+                                  const sched::Schedule& schedule,
+                                  const kfac::StatePlacement& placement) {
+  const std::int64_t saved_origin = checkpoint_window_origin(checkpoint);
+  // The checkpoint's own schedule: the refresh in progress resumes as it was.
+  if (checkpoint.schedule == sched::to_json(schedule)) return saved_origin;
+  if (!schedule_has_kfac(schedule)) return checkpoint.step;
   if (checkpoint.step > 0) {
     bool saved_runs_on = false;
     try {
@@ -221,17 +243,18 @@ void check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
         "layouts");
   }
   const std::int64_t old_k = checkpoint.state.value("/kfac/refresh_steps"_json_pointer, 1);
-  const std::int64_t new_k = schedule.num_steps;
   const std::int64_t step = checkpoint.step;
-  if (step % old_k == 0 && step % new_k == 0) return;
+  // At the end of one of the checkpoint's refresh windows the K-FAC state is whole and
+  // layer-keyed: this run's schedule starts its own windows there.
+  if (old_k >= 1 && (step - saved_origin) % old_k == 0) return step;
   throw std::invalid_argument(
       "--resume: checkpoint " + checkpoint.directory.string() + " is at step " +
       std::to_string(step) + ", inside a K-FAC refresh of its schedule (" +
-      layout_string(checkpoint.schedule) + ") or of this run's (" +
-      layout_string(sched::to_json(schedule)) +
-      "); a refresh in progress resumes only on the schedule that started it. Resume with the "
-      "checkpoint's layout, or from a checkpoint whose step is a multiple of both refresh "
-      "intervals (--checkpoint-every a multiple of them, --kfac-refresh fixes one)");
+      layout_string(checkpoint.schedule) + ", windows from step " + std::to_string(saved_origin) +
+      "), which this run's (" + layout_string(sched::to_json(schedule)) +
+      ") does not continue; a refresh in progress resumes only on the schedule that started it. "
+      "Resume with the checkpoint's layout, or from a checkpoint at the end of one of its refresh "
+      "windows (--checkpoint-every a multiple of its refresh interval)");
 }
 
 std::vector<data::LoaderPosition> checkpoint_loader_positions(
@@ -324,7 +347,8 @@ ckpt::TrainingCheckpoint shared_checkpoint_fields(const exec::RunSetup<T>& setup
                         {"data", identity.value("seed", std::uint64_t{0})}}},
                       {"kfac",
                        {{"refresh_steps", schedule.num_steps},
-                        {"round_phase", step % schedule.num_steps},
+                        {"window_origin", setup.options.window_origin},
+                        {"round_phase", (step - setup.options.window_origin) % schedule.num_steps},
                         {"placement", kfac::to_string(setup.options.kfac.placement)}}},
                       {"layout", layout_string(checkpoint.schedule)}};
   return checkpoint;

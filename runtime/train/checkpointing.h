@@ -42,17 +42,21 @@ ckpt::TrainingCheckpoint load_resume_checkpoint(const std::filesystem::path& dir
 // PipeFisher pass again (whose timing-dependent placement would change the arithmetic's order).
 bool same_layout(const ckpt::TrainingCheckpoint& checkpoint, const sched::Schedule& base);
 
-// Whether a K-FAC state can move to `schedule`: always for the checkpoint's own schedule (the
-// refresh in progress is restored); for another schedule only at a refresh boundary of both
-// (the step a multiple of both refresh intervals), since a refresh in progress is defined by the
-// old schedule's curvature tasks. Throws std::invalid_argument saying how to resume otherwise.
+// Whether a K-FAC state can move to `schedule`, and the step at which the resumed run's refresh
+// windows start (ExecutorOptions::window_origin): always for the checkpoint's own schedule (the
+// refresh in progress is restored; its windows keep their origin, state.json's
+// kfac.window_origin); for another schedule only at the end of one of the checkpoint's refresh
+// windows, since a refresh in progress is defined by the old schedule's curvature tasks, and
+// the new schedule's windows then start at the checkpoint's step. Throws
+// std::invalid_argument saying how to resume otherwise, or naming a malformed window_origin.
 // K-FAC state sharded across data-parallel replicas (the checkpoint's or this run's placement
 // not "replicate") resumes only on the checkpoint's own schedule (each rank restores the state
 // it owned); elsewhere this throws std::invalid_argument naming both placements and layouts.
 // Likewise a pipelined refresh whose curvature syncs or chains of inversion pieces run on into
 // the next window (the checkpoint's schedule or this run's), after step 0.
-void check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
-                          const sched::Schedule& schedule, const kfac::StatePlacement& placement);
+std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
+                                  const sched::Schedule& schedule,
+                                  const kfac::StatePlacement& placement);
 
 // The K-FAC state placement the checkpoint was saved with (state.json's kfac.placement;
 // "replicate" for checkpoints without one). Throws std::invalid_argument for an unknown one.

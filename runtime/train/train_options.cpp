@@ -80,8 +80,8 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--kfac-warmup-steps", o.kfac_warmup_steps,
                  "With --kfac: refresh K-FAC every step (curvature and inverses of each step, "
                  "after its flush where the bubbles cannot hold them) for the first N steps, "
-                 "rounded up to a multiple of the pass's refresh interval, then continue on the "
-                 "pass's k-step schedule (0: none)")
+                 "then continue on the pass's k-step schedule, its refresh windows starting at "
+                 "step N (0: none)")
       ->capture_default_str();
   app.add_option("--kfac-profile", o.kfac_profile,
                  "Measured profile (pipefisher_train --profile-out) for the PipeFisher pass; "
@@ -117,8 +117,8 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_flag("--kfac-replan", o.kfac_replan,
                "With --resume and --kfac: profile this machine and run the PipeFisher pass again "
                "with this run's flags (e.g. another --kfac-refresh) instead of continuing the "
-               "checkpoint's K-FAC schedule; the checkpoint's step must then be a multiple of both "
-               "refresh intervals");
+               "checkpoint's K-FAC schedule; the checkpoint must then be at the end of one of its "
+               "refresh windows (the new schedule's windows start there)");
   app.add_option("--metrics", o.metrics, "JSON Lines file: one record per step");
   app.add_option("--trace", o.trace, "Chrome trace of the measured run (Perfetto)");
   app.add_option("--profile-out", o.profile_out,
@@ -225,8 +225,8 @@ void validate_options(const TrainOptions& o) {
     if (o.resume) {
       bad("--kfac-warmup-steps with --resume: a resumed run continues its checkpoint's schedule "
           "(one saved after the warm-up holds the main one); drop --kfac-warmup-steps, and add "
-          "--kfac-replan to plan again instead (at a step that is a multiple of both refresh "
-          "intervals)");
+          "--kfac-replan to plan again instead (from a checkpoint at the end of one of its "
+          "refresh windows)");
     }
     if (o.kfac.refresh_steps == 1)
       bad("--kfac-warmup-steps with --kfac-refresh 1: every step refreshes already");

@@ -96,9 +96,12 @@ struct RunContext {
   std::optional<ckpt::TrainingCheckpoint> resume;  // --resume: the checkpoint to continue
   std::shared_ptr<device::DeviceRuntime> device;   // --device cuda; null on the CPU
   // --kfac-warmup-steps: the warm-up's schedule (K-FAC refreshed every step) and the step at
-  // which the main schedule takes over (a multiple of its refresh interval); none: 0.
+  // which the main schedule takes over, its refresh windows starting there; none: 0.
   std::optional<sched::Schedule> warmup_schedule;
   std::int64_t warmup_end = 0;
+  // Where the run's refresh windows start (ExecutorOptions::window_origin): 0, or where a
+  // resumed run's schedule takes over from the checkpoint's (check_kfac_resumable).
+  std::int64_t window_origin = 0;
 };
 
 device::OptimizerChoice device_optimizer_choice(const TrainOptions& o) {
@@ -214,6 +217,7 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   setup.options.dp_bucket_bytes = static_cast<std::int64_t>(o.dp_bucket_mb * 1048576.0);
   setup.options.kfac.damping = static_cast<float>(o.kfac_damping);
   setup.options.kfac.placement = context.kfac_placement;
+  setup.options.window_origin = context.window_origin;
   // Events feed the summary (a bounded window of a long run), the trace and the profile.
   setup.options.record_events = true;
   if (o.trace.empty() && o.profile_out.empty() && o.calibration_out.empty()) {
@@ -336,6 +340,7 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
       const auto state =
           collect_checkpoint(*threaded, context.warmup_end, context.identity, context.shards);
       first_step = context.warmup_end;
+      setup.options.window_origin = first_step;  // the main schedule's windows start here
       if (record_events_from != std::numeric_limits<std::int64_t>::max()) {
         setup.options.record_events_before_step = first_step + kSummarySteps + 1;
       }
@@ -839,7 +844,7 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     }
     if (o.kfac_warmup_steps > 0) {
       // The warm-up: the same pass with a refresh every step (what the bubbles cannot hold runs
-      // after the flush); the main schedule takes over at a multiple of its refresh interval.
+      // after the flush); the main schedule takes over after it, its windows starting there.
       auto warmup_command = kfac_command;
       warmup_command.refresh_steps = 1;
       warmup_command.spill_budget = 0.0;
@@ -847,14 +852,12 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
       const auto warmup = pipefisher::run_pipefisher(
           context.schedule, measured, pipefisher::to_kfac_options(warmup_command), simulation);
       const std::int64_t k = pass.report.refresh_steps;
-      context.warmup_end = (o.kfac_warmup_steps + k - 1) / k * k;
+      context.warmup_end = o.kfac_warmup_steps;
       summary << "K-FAC warm-up: a refresh every step for the first "
-              << std::min(context.warmup_end, o.steps) << " step(s) (--kfac-warmup-steps "
-              << o.kfac_warmup_steps;
-      if (context.warmup_end != o.kfac_warmup_steps) summary << ", up to a multiple of " << k;
-      summary << "), predicted step time " << std::showpos << std::setprecision(1)
-              << 100.0 * warmup.report.step_time_overhead << std::noshowpos << "% ("
-              << std::setprecision(3) << warmup.report.step_time_after_s << " s/step); ";
+              << std::min(context.warmup_end, o.steps)
+              << " step(s) (--kfac-warmup-steps), predicted step time " << std::showpos
+              << std::setprecision(1) << 100.0 * warmup.report.step_time_overhead << std::noshowpos
+              << "% (" << std::setprecision(3) << warmup.report.step_time_after_s << " s/step); ";
       if (context.warmup_end < o.steps) {
         summary << "then every " << k << " step(s)\n";
         context.warmup_schedule = warmup.schedule;
@@ -867,7 +870,8 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     context.schedule = pass.schedule;
   }
   if (context.resume) {
-    check_kfac_resumable(*context.resume, context.schedule, context.kfac_placement);
+    context.window_origin =
+        check_kfac_resumable(*context.resume, context.schedule, context.kfac_placement);
   }
 
   if (o.data == "synthetic") {

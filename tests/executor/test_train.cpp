@@ -749,10 +749,12 @@ TEST_F(TrainTest, KfacTrainingIsBitIdenticalForAnyThreadCount) {
 }
 
 // --kfac-warmup-steps: K-FAC refreshed every step for the warm-up, then the pass's k-step
-// schedule from the warm-up's state, in one run: bit for bit the two runs it stands for (k = 1 up
-// to the warm-up's end, then --resume --kfac-replan with k = 2), one K-FAC profile for all; and
-// not the run without a warm-up. The flag's combinations that cannot move state between
-// schedules are refused by name.
+// schedule from the warm-up's state, its windows starting where the warm-up ended (3, not a
+// multiple of k = 2), in one run: bit for bit the two runs it stands for (k = 1 up to the
+// warm-up's end, then --resume --kfac-replan with k = 2), one K-FAC profile for all; and not
+// the run without a warm-up. A checkpoint saved inside one of the main schedule's windows
+// resumes to the same bits. The flag's combinations that cannot move state between schedules
+// are refused by name.
 TEST_F(TrainTest, KfacWarmupEqualsTheTwoRunsItStandsFor) {
   auto o = small_run();
   o.steps = 6;
@@ -765,17 +767,26 @@ TEST_F(TrainTest, KfacWarmupEqualsTheTwoRunsItStandsFor) {
   o.kfac_profile = (dir_ / "profile.json").string();
 
   auto warm = o;
-  warm.kfac_warmup_steps = 3;  // up to 4, a multiple of k = 2
+  warm.kfac_warmup_steps = 3;  // the main windows: steps 3-4, 5-6
   warm.metrics = (dir_ / "warm.jsonl").string();
+  warm.checkpoint_dir = (dir_ / "warm-ckpt").string();
+  warm.checkpoint_every = 2;  // at 4 (inside a window) and 6
   std::ostringstream out;
   ASSERT_EQ(run_training(warm, out), 0) << out.str();
-  EXPECT_NE(out.str().find("K-FAC warm-up: a refresh every step for the first 4 step(s)"),
+  EXPECT_NE(out.str().find("K-FAC warm-up: a refresh every step for the first 3 step(s)"),
             std::string::npos)
       << out.str();
+  const auto warm_state = [&](const char* name) {
+    return nlohmann::json::parse(
+        std::ifstream(fs::path(warm.checkpoint_dir) / name / "state.json"))["state"]["kfac"];
+  };
+  EXPECT_FALSE(fs::exists(fs::path(warm.checkpoint_dir) / "step-00000002"));  // in the warm-up
+  EXPECT_EQ(warm_state("step-00000004").value("window_origin", -1), 3);
+  EXPECT_EQ(warm_state("step-00000004").value("round_phase", -1), 1);
 
   auto first = o;
   first.kfac.refresh_steps = 1;
-  first.steps = 4;
+  first.steps = 3;
   first.lr_decay_steps = 6;
   first.checkpoint_dir = (dir_ / "ckpt").string();
   first.metrics = (dir_ / "first.jsonl").string();
@@ -797,6 +808,21 @@ TEST_F(TrainTest, KfacWarmupEqualsTheTwoRunsItStandsFor) {
   const auto warmed = step_records(warm.metrics);
   ASSERT_EQ(warmed.size(), 6U);
   EXPECT_EQ(warmed, two_runs);
+
+  // Resumed from step 4, inside the main schedule's window 3-4: the checkpoint's schedule and
+  // window origin, the same bits as the run that went straight on.
+  fs::remove_all(fs::path(warm.checkpoint_dir) / "step-00000006");
+  std::ofstream(fs::path(warm.checkpoint_dir) / "latest") << "step-00000004\n";
+  auto resumed = o;
+  resumed.resume = true;
+  resumed.checkpoint_dir = warm.checkpoint_dir;
+  resumed.checkpoint_every = 2;
+  resumed.metrics = (dir_ / "resumed.jsonl").string();
+  std::ostringstream resumed_out;
+  ASSERT_EQ(run_training(resumed, resumed_out), 0) << resumed_out.str();
+  const auto tail = step_records(resumed.metrics);
+  ASSERT_EQ(tail.size(), 2U);
+  EXPECT_EQ(tail, std::vector(warmed.end() - 2, warmed.end()));
 
   auto plain = o;
   plain.metrics = (dir_ / "plain.jsonl").string();

@@ -22,10 +22,12 @@
 #include "runtime/train/checkpointing.h"
 #include "runtime/train/train_options.h"
 #include "runtime/train/trainer.h"
+#include "scheduler/compile.h"
 #include "scheduler/schedule_json.h"
 #include "sim/cli/compile_command.h"
 #include "tests/executor/device_run.h"
 #include "tests/executor/host_device_launch.h"
+#include "tests/executor/kfac_test_schedule.h"
 #include "tests/executor/offload_plan.h"
 
 namespace pf::train {
@@ -568,6 +570,57 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<exec::testing::OffloadCase>& param_info) {
       return param_info.param.name;
     });
+
+// Where a resumed run's refresh windows start: the checkpoint's own origin on its own schedule
+// (mid-window too); the checkpoint's step on another schedule, from the end of one of the
+// checkpoint's windows only (counted from its origin, 0 when state.json has none); a malformed
+// origin is named.
+TEST(KfacResume, AnotherScheduleStartsItsWindowsAtTheCheckpoint) {
+  sched::ScheduleParams params;
+  params.kind = sched::ScheduleKind::kOneFOneB;
+  params.workers = 2;
+  params.microbatches = 4;
+  params.num_layers = 4;
+  const auto base = sched::compile(params);
+  const auto k2 = exec::testing::with_kfac_in_bubbles(base, 2);
+  const auto k3 = exec::testing::with_kfac_in_bubbles(base, 3);
+  ckpt::TrainingCheckpoint checkpoint;
+  checkpoint.directory = "ckpt/step-00000005";
+  checkpoint.schedule = sched::to_json(k2);
+  const auto saved = [&](std::int64_t step, const nlohmann::json& origin) {
+    checkpoint.step = step;
+    checkpoint.state = {{"kfac", {{"refresh_steps", 2}}}};
+    if (!origin.is_null()) checkpoint.state["kfac"]["window_origin"] = origin;
+  };
+  const auto refusal = [&](const sched::Schedule& schedule) {
+    try {
+      (void)check_kfac_resumable(checkpoint, schedule, {});
+    } catch (const std::invalid_argument& error) {
+      return std::string(error.what());
+    }
+    return std::string("resumed");
+  };
+  saved(5, 3);  // windows 3-4, 5-6: step 5 starts one
+  EXPECT_EQ(check_kfac_resumable(checkpoint, k2, {}), 3);
+  EXPECT_EQ(check_kfac_resumable(checkpoint, k3, {}), 5);
+  EXPECT_EQ(check_kfac_resumable(checkpoint, base, {}), 5);
+  saved(6, 3);  // inside the window 5-6
+  EXPECT_EQ(check_kfac_resumable(checkpoint, k2, {}), 3);
+  EXPECT_NE(refusal(k3).find("inside a K-FAC refresh"), std::string::npos) << refusal(k3);
+  EXPECT_NE(refusal(k3).find("windows from step 3"), std::string::npos) << refusal(k3);
+  saved(6, nullptr);  // saved before window origins: windows from step 0
+  EXPECT_EQ(check_kfac_resumable(checkpoint, k3, {}), 6);
+  saved(5, nullptr);
+  EXPECT_NE(refusal(k3).find("inside a K-FAC refresh"), std::string::npos) << refusal(k3);
+  for (const nlohmann::json& bad : {nlohmann::json(7), nlohmann::json(-1), nlohmann::json("3")}) {
+    saved(5, bad);
+    EXPECT_NE(refusal(k2).find("state.json: kfac.window_origin should be a step from 0 to the "
+                               "checkpoint's step 5, it is " +
+                               bad.dump()),
+              std::string::npos)
+        << refusal(k2);
+  }
+}
 
 // A pipelined refresh whose chains of inversion pieces run on into the next window (progress
 // records, not the layer-keyed state) resumes only on the schedule that saved it: another
