@@ -869,6 +869,8 @@ class Validator {
   using LinearOnWorker = std::tuple<int, int, int>;  // pipeline, layer, linear
   struct WindowOrder {
     std::map<LinearOnWorker, std::int32_t> first_own, last_wrapped;
+    // The window's own inversions (any piece): the first's position per Linear.
+    std::map<LinearOnWorker, std::int32_t> first_own_inversion;
     // The previous refresh's syncs run in this window: the last piece's position per Linear.
     std::map<LinearOnWorker, std::int32_t> last_wrapped_sync;
     std::map<PieceTask, int> own_end;
@@ -948,6 +950,19 @@ class Validator {
                  "): an inversion follows the last piece of its Linear's curvature sync");
       }
     }
+    // A sync run in the next window and an inversion of its Linear in its own window: every
+    // window runs the same stream, so that inversion finalizes its refresh's sums before the
+    // sync of them (a data-parallel run: each replica's own micro-batches only).
+    for (const auto& [linear, sync] : order.last_wrapped_sync) {
+      const auto own = order.first_own_inversion.find(linear);
+      if (own == order.first_own_inversion.end()) continue;
+      fail(w, own->second,
+           short_label(at(w, own->second)) + " inverts layer " + str(std::get<1>(linear)) + " " +
+               std::string(to_string(static_cast<LinearKind>(std::get<2>(linear)))) +
+               " in its own window, but its refresh's curvature sync runs in the next window (" +
+               short_label(at(w, sync)) + " at position " + str(sync) +
+               "): an inversion follows the last piece of its Linear's curvature sync");
+    }
     for (const auto& [linear, last] : order.last_wrapped) {
       const auto own = order.first_own.find(linear);
       if (own == order.first_own.end() || own->second > last) continue;
@@ -1023,6 +1038,10 @@ class Validator {
                                         in.kind == OpKind::kInvertB ||
                                         in.kind == OpKind::kPrecondition;
         if (uses_inverse_state && order.first_own.count(linear) == 0) order.first_own[linear] = pos;
+        if ((in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) &&
+            order.first_own_inversion.count(linear) == 0) {
+          order.first_own_inversion[linear] = pos;
+        }
         if (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB ||
             in.kind == OpKind::kCurvatureSync) {
           order.own_end[task_of(in, in.step)] = in.piece_end;

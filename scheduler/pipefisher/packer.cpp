@@ -753,4 +753,39 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
   return result;
 }
 
+std::vector<std::size_t> wrapped_before_dependents(const std::vector<PackItem>& items,
+                                                   const PackResult& packed, int wrap) {
+  std::vector<std::size_t> found;
+  if (wrap < 0) return found;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const ItemPlacement& item = packed.placements[i];
+    const bool item_wrapped = !item.spilled && item.step == wrap;
+    for (int p : items[i].preds) {
+      const ItemPlacement& pred = packed.placements[static_cast<std::size_t>(p)];
+      if (!pred.spilled && pred.step == wrap && !item_wrapped) {
+        found.push_back(static_cast<std::size_t>(p));
+      }
+    }
+  }
+  return found;
+}
+
+PackResult pack_keeping_wrapped_dependents(const PackProblem& problem,
+                                           const std::vector<PackItem>& items, PackingPolicy policy,
+                                           double safety_margin,
+                                           const std::vector<double>& wrap_hold) {
+  PackResult packed = pack(problem, items, policy, safety_margin, wrap_hold);
+  auto offenders = wrapped_before_dependents(items, packed, problem.wrap_step);
+  if (offenders.empty()) return packed;
+  // Each round takes the wrap step from at least one item (only wrappable items go there), so
+  // this ends.
+  std::vector<PackItem> kept = items;
+  while (!offenders.empty()) {
+    for (const std::size_t p : offenders) kept[p].wrappable = false;
+    packed = pack(problem, kept, policy, safety_margin, wrap_hold);
+    offenders = wrapped_before_dependents(kept, packed, problem.wrap_step);
+  }
+  return packed;
+}
+
 }  // namespace pf::pipefisher

@@ -120,4 +120,19 @@ PackResult pack(const PackProblem& problem, const std::vector<PackItem>& items,
                 PackingPolicy policy, double safety_margin,
                 const std::vector<double>& wrap_hold = {});
 
+// Items placed in the wrap step (the next window) with a dependent that is not, e.g. one that
+// found no room after it there and spilled after the window's last flush: the stream runs the
+// wrap step's work after the whole window, so that dependent would run before it (a
+// data-parallel curvature sync in the next window, its inversions finalizing the unsynced sums
+// in this one). Indices into `items`; empty without a wrap step.
+std::vector<std::size_t> wrapped_before_dependents(const std::vector<PackItem>& items,
+                                                   const PackResult& packed, int wrap_step);
+
+// pack(), repaired where wrapped_before_dependents finds items: they lose the wrap step (stay in
+// their own window) and the items pack again, until none is found.
+PackResult pack_keeping_wrapped_dependents(const PackProblem& problem,
+                                           const std::vector<PackItem>& items, PackingPolicy policy,
+                                           double safety_margin,
+                                           const std::vector<double>& wrap_hold = {});
+
 }  // namespace pf::pipefisher

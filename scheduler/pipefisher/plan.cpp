@@ -363,6 +363,7 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
     // of it, while that lowers the spilled items, then the work after a flush (the hold takes
     // room from the window's own work, which may spill instead).
     std::vector<double> hold(plan.bubbles().problem.bubbles.size(), 0.0);
+    std::vector<double> packed_with = hold;  // the hold of plan.packed
     for (int round = 0; round < kWrapHoldRounds; ++round) {
       bool more = false;
       for (std::size_t i = 0; i < items.size(); ++i) {
@@ -382,6 +383,16 @@ Plan make_plan(std::shared_ptr<const Prepared> prepared, const Timeline& timelin
       }
       plan.packed = std::move(held);
       plan.total_after_flush_s = held_after_flush;
+      packed_with = hold;
+    }
+    // The packing taken may leave a wrapped item's dependent before it in the stream (a
+    // data-parallel sync in the next window, its inversions spilled after this window's flush:
+    // pipefisher_train failed at its first wrapped sync, 2026-11-29). Repaired, that item stays
+    // in its own window (packings without it are kept as they were).
+    if (!wrapped_before_dependents(items, plan.packed, plan.bubbles().problem.wrap_step).empty()) {
+      plan.packed = pack_keeping_wrapped_dependents(plan.bubbles().problem, items, policy,
+                                                    options.safety_margin, packed_with);
+      plan.total_after_flush_s = after_flush(plan.packed);
     }
   }
   std::vector<bool> unavoidable(items.size(), false);

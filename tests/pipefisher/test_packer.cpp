@@ -186,6 +186,49 @@ TEST(Packer, WrapHoldKeepsStepZeroRoomForWrappedWork) {
   EXPECT_THROW(pack(problem, items, PackingPolicy::kFirstFit, 0.0, {-1.0}), std::invalid_argument);
 }
 
+// A wrapped item's dependents follow it into the wrap step, or it does not wrap
+// (pack_keeping_wrapped_dependents; pack alone leaves the inversion before the sync): the stream
+// runs the wrap step's work after the whole window, so a dependent spilled to the window's flush
+// would run before it (a data-parallel curvature sync in the next window, its inversions
+// finalizing the unsynced sums in this one: pipefisher_train failed at its first wrapped sync).
+// One step: bubble A and its twin C in the wrap step, the same idle time. The sync, released
+// after A, fits only C; the inversion after it fits what is left of C or not.
+TEST(Packer, AWrappedItemsDependentsAreNotLeftBeforeIt) {
+  const auto problem = [](double length) {
+    PackProblem p = one_worker({{0, 0.0, length, 0}, {1, 10.0, 10.0 + length, 1}}, 2);
+    p.wrap_step = 1;
+    p.bubbles[0][0].twin = 1;
+    p.bubbles[0][1].twin = 0;
+    return p;
+  };
+  PackItem sync = item(1.5, 4.5);
+  sync.wrappable = true;
+  sync.wrap_deadline = 20.0;
+  PackItem inversion = item(1.0, 0.0, {0});
+  inversion.wrappable = true;
+  inversion.wrap_deadline = 20.0;
+  for (PackingPolicy policy : {PackingPolicy::kFirstFit, PackingPolicy::kBestFit}) {
+    // Room for both in C: both wrap, in order.
+    const auto room = pack_keeping_wrapped_dependents(problem(3.0), {sync, inversion}, policy, 0.0);
+    ASSERT_FALSE(room.placements[0].spilled);
+    ASSERT_FALSE(room.placements[1].spilled);
+    EXPECT_EQ(room.placements[0].step, 1);
+    EXPECT_EQ(room.placements[1].step, 1);
+    EXPECT_GE(room.placements[1].start, room.placements[0].end);
+    // Room for the sync only: it stays in its window (after the flush), the inversion after it.
+    const auto greedy = pack(problem(2.0), {sync, inversion}, policy, 0.0);
+    EXPECT_EQ(wrapped_before_dependents({sync, inversion}, greedy, 1), std::vector<std::size_t>{0});
+    const auto tight =
+        pack_keeping_wrapped_dependents(problem(2.0), {sync, inversion}, policy, 0.0);
+    EXPECT_TRUE(wrapped_before_dependents({sync, inversion}, tight, 1).empty());
+    EXPECT_TRUE(tight.placements[0].spilled);
+    EXPECT_EQ(tight.placements[0].step, 0);
+    EXPECT_TRUE(tight.placements[1].spilled);
+    EXPECT_EQ(tight.placements[1].step, 0);
+    EXPECT_GE(tight.placements[1].start, tight.placements[0].end);
+  }
+}
+
 // The pass's refinement (docs/pipefisher.md, "Packing") on a hand-built case: per step one long
 // gap (1.0) and two short ones (0.12); four short tasks (0.1, whole in a short gap) and one
 // long divisible inversion (1.9, 0.05 of it the per-piece overhead). In the policies' order

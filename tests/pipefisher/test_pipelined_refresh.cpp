@@ -400,6 +400,28 @@ TEST(PipelinedRefresh, CurvatureSyncsRunInTheNextWindowOnBothReplicas) {
               std::string::npos)
         << error;
   }
+  // Its Linear's inversion run in its own window instead (where it stands in the stream, its
+  // step the refresh's own): it would finalize the refresh's sums before the wrapped sync of
+  // them, as the packer once planned when the inversion found no room after a wrapped sync.
+  {
+    sched::Schedule bad = pipelined.schedule;
+    auto& stream = bad.streams[static_cast<std::size_t>(worker)];
+    const int inversion = find(bad, worker, [&](const Instruction& in) {
+      return sched::is_wrapped(in) &&
+             (in.kind == OpKind::kInvertA || in.kind == OpKind::kInvertB) &&
+             in.layer == wrapped_sync.layer && in.linear == wrapped_sync.linear &&
+             in.pipeline == wrapped_sync.pipeline;
+    });
+    ASSERT_GE(inversion, 0);
+    auto& own = stream[static_cast<std::size_t>(inversion)];
+    own.step = static_cast<std::int16_t>(own.step + bad.num_steps);
+    ASSERT_FALSE(sched::is_wrapped(own));
+    const std::string error = validation_error(bad);
+    EXPECT_NE(error.find("in its own window, but its refresh's curvature sync runs in the next "
+                         "window"),
+              std::string::npos)
+        << error;
+  }
   // Simulated, with both replicas' wrapped pieces paired.
   EXPECT_GT(pipelined.after.step_time_s, 0.0);
   const auto read = sched::schedule_from_json(sched::to_json(pipelined.schedule), "test");
