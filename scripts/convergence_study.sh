@@ -11,7 +11,8 @@
 #
 #   scripts/convergence_study.sh [RESULTS]          (default out/convergence)
 #   PHASES="lamb-sweep lamb-seeds lamb-warmup kfac kfac-warmup kfac-k1 kfac-sgd kfac-damping utilization" (default: all)
-#   KFAC_WARMUP="16" (the kfac-warmup phase's --kfac-warmup-steps)
+#   KFAC_WARMUP="16" (the kfac-warmup phase's --kfac-warmup-steps; several: "4 8 12")
+#   LAMB_LR=5e-3 (skip the sweep's choice)  KFAC_K=8 (the k of phases run without the kfac phase)
 #   MODEL=mini SEQ=128 STEPS=160 MBS=4 SEEDS="1 2 3" EVAL_EVERY=20 EVAL_BATCHES=16
 #   LAMB_LRS="5e-3 1e-2 2e-2"  WARMUP=0.1  LAMB_WARMUPS="0.05 0.2"  DAMPINGS="1e-2" DAMPING_K=1  SGD_LRS=0.05
 #
@@ -74,8 +75,13 @@ r=[json.loads(l) for l in open(sys.argv[1]) if "\"eval\"" in l]
 print(r[-1]["eval_loss"])' "$results/$1/metrics.jsonl"
 }
 
-# LAMB's learning rate: the sweep's best final held-out loss (seed 1).
+# LAMB's learning rate: the sweep's best final held-out loss (seed 1), or LAMB_LR when set (a
+# phase run without the sweep's results, e.g. on another machine).
 best_lamb_lr() {
+  if [[ -n ${LAMB_LR:-} ]]; then
+    echo "$LAMB_LR"
+    return
+  fi
   local best="" best_loss=""
   for lr in $lamb_lrs; do
     [[ -f $results/lamb-lr$lr-s1/done ]] || continue

@@ -220,11 +220,12 @@ std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
     } catch (const std::exception&) {
       saved_runs_on = false;  // not a schedule this build reads: the checks below decide
     }
-    if (saved_runs_on || runs_on_across_windows(schedule)) {
+    // This run's schedule may run on across its windows: they start at the checkpoint's step,
+    // and its first window skips the work of a refresh before it (Worker::run).
+    if (saved_runs_on) {
       throw std::invalid_argument(
           "--resume: checkpoint " + checkpoint.directory.string() + " (" +
-          layout_string(checkpoint.schedule) + ") or this run (" +
-          layout_string(sched::to_json(schedule)) +
+          layout_string(checkpoint.schedule) +
           ") runs a pipelined K-FAC refresh whose curvature syncs or chains of inversion pieces "
           "run on into the next refresh window: it resumes only on the schedule that saved it "
           "(the same flags, and its schedule.json), or from step 0");
@@ -285,19 +286,27 @@ namespace {
 // The records of one rank: weights and optimizer state from replica 0's workers (the other
 // replicas hold copies), its K-FAC state (exact per rank and pipeline, with the refresh in
 // progress; layer-keyed from replica 0's pipeline 0). Merged over the ranks in rank order, the
-// first record of a name kept, they are the whole checkpoint.
+// first record of a name kept, they are the whole checkpoint. `copies`: also the copies, i.e.
+// weights, optimizer state and layer-keyed K-FAC state of every replica and pipeline, for a
+// process whose ranks hold no replica 0 or pipeline 0 of some layers.
 template <typename T>
-ckpt::CheckpointPart collect_part(exec::Worker<T>& worker, const sched::Schedule& schedule) {
+ckpt::CheckpointPart collect_part(exec::Worker<T>& worker, const sched::Schedule& schedule,
+                                  bool copies = false) {
   const int rank = worker.rank();
   const int workers = schedule.num_workers();
   ckpt::CheckpointPart part;
-  if (rank < workers) {
-    std::vector<model::BertChunk<T>*> model_chunks;  // this rank's chunks of pipeline 0
-    for (int c = 0; c < schedule.placement.chunks_per_pipeline; ++c) {
-      if (schedule.placement.worker_of(0, c) != rank) continue;
-      auto* chunk = worker.chunk(0, c);
-      if (chunk == nullptr) throw std::logic_error("checkpoint: chunk " + std::to_string(c));
-      model_chunks.push_back(chunk);
+  if (rank < workers || copies) {
+    // This rank's chunks of pipeline 0 (with the copies: of every pipeline, each chunk once).
+    std::vector<model::BertChunk<T>*> model_chunks;
+    std::vector<bool> taken(static_cast<std::size_t>(schedule.placement.chunks_per_pipeline));
+    for (int p = 0; p < (copies ? schedule.placement.num_pipelines : 1); ++p) {
+      for (int c = 0; c < schedule.placement.chunks_per_pipeline; ++c) {
+        if (schedule.placement.worker_of(p, c) != worker.worker() || taken[c]) continue;
+        taken[c] = true;
+        auto* chunk = worker.chunk(p, c);
+        if (chunk == nullptr) throw std::logic_error("checkpoint: chunk " + std::to_string(c));
+        model_chunks.push_back(chunk);
+      }
     }
     if (!model_chunks.empty()) part.weights = model::hf_weight_records<T>(model_chunks);
     std::map<std::string, ckpt::TensorRecord> optimizer;
@@ -319,7 +328,9 @@ ckpt::CheckpointPart collect_part(exec::Worker<T>& worker, const sched::Schedule
     for (int p = 0; p < schedule.placement.num_pipelines; ++p) {
       const auto state = worker.kfac_state_with_offloaded(p);
       if (state.layers().empty()) continue;
-      if (rank < workers && p == 0) merge_records(kfac, state.state_records(kKfacPrefix));
+      if ((rank < workers && p == 0) || copies) {
+        merge_records(kfac, state.state_records(kKfacPrefix));
+      }
       merge_records(kfac, state.state_records(exact_kfac_prefix(rank, p)));
     }
     merge_records(kfac, worker.kfac_progress_records(progress_prefix(rank)));
@@ -476,6 +487,35 @@ ckpt::TrainingCheckpoint collect_checkpoint(exec::ThreadedExecutor<T>& executor,
 }
 
 template <typename T>
+ckpt::TrainingCheckpoint collect_local_checkpoint(exec::Executor<T>& executor, std::int64_t step,
+                                                  const nlohmann::json& identity) {
+  const auto& setup = executor.setup();
+  if (auto* threaded = dynamic_cast<exec::ThreadedExecutor<T>*>(&executor)) {
+    if (threaded->pending_messages() != 0) {
+      throw std::logic_error("state at step " + std::to_string(step) + ": " +
+                             std::to_string(threaded->pending_messages()) +
+                             " message(s) in flight between workers");
+    }
+  }
+  auto checkpoint = shared_checkpoint_fields(setup, step, identity, nullptr);
+  std::map<std::string, ckpt::TensorRecord> weights, optimizer, kfac;
+  // The whole checkpoint's records first (all of them under threads), then the copies this
+  // process's ranks hold of the records other processes' ranks would give.
+  for (const bool copies : {false, true}) {
+    for (auto* worker : executor.local_workers()) {
+      auto part = collect_part(*worker, setup.schedule, copies);
+      merge_records(weights, std::move(part.weights));
+      merge_records(optimizer, std::move(part.optimizer));
+      merge_records(kfac, std::move(part.kfac));
+    }
+  }
+  checkpoint.weights = values_of(std::move(weights));
+  checkpoint.optimizer = values_of(std::move(optimizer));
+  checkpoint.kfac = values_of(std::move(kfac));
+  return checkpoint;
+}
+
+template <typename T>
 void restore_checkpoint(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint& checkpoint) {
   const auto& schedule = executor.setup().schedule;
   const auto where = [&](const char* file) {
@@ -583,6 +623,12 @@ template ckpt::TrainingCheckpoint collect_checkpoint<float>(exec::ThreadedExecut
 template ckpt::TrainingCheckpoint collect_checkpoint<double>(exec::ThreadedExecutor<double>&,
                                                              std::int64_t, const nlohmann::json&,
                                                              exec::ShardBatches*);
+template ckpt::TrainingCheckpoint collect_local_checkpoint<float>(exec::Executor<float>&,
+                                                                  std::int64_t,
+                                                                  const nlohmann::json&);
+template ckpt::TrainingCheckpoint collect_local_checkpoint<double>(exec::Executor<double>&,
+                                                                   std::int64_t,
+                                                                   const nlohmann::json&);
 template void restore_checkpoint<float>(exec::Executor<float>&, const ckpt::TrainingCheckpoint&);
 template void restore_checkpoint<double>(exec::Executor<double>&, const ckpt::TrainingCheckpoint&);
 template fs::path save_checkpoint<float>(exec::Executor<float>&, std::int64_t,

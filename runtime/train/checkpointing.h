@@ -52,8 +52,9 @@ bool same_layout(const ckpt::TrainingCheckpoint& checkpoint, const sched::Schedu
 // K-FAC state sharded across data-parallel replicas (the checkpoint's or this run's placement
 // not "replicate") resumes only on the checkpoint's own schedule (each rank restores the state
 // it owned); elsewhere this throws std::invalid_argument naming both placements and layouts.
-// Likewise a pipelined refresh whose curvature syncs or chains of inversion pieces run on into
-// the next window (the checkpoint's schedule or this run's), after step 0.
+// Likewise a checkpoint of a pipelined refresh whose curvature syncs or chains of inversion
+// pieces run on into the next window, after step 0 (this run's schedule may: its first window,
+// at the checkpoint's step, skips the work of a refresh before it).
 std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
                                   const sched::Schedule& schedule,
                                   const kfac::StatePlacement& placement);
@@ -71,6 +72,17 @@ template <typename T>
 ckpt::TrainingCheckpoint collect_checkpoint(exec::ThreadedExecutor<T>& executor, std::int64_t step,
                                             const nlohmann::json& identity,
                                             exec::ShardBatches* shards);
+
+// What this process's workers hold after `step` steps, in a checkpoint held in memory, for
+// restore_checkpoint into another executor of this process with the same layout (a K-FAC
+// warm-up's end: another K-FAC schedule). Under threads it is collect_checkpoint's records;
+// under MPI a process holds only its ranks, so it also takes the copies they hold of the
+// weights, optimizer state and layer-keyed K-FAC state that replica 0's pipeline 0 would give
+// (data-parallel replicas and Chimera's pipelines hold them bit for bit alike). No loader
+// positions (the batches continue in the same source).
+template <typename T>
+ckpt::TrainingCheckpoint collect_local_checkpoint(exec::Executor<T>& executor, std::int64_t step,
+                                                  const nlohmann::json& identity);
 
 // Restores weights, optimizer state and K-FAC state into a fresh executor's workers of this
 // process (every rank's under threads, its own under MPI; each process reads the whole
@@ -116,6 +128,12 @@ extern template ckpt::TrainingCheckpoint collect_checkpoint<double>(exec::Thread
                                                                     std::int64_t,
                                                                     const nlohmann::json&,
                                                                     exec::ShardBatches*);
+extern template ckpt::TrainingCheckpoint collect_local_checkpoint<float>(exec::Executor<float>&,
+                                                                         std::int64_t,
+                                                                         const nlohmann::json&);
+extern template ckpt::TrainingCheckpoint collect_local_checkpoint<double>(exec::Executor<double>&,
+                                                                          std::int64_t,
+                                                                          const nlohmann::json&);
 extern template void restore_checkpoint<float>(exec::Executor<float>&,
                                                const ckpt::TrainingCheckpoint&);
 extern template void restore_checkpoint<double>(exec::Executor<double>&,

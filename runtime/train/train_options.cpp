@@ -230,10 +230,6 @@ void validate_options(const TrainOptions& o) {
     }
     if (o.kfac.refresh_steps == 1)
       bad("--kfac-warmup-steps with --kfac-refresh 1: every step refreshes already");
-    if (o.kfac.pipelined_refresh != "off") {
-      bad("--kfac-warmup-steps with --kfac-pipelined-refresh on: a pipelined refresh's work in "
-          "the next window cannot move to another schedule");
-    }
     if (o.kfac.sharding != "replicate") {
       bad("--kfac-warmup-steps with --kfac-sharding " + o.kfac.sharding +
           ": sharded K-FAC state stays on the schedule that placed it (use replicate)");

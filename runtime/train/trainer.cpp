@@ -333,12 +333,9 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
     // The warm-up's end is no evaluation's pause (its events end with its executor).
     if (!pauses.empty() && pauses.back() == context.warmup_end) pauses.pop_back();
     if (!evaluation.target_step()) {
-      auto* threaded = dynamic_cast<exec::ThreadedExecutor<T>*>(executor_owner.get());
-      if (threaded == nullptr) {
-        throw std::logic_error("--kfac-warmup-steps: the warm-up ran on other than worker threads");
-      }
+      // Each process's ranks, under threads and MPI alike (the layout stays, so they do too).
       const auto state =
-          collect_checkpoint(*threaded, context.warmup_end, context.identity, context.shards);
+          collect_local_checkpoint(*executor_owner, context.warmup_end, context.identity);
       first_step = context.warmup_end;
       setup.options.window_origin = first_step;  // the main schedule's windows start here
       if (record_events_from != std::numeric_limits<std::int64_t>::max()) {
@@ -652,11 +649,6 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
   profile_options.threads_per_worker = o.threads_per_worker;
   profile_options.init_seed = o.seed;
   profile_options.kfac.damping = static_cast<float>(o.kfac_damping);
-  if (o.kfac_warmup_steps > 0 && launch.multi_process()) {
-    throw std::invalid_argument(
-        "--kfac-warmup-steps runs on worker threads: under mpirun run the warm-up as its own run "
-        "(--kfac-refresh 1 --steps N --lr-decay-steps TOTAL), then --resume --kfac-replan");
-  }
   if (o.kfac.enabled && !resume_schedule) {
     if (has_kfac(context.schedule)) {
       throw std::invalid_argument("--schedule-file " + o.schedule_file +
@@ -847,6 +839,9 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
       // after the flush); the main schedule takes over after it, its windows starting there.
       auto warmup_command = kfac_command;
       warmup_command.refresh_steps = 1;
+      // Each step's refresh whole within it: nothing runs on into the main schedule, whose
+      // first window (pipelined or not) preconditions with the warm-up's last inverses.
+      warmup_command.pipelined_refresh = "off";
       warmup_command.spill_budget = 0.0;
       warmup_command.free_spill = "off";
       const auto warmup = pipefisher::run_pipefisher(

@@ -3,10 +3,13 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <ostream>
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -435,6 +438,105 @@ TEST(ExecutorKfac, PipelinedRefreshEqualsSequential) {
 // replicas in the same order) and inversions run in the next window on the set-aside sums.
 TEST(ExecutorKfac, PipelinedRefreshWithSyncsInTheNextWindowEqualsSequential) {
   check_kfac(sched::ScheduleKind::kChimera, 4, 0, 1, 1, false, false, true);
+}
+
+// A BatchSource whose step s is the inner source's step s - shift.
+class ShiftedBatches final : public BatchSource {
+ public:
+  ShiftedBatches(BatchSource& inner, std::int64_t shift) : inner_(inner), shift_(shift) {}
+  std::shared_ptr<const model::Batch> batch(std::int64_t step, int index) override {
+    return inner_.batch(step - shift_, index);
+  }
+  void release_before(std::int64_t step) override { inner_.release_before(step - shift_); }
+
+ private:
+  BatchSource& inner_;
+  std::int64_t shift_;
+};
+
+// ExecutorOptions::window_origin: a schedule whose refresh windows start at step 3 (not a
+// multiple of k) trains step for step as the same schedule from step 0, bit for bit, when the
+// data and the learning rate follow the shift (no dropout: its streams are keyed by the global
+// step). Its first window skips the work a refresh before it would run there, the later ones
+// run it: pipelined refreshes whose inversions (1F1B) and curvature syncs (Chimera) run on into
+// the next window. A run from before the origin is refused.
+TEST(ExecutorKfac, WindowsFromAnOriginShiftTheRunAndNothingElse) {
+  for (const auto kind : {sched::ScheduleKind::kOneFOneB, sched::ScheduleKind::kChimera}) {
+    SCOPED_TRACE(std::string(sched::to_string(kind)));
+    auto config = test_config(4);
+    config.hidden_dropout = config.attention_dropout = 0.0F;
+    sched::ScheduleParams params;
+    params.kind = kind;
+    params.workers = 4;
+    params.microbatches = 4;
+    params.num_layers = 4;
+    sim::UniformCosts costs = kfac_test_costs();
+    if (kind == sched::ScheduleKind::kChimera) {
+      costs.curvature_sync_s = 3.0;  // as PipelinedRefreshWithSyncsInTheNextWindowEqualsSequential
+      costs.invert_a_s = costs.invert_b_s = 0.1;
+    } else {
+      costs.invert_a_s = costs.invert_b_s = 1.0;  // as PipelinedRefreshEqualsSequential
+    }
+    pipefisher::KfacOptions kfac;
+    kfac.pipelined_refresh = true;
+    const auto schedule =
+        pipefisher::run_pipefisher(sched::compile(params), sim::UniformCostModel(costs), kfac)
+            .schedule;
+    ASSERT_TRUE(schedule.kfac_pipelined_refresh);
+    int wrapped = 0, wrapped_syncs = 0;
+    for (const auto& stream : schedule.streams) {
+      for (const auto& in : stream) {
+        wrapped += sched::is_wrapped(in) ? 1 : 0;
+        wrapped_syncs += sched::is_wrapped(in) && in.kind == sched::OpKind::kCurvatureSync;
+      }
+    }
+    EXPECT_GT(wrapped, 0);
+    if (kind == sched::ScheduleKind::kChimera) {
+      EXPECT_GT(wrapped_syncs, 0);
+    }
+    const std::int64_t steps = 3 * schedule.num_steps;
+    using StepRecord = std::tuple<double, double, double, bool>;
+    const auto run = [&](std::int64_t origin) {
+      SyntheticBatches data(config, kMicroBatchSize, kSeqLen, kPredictions, kDataSeed);
+      ShiftedBatches batches(data, origin);
+      auto setup = make_setup<float>(config, schedule, batches);
+      setup.options.kfac.damping = 1e-2F;
+      setup.options.window_origin = origin;
+      setup.learning_rate = [origin](std::int64_t step) { return learning_rate(step - origin); };
+      ThreadedExecutor<float> executor(setup);
+      std::pair<std::vector<StepRecord>, std::vector<float>> out;
+      executor.run(origin, origin + steps, [&](const StepResult& r) {
+        out.first.emplace_back(r.mlm_loss, r.nsp_loss, r.grad_norm, r.kfac_refresh);
+      });
+      for (int r = 0; r < executor.num_ranks(); ++r) {
+        for (auto* chunk : executor.worker(r).chunks()) {
+          for (const auto& p : chunk->parameters()) {
+            out.second.insert(out.second.end(), p.value, p.value + p.size);
+          }
+        }
+      }
+      if (origin > 0) {
+        try {
+          executor.run(origin - 1, origin + steps);
+          ADD_FAILURE() << "ran from before the windows' origin";
+        } catch (const std::exception& error) {
+          EXPECT_NE(
+              std::string(error.what()).find("the schedule's refresh windows start at step 3"),
+              std::string::npos)
+              << error.what();
+        }
+      }
+      return out;
+    };
+    const auto from_zero = run(0);
+    const auto shifted = run(3);
+    ASSERT_EQ(from_zero.first.size(), static_cast<std::size_t>(steps));
+    EXPECT_GT(std::count_if(from_zero.first.begin(), from_zero.first.end(),
+                            [](const StepRecord& r) { return std::get<3>(r); }),
+              0);
+    EXPECT_EQ(shifted.first, from_zero.first);
+    EXPECT_EQ(shifted.second, from_zero.second);
+  }
 }
 
 // K-FAC state placed across data-parallel replicas (kfac/state_placement.h): every placement

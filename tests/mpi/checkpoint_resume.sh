@@ -5,7 +5,8 @@
 # the middle of a refresh); the MPI run matches the threaded one; a checkpoint of replicated
 # state moves to another layout; sharded K-FAC state on another layout and a corrupt part file
 # are refused with one error line, every process exiting; K-FAC offload under mpirun resumes
-# bit-identically and equals threads and the run without offload.
+# bit-identically and equals threads and the run without offload; a K-FAC warm-up under mpirun
+# equals threads, and resumes inside its first main window.
 #   checkpoint_resume.sh <pipefisher_train> <pipefisher_data> <mpirun and its options...>
 set -uo pipefail
 train=$(realpath "$1")
@@ -143,6 +144,34 @@ must "$train" "${offload[@]}" --stages 2 --steps 6 --metrics offload_threads.jso
 must "${mpirun[@]}" -np 2 "$train" "${kept[@]}" --stages 2 --steps 6 --metrics kept.jsonl
 [[ "$(losses kept.jsonl)" == "$(losses p.jsonl)" ]] || fail "offload: with and without differ"
 echo "-np 2 with K-FAC offload: resumed = straight = threads = without offload"
+
+# A K-FAC warm-up under mpirun (its state moved in memory, each process its own ranks), three
+# steps of a refresh every step, then windows of 2 from step 3: two stages x two replicas (-np 4,
+# shards) and Chimera (-np 2) equal the threaded runs loss for loss; a checkpoint saved inside
+# the first main window (step 4) resumes to the straight run's losses.
+warm=(--model config.json --data shards --micro-batch-size 2 --microbatches 4 --lr-decay-steps 6
+  --quiet --kfac --kfac-refresh 2)
+for layout in "dp --data-parallel 2 --stages 2" "chimera --schedule chimera --stages 2"; do
+  read -r name flags <<< "$layout"
+  read -ra flags <<< "$flags"
+  must "$train" "${warm[@]}" "${flags[@]}" --steps 2 --profile-out "warm_$name.json"
+  run=("${warm[@]}" "${flags[@]}" --kfac-profile "warm_$name.json" --steps 6)
+  np=$([[ $name == dp ]] && echo 4 || echo 2)
+  must "${mpirun[@]}" -np "$np" "$train" "${run[@]}" --kfac-warmup-steps 3 --metrics "wm_$name.jsonl" \
+    --checkpoint-dir "wm_$name" --checkpoint-every 2
+  must "$train" "${run[@]}" --kfac-warmup-steps 3 --metrics "wt_$name.jsonl"
+  [[ "$(losses "wm_$name.jsonl" | wc -l)" == 12 ]] || fail "warm-up $name: not 6 steps of metrics"
+  [[ "$(losses "wm_$name.jsonl")" == "$(losses "wt_$name.jsonl")" ]] ||
+    fail "warm-up $name: threads and MPI differ"
+  grep -q '"window_origin": 3' "wm_$name/step-00000004/state.json" ||
+    fail "warm-up $name: no window origin 3 in the step-4 checkpoint"
+  rm -rf "wm_$name/step-00000006" && echo step-00000004 > "wm_$name/latest"
+  must "${mpirun[@]}" -np "$np" "$train" "${run[@]}" --checkpoint-dir "wm_$name" --resume \
+    --metrics "wr_$name.jsonl"
+  [[ "$(losses "wr_$name.jsonl")" == "$(losses "wm_$name.jsonl" | tail -n 4)" ]] ||
+    fail "warm-up $name: resumed inside the first main window, the losses differ"
+  echo "warm-up under mpirun ($name, -np $np) = threads; resumed inside a window = straight"
+done
 
 # Sharded K-FAC state does not move to another layout: one line, every process exits.
 mkdir m && cp -r k/step-00000003 m/ && echo step-00000003 > m/latest
