@@ -234,10 +234,6 @@ void validate_options(const TrainOptions& o) {
       bad("--kfac-warmup-steps with --kfac-sharding " + o.kfac.sharding +
           ": sharded K-FAC state stays on the schedule that placed it (use replicate)");
     }
-    if (o.kfac.offload != "none") {
-      bad("--kfac-warmup-steps with --kfac-offload " + o.kfac.offload +
-          ": offloaded K-FAC state stays on the schedule that placed it (use none)");
-    }
     if (!o.schedule_file.empty()) bad("--kfac-warmup-steps with --schedule-file: drop one");
   }
   if (o.log_every < 1) bad("--log-every must be >= 1");

@@ -844,8 +844,14 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
       warmup_command.pipelined_refresh = "off";
       warmup_command.spill_budget = 0.0;
       warmup_command.free_spill = "off";
-      const auto warmup = pipefisher::run_pipefisher(
+      auto warmup = pipefisher::run_pipefisher(
           context.schedule, measured, pipefisher::to_kfac_options(warmup_command), simulation);
+      if (offload_options.mode != pipefisher::OffloadMode::kNone) {
+        // The warm-up offloads as the main schedule does: the device holds no more K-FAC
+        // state from step 0 on (each Linear moves whole between the two at the switch).
+        warmup.schedule =
+            pipefisher::run_offload_pass(warmup, measured, offload_options, simulation).schedule;
+      }
       const std::int64_t k = pass.report.refresh_steps;
       context.warmup_end = o.kfac_warmup_steps;
       summary << "K-FAC warm-up: a refresh every step for the first "
