@@ -62,6 +62,10 @@ struct ExecutorOptions {
   // starts at or after it: after a K-FAC warm-up the main schedule's windows start where the
   // warm-up ended, and a run resumed on another schedule starts them at the checkpoint's step.
   std::int64_t window_origin = 0;
+  // > 0: this executor runs a K-FAC warm-up (a refresh every step) that ends at this step. Its
+  // checkpoints record it (state.kfac.warmup_end), so that a resume plans the warm-up's and
+  // the main schedule again rather than continue the warm-up's for good.
+  std::int64_t kfac_warmup_end = 0;
   bool record_events = false;  // keep a timed event per executed instruction (traces, profiles)
   // Events only of global steps before this one (bounds the memory of a long run's summary).
   std::int64_t record_events_before_step = std::numeric_limits<std::int64_t>::max();

@@ -205,6 +205,19 @@ std::int64_t checkpoint_window_origin(const ckpt::TrainingCheckpoint& checkpoint
 }
 }  // namespace
 
+std::int64_t checkpoint_warmup_end(const ckpt::TrainingCheckpoint& checkpoint) {
+  const auto* end = checkpoint.state.contains("kfac") && checkpoint.state["kfac"].is_object() &&
+                            checkpoint.state["kfac"].contains("warmup_end")
+                        ? &checkpoint.state["kfac"]["warmup_end"]
+                        : nullptr;
+  if (end == nullptr) return 0;
+  if (!end->is_number_integer() || end->get<std::int64_t>() < 1) {
+    throw std::invalid_argument("--resume: " + (checkpoint.directory / "state.json").string() +
+                                ": kfac.warmup_end should be a step >= 1, it is " + end->dump());
+  }
+  return end->get<std::int64_t>();
+}
+
 std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
                                   const sched::Schedule& schedule,
                                   const kfac::StatePlacement& placement) {
@@ -362,6 +375,9 @@ ckpt::TrainingCheckpoint shared_checkpoint_fields(const exec::RunSetup<T>& setup
                         {"round_phase", (step - setup.options.window_origin) % schedule.num_steps},
                         {"placement", kfac::to_string(setup.options.kfac.placement)}}},
                       {"layout", layout_string(checkpoint.schedule)}};
+  if (setup.options.kfac_warmup_end > 0) {
+    checkpoint.state["kfac"]["warmup_end"] = setup.options.kfac_warmup_end;
+  }
   return checkpoint;
 }
 
@@ -585,7 +601,8 @@ fs::path run_with_checkpoints(exec::Executor<T>& executor, const TrainOptions& o
                               std::int64_t first_step, const nlohmann::json& identity,
                               exec::ShardBatches* shards,
                               const std::function<void(const exec::StepResult&)>& on_step,
-                              const ckpt::SaveOptions& save_options, const RunPauses& pauses) {
+                              const ckpt::SaveOptions& save_options, const RunPauses& pauses,
+                              bool save_at_end) {
   fs::path last_saved;
   std::int64_t step = first_step;
   while (step < o.steps) {
@@ -598,7 +615,8 @@ fs::path run_with_checkpoints(exec::Executor<T>& executor, const TrainOptions& o
     executor.run(step, next, on_step);
     step = next;
     const bool stop = pauses.after_segment && pauses.after_segment(step);
-    if (!o.checkpoint_dir.empty() && (step == checkpoint_step || stop)) {
+    const bool due = step == checkpoint_step && (save_at_end || step < o.steps);
+    if (!o.checkpoint_dir.empty() && (due || stop)) {
       last_saved =
           save_checkpoint(executor, step, identity, shards, o.checkpoint_dir, save_options);
     }
@@ -611,12 +629,12 @@ template fs::path run_with_checkpoints<float>(exec::Executor<float>&, const Trai
                                               std::int64_t, const nlohmann::json&,
                                               exec::ShardBatches*,
                                               const std::function<void(const exec::StepResult&)>&,
-                                              const ckpt::SaveOptions&, const RunPauses&);
+                                              const ckpt::SaveOptions&, const RunPauses&, bool);
 template fs::path run_with_checkpoints<double>(exec::Executor<double>&, const TrainOptions&,
                                                std::int64_t, const nlohmann::json&,
                                                exec::ShardBatches*,
                                                const std::function<void(const exec::StepResult&)>&,
-                                               const ckpt::SaveOptions&, const RunPauses&);
+                                               const ckpt::SaveOptions&, const RunPauses&, bool);
 template ckpt::TrainingCheckpoint collect_checkpoint<float>(exec::ThreadedExecutor<float>&,
                                                             std::int64_t, const nlohmann::json&,
                                                             exec::ShardBatches*);

@@ -59,6 +59,11 @@ std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
                                   const sched::Schedule& schedule,
                                   const kfac::StatePlacement& placement);
 
+// The step at which the K-FAC warm-up the checkpoint was saved in ends (state.json's
+// kfac.warmup_end, ExecutorOptions::kfac_warmup_end); 0 for a checkpoint saved outside one.
+// Throws std::invalid_argument naming the file for a malformed value.
+std::int64_t checkpoint_warmup_end(const ckpt::TrainingCheckpoint& checkpoint);
+
 // The K-FAC state placement the checkpoint was saved with (state.json's kfac.placement;
 // "replicate" for checkpoints without one). Throws std::invalid_argument for an unknown one.
 kfac::StatePlacement checkpoint_kfac_placement(const ckpt::TrainingCheckpoint& checkpoint);
@@ -108,7 +113,8 @@ std::filesystem::path save_checkpoint(exec::Executor<T>& executor, std::int64_t 
 // pauses: further segment ends (held-out evaluation, periodic_evaluation.h): segment_end(from)
 // is where the segment starting at `from` ends at the latest, after_segment(step) runs after
 // each segment and returns true to stop the run there (early stop; a checkpoint is then saved
-// at that step).
+// at that step). save_at_end false: no checkpoint at options.steps unless the run stops there
+// (a K-FAC warm-up's end, where the main schedule's executor saves instead).
 struct RunPauses {
   std::function<std::int64_t(std::int64_t)> segment_end;
   std::function<bool(std::int64_t)> after_segment;
@@ -118,7 +124,8 @@ std::filesystem::path run_with_checkpoints(
     exec::Executor<T>& executor, const TrainOptions& options, std::int64_t first_step,
     const nlohmann::json& identity, exec::ShardBatches* shards,
     const std::function<void(const exec::StepResult&)>& on_step,
-    const ckpt::SaveOptions& save_options = {}, const RunPauses& pauses = {});
+    const ckpt::SaveOptions& save_options = {}, const RunPauses& pauses = {},
+    bool save_at_end = true);
 
 extern template ckpt::TrainingCheckpoint collect_checkpoint<float>(exec::ThreadedExecutor<float>&,
                                                                    std::int64_t,
@@ -151,10 +158,10 @@ extern template std::filesystem::path save_checkpoint<double>(exec::Executor<dou
 extern template std::filesystem::path run_with_checkpoints<float>(
     exec::Executor<float>&, const TrainOptions&, std::int64_t, const nlohmann::json&,
     exec::ShardBatches*, const std::function<void(const exec::StepResult&)>&,
-    const ckpt::SaveOptions&, const RunPauses&);
+    const ckpt::SaveOptions&, const RunPauses&, bool);
 extern template std::filesystem::path run_with_checkpoints<double>(
     exec::Executor<double>&, const TrainOptions&, std::int64_t, const nlohmann::json&,
     exec::ShardBatches*, const std::function<void(const exec::StepResult&)>&,
-    const ckpt::SaveOptions&, const RunPauses&);
+    const ckpt::SaveOptions&, const RunPauses&, bool);
 
 }  // namespace pf::train

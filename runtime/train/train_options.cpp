@@ -222,12 +222,6 @@ void validate_options(const TrainOptions& o) {
   if (o.kfac_warmup_steps < 0) bad("--kfac-warmup-steps must be >= 0");
   if (o.kfac_warmup_steps > 0) {
     if (!o.kfac.enabled) bad("--kfac-warmup-steps needs --kfac");
-    if (o.resume) {
-      bad("--kfac-warmup-steps with --resume: a resumed run continues its checkpoint's schedule "
-          "(one saved after the warm-up holds the main one); drop --kfac-warmup-steps, and add "
-          "--kfac-replan to plan again instead (from a checkpoint at the end of one of its "
-          "refresh windows)");
-    }
     if (o.kfac.refresh_steps == 1)
       bad("--kfac-warmup-steps with --kfac-refresh 1: every step refreshes already");
     if (o.kfac.sharding != "replicate") {

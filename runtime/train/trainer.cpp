@@ -218,6 +218,11 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   setup.options.kfac.damping = static_cast<float>(o.kfac_damping);
   setup.options.kfac.placement = context.kfac_placement;
   setup.options.window_origin = context.window_origin;
+  // A run that is all warm-up (--kfac-warmup-steps >= --steps) runs the warm-up's schedule:
+  // its checkpoints say so, as the warm-up executor's do.
+  if (!context.warmup_schedule && context.warmup_end >= o.steps) {
+    setup.options.kfac_warmup_end = context.warmup_end;
+  }
   // Events feed the summary (a bounded window of a long run), the trace and the profile.
   setup.options.record_events = true;
   if (o.trace.empty() && o.profile_out.empty() && o.calibration_out.empty()) {
@@ -243,6 +248,7 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   if (warming_up) {
     auto warmup_setup = setup;
     warmup_setup.schedule = *context.warmup_schedule;
+    warmup_setup.options.kfac_warmup_end = context.warmup_end;
     executor_owner = launch.make_executor(std::move(warmup_setup));
   } else {
     executor_owner = launch.make_executor(setup);
@@ -322,14 +328,15 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
     if (!stop && step < o.steps) pauses.push_back(step);
     return stop;
   };
+  std::filesystem::path saved_in_warmup;  // the warm-up's last checkpoint
   if (warming_up) {
-    // The warm-up's steps, without checkpoints (one saved there would continue the warm-up's
-    // schedule when resumed), then its state into the main schedule's executor.
+    // The warm-up's steps, with its checkpoints before its end (they record it, so that a
+    // resume plans both schedules again), then its state into the main schedule's executor.
     TrainOptions warmup_options = o;
     warmup_options.steps = context.warmup_end;
-    warmup_options.checkpoint_dir.clear();
-    (void)run_with_checkpoints(*executor_owner, warmup_options, first_step, context.identity,
-                               context.shards, on_step, {}, evaluation_pauses);
+    saved_in_warmup =
+        run_with_checkpoints(*executor_owner, warmup_options, first_step, context.identity,
+                             context.shards, on_step, {}, evaluation_pauses, false);
     // The warm-up's end is no evaluation's pause (its events end with its executor).
     if (!pauses.empty() && pauses.back() == context.warmup_end) pauses.pop_back();
     if (!evaluation.target_step()) {
@@ -344,6 +351,12 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
       executor_owner.reset();  // its workers' memory, before the next executor's
       executor_owner = launch.make_executor(setup);
       restore_checkpoint(*executor_owner, state);
+      // The checkpoint due at the warm-up's end: the main schedule's, its windows from here.
+      if (!o.checkpoint_dir.empty() && o.checkpoint_every > 0 &&
+          first_step % o.checkpoint_every == 0 && first_step < o.steps) {
+        (void)save_checkpoint(*executor_owner, first_step, context.identity, context.shards,
+                              o.checkpoint_dir, {});
+      }
     }
   }
   auto& executor = *executor_owner;
@@ -352,16 +365,12 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   for (auto* worker : executor.local_workers()) {
     worker->reset_peak_stash_bytes(o.steps - first_step > 1 ? first_step + 1 : first_step);
   }
-  // A target reached inside the warm-up ends the run there, with its checkpoint (none was
-  // written inside the warm-up).
-  const auto checkpoint =
-      !evaluation.target_step()
-          ? run_with_checkpoints(executor, o, first_step, context.identity, context.shards, on_step,
-                                 {}, evaluation_pauses)
-      : o.checkpoint_dir.empty()
-          ? std::filesystem::path()
-          : save_checkpoint(executor, *evaluation.target_step(), context.identity, context.shards,
-                            o.checkpoint_dir, {});
+  // A target reached inside the warm-up ends the run there, with the checkpoint the warm-up
+  // saved at that step.
+  const auto checkpoint = !evaluation.target_step()
+                              ? run_with_checkpoints(executor, o, first_step, context.identity,
+                                                     context.shards, on_step, {}, evaluation_pauses)
+                              : saved_in_warmup;
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -632,7 +641,22 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
                                   std::to_string(context.resume->step) +
                                   " already (--steps is the total)");
     }
-    resume_schedule = o.kfac.enabled && !o.kfac_replan && o.schedule_file.empty() &&
+    // A checkpoint saved inside a K-FAC warm-up holds the warm-up's schedule (a refresh every
+    // step): the run plans the warm-up's and the main schedule again, and moves to the main one
+    // where the warm-up ends.
+    const std::int64_t saved_warmup_end = checkpoint_warmup_end(*context.resume);
+    if (saved_warmup_end > 0 && o.kfac_warmup_steps == 0 && !o.kfac_replan) {
+      throw std::invalid_argument(
+          "--resume: checkpoint " + context.resume->directory.string() +
+          " was saved inside a K-FAC warm-up of " + std::to_string(saved_warmup_end) +
+          " steps (its schedule refreshes every step): resume it with --kfac-warmup-steps " +
+          std::to_string(saved_warmup_end) +
+          " to move to the main schedule there, or with --kfac-replan to plan the main schedule "
+          "from this step");
+    }
+    const bool plan_warmup = o.kfac_warmup_steps > 0 &&
+                             (saved_warmup_end > 0 || context.resume->step < o.kfac_warmup_steps);
+    resume_schedule = o.kfac.enabled && !o.kfac_replan && !plan_warmup && o.schedule_file.empty() &&
                       same_layout(*context.resume, context.schedule);
   }
   if (resume_schedule) {
@@ -871,8 +895,11 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     context.schedule = pass.schedule;
   }
   if (context.resume) {
-    context.window_origin =
-        check_kfac_resumable(*context.resume, context.schedule, context.kfac_placement);
+    // Resumed inside the warm-up: its executor continues the checkpoint.
+    const bool in_warmup = context.warmup_schedule && context.resume->step < context.warmup_end;
+    context.window_origin = check_kfac_resumable(
+        *context.resume, in_warmup ? *context.warmup_schedule : context.schedule,
+        context.kfac_placement);
   }
 
   if (o.data == "synthetic") {

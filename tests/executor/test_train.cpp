@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -752,9 +753,10 @@ TEST_F(TrainTest, KfacTrainingIsBitIdenticalForAnyThreadCount) {
 // schedule from the warm-up's state, its windows starting where the warm-up ended (3, not a
 // multiple of k = 2), in one run: bit for bit the two runs it stands for (k = 1 up to the
 // warm-up's end, then --resume --kfac-replan with k = 2), one K-FAC profile for all; and not
-// the run without a warm-up. A checkpoint saved inside one of the main schedule's windows
-// resumes to the same bits. The flag's combinations that cannot move state between schedules
-// are refused by name.
+// the run without a warm-up. A checkpoint saved inside the warm-up or inside one of the main
+// schedule's windows resumes (the same flags and --resume) to the same bits; one saved inside
+// the warm-up, resumed without the flag, is refused by name, as are the flag's combinations that
+// cannot move state between schedules. With K-FAC offload: the same bits.
 TEST_F(TrainTest, KfacWarmupEqualsTheTwoRunsItStandsFor) {
   auto o = small_run();
   o.steps = 6;
@@ -780,7 +782,7 @@ TEST_F(TrainTest, KfacWarmupEqualsTheTwoRunsItStandsFor) {
     return nlohmann::json::parse(
         std::ifstream(fs::path(warm.checkpoint_dir) / name / "state.json"))["state"]["kfac"];
   };
-  EXPECT_FALSE(fs::exists(fs::path(warm.checkpoint_dir) / "step-00000002"));  // in the warm-up
+  EXPECT_FALSE(warm_state("step-00000004").contains("warmup_end"));
   EXPECT_EQ(warm_state("step-00000004").value("window_origin", -1), 3);
   EXPECT_EQ(warm_state("step-00000004").value("round_phase", -1), 1);
 
@@ -809,20 +811,57 @@ TEST_F(TrainTest, KfacWarmupEqualsTheTwoRunsItStandsFor) {
   ASSERT_EQ(warmed.size(), 6U);
   EXPECT_EQ(warmed, two_runs);
 
-  // Resumed from step 4, inside the main schedule's window 3-4: the checkpoint's schedule and
-  // window origin, the same bits as the run that went straight on.
-  fs::remove_all(fs::path(warm.checkpoint_dir) / "step-00000006");
-  std::ofstream(fs::path(warm.checkpoint_dir) / "latest") << "step-00000004\n";
-  auto resumed = o;
-  resumed.resume = true;
-  resumed.checkpoint_dir = warm.checkpoint_dir;
-  resumed.checkpoint_every = 2;
-  resumed.metrics = (dir_ / "resumed.jsonl").string();
-  std::ostringstream resumed_out;
-  ASSERT_EQ(run_training(resumed, resumed_out), 0) << resumed_out.str();
-  const auto tail = step_records(resumed.metrics);
-  ASSERT_EQ(tail.size(), 2U);
-  EXPECT_EQ(tail, std::vector(warmed.end() - 2, warmed.end()));
+  // Resumed from step 2 (inside the warm-up: both schedules planned again, the main one from
+  // step 3) or step 4 (inside the main schedule's window 3-4: its schedule and window origin),
+  // with the same flags and --resume, or from step 4 without the warm-up's flag: the same bits
+  // as the run that went straight on. From step 2 without it, refused by name.
+  // (A checkpoint at step 2, inside the warm-up, from a run of the same flags stopped there:
+  // the warm run keeps its last two, 4 and 6.)
+  auto stopped = warm;
+  stopped.steps = 2;
+  stopped.lr_decay_steps = 6;
+  stopped.checkpoint_dir = (dir_ / "stopped").string();
+  stopped.metrics.clear();
+  std::ostringstream stopped_out;
+  ASSERT_EQ(run_training(stopped, stopped_out), 0) << stopped_out.str();
+  const auto stopped_state = nlohmann::json::parse(
+      std::ifstream(dir_ / "stopped" / "step-00000002" / "state.json"))["state"]["kfac"];
+  EXPECT_EQ(stopped_state.value("warmup_end", -1), 3);
+  EXPECT_EQ(stopped_state.value("refresh_steps", -1), 1);
+  const auto resume_from = [&](std::int64_t step, const TrainOptions& flags, const char* name) {
+    const auto copy = dir_ / name;
+    fs::copy(step < 3 ? stopped.checkpoint_dir : warm.checkpoint_dir, copy,
+             fs::copy_options::recursive);
+    for (std::int64_t later = step + 1; later <= 6; ++later) {
+      char saved[32];
+      std::snprintf(saved, sizeof(saved), "step-%08lld", static_cast<long long>(later));
+      fs::remove_all(copy / saved);
+    }
+    char latest[32];
+    std::snprintf(latest, sizeof(latest), "step-%08lld\n", static_cast<long long>(step));
+    std::ofstream(copy / "latest") << latest;
+    auto resumed = flags;
+    resumed.resume = true;
+    resumed.checkpoint_dir = copy.string();
+    resumed.checkpoint_every = 2;
+    resumed.metrics = (dir_ / (std::string(name) + ".jsonl")).string();
+    return resumed;
+  };
+  for (const auto& [step, flags] :
+       {std::pair<std::int64_t, TrainOptions>{2, warm}, {4, warm}, {4, o}}) {
+    const auto resumed = resume_from(step, flags,
+                                     (std::string("from") + std::to_string(step) +
+                                      (flags.kfac_warmup_steps > 0 ? "_warm" : "_plain"))
+                                         .c_str());
+    std::ostringstream resumed_out;
+    ASSERT_EQ(run_training(resumed, resumed_out), 0) << resumed_out.str();
+    const auto tail = step_records(resumed.metrics);
+    ASSERT_EQ(tail.size(), static_cast<std::size_t>(6 - step)) << "from step " << step;
+    EXPECT_EQ(tail, std::vector(warmed.end() - (6 - step), warmed.end())) << "from step " << step;
+  }
+  expect_refused(resume_from(2, o, "from2_refused"),
+                 "was saved inside a K-FAC warm-up of 3 steps (its schedule refreshes every step): "
+                 "resume it with --kfac-warmup-steps 3");
 
   // With K-FAC state offloaded to host memory (in the warm-up too; the copies are exact): the
   // same bits.
@@ -875,10 +914,6 @@ TEST_F(TrainTest, KfacWarmupEqualsTheTwoRunsItStandsFor) {
   bad.kfac.enabled = false;
   bad.kfac_profile.clear();
   expect_refused(bad, "--kfac-warmup-steps needs --kfac");
-  bad = warm;
-  bad.resume = true;
-  bad.checkpoint_dir = first.checkpoint_dir;
-  expect_refused(bad, "--kfac-warmup-steps with --resume");
   bad = warm;
   bad.kfac.refresh_steps = 1;
   expect_refused(bad, "--kfac-warmup-steps with --kfac-refresh 1");
