@@ -187,12 +187,18 @@ bool runs_on_across_windows(const sched::Schedule& schedule) {
 }
 
 namespace {
+// state.json's kfac.<name>, or null where the checkpoint has none.
+const nlohmann::json* kfac_state_field(const ckpt::TrainingCheckpoint& checkpoint,
+                                       const char* name) {
+  const auto kfac = checkpoint.state.find("kfac");
+  if (kfac == checkpoint.state.end() || !kfac->is_object()) return nullptr;
+  const auto field = kfac->find(name);
+  return field == kfac->end() ? nullptr : &*field;
+}
+
 // state.json's kfac.window_origin (0 for checkpoints saved before it existed), checked.
 std::int64_t checkpoint_window_origin(const ckpt::TrainingCheckpoint& checkpoint) {
-  const auto* origin = checkpoint.state.contains("kfac") && checkpoint.state["kfac"].is_object() &&
-                               checkpoint.state["kfac"].contains("window_origin")
-                           ? &checkpoint.state["kfac"]["window_origin"]
-                           : nullptr;
+  const auto* origin = kfac_state_field(checkpoint, "window_origin");
   if (origin == nullptr) return 0;  // saved before windows could start elsewhere
   if (!origin->is_number_integer() || origin->get<std::int64_t>() < 0 ||
       origin->get<std::int64_t>() > checkpoint.step) {
@@ -206,10 +212,7 @@ std::int64_t checkpoint_window_origin(const ckpt::TrainingCheckpoint& checkpoint
 }  // namespace
 
 std::int64_t checkpoint_warmup_end(const ckpt::TrainingCheckpoint& checkpoint) {
-  const auto* end = checkpoint.state.contains("kfac") && checkpoint.state["kfac"].is_object() &&
-                            checkpoint.state["kfac"].contains("warmup_end")
-                        ? &checkpoint.state["kfac"]["warmup_end"]
-                        : nullptr;
+  const auto* end = kfac_state_field(checkpoint, "warmup_end");
   if (end == nullptr) return 0;
   if (!end->is_number_integer() || end->get<std::int64_t>() < 1) {
     throw std::invalid_argument("--resume: " + (checkpoint.directory / "state.json").string() +
@@ -469,6 +472,26 @@ fs::path save_collectively(exec::Executor<T>& executor, std::int64_t step,
   return outcome.substr(4);
 }
 
+// The records of this process's workers merged into `checkpoint` (collect_part): the whole
+// checkpoint's first (all of them under threads), then, `with_copies`, the copies its ranks
+// hold of the records other processes' ranks would give.
+template <typename T>
+void merge_worker_records(exec::Executor<T>& executor, bool with_copies,
+                          ckpt::TrainingCheckpoint& checkpoint) {
+  std::map<std::string, ckpt::TensorRecord> weights, optimizer, kfac;
+  for (const bool copies : {false, true}) {
+    if (copies && !with_copies) break;
+    for (auto* worker : executor.local_workers()) {
+      auto part = collect_part(*worker, executor.setup().schedule, copies);
+      merge_records(weights, std::move(part.weights));
+      merge_records(optimizer, std::move(part.optimizer));
+      merge_records(kfac, std::move(part.kfac));
+    }
+  }
+  checkpoint.weights = values_of(std::move(weights));
+  checkpoint.optimizer = values_of(std::move(optimizer));
+  checkpoint.kfac = values_of(std::move(kfac));
+}
 }  // namespace
 
 template <typename T>
@@ -489,16 +512,7 @@ ckpt::TrainingCheckpoint collect_checkpoint(exec::ThreadedExecutor<T>& executor,
     }
   }
   auto checkpoint = shared_checkpoint_fields(setup, step, identity, positions);
-  std::map<std::string, ckpt::TensorRecord> weights, optimizer, kfac;
-  for (auto* worker : executor.local_workers()) {
-    auto part = collect_part(*worker, setup.schedule);
-    merge_records(weights, std::move(part.weights));
-    merge_records(optimizer, std::move(part.optimizer));
-    merge_records(kfac, std::move(part.kfac));
-  }
-  checkpoint.weights = values_of(std::move(weights));
-  checkpoint.optimizer = values_of(std::move(optimizer));
-  checkpoint.kfac = values_of(std::move(kfac));
+  merge_worker_records(executor, false, checkpoint);
   return checkpoint;
 }
 
@@ -514,20 +528,7 @@ ckpt::TrainingCheckpoint collect_local_checkpoint(exec::Executor<T>& executor, s
     }
   }
   auto checkpoint = shared_checkpoint_fields(setup, step, identity, nullptr);
-  std::map<std::string, ckpt::TensorRecord> weights, optimizer, kfac;
-  // The whole checkpoint's records first (all of them under threads), then the copies this
-  // process's ranks hold of the records other processes' ranks would give.
-  for (const bool copies : {false, true}) {
-    for (auto* worker : executor.local_workers()) {
-      auto part = collect_part(*worker, setup.schedule, copies);
-      merge_records(weights, std::move(part.weights));
-      merge_records(optimizer, std::move(part.optimizer));
-      merge_records(kfac, std::move(part.kfac));
-    }
-  }
-  checkpoint.weights = values_of(std::move(weights));
-  checkpoint.optimizer = values_of(std::move(optimizer));
-  checkpoint.kfac = values_of(std::move(kfac));
+  merge_worker_records(executor, true, checkpoint);
   return checkpoint;
 }
 

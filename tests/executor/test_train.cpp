@@ -122,6 +122,33 @@ std::vector<std::pair<double, double>> step_records(const fs::path& metrics) {
   return steps;
 }
 
+// The two runs --kfac-warmup-steps W stands for: `o` with a refresh every step (not
+// pipelined) for W steps, then --resume --kfac-replan with `o`'s flags; the step records of
+// both, in order, and the second's output. Checkpoints in dir/ckpt.
+std::pair<std::vector<std::pair<double, double>>, std::string> warmup_as_two_runs(
+    const TrainOptions& o, std::int64_t warmup, const fs::path& dir) {
+  auto first = o;
+  first.kfac.refresh_steps = 1;
+  first.kfac.pipelined_refresh = "off";
+  first.steps = warmup;
+  first.lr_decay_steps = o.steps;
+  first.checkpoint_dir = (dir / "ckpt").string();
+  first.metrics = (dir / "first.jsonl").string();
+  std::ostringstream first_out;
+  EXPECT_EQ(run_training(first, first_out), 0) << first_out.str();
+  auto rest = o;
+  rest.resume = true;
+  rest.kfac_replan = true;
+  rest.checkpoint_dir = first.checkpoint_dir;
+  rest.metrics = (dir / "rest.jsonl").string();
+  std::ostringstream rest_out;
+  EXPECT_EQ(run_training(rest, rest_out), 0) << rest_out.str();
+  auto records = step_records(first.metrics);
+  const auto after = step_records(rest.metrics);
+  records.insert(records.end(), after.begin(), after.end());
+  return {std::move(records), rest_out.str()};
+}
+
 TEST_F(TrainTest, WritesMetricsTraceProfileAndSummary) {
   auto o = small_run();
   o.metrics = (dir_ / "m.jsonl").string();
@@ -786,27 +813,8 @@ TEST_F(TrainTest, KfacWarmupEqualsTheTwoRunsItStandsFor) {
   EXPECT_EQ(warm_state("step-00000004").value("window_origin", -1), 3);
   EXPECT_EQ(warm_state("step-00000004").value("round_phase", -1), 1);
 
-  auto first = o;
-  first.kfac.refresh_steps = 1;
-  first.steps = 3;
-  first.lr_decay_steps = 6;
-  first.checkpoint_dir = (dir_ / "ckpt").string();
-  first.metrics = (dir_ / "first.jsonl").string();
-  std::ostringstream first_out;
-  ASSERT_EQ(run_training(first, first_out), 0) << first_out.str();
-  auto rest = o;
-  rest.resume = true;
-  rest.kfac_replan = true;
-  rest.checkpoint_dir = first.checkpoint_dir;
-  rest.metrics = (dir_ / "rest.jsonl").string();
-  std::ostringstream rest_out;
-  ASSERT_EQ(run_training(rest, rest_out), 0) << rest_out.str();
-  EXPECT_NE(rest_out.str().find("K-FAC refresh every 2 step(s);"), std::string::npos)
-      << rest_out.str();
-
-  auto two_runs = step_records(first.metrics);
-  const auto after = step_records(rest.metrics);
-  two_runs.insert(two_runs.end(), after.begin(), after.end());
+  const auto [two_runs, rest_out] = warmup_as_two_runs(o, 3, dir_);
+  EXPECT_NE(rest_out.find("K-FAC refresh every 2 step(s);"), std::string::npos) << rest_out;
   const auto warmed = step_records(warm.metrics);
   ASSERT_EQ(warmed.size(), 6U);
   EXPECT_EQ(warmed, two_runs);
@@ -950,30 +958,11 @@ TEST_F(TrainTest, KfacWarmupWithPipelinedRefreshEqualsTheTwoRunsItStandsFor) {
   std::ostringstream out;
   ASSERT_EQ(run_training(warm, out), 0) << out.str();
 
-  auto first = o;
-  first.kfac.refresh_steps = 1;
-  first.kfac.pipelined_refresh = "off";
-  first.steps = 3;
-  first.lr_decay_steps = 7;
-  first.checkpoint_dir = (dir_ / "ckpt").string();
-  first.metrics = (dir_ / "first.jsonl").string();
-  std::ostringstream first_out;
-  ASSERT_EQ(run_training(first, first_out), 0) << first_out.str();
-  auto rest = o;
-  rest.resume = true;
-  rest.kfac_replan = true;
-  rest.checkpoint_dir = first.checkpoint_dir;
-  rest.metrics = (dir_ / "rest.jsonl").string();
-  std::ostringstream rest_out;
-  ASSERT_EQ(run_training(rest, rest_out), 0) << rest_out.str();
-  const auto saved = fs::path(first.checkpoint_dir) / "step-00000007";
+  const auto two_runs = warmup_as_two_runs(o, 3, dir_).first;
+  const auto saved = dir_ / "ckpt" / "step-00000007";
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(saved / "state.json"))["state"]["kfac"].value(
                 "window_origin", -1),
             3);
-
-  auto two_runs = step_records(first.metrics);
-  const auto after = step_records(rest.metrics);
-  two_runs.insert(two_runs.end(), after.begin(), after.end());
   const auto warmed = step_records(warm.metrics);
   ASSERT_EQ(warmed.size(), 7U);
   EXPECT_EQ(warmed, two_runs);
