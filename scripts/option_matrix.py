@@ -42,6 +42,7 @@ KFAC = [
     ["--kfac", "--kfac-warmup-steps", "3"],
     ["--kfac", "--kfac-warmup-steps", "3", "--kfac-pipelined-refresh", "on"],
     ["--kfac", "--kfac-warmup-steps", "3", "--kfac-offload", "host"],
+    ["--kfac", "--kfac-warmup-steps", "3", "--kfac-sharding", "shard"],
     ["--kfac", "--kfac-refresh", "3", "--kfac-warmup-steps", "4", "--checkpoint-every", "2"],
     ["--kfac", "--kfac-policy", "best_fit"],
     ["--kfac", "--kfac-move-w", "on"],

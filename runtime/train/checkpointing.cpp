@@ -532,8 +532,12 @@ ckpt::TrainingCheckpoint collect_local_checkpoint(exec::Executor<T>& executor, s
   return checkpoint;
 }
 
+namespace {
+// restore_checkpoint and restore_local_checkpoint: the K-FAC state from each rank's exact
+// records (`exact_kfac`; else the layer-keyed ones), with its refresh in progress (`progress`).
 template <typename T>
-void restore_checkpoint(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint& checkpoint) {
+void restore_records(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint& checkpoint,
+                     bool exact_kfac, bool progress) {
   const auto& schedule = executor.setup().schedule;
   const auto where = [&](const char* file) {
     // A checkpoint in parts names the kind of part files.
@@ -548,7 +552,6 @@ void restore_checkpoint(exec::Executor<T>& executor, const ckpt::TrainingCheckpo
   alias_tied_records(optimizer, kOptimizerPrefix);
   alias_tied_records(optimizer, kMasterPrefix);
   const bool kfac_on = schedule_has_kfac(schedule);
-  const bool same_schedule = checkpoint.schedule == sched::to_json(schedule);
   ckpt::SafetensorsFile kfac;
   if (kfac_on) kfac = ckpt::to_safetensors_file(checkpoint.kfac);
 
@@ -576,13 +579,26 @@ void restore_checkpoint(exec::Executor<T>& executor, const ckpt::TrainingCheckpo
     if (!kfac_on) continue;
     try {
       for (int p = 0; p < schedule.placement.num_pipelines; ++p) {
-        worker.load_kfac_state(p, kfac, same_schedule ? exact_kfac_prefix(rank, p) : kKfacPrefix);
+        worker.load_kfac_state(p, kfac, exact_kfac ? exact_kfac_prefix(rank, p) : kKfacPrefix);
       }
-      if (same_schedule) worker.load_kfac_progress(kfac, progress_prefix(rank));
+      if (progress) worker.load_kfac_progress(kfac, progress_prefix(rank));
     } catch (const std::exception& error) {
       throw std::runtime_error(where("kfac.safetensors") + ": " + error.what());
     }
   }
+}
+}  // namespace
+
+template <typename T>
+void restore_checkpoint(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint& checkpoint) {
+  const bool same_schedule = checkpoint.schedule == sched::to_json(executor.setup().schedule);
+  restore_records(executor, checkpoint, same_schedule, same_schedule);
+}
+
+template <typename T>
+void restore_local_checkpoint(exec::Executor<T>& executor,
+                              const ckpt::TrainingCheckpoint& checkpoint) {
+  restore_records(executor, checkpoint, true, false);
 }
 
 template <typename T>
@@ -649,6 +665,10 @@ template ckpt::TrainingCheckpoint collect_local_checkpoint<double>(exec::Executo
                                                                    std::int64_t,
                                                                    const nlohmann::json&);
 template void restore_checkpoint<float>(exec::Executor<float>&, const ckpt::TrainingCheckpoint&);
+template void restore_local_checkpoint<float>(exec::Executor<float>&,
+                                              const ckpt::TrainingCheckpoint&);
+template void restore_local_checkpoint<double>(exec::Executor<double>&,
+                                               const ckpt::TrainingCheckpoint&);
 template void restore_checkpoint<double>(exec::Executor<double>&, const ckpt::TrainingCheckpoint&);
 template fs::path save_checkpoint<float>(exec::Executor<float>&, std::int64_t,
                                          const nlohmann::json&, exec::ShardBatches*,

@@ -79,11 +79,11 @@ ckpt::TrainingCheckpoint collect_checkpoint(exec::ThreadedExecutor<T>& executor,
                                             exec::ShardBatches* shards);
 
 // What this process's workers hold after `step` steps, in a checkpoint held in memory, for
-// restore_checkpoint into another executor of this process with the same layout (a K-FAC
-// warm-up's end: another K-FAC schedule). Under threads it is collect_checkpoint's records;
-// under MPI a process holds only its ranks, so it also takes the copies they hold of the
-// weights, optimizer state and layer-keyed K-FAC state that replica 0's pipeline 0 would give
-// (data-parallel replicas and Chimera's pipelines hold them bit for bit alike). No loader
+// restore_local_checkpoint into another executor of this process with the same layout (a
+// K-FAC warm-up's end: another K-FAC schedule). Under threads it is collect_checkpoint's
+// records; under MPI a process holds only its ranks, so it also takes the copies they hold of
+// the weights, optimizer state and layer-keyed K-FAC state that replica 0's pipeline 0 would
+// give (data-parallel replicas and Chimera's pipelines hold them bit for bit alike). No loader
 // positions (the batches continue in the same source).
 template <typename T>
 ckpt::TrainingCheckpoint collect_local_checkpoint(exec::Executor<T>& executor, std::int64_t step,
@@ -94,6 +94,14 @@ ckpt::TrainingCheckpoint collect_local_checkpoint(exec::Executor<T>& executor, s
 // checkpoint). Throws std::runtime_error naming the record that is missing or mis-shaped.
 template <typename T>
 void restore_checkpoint(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint& checkpoint);
+
+// restore_checkpoint of collect_local_checkpoint's records into an executor of the same layout
+// and K-FAC placement on another schedule, at a refresh window's end of both: each rank's K-FAC
+// state from its own exact records (sharded state too: the placement fixes which rank holds
+// what), without the refresh in progress (there is none at a window's end).
+template <typename T>
+void restore_local_checkpoint(exec::Executor<T>& executor,
+                              const ckpt::TrainingCheckpoint& checkpoint);
 
 // Saves the executor's state after `step` steps into `root` and returns the checkpoint's
 // directory. Threads: one process writes one checkpoint (save_training_checkpoint). Several
@@ -143,6 +151,10 @@ extern template ckpt::TrainingCheckpoint collect_local_checkpoint<double>(exec::
                                                                           const nlohmann::json&);
 extern template void restore_checkpoint<float>(exec::Executor<float>&,
                                                const ckpt::TrainingCheckpoint&);
+extern template void restore_local_checkpoint<float>(exec::Executor<float>&,
+                                                     const ckpt::TrainingCheckpoint&);
+extern template void restore_local_checkpoint<double>(exec::Executor<double>&,
+                                                      const ckpt::TrainingCheckpoint&);
 extern template void restore_checkpoint<double>(exec::Executor<double>&,
                                                 const ckpt::TrainingCheckpoint&);
 extern template std::filesystem::path save_checkpoint<float>(exec::Executor<float>&, std::int64_t,

@@ -224,10 +224,6 @@ void validate_options(const TrainOptions& o) {
     if (!o.kfac.enabled) bad("--kfac-warmup-steps needs --kfac");
     if (o.kfac.refresh_steps == 1)
       bad("--kfac-warmup-steps with --kfac-refresh 1: every step refreshes already");
-    if (o.kfac.sharding != "replicate") {
-      bad("--kfac-warmup-steps with --kfac-sharding " + o.kfac.sharding +
-          ": sharded K-FAC state stays on the schedule that placed it (use replicate)");
-    }
     if (!o.schedule_file.empty()) bad("--kfac-warmup-steps with --schedule-file: drop one");
   }
   if (o.log_every < 1) bad("--log-every must be >= 1");

@@ -350,7 +350,7 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
       }
       executor_owner.reset();  // its workers' memory, before the next executor's
       executor_owner = launch.make_executor(setup);
-      restore_checkpoint(*executor_owner, state);
+      restore_local_checkpoint(*executor_owner, state);
       // The checkpoint due at the warm-up's end: the main schedule's, its windows from here.
       if (!o.checkpoint_dir.empty() && o.checkpoint_every > 0 &&
           first_step % o.checkpoint_every == 0 && first_step < o.steps) {
@@ -868,8 +868,12 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
       warmup_command.pipelined_refresh = "off";
       warmup_command.spill_budget = 0.0;
       warmup_command.free_spill = "off";
-      auto warmup = pipefisher::run_pipefisher(
-          context.schedule, measured, pipefisher::to_kfac_options(warmup_command), simulation);
+      auto warmup_kfac = pipefisher::to_kfac_options(warmup_command);
+      // The main schedule's placement across the replicas: each rank keeps the state it holds
+      // when the main schedule takes over (restore_local_checkpoint).
+      warmup_kfac.automatic_placement = false;
+      warmup_kfac.state_placement = pass.report.placement;
+      auto warmup = pipefisher::run_pipefisher(context.schedule, measured, warmup_kfac, simulation);
       if (offload_options.mode != pipefisher::OffloadMode::kNone) {
         // The warm-up offloads as the main schedule does: the device holds no more K-FAC
         // state from step 0 on (each Linear moves whole between the two at the switch).

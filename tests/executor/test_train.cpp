@@ -926,9 +926,6 @@ TEST_F(TrainTest, KfacWarmupEqualsTheTwoRunsItStandsFor) {
   bad.kfac.refresh_steps = 1;
   expect_refused(bad, "--kfac-warmup-steps with --kfac-refresh 1");
   bad = warm;
-  bad.kfac.sharding = "shard";
-  expect_refused(bad, "--kfac-warmup-steps with --kfac-sharding shard");
-  bad = warm;
   bad.kfac_warmup_steps = -1;
   expect_refused(bad, "--kfac-warmup-steps must be >= 0");
 }
@@ -939,7 +936,8 @@ TEST_F(TrainTest, KfacWarmupEqualsTheTwoRunsItStandsFor) {
 // 3, then --resume --kfac-replan with the pipelined option). (Whether the pass takes a pipelined
 // plan here follows the measured profile; the executor's first window after an origin is
 // tested with plans that run on: ExecutorKfac.WindowsFromAnOriginShiftTheRunAndNothingElse.)
-TEST_F(TrainTest, KfacWarmupWithPipelinedRefreshEqualsTheTwoRunsItStandsFor) {
+// Without the option, with K-FAC state sharded across the replicas: the bits of replicated.
+TEST_F(TrainTest, KfacWarmupWithPipelinedRefreshOrShardedStateEqualsItsReference) {
   auto o = small_run();
   o.steps = 7;
   o.data_parallel = 2;
@@ -966,6 +964,21 @@ TEST_F(TrainTest, KfacWarmupWithPipelinedRefreshEqualsTheTwoRunsItStandsFor) {
   const auto warmed = step_records(warm.metrics);
   ASSERT_EQ(warmed.size(), 7U);
   EXPECT_EQ(warmed, two_runs);
+
+  // K-FAC state sharded across the two replicas (the warm-up's pass takes the main one's
+  // placement; each rank keeps what it holds at the switch): the bits of replicated state.
+  auto replicated = warm;
+  replicated.kfac.pipelined_refresh = "off";
+  replicated.metrics = (dir_ / "replicated.jsonl").string();
+  auto sharded = replicated;
+  sharded.kfac.sharding = "shard";
+  sharded.metrics = (dir_ / "sharded.jsonl").string();
+  for (const auto* run : {&replicated, &sharded}) {
+    std::ostringstream run_out;
+    ASSERT_EQ(run_training(*run, run_out), 0) << run_out.str();
+  }
+  ASSERT_EQ(step_records(sharded.metrics).size(), 7U);
+  EXPECT_EQ(step_records(sharded.metrics), step_records(replicated.metrics));
 }
 
 TEST(DeviceHostLink, IsMeasuredThroughPinnedMemory) {

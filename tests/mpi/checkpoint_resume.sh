@@ -147,16 +147,18 @@ echo "-np 2 with K-FAC offload: resumed = straight = threads = without offload"
 
 # A K-FAC warm-up under mpirun (its state moved in memory, each process its own ranks), three
 # steps of a refresh every step, then windows of 2 from step 3: two stages x two replicas (-np 4,
-# shards) and Chimera (-np 2) equal the threaded runs loss for loss; a checkpoint saved inside
-# the first main window (step 4) resumes to the straight run's losses.
+# shards; K-FAC state replicated and sharded) and Chimera (-np 2) equal the threaded runs loss
+# for loss; a checkpoint saved inside the first main window (step 4) resumes to the straight
+# run's losses.
 warm=(--model config.json --data shards --micro-batch-size 2 --microbatches 4 --lr-decay-steps 6
   --quiet --kfac --kfac-refresh 2)
-for layout in "dp --data-parallel 2 --stages 2" "chimera --schedule chimera --stages 2"; do
+for layout in "dp --data-parallel 2 --stages 2" "chimera --schedule chimera --stages 2" \
+  "shard --data-parallel 2 --stages 2 --kfac-sharding shard"; do
   read -r name flags <<< "$layout"
   read -ra flags <<< "$flags"
   must "$train" "${warm[@]}" "${flags[@]}" --steps 2 --profile-out "warm_$name.json"
   run=("${warm[@]}" "${flags[@]}" --kfac-profile "warm_$name.json" --steps 6)
-  np=$([[ $name == dp ]] && echo 4 || echo 2)
+  np=$([[ $name == chimera ]] && echo 2 || echo 4)
   must "${mpirun[@]}" -np "$np" "$train" "${run[@]}" --kfac-warmup-steps 3 --metrics "wm_$name.jsonl" \
     --checkpoint-dir "wm_$name" --checkpoint-every 2
   must "$train" "${run[@]}" --kfac-warmup-steps 3 --metrics "wt_$name.jsonl"
