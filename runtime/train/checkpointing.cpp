@@ -302,9 +302,9 @@ namespace {
 // The records of one rank: weights and optimizer state from replica 0's workers (the other
 // replicas hold copies), its K-FAC state (exact per rank and pipeline, with the refresh in
 // progress; layer-keyed from replica 0's pipeline 0). Merged over the ranks in rank order, the
-// first record of a name kept, they are the whole checkpoint. `copies`: also the copies, i.e.
-// weights, optimizer state and layer-keyed K-FAC state of every replica and pipeline, for a
-// process whose ranks hold no replica 0 or pipeline 0 of some layers.
+// first record of a name kept, they are the whole checkpoint. `copies`: instead the copies of
+// the weights and optimizer state the rank holds, of every replica and pipeline (no K-FAC
+// records), for a process whose ranks hold no replica 0 or pipeline 0 of some layers.
 template <typename T>
 ckpt::CheckpointPart collect_part(exec::Worker<T>& worker, const sched::Schedule& schedule,
                                   bool copies = false) {
@@ -339,14 +339,12 @@ ckpt::CheckpointPart collect_part(exec::Worker<T>& worker, const sched::Schedule
     }
     part.optimizer = values_of(std::move(optimizer));
   }
-  if (schedule_has_kfac(schedule)) {
+  if (schedule_has_kfac(schedule) && !copies) {
     std::map<std::string, ckpt::TensorRecord> kfac;
     for (int p = 0; p < schedule.placement.num_pipelines; ++p) {
       const auto state = worker.kfac_state_with_offloaded(p);
       if (state.layers().empty()) continue;
-      if ((rank < workers && p == 0) || copies) {
-        merge_records(kfac, state.state_records(kKfacPrefix));
-      }
+      if (rank < workers && p == 0) merge_records(kfac, state.state_records(kKfacPrefix));
       merge_records(kfac, state.state_records(exact_kfac_prefix(rank, p)));
     }
     merge_records(kfac, worker.kfac_progress_records(progress_prefix(rank)));
@@ -520,15 +518,16 @@ template <typename T>
 ckpt::TrainingCheckpoint collect_local_checkpoint(exec::Executor<T>& executor, std::int64_t step,
                                                   const nlohmann::json& identity) {
   const auto& setup = executor.setup();
-  if (auto* threaded = dynamic_cast<exec::ThreadedExecutor<T>*>(&executor)) {
-    if (threaded->pending_messages() != 0) {
-      throw std::logic_error("state at step " + std::to_string(step) + ": " +
-                             std::to_string(threaded->pending_messages()) +
-                             " message(s) in flight between workers");
-    }
+  auto* threaded = dynamic_cast<exec::ThreadedExecutor<T>*>(&executor);
+  if (threaded != nullptr && threaded->pending_messages() != 0) {
+    throw std::logic_error("state at step " + std::to_string(step) + ": " +
+                           std::to_string(threaded->pending_messages()) +
+                           " message(s) in flight between workers");
   }
   auto checkpoint = shared_checkpoint_fields(setup, step, identity, nullptr);
-  merge_worker_records(executor, true, checkpoint);
+  // Under threads every rank is here and the first pass is the whole checkpoint; a process of
+  // an MPI run takes the copies its ranks hold too.
+  merge_worker_records(executor, threaded == nullptr, checkpoint);
   return checkpoint;
 }
 

@@ -82,10 +82,10 @@ ckpt::TrainingCheckpoint collect_checkpoint(exec::ThreadedExecutor<T>& executor,
 // restore_local_checkpoint into another executor of this process with the same layout (a
 // K-FAC warm-up's end: another K-FAC schedule). Under threads it is collect_checkpoint's
 // records; under MPI a process holds only its ranks, so it also takes the copies they hold of
-// the weights, optimizer state and layer-keyed K-FAC state that replica 0's pipeline 0 would
-// give (data-parallel replicas and Chimera's pipelines hold them bit for bit alike; each rank's
-// exact K-FAC records are there in either case). No loader positions (the batches continue in
-// the same source).
+// the weights and optimizer state that replica 0's pipeline 0 would give (data-parallel
+// replicas and Chimera's pipelines hold them bit for bit alike; each rank's exact K-FAC records
+// are there in either case, which restore_local_checkpoint reads). No loader positions (the
+// batches continue in the same source).
 template <typename T>
 ckpt::TrainingCheckpoint collect_local_checkpoint(exec::Executor<T>& executor, std::int64_t step,
                                                   const nlohmann::json& identity);
