@@ -70,11 +70,29 @@ std::string to_string(const StatePlacement& placement) {
 ShardingChoice parse_kfac_sharding(std::string_view text) {
   const auto fail = [&] {
     return std::invalid_argument("--kfac-sharding: '" + std::string(text) +
-                                 "' is not one of auto, replicate, shard, partial:G (G >= 1)");
+                                 "' is not one of auto, replicate, shard, partial:G (G >= 1), "
+                                 "factors=P,inverses=P (P one of replicate, shard, partial:G)");
   };
   ShardingChoice choice;
   if (text == "auto") {
     choice.automatic = true;
+    return choice;
+  }
+  // Each component its own (what to_string writes for them, e.g. a placement auto chose).
+  constexpr std::string_view kFactors = "factors=", kInverses = ",inverses=";
+  if (text.substr(0, kFactors.size()) == kFactors) {
+    const auto split = text.find(kInverses);
+    if (split == std::string_view::npos) throw fail();
+    const auto component = [&](std::string_view part) {
+      if (part == "auto" || part.substr(0, kFactors.size()) == kFactors) throw fail();
+      return parse_kfac_sharding(part).placement.factors;
+    };
+    try {
+      choice.placement.factors = component(text.substr(kFactors.size(), split - kFactors.size()));
+      choice.placement.inverses = component(text.substr(split + kInverses.size()));
+    } catch (const std::invalid_argument&) {
+      throw fail();
+    }
     return choice;
   }
   if (text == "replicate") return choice;

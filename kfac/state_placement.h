@@ -52,7 +52,8 @@ StatePlacement uniform_placement(ComponentPlacement placement);
 std::string to_string(const StatePlacement& placement);
 std::string to_string(const ComponentPlacement& placement);
 
-// --kfac-sharding: auto | replicate | shard | partial:G (G >= 1). automatic is set for "auto"
+// --kfac-sharding: auto | replicate | shard | partial:G (G >= 1) | factors=P,inverses=P (each
+// component its own, as to_string writes it; P not auto). automatic is set for "auto"
 // (the placement is then chosen by choose_state_placement). Throws std::invalid_argument naming
 // the flag, the value and what is allowed.
 struct ShardingChoice {

@@ -248,16 +248,20 @@ std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
     }
   }
   const auto saved = checkpoint_kfac_placement(checkpoint);
-  if (!(saved == kfac::StatePlacement{}) || !(placement == kfac::StatePlacement{})) {
+  // Sharded state: each rank restores the Linears it holds from its own records, so the ranks
+  // must hold the same Linears (the same stages, chunks, replicas and placement); the refresh
+  // interval and the plan inside the steps may change at the end of a window (below).
+  const bool sharded = !(saved == kfac::StatePlacement{}) || !(placement == kfac::StatePlacement{});
+  if (sharded && !(saved == placement && same_layout(checkpoint, schedule))) {
     throw std::invalid_argument(
         "--resume: checkpoint " + checkpoint.directory.string() + " holds K-FAC state placed " +
         kfac::to_string(saved) + " across the data-parallel replicas on " +
         layout_string(checkpoint.schedule) + "; this run places it " + kfac::to_string(placement) +
         " on " + layout_string(sched::to_json(schedule)) +
         ". K-FAC state sharded across replicas resumes only on the layout that saved it (the "
-        "same schedule, stages, chunks, data-parallel degree, refresh interval and "
-        "--kfac-sharding): resume with those, or save with --kfac-sharding replicate to change "
-        "layouts");
+        "same schedule, stages, chunks, data-parallel degree and --kfac-sharding; another "
+        "refresh interval from the end of one of its refresh windows): resume with those, or "
+        "save with --kfac-sharding replicate to change layouts");
   }
   const std::int64_t old_k = checkpoint.state.value("/kfac/refresh_steps"_json_pointer, 1);
   const std::int64_t step = checkpoint.step;
@@ -590,8 +594,16 @@ void restore_records(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint
 
 template <typename T>
 void restore_checkpoint(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint& checkpoint) {
-  const bool same_schedule = checkpoint.schedule == sched::to_json(executor.setup().schedule);
-  restore_records(executor, checkpoint, same_schedule, same_schedule);
+  const auto& setup = executor.setup();
+  const bool same_schedule = checkpoint.schedule == sched::to_json(setup.schedule);
+  // Sharded K-FAC state on another schedule of the same layout and placement (at the end of a
+  // refresh window, check_kfac_resumable): each rank holds the same Linears, and only its own
+  // records have them; replicated state takes the layer-keyed records on any layout.
+  const auto& placement = setup.options.kfac.placement;
+  const bool same_shards = !(placement == kfac::StatePlacement{}) &&
+                           checkpoint_kfac_placement(checkpoint) == placement &&
+                           same_layout(checkpoint, setup.schedule);
+  restore_records(executor, checkpoint, same_schedule || same_shards, same_schedule);
 }
 
 template <typename T>

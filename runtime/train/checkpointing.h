@@ -50,8 +50,9 @@ bool same_layout(const ckpt::TrainingCheckpoint& checkpoint, const sched::Schedu
 // the new schedule's windows then start at the checkpoint's step. Throws
 // std::invalid_argument saying how to resume otherwise, or naming a malformed window_origin.
 // K-FAC state sharded across data-parallel replicas (the checkpoint's or this run's placement
-// not "replicate") resumes only on the checkpoint's own schedule (each rank restores the state
-// it owned); elsewhere this throws std::invalid_argument naming both placements and layouts.
+// not "replicate") resumes only on the checkpoint's layout with its placement (each rank
+// restores the state it owned; another plan or refresh interval under the rule above);
+// elsewhere this throws std::invalid_argument naming both placements and layouts.
 // Likewise a checkpoint of a pipelined refresh whose curvature syncs or chains of inversion
 // pieces run on into the next window, after step 0 (this run's schedule may: its first window,
 // at the checkpoint's step, skips the work of a refresh before it).

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "kernels/cpu/dense_library.h"
+#include "kfac/state_placement.h"
 #include "runtime/device/device_spec.h"
 #include "runtime/executor/executor.h"
 #include "runtime/executor/measured.h"
@@ -717,6 +718,15 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
       source = "self-profile";
     }
     pipefisher::KfacCommandOptions kfac_command = o.kfac;
+    // --kfac-sharding auto on a resume of the same layout keeps the checkpoint's placement: each
+    // rank then holds the Linears it saved (sharded state restores only so), whatever this
+    // machine's profile would choose now.
+    bool placement_from_checkpoint = false;
+    if (context.resume && kfac::parse_kfac_sharding(kfac_command.sharding).automatic &&
+        same_layout(*context.resume, context.schedule)) {
+      kfac_command.sharding = kfac::to_string(checkpoint_kfac_placement(*context.resume));
+      placement_from_checkpoint = true;
+    }
     kfac_command.linear_dims = pipefisher::encoder_linear_dims(context.config.hidden_size,
                                                                context.config.intermediate_size);
     const auto offload_options = pipefisher::to_offload_options(kfac_command);
@@ -840,9 +850,11 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     if (pass.report.data_parallel > 1) {
       summary << "K-FAC state over " << pass.report.data_parallel
               << " data-parallel replicas: " << pass.report.state_placement
-              << (pass.report.automatic_placement ? " (auto)" : "") << "; model per rank at most "
-              << std::setprecision(3) << pass.report.kfac_memory_bytes / (1024.0 * 1024.0)
-              << " MiB held, " << pass.report.kfac_sent_bytes_per_refresh / (1024.0 * 1024.0)
+              << (pass.report.automatic_placement ? " (auto)" : "")
+              << (placement_from_checkpoint ? " (--kfac-sharding auto: the checkpoint's)" : "")
+              << "; model per rank at most " << std::setprecision(3)
+              << pass.report.kfac_memory_bytes / (1024.0 * 1024.0) << " MiB held, "
+              << pass.report.kfac_sent_bytes_per_refresh / (1024.0 * 1024.0)
               << " MiB sent per refresh\n";
     }
     summary << offload_summary;

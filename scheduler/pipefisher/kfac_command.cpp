@@ -101,7 +101,9 @@ void add_kfac_options(CLI::App& app, KfacCommandOptions& options) {
                  "K-FAC state across data-parallel replicas: replicate (every replica holds and "
                  "inverts everything), shard (each Linear's factors, inversion and inverses on "
                  "one owner replica, preconditioned gradients broadcast), partial:G (the same "
-                 "within groups of G replicas), or auto (the cost model chooses per component)");
+                 "within groups of G replicas), factors=P,inverses=P (each component its own, "
+                 "e.g. factors=shard,inverses=replicate), or auto (the cost model chooses per "
+                 "component)");
   app.add_option("--kfac-memory-budget", options.memory_budget_mib,
                  "With --kfac-sharding auto: K-FAC state per replica at most this many MiB "
                  "(0: no limit)")

@@ -979,6 +979,64 @@ TEST_F(TrainTest, KfacWarmupWithPipelinedRefreshOrShardedStateEqualsItsReference
   }
   ASSERT_EQ(step_records(sharded.metrics).size(), 7U);
   EXPECT_EQ(step_records(sharded.metrics), step_records(replicated.metrics));
+
+  // Sharded state saved inside the warm-up resumes on a warm-up planned again from another
+  // profile (the K-FAC tasks 4x as long: other positions in the steps; --kfac-sharding auto
+  // keeps the checkpoint's placement): each rank restores its own Linears, and the run goes on
+  // with the straight run's bits, here through two resumes, step 1 -> 2 and 2 -> 7.
+  auto slower = nlohmann::json::parse(std::ifstream(o.kfac_profile));
+  for (auto& entry : slower.at("kfac")) {
+    for (auto& [key, value] : entry.items()) {
+      if (key.ends_with("_s") && value.is_number() && value.get<double>() > 0.0)
+        value = 4.0 * value.get<double>();
+    }
+  }
+  const auto slower_profile = dir_ / "profile-slower.json";
+  std::ofstream(slower_profile) << slower.dump();
+  auto stopped = sharded;
+  stopped.steps = 2;
+  stopped.lr_decay_steps = 7;
+  stopped.checkpoint_dir = (dir_ / "sharded-stopped").string();
+  stopped.checkpoint_every = 1;
+  stopped.metrics.clear();
+  std::ostringstream stopped_out;
+  ASSERT_EQ(run_training(stopped, stopped_out), 0) << stopped_out.str();
+  fs::remove_all(dir_ / "sharded-stopped" / "step-00000002");
+  std::ofstream(dir_ / "sharded-stopped" / "latest") << "step-00000001\n";
+  fs::copy(dir_ / "sharded-stopped", dir_ / "sharded-original", fs::copy_options::recursive);
+  auto replanned = stopped;
+  replanned.resume = true;
+  replanned.kfac.sharding = "auto";
+  replanned.kfac_profile = slower_profile.string();
+  replanned.quiet = false;
+  replanned.metrics = (dir_ / "sharded-replanned.jsonl").string();
+  std::ostringstream replanned_out;
+  ASSERT_EQ(run_training(replanned, replanned_out), 0) << replanned_out.str();
+  EXPECT_NE(replanned_out.str().find("shard (--kfac-sharding auto: the checkpoint's)"),
+            std::string::npos)
+      << replanned_out.str();
+  const auto saved_schedule = [&](const char* run) {
+    return read(dir_ / run / "step-00000002" / "schedule.json");
+  };
+  auto original = stopped;
+  original.resume = true;
+  original.checkpoint_dir = (dir_ / "sharded-original").string();
+  std::ostringstream original_out;
+  ASSERT_EQ(run_training(original, original_out), 0) << original_out.str();
+  EXPECT_NE(saved_schedule("sharded-stopped"), saved_schedule("sharded-original"))
+      << "the slower profile's warm-up plan is the same: nothing tested";
+  auto rest = sharded;
+  rest.resume = true;
+  rest.checkpoint_dir = stopped.checkpoint_dir;
+  rest.metrics = (dir_ / "sharded-rest.jsonl").string();
+  std::ostringstream rest_out;
+  ASSERT_EQ(run_training(rest, rest_out), 0) << rest_out.str();
+  auto resumed = step_records(replanned.metrics);
+  const auto after = step_records(rest.metrics);
+  resumed.insert(resumed.end(), after.begin(), after.end());
+  const auto straight = step_records(sharded.metrics);
+  ASSERT_EQ(resumed.size(), 6U);
+  EXPECT_EQ(resumed, std::vector(straight.begin() + 1, straight.end()));
 }
 
 TEST(DeviceHostLink, IsMeasuredThroughPinnedMemory) {

@@ -24,7 +24,20 @@ TEST(KfacPlacement, ParsesTheFlag) {
   EXPECT_EQ(to_string(partial), "partial:2");
   EXPECT_EQ(to_string(StatePlacement{{Placement::kShard, 0}, {Placement::kReplicate, 0}}),
             "factors=shard,inverses=replicate");
-  for (const char* bad : {"", "sharded", "partial:", "partial:0", "partial:x", "partial:2x"}) {
+  // Each component its own: what to_string writes (a checkpoint's state.kfac.placement).
+  for (const StatePlacement placement :
+       {StatePlacement{{Placement::kShard, 0}, {Placement::kReplicate, 0}},
+        StatePlacement{{Placement::kShard, 0}, {Placement::kPartial, 4}},
+        StatePlacement{{Placement::kPartial, 2}, {Placement::kReplicate, 0}}}) {
+    const auto parsed = parse_kfac_sharding(to_string(placement));
+    EXPECT_FALSE(parsed.automatic);
+    EXPECT_EQ(parsed.placement, placement) << to_string(placement);
+  }
+  for (const char* bad :
+       {"", "sharded", "partial:", "partial:0", "partial:x", "partial:2x", "factors=shard",
+        "factors=shard,inverses=", "factors=auto,inverses=shard", "factors=shard,inverses=auto",
+        "factors=shard,inverses=factors=shard,inverses=shard", "inverses=shard,factors=shard",
+        "factors=shard,inverses=partial:0"}) {
     try {
       parse_kfac_sharding(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";

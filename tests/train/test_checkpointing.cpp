@@ -920,6 +920,70 @@ void expect_refused(const TrainOptions& o, const std::vector<std::string>& needl
   }
 }
 
+// Each component placed its own way (what --kfac-sharding auto chooses on a slow link, and
+// writes to state.json): a resume in the middle of a refresh reads the placement back and
+// continues bit for bit. (Until 2026-11-29 state.json's "factors=shard,inverses=replicate" was
+// refused on resume: "kfac.placement: ... is not one of auto, replicate, shard, partial:G".)
+TEST_F(CheckpointingTest, KfacPlacedPerComponentResumesBitIdentically) {
+  auto o = small_run("kfac-per-component");
+  o.data_parallel = 2;
+  o.kfac.enabled = true;
+  o.kfac.refresh_steps = 2;
+  o.kfac.sharding = "factors=shard,inverses=replicate";
+  o.kfac_profile = kfac_profile(o);
+  run_split_and_straight(o, 3);
+  expect_identical(o, 3);
+  const auto state = nlohmann::json::parse(read_file(latest(o.checkpoint_dir) / "state.json"));
+  EXPECT_EQ(state.at("state").at("kfac").at("placement"), "factors=shard,inverses=replicate");
+}
+
+// At the end of one of its refresh windows, sharded K-FAC state resumes on another plan of the
+// same layout and placement (--kfac-replan with another refresh interval; --kfac-sharding auto
+// keeps the checkpoint's placement): each rank restores the Linears it saved, and the run has
+// the bits of the same resume from replicated state (sharded trains as replicated, bit for bit).
+// Another placement is refused by name.
+TEST_F(CheckpointingTest, ShardedKfacTakesAnotherRefreshIntervalAtAWindowEnd) {
+  auto base = small_run("kfac-shard-replan");
+  base.data_parallel = 2;
+  base.kfac.enabled = true;
+  base.kfac.refresh_steps = 2;
+  base.kfac_profile = kfac_profile(base);
+  base.checkpoint_every = 2;
+  std::map<std::string, std::vector<double>> resumed;
+  for (const std::string sharding : {"replicate", "shard"}) {
+    auto first = base;
+    first.kfac.sharding = sharding;
+    first.steps = 4;  // checkpoints at 2 and 4, each the end of a window
+    first.checkpoint_dir += "-" + sharding;
+    first.metrics.clear();
+    std::ostringstream out;
+    ASSERT_EQ(run_training(first, out), 0) << out.str();
+    auto rest = base;
+    rest.kfac.sharding = sharding == "shard" ? "auto" : sharding;
+    rest.kfac.refresh_steps = 3;
+    rest.kfac_replan = true;
+    rest.resume = true;
+    rest.quiet = false;
+    rest.checkpoint_dir = first.checkpoint_dir;
+    rest.metrics = (dir_ / ("replan-" + sharding + ".jsonl")).string();
+    if (sharding == "shard") {
+      auto other = rest;
+      other.kfac.sharding = "replicate";
+      expect_refused(other, {"holds K-FAC state placed shard", "this run places it replicate",
+                             "resumes only on the layout that saved it"});
+    }
+    ASSERT_EQ(run_training(rest, out), 0) << out.str();
+    EXPECT_NE(out.str().find("K-FAC refresh every 3 step(s)"), std::string::npos) << out.str();
+    if (sharding == "shard") {
+      EXPECT_NE(out.str().find("shard (--kfac-sharding auto: the checkpoint's)"), std::string::npos)
+          << out.str();
+    }
+    resumed[sharding] = losses(rest.metrics);
+  }
+  EXPECT_EQ(resumed["shard"].size(), 4U);  // steps 5 and 6: loss and gradient norm each
+  EXPECT_EQ(resumed["shard"], resumed["replicate"]);
+}
+
 TEST_F(CheckpointingTest, RefusesMismatchedCorruptAndTruncatedCheckpoints) {
   auto o = small_run("refuse");
   o.steps = 2;
