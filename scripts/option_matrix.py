@@ -8,13 +8,18 @@ run several (--rounds). Found the pipelined refresh + data-parallel bug of 2026-
   scripts/option_matrix.py build/release/runtime/train/pipefisher_train [--rounds 3]
       [--mpirun "mpiexec --oversubscribe"] [--work DIR]
 
-With --mpirun, each layout runs as one process per rank instead of worker threads.
+With --mpirun, each layout runs as one process per rank instead of worker threads. With
+--resume, every run that succeeds saves checkpoints and runs again from its earliest kept one
+before the end (--resume, the same flags): its later steps must equal the straight run's, loss
+and gradient norm bit for bit (a refusal counts as a failure there). Found the unreadable
+per-component placement of --kfac-sharding auto (2026-11-29).
 """
 import argparse
 import itertools
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,6 +43,8 @@ KFAC = [
     ["--kfac", "--kfac-split", "off"],
     ["--kfac", "--kfac-curvature", "every_step"],
     ["--kfac", "--kfac-sharding", "shard"],
+    ["--kfac", "--kfac-sharding", "auto"],
+    ["--kfac", "--kfac-sharding", "factors=shard,inverses=replicate"],
     ["--kfac", "--kfac-offload", "host"],
     ["--kfac", "--kfac-warmup-steps", "3"],
     ["--kfac", "--kfac-warmup-steps", "3", "--kfac-pipelined-refresh", "on"],
@@ -57,6 +64,54 @@ def ranks(layout, replicas):
     return stages * replicas
 
 
+def run(command, work, timeout):
+    try:
+        done = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=timeout)
+        return done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired:
+        return "timeout", ""
+
+
+def step_records(path):
+    """(step, loss, gradient norm) of each step record of a metrics file."""
+    records = []
+    with open(path) as f:
+        for line in f:
+            record = json.loads(line)
+            if record.get("kind", "step") == "step":
+                records.append((record["step"], record["loss"], record["grad_norm"]))
+    return records
+
+
+def check_resume(command, checkpoints, work, timeout):
+    """Resumes the straight run's earliest kept checkpoint before its end; a message or None."""
+    steps = sorted(int(name[len("step-"):]) for name in os.listdir(checkpoints)
+                   if name.startswith("step-"))
+    earlier = [step for step in steps if step < 7]
+    if not earlier:
+        return f"no checkpoint before step 7 (kept: {steps})"
+    start = earlier[0]
+    for step in steps:
+        if step > start:
+            shutil.rmtree(os.path.join(checkpoints, f"step-{step:08d}"))
+    with open(os.path.join(checkpoints, "latest"), "w") as f:
+        f.write(f"step-{start:08d}\n")
+    resumed = [("resumed.jsonl" if word == "straight.jsonl" else word) for word in command]
+    status, text = run(resumed + ["--resume"], work, timeout)
+    if status != 0:
+        lines = [l for l in text.splitlines() if "error" in l.lower()]
+        return f"resume from step {start} exited {status}: {lines[0] if lines else text[-400:]}"
+    straight = [r for r in step_records(os.path.join(work, "straight.jsonl")) if r[0] > start]
+    again = step_records(os.path.join(work, "resumed.jsonl"))
+    if again != straight:
+        first = next((i for i, (a, b) in enumerate(zip(again, straight)) if a != b),
+                     min(len(again), len(straight)))
+        return (f"resumed from step {start}: (step, loss, gradient norm) "
+                f"{again[first] if first < len(again) else 'none'} against the straight run's "
+                f"{straight[first] if first < len(straight) else 'none'}")
+    return None
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("train", help="the pipefisher_train binary")
@@ -64,13 +119,15 @@ def main():
     parser.add_argument("--mpirun", default="", help="launcher and its options (one process per rank)")
     parser.add_argument("--work", default=None, help="working directory (default: a temporary one)")
     parser.add_argument("--timeout", type=int, default=180, help="seconds per run")
+    parser.add_argument("--resume", action="store_true",
+                        help="resume each successful run from a checkpoint and compare its steps")
     args = parser.parse_args()
     train = os.path.realpath(args.train)
     work = args.work or tempfile.mkdtemp(prefix="pf_option_matrix_")
     os.makedirs(work, exist_ok=True)
     with open(os.path.join(work, "config.json"), "w") as f:
         json.dump(CONFIG, f)
-    runs = failures = refusals = 0
+    runs = failures = refusals = resumes = 0
     for _ in range(args.rounds):
         for layout, replicas, kfac in itertools.product(LAYOUTS, REPLICAS, KFAC):
             if "--kfac-sharding" in kfac and replicas == 1:
@@ -78,22 +135,29 @@ def main():
             if "--kfac-move-w" in kfac and "--split-backward" not in layout:
                 continue  # a zero-bubble option
             flags = layout + ["--data-parallel", str(replicas)] + kfac
+            checkpoints = os.path.join(work, "ckpt")
+            shutil.rmtree(checkpoints, ignore_errors=True)
+            for metrics in ("straight.jsonl", "resumed.jsonl"):  # a metrics file is appended to
+                if os.path.exists(os.path.join(work, metrics)):
+                    os.remove(os.path.join(work, metrics))
             if "--checkpoint-every" in kfac:
-                flags += ["--checkpoint-dir", os.path.join(work, "ckpt")]
-                subprocess.run(["rm", "-rf", os.path.join(work, "ckpt")], check=True)
+                flags += ["--checkpoint-dir", checkpoints]
+            elif args.resume:
+                flags += ["--checkpoint-dir", checkpoints, "--checkpoint-every", "4"]
             command = [train, "--model", "config.json", "--data", "synthetic", "--seq-len", "12",
                        "--micro-batch-size", "2", "--microbatches", "4", "--steps", "7", "--quiet",
-                       "--wait-timeout", "60"] + flags
+                       "--wait-timeout", "60", "--metrics", "straight.jsonl"] + flags
             if args.mpirun:
                 command = shlex.split(args.mpirun) + ["-np", str(ranks(layout, replicas))] + command
             runs += 1
-            try:
-                done = subprocess.run(command, cwd=work, capture_output=True, text=True,
-                                      timeout=args.timeout)
-                status, text = done.returncode, done.stdout + done.stderr
-            except subprocess.TimeoutExpired:
-                status, text = "timeout", ""
+            status, text = run(command, work, args.timeout)
             if status == 0:
+                if args.resume:
+                    resumes += 1
+                    problem = check_resume(command, checkpoints, work, args.timeout)
+                    if problem:
+                        failures += 1
+                        print(f"RESUME FAILED: {' '.join(flags)}\n  {problem}", flush=True)
                 continue
             lines = [l for l in text.splitlines() if "error" in l.lower() or "failed" in l.lower()]
             if status == 2 and any("error:" in l for l in lines):
@@ -102,8 +166,8 @@ def main():
             failures += 1
             print(f"FAILED ({status}): {' '.join(flags)}\n  {lines[0] if lines else text[-400:]}",
                   flush=True)
-    print(f"option_matrix: {runs} runs, {failures} failed, {refusals} refused with a message "
-          f"(work: {work})")
+    print(f"option_matrix: {runs} runs, {resumes} resumed, {failures} failed, {refusals} refused "
+          f"with a message (work: {work})")
     return 1 if failures else 0
 
 

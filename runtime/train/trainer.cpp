@@ -12,6 +12,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "common/decimal_seconds.h"
 #include "kernels/cpu/dense_library.h"
 #include "kfac/state_placement.h"
 #include "runtime/device/device_spec.h"
@@ -178,8 +179,9 @@ void print_measured_summary(const sched::Schedule& schedule,
       exec::measured_profile(schedule, events, warmup, "this run", exec::ProfileStatistic::kMean);
   const auto replay = sim::simulate(schedule, sim::MeasuredCostModel(profile, "this run"));
   out << std::fixed << std::setprecision(3) << "measured over steps " << summary.first_step + 1
-      << "-" << summary.last_step << ": " << summary.step_time_s << " s/step, utilization "
-      << std::setprecision(1) << 100.0 * summary.compute_utilization() << "%";
+      << "-" << summary.last_step << ": " << decimal_seconds(summary.step_time_s)
+      << " s/step, utilization " << std::setprecision(1) << 100.0 * summary.compute_utilization()
+      << "%";
   if (summary.utilization_with_kfac() > summary.compute_utilization()) {
     out << " (" << 100.0 * summary.utilization_with_kfac() << "% with K-FAC)";
   }
@@ -198,7 +200,7 @@ void print_measured_summary(const sched::Schedule& schedule,
       out << (r + 1 < summary.compute_busy_s.size() ? "," : "");
     }
   }
-  out << "\nsimulator replay of these durations: " << std::setprecision(3) << replay.step_time_s
+  out << "\nsimulator replay of these durations: " << decimal_seconds(replay.step_time_s)
       << " s/step (" << std::showpos << std::setprecision(1)
       << 100.0 * (replay.step_time_s - summary.step_time_s) / summary.step_time_s << std::noshowpos
       << "% vs measured)\n";
@@ -828,8 +830,8 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
             << 100.0 * pass.report.utilization_before << "% -> "
             << 100.0 * pass.report.utilization_after << "%, step time " << std::showpos
             << 100.0 * pass.report.step_time_overhead << std::noshowpos << "% ("
-            << std::setprecision(3) << pass.report.step_time_before_s << " -> "
-            << pass.report.step_time_after_s << " s/step; " << source;
+            << decimal_seconds(pass.report.step_time_before_s) << " -> "
+            << decimal_seconds(pass.report.step_time_after_s) << " s/step; " << source;
     if (several_machines && simulation.shared_processors.enabled()) {
       const auto& shared = simulation.shared_processors;
       summary << "; the ranks span "
@@ -898,7 +900,7 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
               << std::min(context.warmup_end, o.steps)
               << " step(s) (--kfac-warmup-steps), predicted step time " << std::showpos
               << std::setprecision(1) << 100.0 * warmup.report.step_time_overhead << std::noshowpos
-              << "% (" << std::setprecision(3) << warmup.report.step_time_after_s << " s/step); ";
+              << "% (" << decimal_seconds(warmup.report.step_time_after_s) << " s/step); ";
       if (context.warmup_end < o.steps) {
         summary << "then every " << k << " step(s)\n";
         context.warmup_schedule = warmup.schedule;
