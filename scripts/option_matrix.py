@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
 """Runs pipefisher_train over a matrix of layouts and K-FAC options on a tiny BERT and synthetic
-data, and reports every run that neither succeeds nor is refused with exit status 2 and an
+data (K-FAC's options, and precision, optimizers, evaluation, buckets and threads beside
+them), and reports every run that neither succeeds nor is refused with exit status 2 and an
 "error:" line (a crash, a failure in training, a hang past the timeout). The PipeFisher pass
 places K-FAC work from each run's own self-profile, so repeated rounds see different plans:
 run several (--rounds). Found the pipelined refresh + data-parallel bug of 2026-11-29.
 
   scripts/option_matrix.py build/release/runtime/train/pipefisher_train [--rounds 3]
-      [--mpirun "mpiexec --oversubscribe"] [--work DIR]
+      [--mpirun "mpiexec --oversubscribe"] [--resume] [--work DIR]
 
 With --mpirun, each layout runs as one process per rank instead of worker threads. With
 --resume, every run that succeeds saves checkpoints and runs again from its earliest kept one
 before the end (--resume, the same flags): its later steps must equal the straight run's, loss
-and gradient norm bit for bit (a refusal counts as a failure there). Found the unreadable
+and gradient norm (and held-out loss) bit for bit (a refusal counts as a failure there). Each
+K-FAC run then resumes that checkpoint once more with --kfac-replan
+--kfac-refresh 2, which must succeed or be refused with a message (at step 4 inside a window
+of the checkpoint's interval, e.g.). Found the unreadable
 per-component placement of --kfac-sharding auto (2026-11-29).
 """
 import argparse
@@ -53,6 +57,18 @@ KFAC = [
     ["--kfac", "--kfac-refresh", "3", "--kfac-warmup-steps", "4", "--checkpoint-every", "2"],
     ["--kfac", "--kfac-policy", "best_fit"],
     ["--kfac", "--kfac-move-w", "on"],
+    # Beyond K-FAC's own options: precision, optimizers, evaluation, buckets, threads.
+    ["--precision", "fp64"],
+    ["--kfac", "--precision", "fp64", "--optimizer", "adamw"],
+    ["--optimizer", "sgd", "--momentum", "0.9", "--dp-bucket-mb", "0.01"],
+    ["--kfac", "--kfac-linears", "query,ffn_out", "--kfac-layers", "1-2"],
+    ["--kfac", "--kfac-offload", "factors"],
+    ["--kfac", "--kfac-offload", "auto", "--device-memory-budget", "1"],
+    ["--kfac", "--kfac-spill-budget", "0.02"],
+    ["--kfac", "--kfac-free-spill", "on"],
+    ["--kfac", "--kfac-curvature", "every_step", "--kfac-refresh", "2", "--kfac-warmup-steps", "2"],
+    ["--kfac", "--eval-data", "synthetic", "--eval-every", "3", "--eval-batches", "2"],
+    ["--kfac", "--threads-per-worker", "2", "--kfac-refresh", "2"],
 ]
 CONFIG = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 4, "num_attention_heads": 2,
           "intermediate_size": 32, "max_position_embeddings": 32, "type_vocab_size": 2,
@@ -73,13 +89,17 @@ def run(command, work, timeout):
 
 
 def step_records(path):
-    """(step, loss, gradient norm) of each step record of a metrics file."""
+    """(step, loss, gradient norm) of each step record of a metrics file, and (step, "eval",
+    held-out loss) of each evaluation."""
     records = []
     with open(path) as f:
         for line in f:
             record = json.loads(line)
-            if record.get("kind", "step") == "step":
+            kind = record.get("kind", "step")
+            if kind == "step":
                 records.append((record["step"], record["loss"], record["grad_norm"]))
+            elif kind == "eval":
+                records.append((record["step"], "eval", record["eval_loss"]))
     return records
 
 
@@ -106,10 +126,41 @@ def check_resume(command, checkpoints, work, timeout):
     if again != straight:
         first = next((i for i, (a, b) in enumerate(zip(again, straight)) if a != b),
                      min(len(again), len(straight)))
-        return (f"resumed from step {start}: (step, loss, gradient norm) "
+        return (f"resumed from step {start}: (step, loss, gradient norm) record "
                 f"{again[first] if first < len(again) else 'none'} against the straight run's "
                 f"{straight[first] if first < len(straight) else 'none'}")
     return None
+
+
+def check_replan(command, checkpoints, work, timeout):
+    """Resumes the same checkpoint again with --kfac-replan --kfac-refresh 2 (another plan and,
+    mostly, another interval): it must succeed or be refused with a message. Returns
+    (message or None, refused)."""
+    steps = sorted(int(name[len("step-"):]) for name in os.listdir(checkpoints)
+                   if name.startswith("step-"))
+    start = steps[0]
+    for step in steps[1:]:
+        shutil.rmtree(os.path.join(checkpoints, f"step-{step:08d}"))
+    with open(os.path.join(checkpoints, "latest"), "w") as f:
+        f.write(f"step-{start:08d}\n")
+    replanned = []
+    skip = False
+    for word in command:
+        if skip:
+            skip = False
+        elif word == "--kfac-refresh":
+            skip = True
+        else:
+            replanned.append("replanned.jsonl" if word == "straight.jsonl" else word)
+    status, text = run(replanned + ["--resume", "--kfac-replan", "--kfac-refresh", "2"], work,
+                       timeout)
+    if status == 0:
+        return None, False
+    lines = [l for l in text.splitlines() if "error" in l.lower()]
+    if status == 2 and any("error:" in l for l in lines):
+        return None, True
+    return (f"--kfac-replan --kfac-refresh 2 from step {start} exited {status}: "
+            f"{lines[0] if lines else text[-400:]}"), False
 
 
 def main():
@@ -127,7 +178,7 @@ def main():
     os.makedirs(work, exist_ok=True)
     with open(os.path.join(work, "config.json"), "w") as f:
         json.dump(CONFIG, f)
-    runs = failures = refusals = resumes = 0
+    runs = failures = refusals = resumes = replans = replans_refused = 0
     for _ in range(args.rounds):
         for layout, replicas, kfac in itertools.product(LAYOUTS, REPLICAS, KFAC):
             if "--kfac-sharding" in kfac and replicas == 1:
@@ -155,6 +206,10 @@ def main():
                 if args.resume:
                     resumes += 1
                     problem = check_resume(command, checkpoints, work, args.timeout)
+                    if not problem and "--kfac" in kfac:
+                        replans += 1
+                        problem, refused = check_replan(command, checkpoints, work, args.timeout)
+                        replans_refused += refused
                     if problem:
                         failures += 1
                         print(f"RESUME FAILED: {' '.join(flags)}\n  {problem}", flush=True)
@@ -167,7 +222,9 @@ def main():
             print(f"FAILED ({status}): {' '.join(flags)}\n  {lines[0] if lines else text[-400:]}",
                   flush=True)
     print(f"option_matrix: {runs} runs, {resumes} resumed, {failures} failed, {refusals} refused "
-          f"with a message (work: {work})")
+          f"with a message" + (f"; {replans} resumed again with --kfac-replan --kfac-refresh 2, "
+                               f"{replans_refused} of them refused with a message"
+                               if args.resume else "") + f" (work: {work})")
     return 1 if failures else 0
 
 

@@ -171,16 +171,18 @@ kfac::StatePlacement checkpoint_kfac_placement(const ckpt::TrainingCheckpoint& c
   }
 }
 
-// A pipelined refresh's work that needs more than the layer-keyed K-FAC state at a window
-// boundary (what a resume on another schedule restores): a curvature sync run in the next
-// window (the replicas' unsynced sums) or the rest of a chain of inversion pieces begun in the
-// refresh's own window (the chain, a progress record).
+// A pipelined refresh whose work runs on into the next window: at a window boundary part of
+// the refresh is still to come (a curvature sync of the replicas' unsynced sums, the rest of a
+// chain of inversion pieces, or whole inversions of sums not yet finalized), which only the
+// schedule that saved it runs. Another schedule's first window skips the work of a refresh
+// before its windows, so the sums would stay unfinalized: its next window's start then failed
+// ("the factor sums of two earlier refreshes are both unfinalized"; without a pipelined
+// refresh they would have been added to its own refresh's sums).
 bool runs_on_across_windows(const sched::Schedule& schedule) {
   if (!schedule.kfac_pipelined_refresh) return false;
   for (const auto& stream : schedule.streams) {
     for (const auto& in : stream) {
-      if (!sched::is_wrapped(in)) continue;
-      if (in.kind == sched::OpKind::kCurvatureSync || in.piece_begin > 0) return true;
+      if (sched::is_wrapped(in) && !sched::is_kfac_transfer(in.kind)) return true;
     }
   }
   return false;
@@ -242,9 +244,9 @@ std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
       throw std::invalid_argument(
           "--resume: checkpoint " + checkpoint.directory.string() + " (" +
           layout_string(checkpoint.schedule) +
-          ") runs a pipelined K-FAC refresh whose curvature syncs or chains of inversion pieces "
-          "run on into the next refresh window: it resumes only on the schedule that saved it "
-          "(the same flags, and its schedule.json), or from step 0");
+          ") runs a pipelined K-FAC refresh whose curvature syncs or inversions run on into the "
+          "next refresh window: it resumes only on the schedule that saved it (the same flags, "
+          "and its schedule.json), or from step 0");
     }
   }
   const auto saved = checkpoint_kfac_placement(checkpoint);

@@ -53,9 +53,10 @@ bool same_layout(const ckpt::TrainingCheckpoint& checkpoint, const sched::Schedu
 // not "replicate") resumes only on the checkpoint's layout with its placement (each rank
 // restores the state it owned; another plan or refresh interval under the rule above);
 // elsewhere this throws std::invalid_argument naming both placements and layouts.
-// Likewise a checkpoint of a pipelined refresh whose curvature syncs or chains of inversion
-// pieces run on into the next window, after step 0 (this run's schedule may: its first window,
-// at the checkpoint's step, skips the work of a refresh before it).
+// Likewise a checkpoint of a pipelined refresh whose curvature syncs or inversions (whole or
+// pieces) run on into the next window, after step 0: its sums are not finalized at a window
+// boundary (this run's schedule may run on: its first window, at the checkpoint's step, skips
+// the work of a refresh before it).
 std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
                                   const sched::Schedule& schedule,
                                   const kfac::StatePlacement& placement);

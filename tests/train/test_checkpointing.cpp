@@ -623,32 +623,46 @@ TEST(KfacResume, AnotherScheduleStartsItsWindowsAtTheCheckpoint) {
 }
 
 // A pipelined refresh whose chains of inversion pieces run on into the next window (progress
-// records, not the layer-keyed state) resumes only on the schedule that saved it: another
-// schedule (here the same one without the offload copies) is refused after step 0, in either
-// direction; the checkpoint's own schedule is not.
-TEST(PipelinedCheckpoints, ChainsAcrossWindowsResumeOnTheirOwnScheduleOnly) {
+// records, not the layer-keyed state), or whose whole inversions do (their sums unfinalized at
+// the boundary: another schedule's first window skips them, and its next window's start failed,
+// "the factor sums of two earlier refreshes are both unfinalized", until 2026-11-29), resumes
+// only on the schedule that saved it: another schedule (here the same one without the offload
+// copies) is refused after step 0, in either direction; the checkpoint's own schedule is not.
+TEST(PipelinedCheckpoints, WorkAcrossWindowsResumesOnItsOwnScheduleOnly) {
   const auto config = exec::testing::device_test_config(4);
-  const auto plans =
-      exec::testing::plan_offload_run(exec::testing::pipelined_chains_case(), config);
-  ASSERT_GT(exec::testing::wrapped_work(plans.with).continued, 0);
-  ckpt::TrainingCheckpoint checkpoint;
-  checkpoint.step = plans.with.num_steps;  // a window boundary
-  checkpoint.state = {{"kfac", {{"refresh_steps", plans.with.num_steps}}}};
-  for (const auto* saved : {&plans.with, &plans.without}) {
-    checkpoint.schedule = sched::to_json(*saved);
-    const auto* other = saved == &plans.with ? &plans.without : &plans.with;
-    EXPECT_NO_THROW(check_kfac_resumable(checkpoint, *saved, {}));
-    try {
-      check_kfac_resumable(checkpoint, *other, {});
-      ADD_FAILURE() << "resumed on another schedule";
-    } catch (const std::invalid_argument& error) {
-      EXPECT_NE(std::string(error.what()).find("run on into the next refresh window"),
-                std::string::npos)
-          << error.what();
+  auto whole = exec::testing::pipelined_chains_case();
+  whole.refresh = exec::testing::Refresh::kPipelinedWhole;
+  whole.refresh_steps = 2;
+  for (const auto& run : {exec::testing::pipelined_chains_case(), whole}) {
+    SCOPED_TRACE(run.refresh == exec::testing::Refresh::kPipelinedWhole ? "whole inversions"
+                                                                        : "chains of pieces");
+    const auto plans = exec::testing::plan_offload_run(run, config);
+    const auto wrapped = exec::testing::wrapped_work(plans.without);
+    if (run.refresh == exec::testing::Refresh::kPipelinedWhole) {
+      ASSERT_GT(wrapped.instructions, 0);
+      ASSERT_EQ(wrapped.continued + wrapped.syncs, 0);
+    } else {
+      ASSERT_GT(exec::testing::wrapped_work(plans.with).continued, 0);
     }
+    ckpt::TrainingCheckpoint checkpoint;
+    checkpoint.step = plans.with.num_steps;  // a window boundary
+    checkpoint.state = {{"kfac", {{"refresh_steps", plans.with.num_steps}}}};
+    for (const auto* saved : {&plans.with, &plans.without}) {
+      checkpoint.schedule = sched::to_json(*saved);
+      const auto* other = saved == &plans.with ? &plans.without : &plans.with;
+      EXPECT_NO_THROW(check_kfac_resumable(checkpoint, *saved, {}));
+      try {
+        check_kfac_resumable(checkpoint, *other, {});
+        ADD_FAILURE() << "resumed on another schedule";
+      } catch (const std::invalid_argument& error) {
+        EXPECT_NE(std::string(error.what()).find("run on into the next refresh window"),
+                  std::string::npos)
+            << error.what();
+      }
+    }
+    checkpoint.step = 0;
+    EXPECT_NO_THROW(check_kfac_resumable(checkpoint, plans.without, {}));
   }
-  checkpoint.step = 0;
-  EXPECT_NO_THROW(check_kfac_resumable(checkpoint, plans.without, {}));
 }
 
 // A checkpoint of offloaded state that does not fit the run: the record of where an offloaded
