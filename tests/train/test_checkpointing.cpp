@@ -934,6 +934,27 @@ void expect_refused(const TrainOptions& o, const std::vector<std::string>& needl
   }
 }
 
+// K-FAC state offloaded with its factors only: the copies sit around the inversions, so a run
+// resumed inside a long refresh window may run none of them. It trains on bit for bit, and its
+// summary's replay prices the copies it never timed as free (until 2026-11-29 the run ended
+// with "K-FAC offload transfers need the host link's bandwidth: set the profile's host_link
+// (this run)", exit 2, once its steps had run).
+TEST_F(CheckpointingTest, OffloadedKfacResumedPastItsCopiesEndsWithItsSummary) {
+  auto o = small_run("offload-factors-resumed");
+  o.model = (dir_ / "config4.json").string();
+  o.schedule = "interleaved";
+  o.chunks = 2;
+  o.steps = 7;
+  o.lr_decay_steps = 7;
+  o.kfac.enabled = true;
+  o.kfac.refresh_steps = 16;
+  o.kfac.offload = "factors";
+  o.kfac_profile = kfac_profile(o);
+  o.quiet = false;
+  run_split_and_straight(o, 4);
+  expect_identical(o, 4);
+}
+
 // Each component placed its own way (what --kfac-sharding auto chooses on a slow link, and
 // writes to state.json): a resume in the middle of a refresh reads the placement back and
 // continues bit for bit. (Until 2026-11-29 state.json's "factors=shard,inverses=replicate" was
