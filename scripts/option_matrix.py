@@ -19,6 +19,7 @@ of the checkpoint's interval, e.g.). Found the unreadable
 per-component placement of --kfac-sharding auto (2026-11-29).
 """
 import argparse
+import collections
 import itertools
 import json
 import os
@@ -59,7 +60,7 @@ KFAC = [
     ["--kfac", "--kfac-move-w", "on"],
     # Beyond K-FAC's own options: precision, optimizers, evaluation, buckets, threads.
     ["--precision", "fp64"],
-    ["--kfac", "--precision", "fp64", "--optimizer", "adamw"],
+    ["--precision", "fp64", "--optimizer", "adamw", "--dp-bucket-mb", "0"],
     ["--optimizer", "sgd", "--momentum", "0.9", "--dp-bucket-mb", "0.01"],
     ["--kfac", "--kfac-linears", "query,ffn_out", "--kfac-layers", "1-2"],
     ["--kfac", "--kfac-offload", "factors"],
@@ -179,6 +180,7 @@ def main():
     with open(os.path.join(work, "config.json"), "w") as f:
         json.dump(CONFIG, f)
     runs = failures = refusals = resumes = replans = replans_refused = 0
+    reasons = collections.Counter()  # the refusals' messages (their start)
     for _ in range(args.rounds):
         for layout, replicas, kfac in itertools.product(LAYOUTS, REPLICAS, KFAC):
             if "--kfac-sharding" in kfac and replicas == 1:
@@ -217,10 +219,13 @@ def main():
             lines = [l for l in text.splitlines() if "error" in l.lower() or "failed" in l.lower()]
             if status == 2 and any("error:" in l for l in lines):
                 refusals += 1
+                reasons[next(l for l in lines if "error:" in l)[:110]] += 1
                 continue
             failures += 1
             print(f"FAILED ({status}): {' '.join(flags)}\n  {lines[0] if lines else text[-400:]}",
                   flush=True)
+    for reason, count in reasons.most_common():
+        print(f"refused {count}x: {reason}")
     print(f"option_matrix: {runs} runs, {resumes} resumed, {failures} failed, {refusals} refused "
           f"with a message" + (f"; {replans} resumed again with --kfac-replan --kfac-refresh 2, "
                                f"{replans_refused} of them refused with a message"
