@@ -728,11 +728,12 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
       source = "self-profile";
     }
     pipefisher::KfacCommandOptions kfac_command = o.kfac;
-    // --kfac-sharding auto on a resume of the same layout keeps the checkpoint's placement: each
-    // rank then holds the Linears it saved (sharded state restores only so), whatever this
-    // machine's profile would choose now.
+    // --kfac-sharding auto on a resume of the same layout keeps the K-FAC state's placement in
+    // the checkpoint: each rank then holds the Linears it saved (sharded state restores only
+    // so), whatever this machine's profile would choose now.
     bool placement_from_checkpoint = false;
-    if (context.resume && kfac::parse_kfac_sharding(kfac_command.sharding).automatic &&
+    if (context.resume && !context.resume->kfac.empty() &&
+        kfac::parse_kfac_sharding(kfac_command.sharding).automatic &&
         same_layout(*context.resume, context.schedule)) {
       kfac_command.sharding = kfac::to_string(checkpoint_kfac_placement(*context.resume));
       placement_from_checkpoint = true;
