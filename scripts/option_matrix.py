@@ -70,6 +70,9 @@ KFAC = [
     ["--kfac", "--kfac-curvature", "every_step", "--kfac-refresh", "2", "--kfac-warmup-steps", "2"],
     ["--kfac", "--eval-data", "synthetic", "--eval-every", "3", "--eval-batches", "2"],
     ["--kfac", "--threads-per-worker", "2", "--kfac-refresh", "2"],
+    ["--kfac", "--kfac-pipelined-refresh", "on", "--kfac-offload", "host"],
+    ["--kfac", "--kfac-pipelined-refresh", "on", "--kfac-split", "off", "--kfac-refresh", "2"],
+    ["--kfac", "--kfac-policy", "best_of_both", "--kfac-max-refresh", "4"],
 ]
 CONFIG = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 4, "num_attention_heads": 2,
           "intermediate_size": 32, "max_position_embeddings": 32, "type_vocab_size": 2,
