@@ -107,24 +107,48 @@ def step_records(path):
     return records
 
 
-def check_resume(command, checkpoints, work, timeout):
-    """Resumes the straight run's earliest kept checkpoint before its end; a message or None."""
-    steps = sorted(int(name[len("step-"):]) for name in os.listdir(checkpoints)
-                   if name.startswith("step-"))
-    earlier = [step for step in steps if step < 7]
-    if not earlier:
-        return f"no checkpoint before step 7 (kept: {steps})"
-    start = earlier[0]
-    for step in steps:
+def error_lines(text):
+    return [l for l in text.splitlines() if "error" in l.lower() or "failed" in l.lower()]
+
+
+def refusal(status, text):
+    """The "error:" line of a run refused with a message (exit status 2), else None."""
+    if status != 2:
+        return None
+    return next((l for l in error_lines(text) if "error:" in l), None)
+
+
+def first_error(text):
+    lines = error_lines(text)
+    return lines[0] if lines else text[-400:]
+
+
+def saved_steps(checkpoints):
+    return sorted(int(name[len("step-"):]) for name in os.listdir(checkpoints)
+                  if name.startswith("step-"))
+
+
+def rewind(checkpoints, start):
+    """Leaves the checkpoint of step `start` the latest: the later ones removed."""
+    for step in saved_steps(checkpoints):
         if step > start:
             shutil.rmtree(os.path.join(checkpoints, f"step-{step:08d}"))
     with open(os.path.join(checkpoints, "latest"), "w") as f:
         f.write(f"step-{start:08d}\n")
+
+
+def check_resume(command, checkpoints, work, timeout):
+    """Resumes the straight run's earliest kept checkpoint before its end; a message or None."""
+    steps = saved_steps(checkpoints)
+    earlier = [step for step in steps if step < 7]
+    if not earlier:
+        return f"no checkpoint before step 7 (kept: {steps})"
+    start = earlier[0]
+    rewind(checkpoints, start)
     resumed = [("resumed.jsonl" if word == "straight.jsonl" else word) for word in command]
     status, text = run(resumed + ["--resume"], work, timeout)
     if status != 0:
-        lines = [l for l in text.splitlines() if "error" in l.lower()]
-        return f"resume from step {start} exited {status}: {lines[0] if lines else text[-400:]}"
+        return f"resume from step {start} exited {status}: {first_error(text)}"
     straight = [r for r in step_records(os.path.join(work, "straight.jsonl")) if r[0] > start]
     again = step_records(os.path.join(work, "resumed.jsonl"))
     if again != straight:
@@ -140,13 +164,8 @@ def check_replan(command, checkpoints, work, timeout):
     """Resumes the same checkpoint again with --kfac-replan --kfac-refresh 2 (another plan and,
     mostly, another interval): it must succeed or be refused with a message. Returns
     (message or None, refused)."""
-    steps = sorted(int(name[len("step-"):]) for name in os.listdir(checkpoints)
-                   if name.startswith("step-"))
-    start = steps[0]
-    for step in steps[1:]:
-        shutil.rmtree(os.path.join(checkpoints, f"step-{step:08d}"))
-    with open(os.path.join(checkpoints, "latest"), "w") as f:
-        f.write(f"step-{start:08d}\n")
+    start = saved_steps(checkpoints)[0]
+    rewind(checkpoints, start)
     replanned = []
     skip = False
     for word in command:
@@ -160,11 +179,10 @@ def check_replan(command, checkpoints, work, timeout):
                        timeout)
     if status == 0:
         return None, False
-    lines = [l for l in text.splitlines() if "error" in l.lower()]
-    if status == 2 and any("error:" in l for l in lines):
+    if refusal(status, text):
         return None, True
     return (f"--kfac-replan --kfac-refresh 2 from step {start} exited {status}: "
-            f"{lines[0] if lines else text[-400:]}"), False
+            f"{first_error(text)}"), False
 
 
 def main():
@@ -219,14 +237,13 @@ def main():
                         failures += 1
                         print(f"RESUME FAILED: {' '.join(flags)}\n  {problem}", flush=True)
                 continue
-            lines = [l for l in text.splitlines() if "error" in l.lower() or "failed" in l.lower()]
-            if status == 2 and any("error:" in l for l in lines):
+            reason = refusal(status, text)
+            if reason:
                 refusals += 1
-                reasons[next(l for l in lines if "error:" in l)[:110]] += 1
+                reasons[reason[:110]] += 1
                 continue
             failures += 1
-            print(f"FAILED ({status}): {' '.join(flags)}\n  {lines[0] if lines else text[-400:]}",
-                  flush=True)
+            print(f"FAILED ({status}): {' '.join(flags)}\n  {first_error(text)}", flush=True)
     for reason, count in reasons.most_common():
         print(f"refused {count}x: {reason}")
     print(f"option_matrix: {runs} runs, {resumes} resumed, {failures} failed, {refusals} refused "
