@@ -464,6 +464,7 @@ void Worker<T>::load_kfac_state(int pipeline, const ckpt::SafetensorsFile& file,
   auto& state = impl_->kfac_states[pipeline];
   if (state.layers().empty()) return;
   state.load_state(file, prefix);
+  impl_->drop_unheld_kfac_state(pipeline);
   for (const auto& [key, layer] : impl_->device_kfac) {
     if (key.pipeline == pipeline) layer->load(state.at({key.layer, key.linear}));
   }

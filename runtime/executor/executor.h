@@ -255,7 +255,9 @@ class Worker {
   // offload holds. What checkpoints and K-FAC statistics read.
   kfac::KfacState kfac_state_with_offloaded(int pipeline);
   // Restores the pipeline's K-FAC state from KfacState records (kfac::KfacState::load_state,
-  // which throws naming a bad record); on a device into its K-FAC layers. An offloaded Linear's
+  // which throws naming a bad record), less what this replica does not hold under its K-FAC
+  // placement (a Linear's factors or inverses held by other replicas: records of another
+  // placement hold them); on a device into its K-FAC layers. An offloaded Linear's
   // value and inverse then move to host memory, as between two refreshes (load_kfac_progress
   // restores where they were inside one). Nothing to do for a pipeline this worker holds no
   // preconditioned Linear of.

@@ -396,6 +396,7 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   // --- worker_kfac.cpp.
   void prepare_kfac();
   void place_kfac_state();
+  void drop_unheld_kfac_state(int pipeline);
   void curvature(const Instruction& in);
   void curvature_sync(const Instruction& in);
   void sync_sums(const Instruction& in, kfac::KfacLayerState& layer, const std::vector<int>& group);

@@ -122,6 +122,30 @@ void Worker<T>::Impl::place_kfac_state() {
   }
 }
 
+// What this replica does not hold of each Linear under its placement, reset to what a run of
+// this placement leaves there: no factor values (nor their counters and damping, since the
+// owner's group alone finalizes and inverts) where it holds no factors, no inverses where it
+// holds none. A rank's own records hold nothing more; state moved from another placement or
+// layout (the Linears' owners' records, restore_checkpoint) does. The sums of a refresh in
+// progress stay: every replica accumulates its own until the curvature sync.
+template <typename T>
+void Worker<T>::Impl::drop_unheld_kfac_state(int pipeline) {
+  for (const auto& [key, slot] : kfac_slots) {
+    if (key.pipeline != pipeline) continue;
+    auto& layer = kfac_states.at(pipeline).at({key.layer, key.linear});
+    for (auto* factor : {&layer.a, &layer.b}) {
+      if (!slot.placement.holds_factors(replica)) {
+        factor->value = Eigen::MatrixXf();
+        factor->refreshes = 0;
+        factor->damping = 0.0F;
+        factor->inverted_refresh = 0;
+        factor->cholesky_fallbacks = 0;
+      }
+      if (!slot.placement.holds_inverses(replica)) factor->inverse = Eigen::MatrixXf();
+    }
+  }
+}
+
 // --- K-FAC kinds (float models only; checked at construction).
 template <typename T>
 void Worker<T>::Impl::curvature(const Instruction& in) {
@@ -324,6 +348,7 @@ void Worker<T>::Impl::begin_round() {
 #define PF_INSTANTIATE(T)                                                                          \
   template void Worker<T>::Impl::prepare_kfac();                                                   \
   template void Worker<T>::Impl::place_kfac_state();                                               \
+  template void Worker<T>::Impl::drop_unheld_kfac_state(int);                                      \
   template void Worker<T>::Impl::curvature(const Instruction&);                                    \
   template void Worker<T>::Impl::curvature_sync(const Instruction&);                               \
   template void Worker<T>::Impl::sync_sums(const Instruction&, kfac::KfacLayerState&,              \

@@ -227,8 +227,9 @@ std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
                                   const sched::Schedule& schedule,
                                   const kfac::StatePlacement& placement) {
   const std::int64_t saved_origin = checkpoint_window_origin(checkpoint);
-  // The checkpoint's own schedule: the refresh in progress resumes as it was.
-  if (checkpoint.schedule == sched::to_json(schedule)) return saved_origin;
+  const auto saved = checkpoint_kfac_placement(checkpoint);
+  // The checkpoint's own schedule and placement: the refresh in progress resumes as it was.
+  if (checkpoint.schedule == sched::to_json(schedule) && saved == placement) return saved_origin;
   if (!schedule_has_kfac(schedule)) return checkpoint.step;
   if (checkpoint.step > 0) {
     bool saved_runs_on = false;
@@ -249,22 +250,9 @@ std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
           "and its schedule.json), or from step 0");
     }
   }
-  const auto saved = checkpoint_kfac_placement(checkpoint);
-  // Sharded state: each rank restores the Linears it holds from its own records, so the ranks
-  // must hold the same Linears (the same stages, chunks, replicas and placement); the refresh
-  // interval and the plan inside the steps may change at the end of a window (below).
-  const bool sharded = !(saved == kfac::StatePlacement{}) || !(placement == kfac::StatePlacement{});
-  if (sharded && !(saved == placement && same_layout(checkpoint, schedule))) {
-    throw std::invalid_argument(
-        "--resume: checkpoint " + checkpoint.directory.string() + " holds K-FAC state placed " +
-        kfac::to_string(saved) + " across the data-parallel replicas on " +
-        layout_string(checkpoint.schedule) + "; this run places it " + kfac::to_string(placement) +
-        " on " + layout_string(sched::to_json(schedule)) +
-        ". K-FAC state sharded across replicas resumes only on the layout that saved it (the "
-        "same schedule, stages, chunks, data-parallel degree and --kfac-sharding; another "
-        "refresh interval from the end of one of its refresh windows): resume with those, or "
-        "save with --kfac-sharding replicate to change layouts");
-  }
+  // Sharded state (either side's placement not "replicate") moves like replicated state, at
+  // the end of a window: each Linear's state is then whole on the replicas that own it
+  // (restore_checkpoint gathers it from their records).
   const std::int64_t old_k = checkpoint.state.value("/kfac/refresh_steps"_json_pointer, 1);
   const std::int64_t step = checkpoint.step;
   // At the end of one of the checkpoint's refresh windows the K-FAC state is whole and
@@ -538,11 +526,66 @@ ckpt::TrainingCheckpoint collect_local_checkpoint(exec::Executor<T>& executor, s
 }
 
 namespace {
+// K-FAC state sharded across the replicas, moving to another layout or placement at the end of
+// a refresh window (check_kfac_resumable): the layer-keyed records are replica 0's, which lack
+// the factors and inverses of the Linears other replicas own. Each Linear's layer-keyed records
+// are replaced by those of a rank that holds its factors (the owner's group, which inverts, so
+// it holds the inverses too), else of one that holds its inverses; the first such rank, since
+// every holder's copies are the same bits (the sums are all-reduced in one order, inverted
+// alike and broadcast). Before the first refresh no rank holds either: replica 0's stay.
+ckpt::SafetensorsFile with_owners_kfac_records(ckpt::SafetensorsFile file) {
+  struct Candidate {
+    int score = -1;      // 2: holds the factors, 1: the inverses only, 0: neither
+    std::string prefix;  // "kfac.rank<r>.pipeline<p>."
+  };
+  std::map<std::string, Candidate> best;  // by "layer.<i>.<linear>"
+  const std::string rank_prefix = std::string(kKfacPrefix) + ".rank";
+  for (const auto& [name, record] : file.tensors) {
+    if (name.rfind(rank_prefix, 0) != 0) continue;
+    const auto pipeline = name.find(".pipeline", rank_prefix.size());
+    const auto layer = name.find(".layer.", rank_prefix.size());
+    if (pipeline == std::string::npos || layer == std::string::npos || layer < pipeline) continue;
+    const auto field = name.rfind('.');
+    const std::string linear = name.substr(layer + 1, field - layer - 1);
+    const std::string prefix = name.substr(0, layer + 1);
+    const auto holds = [&](const char* what) {
+      return file.tensors.count(prefix + linear + "." + what) > 0;
+    };
+    const int score = holds("A") ? 2 : holds("A_inv") ? 1 : 0;
+    auto& candidate = best[linear];
+    // Ranks ascend in the map only up to 9 ("rank10" < "rank2"): compare them as numbers.
+    const auto rank_of = [&](const std::string& text) {
+      return std::stoi(text.substr(rank_prefix.size()));
+    };
+    if (score > candidate.score ||
+        (score == candidate.score && rank_of(prefix) < rank_of(candidate.prefix))) {
+      candidate = {score, prefix};
+    }
+  }
+  for (const auto& [linear, candidate] : best) {
+    if (candidate.score == 0) continue;
+    const std::string keyed = std::string(kKfacPrefix) + "." + linear + ".";
+    std::erase_if(file.tensors,
+                  [&](const auto& entry) { return entry.first.rfind(keyed, 0) == 0; });
+    std::vector<ckpt::TensorRecord> copies;
+    const std::string from = candidate.prefix + linear + ".";
+    for (const auto& [name, record] : file.tensors) {
+      if (name.rfind(from, 0) != 0) continue;
+      auto copy = record;
+      copy.name = keyed + name.substr(from.size());
+      copies.push_back(std::move(copy));
+    }
+    for (auto& copy : copies) file.tensors.emplace(copy.name, std::move(copy));
+  }
+  return file;
+}
+
 // restore_checkpoint and restore_local_checkpoint: the K-FAC state from each rank's exact
-// records (`exact_kfac`; else the layer-keyed ones), with its refresh in progress (`progress`).
+// records (`exact_kfac`; else the layer-keyed ones, with each Linear's from its owners where
+// `owners`: state sharded across the replicas), with its refresh in progress (`progress`).
 template <typename T>
 void restore_records(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint& checkpoint,
-                     bool exact_kfac, bool progress) {
+                     bool exact_kfac, bool progress, bool owners = false) {
   const auto& schedule = executor.setup().schedule;
   const auto where = [&](const char* file) {
     // A checkpoint in parts names the kind of part files.
@@ -559,6 +602,7 @@ void restore_records(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint
   const bool kfac_on = schedule_has_kfac(schedule);
   ckpt::SafetensorsFile kfac;
   if (kfac_on) kfac = ckpt::to_safetensors_file(checkpoint.kfac);
+  if (kfac_on && owners && !exact_kfac) kfac = with_owners_kfac_records(std::move(kfac));
 
   for (auto* worker_pointer : executor.local_workers()) {
     auto& worker = *worker_pointer;
@@ -597,15 +641,19 @@ void restore_records(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint
 template <typename T>
 void restore_checkpoint(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint& checkpoint) {
   const auto& setup = executor.setup();
-  const bool same_schedule = checkpoint.schedule == sched::to_json(setup.schedule);
-  // Sharded K-FAC state on another schedule of the same layout and placement (at the end of a
-  // refresh window, check_kfac_resumable): each rank holds the same Linears, and only its own
-  // records have them; replicated state takes the layer-keyed records on any layout.
   const auto& placement = setup.options.kfac.placement;
-  const bool same_shards = !(placement == kfac::StatePlacement{}) &&
-                           checkpoint_kfac_placement(checkpoint) == placement &&
+  const auto saved = checkpoint_kfac_placement(checkpoint);
+  const bool same_schedule =
+      checkpoint.schedule == sched::to_json(setup.schedule) && saved == placement;
+  // Sharded K-FAC state on another schedule of the same layout and placement (at the end of a
+  // refresh window, check_kfac_resumable): each rank holds the same Linears, and its own records
+  // have them. Otherwise the layer-keyed records, on any layout and placement: replica 0's where
+  // the state was replicated, each Linear's owners' where it was sharded (each rank then keeps
+  // what its placement holds, Worker::load_kfac_state).
+  const bool same_shards = !(placement == kfac::StatePlacement{}) && saved == placement &&
                            same_layout(checkpoint, setup.schedule);
-  restore_records(executor, checkpoint, same_schedule || same_shards, same_schedule);
+  restore_records(executor, checkpoint, same_schedule || same_shards, same_schedule,
+                  !(saved == kfac::StatePlacement{}));
 }
 
 template <typename T>

@@ -42,21 +42,19 @@ ckpt::TrainingCheckpoint load_resume_checkpoint(const std::filesystem::path& dir
 // PipeFisher pass again (whose timing-dependent placement would change the arithmetic's order).
 bool same_layout(const ckpt::TrainingCheckpoint& checkpoint, const sched::Schedule& base);
 
-// Whether a K-FAC state can move to `schedule`, and the step at which the resumed run's refresh
-// windows start (ExecutorOptions::window_origin): always for the checkpoint's own schedule (the
-// refresh in progress is restored; its windows keep their origin, state.json's
-// kfac.window_origin); for another schedule only at the end of one of the checkpoint's refresh
-// windows, since a refresh in progress is defined by the old schedule's curvature tasks, and
-// the new schedule's windows then start at the checkpoint's step. Throws
-// std::invalid_argument saying how to resume otherwise, or naming a malformed window_origin.
-// K-FAC state sharded across data-parallel replicas (the checkpoint's or this run's placement
-// not "replicate") resumes only on the checkpoint's layout with its placement (each rank
-// restores the state it owned; another plan or refresh interval under the rule above);
-// elsewhere this throws std::invalid_argument naming both placements and layouts.
-// Likewise a checkpoint of a pipelined refresh whose curvature syncs or inversions (whole or
-// pieces) run on into the next window, after step 0: its sums are not finalized at a window
-// boundary (this run's schedule may run on: its first window, at the checkpoint's step, skips
-// the work of a refresh before it).
+// Whether a K-FAC state can move to `schedule` with `placement`, and the step at which the
+// resumed run's refresh windows start (ExecutorOptions::window_origin): always for the
+// checkpoint's own schedule and placement (the refresh in progress is restored; its windows keep
+// their origin, state.json's kfac.window_origin); for another schedule or placement only at the
+// end of one of the checkpoint's refresh windows, since a refresh in progress is defined by the
+// old schedule's curvature tasks, and the new schedule's windows then start at the checkpoint's
+// step. K-FAC state sharded across data-parallel replicas moves the same way (each Linear's
+// state is whole on its owners at a window's end). Throws std::invalid_argument saying how to
+// resume otherwise, or naming a malformed window_origin.
+// Not even at a window's end: a checkpoint of a pipelined refresh whose curvature syncs or
+// inversions (whole or pieces) run on into the next window, after step 0: its sums are not
+// finalized at a window boundary (this run's schedule may run on: its first window, at the
+// checkpoint's step, skips the work of a refresh before it).
 std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
                                   const sched::Schedule& schedule,
                                   const kfac::StatePlacement& placement);
@@ -94,7 +92,10 @@ ckpt::TrainingCheckpoint collect_local_checkpoint(exec::Executor<T>& executor, s
 
 // Restores weights, optimizer state and K-FAC state into a fresh executor's workers of this
 // process (every rank's under threads, its own under MPI; each process reads the whole
-// checkpoint). Throws std::runtime_error naming the record that is missing or mis-shaped.
+// checkpoint). K-FAC state on another schedule or placement comes from the layer-keyed records
+// (each Linear's from the ranks that held it, where the checkpoint's state was sharded); each
+// rank keeps what this run's placement gives it. Throws std::runtime_error naming the record that
+// is missing or mis-shaped.
 template <typename T>
 void restore_checkpoint(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint& checkpoint);
 

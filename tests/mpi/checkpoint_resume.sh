@@ -3,8 +3,9 @@
 # save, resume to N give the same bits (every part file, every step's loss and gradient norm),
 # with -np 2 and with -np 4 (data-parallel 2, shards, K-FAC sharded across the replicas, saved in
 # the middle of a refresh); the MPI run matches the threaded one; a checkpoint of replicated
-# state moves to another layout; sharded K-FAC state on another layout and a corrupt part file
-# are refused with one error line, every process exiting; K-FAC offload under mpirun resumes
+# state moves to another layout; sharded K-FAC state moves to another layout and placement at
+# the end of a refresh window (= threads); inside one, and a corrupt part file, are refused with
+# one error line, every process exiting; K-FAC offload under mpirun resumes
 # bit-identically and equals threads and the run without offload; a K-FAC warm-up under mpirun
 # equals threads, and resumes inside its first main window.
 #   checkpoint_resume.sh <pipefisher_train> <pipefisher_data> <mpirun and its options...>
@@ -175,9 +176,32 @@ for layout in "dp --data-parallel 2 --stages 2" "chimera --schedule chimera --st
   echo "warm-up under mpirun ($name, -np $np) = threads; resumed inside a window = straight"
 done
 
-# Sharded K-FAC state does not move to another layout: one line, every process exits.
+# Sharded K-FAC state moves to another layout and placement at the end of a refresh window (each
+# Linear's state from the ranks that owned it): saved at step 4 on -np 4, resumed on one stage
+# (-np 2) replicated and sharded, the same losses as the threaded resumes.
+must "${mpirun[@]}" -np 4 "$train" "${kfac[@]}" --stages 2 --steps 4 --checkpoint-dir r
+moved=()  # the same flags without --kfac-sharding
+for ((i = 0; i < ${#kfac[@]}; ++i)); do
+  if [[ ${kfac[i]} == --kfac-sharding ]]; then ((++i)); else moved+=("${kfac[i]}"); fi
+done
+for sharding in replicate shard; do
+  for how in mpi threads; do
+    rm -rf "r_$how" && mkdir "r_$how" && cp -r r/step-00000004 "r_$how/" &&
+      echo step-00000004 > "r_$how/latest"
+    launcher=()
+    [[ $how == mpi ]] && launcher=("${mpirun[@]}" -np 2)
+    must "${launcher[@]}" "$train" "${moved[@]}" --kfac-sharding "$sharding" --stages 1 --steps 6 \
+      --checkpoint-dir "r_$how" --resume --metrics "r_${how}_$sharding.jsonl"
+  done
+  [[ "$(losses "r_mpi_$sharding.jsonl" | wc -l)" == 4 ]] || fail "re-sharded: not 2 steps of metrics"
+  [[ "$(losses "r_mpi_$sharding.jsonl")" == "$(losses "r_threads_$sharding.jsonl")" ]] ||
+    fail "sharded state moved to one stage, $sharding: threads and MPI differ"
+done
+echo "-np 4 sharded K-FAC state at a window's end resumed on -np 2 (one stage), replicated and sharded = threads"
+
+# Inside a refresh it does not move to another layout: one line, every process exits.
 mkdir m && cp -r k/step-00000003 m/ && echo step-00000003 > m/latest
-refused "resumes only on the layout that saved it" \
+refused "inside a K-FAC refresh of its schedule" \
   "${mpirun[@]}" -np 2 "$train" "${kfac[@]}" --stages 1 --steps 6 --checkpoint-dir m --resume
 
 # A corrupt part: one line naming it, every process exits.

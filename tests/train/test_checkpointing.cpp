@@ -756,9 +756,9 @@ TEST(OffloadCheckpointErrors, BadOffloadRecordsAreRefusedNamingTheRecord) {
 }
 
 // K-FAC state sharded across two data-parallel replicas: each rank saves the state it owns and
-// restores it on the same layout, bit for bit (here in the middle of a refresh); on another
-// layout the resume is refused before any work.
-TEST_F(CheckpointingTest, ShardedKfacResumesOnItsOwnLayoutOnly) {
+// restores it on the same layout, bit for bit, in the middle of a refresh; on another layout
+// (which moves it only at the end of a refresh window) the resume is refused before any work.
+TEST_F(CheckpointingTest, ShardedKfacResumesMidRefreshOnItsOwnLayoutOnly) {
   auto o = small_run("kfac-sharded");
   o.data_parallel = 2;
   o.kfac.enabled = true;
@@ -780,9 +780,9 @@ TEST_F(CheckpointingTest, ShardedKfacResumesOnItsOwnLayoutOnly) {
   std::ostringstream out;
   try {
     run_training(other, out);
-    ADD_FAILURE() << "sharded K-FAC state resumed on another layout";
+    ADD_FAILURE() << "sharded K-FAC state resumed on another layout inside a refresh";
   } catch (const std::invalid_argument& error) {
-    EXPECT_NE(std::string(error.what()).find("resumes only on the layout that saved it"),
+    EXPECT_NE(std::string(error.what()).find("inside a K-FAC refresh of its schedule"),
               std::string::npos)
         << error.what();
   }
@@ -975,8 +975,8 @@ TEST_F(CheckpointingTest, KfacPlacedPerComponentResumesBitIdentically) {
 // At the end of one of its refresh windows, sharded K-FAC state resumes on another plan of the
 // same layout and placement (--kfac-replan with another refresh interval; --kfac-sharding auto
 // keeps the checkpoint's placement): each rank restores the Linears it saved, and the run has
-// the bits of the same resume from replicated state (sharded trains as replicated, bit for bit).
-// Another placement is refused by name.
+// the bits of the same resume from replicated state (sharded trains as replicated, bit for bit),
+// and of the same plan with the state replicated (the owners' state gathered).
 TEST_F(CheckpointingTest, ShardedKfacTakesAnotherRefreshIntervalAtAWindowEnd) {
   auto base = small_run("kfac-shard-replan");
   base.data_parallel = 2;
@@ -1002,11 +1002,14 @@ TEST_F(CheckpointingTest, ShardedKfacTakesAnotherRefreshIntervalAtAWindowEnd) {
     rest.quiet = false;
     rest.checkpoint_dir = first.checkpoint_dir;
     rest.metrics = (dir_ / ("replan-" + sharding + ".jsonl")).string();
-    if (sharding == "shard") {
+    if (sharding == "shard") {  // the other placement, from a copy of the checkpoints
       auto other = rest;
       other.kfac.sharding = "replicate";
-      expect_refused(other, {"holds K-FAC state placed shard", "this run places it replicate",
-                             "resumes only on the layout that saved it"});
+      other.checkpoint_dir += "-replicated";
+      fs::copy(rest.checkpoint_dir, other.checkpoint_dir, fs::copy_options::recursive);
+      other.metrics = (dir_ / "replan-shard-to-replicate.jsonl").string();
+      ASSERT_EQ(run_training(other, out), 0) << out.str();
+      resumed["shard to replicate"] = losses(other.metrics);
     }
     ASSERT_EQ(run_training(rest, out), 0) << out.str();
     EXPECT_NE(out.str().find("K-FAC refresh every 3 step(s)"), std::string::npos) << out.str();
@@ -1018,6 +1021,101 @@ TEST_F(CheckpointingTest, ShardedKfacTakesAnotherRefreshIntervalAtAWindowEnd) {
   }
   EXPECT_EQ(resumed["shard"].size(), 4U);  // steps 5 and 6: loss and gradient norm each
   EXPECT_EQ(resumed["shard"], resumed["replicate"]);
+  EXPECT_EQ(resumed["shard to replicate"], resumed["replicate"]);
+}
+
+// Sharded K-FAC state moves to another placement or layout at the end of a refresh window: each
+// Linear's factors and inverses come from the replicas that owned them, and each rank keeps what
+// its new placement gives it. Saved at step 4 with the state replicated and sharded, resumed
+// with another placement (--kfac-replan: the same plan as a run of that placement from step 0)
+// the run is the straight run of that placement, bit for bit: losses, weights, optimizer and
+// K-FAC records (a replica holding no factors or inverses of a Linear saves none, as there).
+// On another layout (one stage) the resumes from the two checkpoints have the same bits.
+TEST_F(CheckpointingTest, ShardedKfacMovesToAnotherPlacementOrLayoutAtAWindowEnd) {
+  auto base = small_run("kfac-reshard");
+  base.model = (dir_ / "config4.json").string();  // 12 Linears per worker, owners on both replicas
+  base.data_parallel = 2;
+  base.kfac.enabled = true;
+  base.kfac.refresh_steps = 2;
+  base.kfac.split = "off";  // whole tasks: every placement's plan sums in one order
+  base.kfac_profile = kfac_profile(base);
+  base.checkpoint_every = 2;
+  const std::vector<std::string> placements = {"replicate", "shard",
+                                               "factors=shard,inverses=replicate"};
+  const auto with = [&](const std::string& sharding, const std::string& name) {
+    auto o = base;
+    o.kfac.sharding = sharding;
+    o.checkpoint_dir = (dir_ / name).string();
+    o.metrics = (dir_ / (name + ".jsonl")).string();
+    return o;
+  };
+  std::ostringstream out;
+  for (std::size_t i = 0; i < placements.size(); ++i) {
+    auto straight = with(placements[i], "straight-" + std::to_string(i));
+    ASSERT_EQ(run_training(straight, out), 0) << out.str();
+    if (i == 2) continue;  // saved from replicated and sharded state
+    auto first = with(placements[i], "first-" + std::to_string(i));
+    first.steps = 4;
+    ASSERT_EQ(run_training(first, out), 0) << out.str();
+  }
+  const auto straight_losses = [&](std::size_t i) {
+    auto all = losses(dir_ / ("straight-" + std::to_string(i) + ".jsonl"));
+    return std::vector<double>(all.begin() + 8, all.end());  // steps 5 and 6
+  };
+  for (std::size_t from = 0; from < 2; ++from) {
+    for (std::size_t to = 0; to < placements.size(); ++to) {
+      if (to == from) continue;
+      const std::string name = "resumed-" + std::to_string(from) + "-" + std::to_string(to);
+      auto resumed = with(placements[to], name);
+      fs::copy(dir_ / ("first-" + std::to_string(from)), resumed.checkpoint_dir,
+               fs::copy_options::recursive);
+      resumed.resume = true;
+      resumed.kfac_replan = true;
+      ASSERT_EQ(run_training(resumed, out), 0) << name << ": " << out.str();
+      SCOPED_TRACE(placements[from] + " -> " + placements[to]);
+      EXPECT_EQ(losses(resumed.metrics), straight_losses(to));
+      const auto a = latest(resumed.checkpoint_dir);
+      const auto b = latest(dir_ / ("straight-" + std::to_string(to)));
+      EXPECT_EQ(a.filename(), b.filename());
+      for (const char* file : {"model.safetensors", "optimizer.safetensors", "kfac.safetensors"}) {
+        EXPECT_TRUE(read_file(a / file) == read_file(b / file)) << file << " differs";
+      }
+    }
+  }
+  // On the device path (its K-FAC layers loaded from the gathered records): sharded state
+  // moved to replicated trains on as the CPU path's straight replicated run.
+  {
+    auto resumed = with("replicate", "device-resumed");
+    fs::copy(dir_ / "first-1", resumed.checkpoint_dir, fs::copy_options::recursive);
+    resumed.resume = true;
+    resumed.kfac_replan = true;
+    testing::HostDeviceLaunch device;
+    ASSERT_EQ(run_training(resumed, out, device), 0) << out.str();
+    EXPECT_EQ(losses(resumed.metrics), straight_losses(0)) << "device path, shard -> replicate";
+  }
+  std::vector<double> one_stage_sharded;
+  // Another layout: one stage of 4 layers, each placement from either checkpoint (sharded, also
+  // with the state offloaded to host memory: each rank moves what it holds there).
+  for (std::size_t to = 0; to < 3; ++to) {
+    std::vector<std::vector<double>> from_each;
+    for (std::size_t from = 0; from < 2; ++from) {
+      const std::string name = "one-stage-" + std::to_string(from) + "-" + std::to_string(to);
+      auto resumed = with(placements[std::min<std::size_t>(to, 1)], name);
+      resumed.stages = 1;
+      if (to == 2) resumed.kfac.offload = "host";
+      fs::copy(dir_ / ("first-" + std::to_string(from)), resumed.checkpoint_dir,
+               fs::copy_options::recursive);
+      resumed.resume = true;
+      ASSERT_EQ(run_training(resumed, out), 0) << name << ": " << out.str();
+      from_each.push_back(losses(resumed.metrics));
+    }
+    EXPECT_EQ(from_each[0].size(), 4U);
+    EXPECT_EQ(from_each[0], from_each[1]) << "one stage, target " << to;
+    if (to == 2) {
+      EXPECT_EQ(from_each[0], one_stage_sharded) << "offloaded";
+    }
+    if (to == 1) one_stage_sharded = from_each[0];
+  }
 }
 
 TEST_F(CheckpointingTest, RefusesMismatchedCorruptAndTruncatedCheckpoints) {
