@@ -14,9 +14,10 @@ With --mpirun, each layout runs as one process per rank instead of worker thread
 before the end (--resume, the same flags): its later steps must equal the straight run's, loss
 and gradient norm (and held-out loss) bit for bit (a refusal counts as a failure there). Each
 K-FAC run then resumes that checkpoint once more with --kfac-replan
---kfac-refresh 2, which must succeed or be refused with a message (at step 4 inside a window
-of the checkpoint's interval, e.g.). Found the unreadable
-per-component placement of --kfac-sharding auto (2026-11-29).
+--kfac-refresh 2, and with data-parallel replicas once more with --kfac-replan and another
+--kfac-sharding (replicated state sharded, sharded replicated): each must succeed or be refused
+with a message (at step 4 inside a window of the checkpoint's interval, e.g.). Found the
+unreadable per-component placement of --kfac-sharding auto (2026-11-29).
 """
 import argparse
 import collections
@@ -160,29 +161,38 @@ def check_resume(command, checkpoints, work, timeout):
     return None
 
 
-def check_replan(command, checkpoints, work, timeout):
-    """Resumes the same checkpoint again with --kfac-replan --kfac-refresh 2 (another plan and,
-    mostly, another interval): it must succeed or be refused with a message. Returns
-    (message or None, refused)."""
+def check_replan(command, checkpoints, work, timeout, flag="--kfac-refresh", value="2"):
+    """Resumes the same checkpoint again with --kfac-replan and `flag value` in place of the
+    run's own (another refresh interval and, mostly, another plan; or another placement of the
+    K-FAC state): it must succeed or be refused with a message. Returns (message or None,
+    refused)."""
     start = saved_steps(checkpoints)[0]
     rewind(checkpoints, start)
+    if os.path.exists(os.path.join(work, "replanned.jsonl")):
+        os.remove(os.path.join(work, "replanned.jsonl"))
     replanned = []
     skip = False
     for word in command:
         if skip:
             skip = False
-        elif word == "--kfac-refresh":
+        elif word == flag:
             skip = True
         else:
             replanned.append("replanned.jsonl" if word == "straight.jsonl" else word)
-    status, text = run(replanned + ["--resume", "--kfac-replan", "--kfac-refresh", "2"], work,
-                       timeout)
+    status, text = run(replanned + ["--resume", "--kfac-replan", flag, value], work, timeout)
     if status == 0:
         return None, False
     if refusal(status, text):
         return None, True
-    return (f"--kfac-replan --kfac-refresh 2 from step {start} exited {status}: "
+    return (f"--kfac-replan {flag} {value} from step {start} exited {status}: "
             f"{first_error(text)}"), False
+
+
+def other_placement(command):
+    """Another --kfac-sharding than the run's: replicated state sharded, sharded replicated."""
+    if "--kfac-sharding" not in command:
+        return "shard"
+    return "shard" if command[command.index("--kfac-sharding") + 1] == "replicate" else "replicate"
 
 
 def main():
@@ -200,7 +210,7 @@ def main():
     os.makedirs(work, exist_ok=True)
     with open(os.path.join(work, "config.json"), "w") as f:
         json.dump(CONFIG, f)
-    runs = failures = refusals = resumes = replans = replans_refused = 0
+    runs = failures = refusals = resumes = replans = replans_refused = moves = moves_refused = 0
     reasons = collections.Counter()  # the refusals' messages (their start)
     for _ in range(args.rounds):
         for layout, replicas, kfac in itertools.product(LAYOUTS, REPLICAS, KFAC):
@@ -233,6 +243,11 @@ def main():
                         replans += 1
                         problem, refused = check_replan(command, checkpoints, work, args.timeout)
                         replans_refused += refused
+                    if not problem and "--kfac" in kfac and replicas > 1:
+                        moves += 1
+                        problem, refused = check_replan(command, checkpoints, work, args.timeout,
+                                                        "--kfac-sharding", other_placement(command))
+                        moves_refused += refused
                     if problem:
                         failures += 1
                         print(f"RESUME FAILED: {' '.join(flags)}\n  {problem}", flush=True)
@@ -248,7 +263,9 @@ def main():
         print(f"refused {count}x: {reason}")
     print(f"option_matrix: {runs} runs, {resumes} resumed, {failures} failed, {refusals} refused "
           f"with a message" + (f"; {replans} resumed again with --kfac-replan --kfac-refresh 2, "
-                               f"{replans_refused} of them refused with a message"
+                               f"{replans_refused} of them refused with a message; {moves} with "
+                               f"--kfac-replan and another --kfac-sharding, {moves_refused} of "
+                               f"them refused with a message"
                                if args.resume else "") + f" (work: {work})")
     return 1 if failures else 0
 

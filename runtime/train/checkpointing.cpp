@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 
@@ -533,33 +534,59 @@ namespace {
 // it holds the inverses too), else of one that holds its inverses; the first such rank, since
 // every holder's copies are the same bits (the sums are all-reduced in one order, inverted
 // alike and broadcast). Before the first refresh no rank holds either: replica 0's stay.
+// A record of a rank's exact K-FAC state, "kfac.rank<r>.pipeline<p>.layer.<i>.<linear>.<field>",
+// cut into its parts; nullopt for any other name.
+struct ExactKfacName {
+  int rank = 0;
+  std::string prefix;  // "kfac.rank<r>.pipeline<p>."
+  std::string linear;  // "layer.<i>.<linear>"
+};
+std::optional<ExactKfacName> parse_exact_kfac_name(const std::string& name) {
+  const std::string rank_prefix = std::string(kKfacPrefix) + ".rank";
+  if (name.rfind(rank_prefix, 0) != 0) return std::nullopt;
+  std::size_t at = rank_prefix.size();
+  const auto number = [&]() -> std::optional<int> {
+    const std::size_t begin = at;
+    while (at < name.size() && at - begin < 9 && name[at] >= '0' && name[at] <= '9') ++at;
+    if (at == begin) return std::nullopt;
+    return std::stoi(name.substr(begin, at - begin));
+  };
+  const auto literal = [&](std::string_view text) {
+    if (name.compare(at, text.size(), text) != 0) return false;
+    at += text.size();
+    return true;
+  };
+  ExactKfacName parsed;
+  const auto rank = number();
+  if (!rank || !literal(".pipeline") || !number() || !literal(".")) return std::nullopt;
+  parsed.rank = *rank;
+  parsed.prefix = name.substr(0, at);
+  const std::size_t linear_begin = at;
+  if (!literal("layer.") || !number() || !literal(".")) return std::nullopt;
+  const auto field = name.find('.', at);  // after the Linear's name, the field's
+  if (field == std::string::npos || field == at || name.find('.', field + 1) != std::string::npos)
+    return std::nullopt;
+  parsed.linear = name.substr(linear_begin, field - linear_begin);
+  return parsed;
+}
+
 ckpt::SafetensorsFile with_owners_kfac_records(ckpt::SafetensorsFile file) {
   struct Candidate {
-    int score = -1;      // 2: holds the factors, 1: the inverses only, 0: neither
+    int score = -1;  // 2: holds the factors, 1: the inverses only, 0: neither
+    int rank = 0;
     std::string prefix;  // "kfac.rank<r>.pipeline<p>."
   };
   std::map<std::string, Candidate> best;  // by "layer.<i>.<linear>"
-  const std::string rank_prefix = std::string(kKfacPrefix) + ".rank";
   for (const auto& [name, record] : file.tensors) {
-    if (name.rfind(rank_prefix, 0) != 0) continue;
-    const auto pipeline = name.find(".pipeline", rank_prefix.size());
-    const auto layer = name.find(".layer.", rank_prefix.size());
-    if (pipeline == std::string::npos || layer == std::string::npos || layer < pipeline) continue;
-    const auto field = name.rfind('.');
-    const std::string linear = name.substr(layer + 1, field - layer - 1);
-    const std::string prefix = name.substr(0, layer + 1);
+    const auto parsed = parse_exact_kfac_name(name);
+    if (!parsed) continue;
     const auto holds = [&](const char* what) {
-      return file.tensors.count(prefix + linear + "." + what) > 0;
+      return file.tensors.count(parsed->prefix + parsed->linear + "." + what) > 0;
     };
     const int score = holds("A") ? 2 : holds("A_inv") ? 1 : 0;
-    auto& candidate = best[linear];
-    // Ranks ascend in the map only up to 9 ("rank10" < "rank2"): compare them as numbers.
-    const auto rank_of = [&](const std::string& text) {
-      return std::stoi(text.substr(rank_prefix.size()));
-    };
-    if (score > candidate.score ||
-        (score == candidate.score && rank_of(prefix) < rank_of(candidate.prefix))) {
-      candidate = {score, prefix};
+    auto& candidate = best[parsed->linear];
+    if (score > candidate.score || (score == candidate.score && parsed->rank < candidate.rank)) {
+      candidate = {score, parsed->rank, parsed->prefix};
     }
   }
   for (const auto& [linear, candidate] : best) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -46,6 +47,17 @@ fs::path latest(const fs::path& root) {
   auto checkpoint = ckpt::load_latest_checkpoint(root);
   if (!checkpoint) throw std::runtime_error("no checkpoint in " + root.string());
   return checkpoint->directory;
+}
+
+// Leaves the checkpoint of `step` the latest of `root` (the later ones removed).
+void rewind_to(const fs::path& root, std::int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const auto file = entry.path().filename().string();
+    if (file.rfind("step-", 0) == 0 && file > name) fs::remove_all(entry.path());
+  }
+  std::ofstream(root / "latest") << name << "\n";
 }
 
 // Per-step losses of a metrics file (the times differ from run to run, the losses may not).
@@ -1115,6 +1127,52 @@ TEST_F(CheckpointingTest, ShardedKfacMovesToAnotherPlacementOrLayoutAtAWindowEnd
       EXPECT_EQ(from_each[0], one_stage_sharded) << "offloaded";
     }
     if (to == 1) one_stage_sharded = from_each[0];
+  }
+}
+
+// The same over four replicas, between partial:2 (each Linear's factors on a group of two
+// replicas, one of which is the owner) and shard: the resumed run is the straight run of its
+// placement, byte for byte.
+TEST_F(CheckpointingTest, PartiallyShardedKfacMovesToShardedAtAWindowEnd) {
+  auto base = small_run("kfac-partial");
+  base.stages = 1;
+  base.data_parallel = 4;
+  base.steps = 4;
+  base.lr_decay_steps = 4;
+  base.kfac.enabled = true;
+  base.kfac.refresh_steps = 2;
+  base.kfac.split = "off";
+  base.kfac_profile = kfac_profile(base);
+  base.checkpoint_every = 2;
+  const std::vector<std::string> placements = {"partial:2", "shard"};
+  std::ostringstream out;
+  for (const auto& placement : placements) {
+    auto straight = base;
+    straight.kfac.sharding = placement;
+    straight.checkpoint_dir = (dir_ / ("straight-" + placement)).string();
+    straight.metrics = straight.checkpoint_dir + ".jsonl";
+    ASSERT_EQ(run_training(straight, out), 0) << out.str();
+  }
+  for (std::size_t from = 0; from < 2; ++from) {
+    const auto& to = placements[1 - from];
+    auto resumed = base;
+    resumed.kfac.sharding = to;
+    resumed.checkpoint_dir = (dir_ / ("resumed-" + to)).string();
+    resumed.metrics = resumed.checkpoint_dir + ".jsonl";
+    fs::copy(dir_ / ("straight-" + placements[from]), resumed.checkpoint_dir,
+             fs::copy_options::recursive);
+    rewind_to(resumed.checkpoint_dir, 2);
+    resumed.resume = true;
+    resumed.kfac_replan = true;
+    ASSERT_EQ(run_training(resumed, out), 0) << out.str();
+    SCOPED_TRACE(placements[from] + " -> " + to);
+    auto straight = losses(dir_ / ("straight-" + to + ".jsonl"));
+    EXPECT_EQ(losses(resumed.metrics), std::vector<double>(straight.begin() + 4, straight.end()));
+    const auto a = latest(resumed.checkpoint_dir), b = latest(dir_ / ("straight-" + to));
+    EXPECT_EQ(a.filename(), b.filename());
+    for (const char* file : {"model.safetensors", "optimizer.safetensors", "kfac.safetensors"}) {
+      EXPECT_TRUE(read_file(a / file) == read_file(b / file)) << file << " differs";
+    }
   }
 }
 
