@@ -317,6 +317,56 @@ void Worker<T>::Impl::resolve_device_events() {
   pending_events.clear();
 }
 
+// One instruction, in the worker's history; a failure names the worker, step, stream position
+// and instruction (WorkerError).
+template <typename T>
+void Worker<T>::Impl::execute_recorded(const Instruction& in, int position,
+                                       std::int64_t global_step,
+                                       const std::function<void(const StepResult&)>& on_step) {
+  record(position, global_step, in, "started");
+  if (device_comm) device_comm->set_activity(position, sched::short_label(in));
+  try {
+    execute(in, position, global_step, on_step);
+  } catch (const comm::AbortedError&) {
+    record(position, global_step, in, "aborted");
+    throw;
+  } catch (const std::exception& error) {
+    record(position, global_step, in, "FAILED");
+    throw WorkerError(
+        "worker " + std::to_string(self) + " (replica " + std::to_string(replica) + ", rank " +
+            std::to_string(rank) + "), step " + std::to_string(global_step) + ", stream position " +
+            std::to_string(position) + ", " + sched::short_label(in) + ": " + error.what(),
+        rank, position);
+  }
+  record(position, global_step, in, "done");
+}
+
+// The window starting at `step`, its wrapped K-FAC work only (what run() would do of it first:
+// the window's start sets the previous refresh's sums aside, then its wrapped tasks in stream
+// order, each step's at its place).
+template <typename T>
+void Worker<T>::Impl::finish_refresh(std::int64_t step) {
+  const std::int64_t k = schedule.num_steps;
+  const std::int64_t origin = setup.options.window_origin;
+  if (step < origin || (step - origin) % k != 0) {
+    throw std::logic_error("finish_refresh at step " + std::to_string(step) +
+                           ": not the start of a refresh window (windows of " + std::to_string(k) +
+                           " step(s) from step " + std::to_string(origin) + ")");
+  }
+  const std::int64_t round = (step - origin) / k;
+  if (round == 0) return;  // no refresh before the schedule's first window
+  omp_set_num_threads(std::max(1, setup.options.threads_per_worker));
+  if (runtime) runtime->bind_thread();
+  current_round = round;
+  begin_round();
+  for (std::size_t x = 0; x < stream->size(); ++x) {
+    const Instruction& in = (*stream)[x];
+    if (!sched::is_kfac(in.kind) || !sched::is_wrapped(in)) continue;
+    execute_recorded(in, static_cast<int>(x), step + std::max<std::int64_t>(in.step, 0), {});
+  }
+  if (runtime) synchronize_device();
+}
+
 // A range of steps is cut at optimizer steps, not by the instructions' step fields: K-FAC work
 // on one step's data may sit after that step's optimizer step (in the next step's bubbles), so
 // run(a, b) + run(b, c) executes exactly the instructions, in exactly the order, of run(a, c).
@@ -353,25 +403,8 @@ void Worker<T>::Impl::run(std::int64_t first_step, std::int64_t last_step,
       const Instruction& in = (*stream)[x];
       // The first window's wrapped work belongs to a refresh that never ran (pipelined).
       if (round == 0 && sched::is_kfac(in.kind) && sched::is_wrapped(in)) continue;
-      const std::int64_t global_step = round_start + std::max<std::int64_t>(in.step, 0);
-      const int position = static_cast<int>(x);
-      record(position, global_step, in, "started");
-      if (device_comm) device_comm->set_activity(position, sched::short_label(in));
-      try {
-        execute(in, position, global_step, on_step);
-      } catch (const comm::AbortedError&) {
-        record(position, global_step, in, "aborted");
-        throw;
-      } catch (const std::exception& error) {
-        record(position, global_step, in, "FAILED");
-        throw WorkerError("worker " + std::to_string(self) + " (replica " +
-                              std::to_string(replica) + ", rank " + std::to_string(rank) +
-                              "), step " + std::to_string(global_step) + ", stream position " +
-                              std::to_string(position) + ", " + sched::short_label(in) + ": " +
-                              error.what(),
-                          rank, position);
-      }
-      record(position, global_step, in, "done");
+      execute_recorded(in, static_cast<int>(x), round_start + std::max<std::int64_t>(in.step, 0),
+                       on_step);
     }
     if (setup.batches != nullptr && self == 0 && replica == 0) {
       // Batches of finished steps are no longer needed (all ranks passed the step's
@@ -382,17 +415,20 @@ void Worker<T>::Impl::run(std::int64_t first_step, std::int64_t last_step,
   if (runtime && !pending_events.empty()) resolve_device_events();
 }
 
-#define PF_INSTANTIATE(T)                                                                    \
-  template Worker<T>::Impl::Impl(const RunSetup<T>&, comm::Communicator&,                    \
-                                 comm::Clock::time_point);                                   \
-  template optim::BasicParamView<T>* Worker<T>::Impl::find_param(const std::string&);        \
-  template typename Worker<T>::Impl::Slot& Worker<T>::Impl::slot_of(int, int);               \
-  template void Worker<T>::Impl::record(int, std::int64_t, const Instruction&, const char*); \
-  template std::string Worker<T>::Impl::history() const;                                     \
-  template void Worker<T>::Impl::execute(const Instruction&, int, std::int64_t,              \
-                                         const std::function<void(const StepResult&)>&);     \
-  template void Worker<T>::Impl::resolve_device_events();                                    \
-  template void Worker<T>::Impl::run(std::int64_t, std::int64_t,                             \
+#define PF_INSTANTIATE(T)                                                                         \
+  template Worker<T>::Impl::Impl(const RunSetup<T>&, comm::Communicator&,                         \
+                                 comm::Clock::time_point);                                        \
+  template optim::BasicParamView<T>* Worker<T>::Impl::find_param(const std::string&);             \
+  template typename Worker<T>::Impl::Slot& Worker<T>::Impl::slot_of(int, int);                    \
+  template void Worker<T>::Impl::record(int, std::int64_t, const Instruction&, const char*);      \
+  template std::string Worker<T>::Impl::history() const;                                          \
+  template void Worker<T>::Impl::execute(const Instruction&, int, std::int64_t,                   \
+                                         const std::function<void(const StepResult&)>&);          \
+  template void Worker<T>::Impl::resolve_device_events();                                         \
+  template void Worker<T>::Impl::execute_recorded(const Instruction&, int, std::int64_t,          \
+                                                  const std::function<void(const StepResult&)>&); \
+  template void Worker<T>::Impl::finish_refresh(std::int64_t);                                    \
+  template void Worker<T>::Impl::run(std::int64_t, std::int64_t,                                  \
                                      const std::function<void(const StepResult&)>&);
 PF_INSTANTIATE(float)
 PF_INSTANTIATE(double)
@@ -427,6 +463,10 @@ template <typename T>
 void Worker<T>::run(std::int64_t first_step, std::int64_t last_step,
                     const std::function<void(const StepResult&)>& on_step) {
   impl_->run(first_step, last_step, on_step);
+}
+template <typename T>
+void Worker<T>::finish_refresh(std::int64_t step) {
+  impl_->finish_refresh(step);
 }
 template <typename T>
 std::vector<model::BertChunk<T>*> Worker<T>::chunks() {
@@ -627,6 +667,18 @@ void ThreadedExecutor<T>::run(std::int64_t first_step, std::int64_t last_step,
     throw std::invalid_argument("executor: bad step range [" + std::to_string(first_step) + ", " +
                                 std::to_string(last_step) + ")");
   }
+  on_every_worker([&](Worker<T>& worker, int r) {
+    worker.run(first_step, last_step, r == 0 ? on_step : std::function<void(const StepResult&)>{});
+  });
+}
+
+template <typename T>
+void ThreadedExecutor<T>::finish_refresh(std::int64_t step) {
+  on_every_worker([step](Worker<T>& worker, int) { worker.finish_refresh(step); });
+}
+
+template <typename T>
+void ThreadedExecutor<T>::on_every_worker(const std::function<void(Worker<T>&, int)>& body) {
   const int ranks = num_ranks();
   std::mutex mutex;
   std::exception_ptr first_error;
@@ -636,8 +688,7 @@ void ThreadedExecutor<T>::run(std::int64_t first_step, std::int64_t last_step,
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       try {
-        impl_->workers[static_cast<std::size_t>(r)]->run(
-            first_step, last_step, r == 0 ? on_step : std::function<void(const StepResult&)>{});
+        body(*impl_->workers[static_cast<std::size_t>(r)], r);
       } catch (const comm::AbortedError&) {
         // Stopped because another worker failed: that worker reports.
       } catch (...) {

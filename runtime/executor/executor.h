@@ -242,6 +242,14 @@ class Worker {
   // does, in the same order. on_step is called after each step's optimizer update.
   void run(std::int64_t first_step, std::int64_t last_step,
            const std::function<void(const StepResult&)>& on_step);
+  // What run() from `step`, the start of one of the schedule's refresh windows, would do first
+  // of the previous refresh and nothing else: a pipelined refresh's work placed in the next
+  // window (curvature syncs, inversions whole or the rest of their chains, inverse broadcasts:
+  // the wrapped K-FAC tasks). The K-FAC state is then whole at `step`, as at the end of a
+  // window of a schedule that places nothing there (state to move to another schedule). Between
+  // two run() calls; nothing to do at the schedule's first window. Throws std::logic_error when
+  // `step` starts no window, WorkerError as run() does.
+  void finish_refresh(std::int64_t step);
 
   // The chunks this worker holds, and the model chunk of (pipeline, chunk) or nullptr.
   std::vector<model::BertChunk<T>*> chunks();
@@ -342,6 +350,8 @@ class Executor {
   // Runs [first_step, last_step) on every rank; on_step is called in the root process.
   virtual void run(std::int64_t first_step, std::int64_t last_step,
                    const std::function<void(const StepResult&)>& on_step) = 0;
+  // Worker::finish_refresh on every rank (collective), between two run() calls.
+  virtual void finish_refresh(std::int64_t step) = 0;
   // Every rank's events in the root process (elsewhere empty).
   virtual std::vector<InstructionEvent> take_events() = 0;
   // Every rank's K-FAC state in the root process, by rank (elsewhere empty). Collective.
@@ -376,6 +386,7 @@ class ThreadedExecutor final : public Executor<T> {
   void run(std::int64_t first_step, std::int64_t last_step,
            const std::function<void(const StepResult&)>& on_step) override;
   void run(std::int64_t first_step, std::int64_t last_step) { run(first_step, last_step, {}); }
+  void finish_refresh(std::int64_t step) override;
 
   std::vector<InstructionEvent> take_events() override;
   std::vector<RankKfacState> kfac_state_per_rank() override;
@@ -383,6 +394,8 @@ class ThreadedExecutor final : public Executor<T> {
   std::size_t pending_messages() const;
 
  private:
+  // `body` on every worker, each on its own thread; failures reported as run() says.
+  void on_every_worker(const std::function<void(Worker<T>&, int rank)>& body);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

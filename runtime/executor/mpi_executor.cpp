@@ -100,11 +100,24 @@ void MpiExecutor<T>::run(std::int64_t first_step, std::int64_t last_step,
                                 std::to_string(last_step) + ")");
   }
   const int rank = impl_->comm->rank();
+  on_this_worker([&] {
+    impl_->worker->run(first_step, last_step,
+                       rank == 0 ? on_step : std::function<void(const StepResult&)>{});
+  });
+}
+
+template <typename T>
+void MpiExecutor<T>::finish_refresh(std::int64_t step) {
+  on_this_worker([&] { impl_->worker->finish_refresh(step); });
+}
+
+template <typename T>
+void MpiExecutor<T>::on_this_worker(const std::function<void()>& body) {
+  const int rank = impl_->comm->rank();
   std::string message;
   int failed_position = -1;
   try {
-    impl_->worker->run(first_step, last_step,
-                       rank == 0 ? on_step : std::function<void(const StepResult&)>{});
+    body();
     return;
   } catch (const WorkerError& error) {
     message = error.what();

@@ -38,6 +38,8 @@ class MpiExecutor final : public Executor<T> {
   // Collective. A failure on any rank ends the job (see above): it returns only on success.
   void run(std::int64_t first_step, std::int64_t last_step,
            const std::function<void(const StepResult&)>& on_step) override;
+  // Collective, failing as run() does.
+  void finish_refresh(std::int64_t step) override;
   // Collective: every rank's events in the root process, empty elsewhere.
   std::vector<InstructionEvent> take_events() override;
   // Collective: every rank's K-FAC state in the root process, empty elsewhere.
@@ -49,6 +51,9 @@ class MpiExecutor final : public Executor<T> {
   std::string broadcast_from_root(const std::string& text) override;
 
  private:
+  // `body` on this process's rank; a failure is reported on stderr with the rank's history and
+  // ends the job (the communicator's abort), as run() says.
+  void on_this_worker(const std::function<void()>& body);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

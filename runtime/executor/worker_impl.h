@@ -335,6 +335,9 @@ struct Worker<T>::Impl final : model::KfacCapture<T> {
   void execute(const Instruction& in, int position, std::int64_t global_step,
                const std::function<void(const StepResult&)>& on_step);
   void resolve_device_events();
+  void execute_recorded(const Instruction& in, int position, std::int64_t global_step,
+                        const std::function<void(const StepResult&)>& on_step);
+  void finish_refresh(std::int64_t step);
   void run(std::int64_t first_step, std::int64_t last_step,
            const std::function<void(const StepResult&)>& on_step);
 

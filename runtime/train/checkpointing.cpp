@@ -23,6 +23,15 @@ constexpr const char* kKfacPrefix = "kfac";  // layer-keyed, any layout (replica
 // Exact double weights of an fp64 run (model.safetensors holds F32 for transformers).
 constexpr const char* kMasterPrefix = "master";
 
+bool schedule_has_kfac_transfers(const sched::Schedule& schedule) {
+  for (const auto& stream : schedule.streams) {
+    for (const auto& in : stream) {
+      if (sched::is_kfac_transfer(in.kind)) return true;
+    }
+  }
+  return false;
+}
+
 bool schedule_has_kfac(const sched::Schedule& schedule) {
   for (const auto& stream : schedule.streams) {
     for (const auto& in : stream) {
@@ -176,9 +185,10 @@ kfac::StatePlacement checkpoint_kfac_placement(const ckpt::TrainingCheckpoint& c
 // the refresh is still to come (a curvature sync of the replicas' unsynced sums, the rest of a
 // chain of inversion pieces, or whole inversions of sums not yet finalized), which only the
 // schedule that saved it runs. Another schedule's first window skips the work of a refresh
-// before its windows, so the sums would stay unfinalized: its next window's start then failed
-// ("the factor sums of two earlier refreshes are both unfinalized"; without a pipelined
-// refresh they would have been added to its own refresh's sums).
+// before its windows, so the sums would stay unfinalized (its next window's start then failed,
+// "the factor sums of two earlier refreshes are both unfinalized"; without a pipelined refresh
+// they would have been added to its own refresh's sums): the saved schedule finishes that work
+// first (finish_saved_refresh).
 bool runs_on_across_windows(const sched::Schedule& schedule) {
   if (!schedule.kfac_pipelined_refresh) return false;
   for (const auto& stream : schedule.streams) {
@@ -233,22 +243,23 @@ std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
   if (checkpoint.schedule == sched::to_json(schedule) && saved == placement) return saved_origin;
   if (!schedule_has_kfac(schedule)) return checkpoint.step;
   if (checkpoint.step > 0) {
-    bool saved_runs_on = false;
+    std::optional<sched::Schedule> saved_schedule;
     try {
-      saved_runs_on = runs_on_across_windows(sched::schedule_from_json(
-          checkpoint.schedule, (checkpoint.directory / "schedule.json").string()));
+      saved_schedule = sched::schedule_from_json(checkpoint.schedule,
+                                                 (checkpoint.directory / "schedule.json").string());
     } catch (const std::exception&) {
-      saved_runs_on = false;  // not a schedule this build reads: the checks below decide
+      // not a schedule this build reads: the checks below decide
     }
-    // This run's schedule may run on across its windows: they start at the checkpoint's step,
-    // and its first window skips the work of a refresh before it (Worker::run).
-    if (saved_runs_on) {
+    // Its refresh's work in the next window is finished on the saved schedule first
+    // (finish_saved_refresh), but not with its offload copies around it.
+    if (saved_schedule && runs_on_across_windows(*saved_schedule) &&
+        schedule_has_kfac_transfers(*saved_schedule)) {
       throw std::invalid_argument(
           "--resume: checkpoint " + checkpoint.directory.string() + " (" +
           layout_string(checkpoint.schedule) +
           ") runs a pipelined K-FAC refresh whose curvature syncs or inversions run on into the "
-          "next refresh window: it resumes only on the schedule that saved it (the same flags, "
-          "and its schedule.json), or from step 0");
+          "next refresh window, with K-FAC state offloaded to host memory: it resumes only on "
+          "the schedule that saved it (the same flags, and its schedule.json), or from step 0");
     }
   }
   // Sharded state (either side's placement not "replicate") moves like replicated state, at
@@ -267,6 +278,23 @@ std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
       ") does not continue; a refresh in progress resumes only on the schedule that started it. "
       "Resume with the checkpoint's layout, or from a checkpoint at the end of one of its refresh "
       "windows (--checkpoint-every a multiple of its refresh interval)");
+}
+
+bool needs_refresh_finished(const ckpt::TrainingCheckpoint& checkpoint,
+                            const sched::Schedule& schedule,
+                            const kfac::StatePlacement& placement) {
+  if (checkpoint.kfac.empty() || !schedule_has_kfac(schedule)) return false;
+  if (checkpoint.schedule == sched::to_json(schedule) &&
+      checkpoint_kfac_placement(checkpoint) == placement) {
+    return false;  // the refresh in progress resumes as it was
+  }
+  if (checkpoint.step <= checkpoint_window_origin(checkpoint)) return false;  // no refresh yet
+  try {
+    return runs_on_across_windows(sched::schedule_from_json(
+        checkpoint.schedule, (checkpoint.directory / "schedule.json").string()));
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 std::vector<data::LoaderPosition> checkpoint_loader_positions(
@@ -702,6 +730,55 @@ fs::path save_checkpoint(exec::Executor<T>& executor, std::int64_t step,
 }
 
 template <typename T>
+ckpt::TrainingCheckpoint finish_saved_refresh(
+    const ckpt::TrainingCheckpoint& checkpoint, exec::RunSetup<T> setup,
+    const nlohmann::json& identity,
+    const std::function<std::unique_ptr<exec::Executor<T>>(exec::RunSetup<T>)>& make_executor) {
+  setup.schedule = sched::schedule_from_json(checkpoint.schedule,
+                                             (checkpoint.directory / "schedule.json").string());
+  setup.options.kfac.placement = checkpoint_kfac_placement(checkpoint);
+  setup.options.window_origin = checkpoint_window_origin(checkpoint);
+  setup.options.kfac_warmup_end = checkpoint_warmup_end(checkpoint);
+  setup.options.record_events = false;
+  auto executor = make_executor(std::move(setup));
+  restore_checkpoint(*executor, checkpoint);  // its own schedule: with the refresh in progress
+  executor->finish_refresh(checkpoint.step);
+  auto* threaded = dynamic_cast<exec::ThreadedExecutor<T>*>(executor.get());
+  if (threaded != nullptr) {  // every rank in this process
+    auto finished = collect_checkpoint(*threaded, checkpoint.step, identity, nullptr);
+    finished.directory = checkpoint.directory;
+    return finished;
+  }
+  // MPI: each process holds its ranks only, and another layout may need any rank's state:
+  // a checkpoint on disk beside the run's (every process reads it whole), then removed.
+  const fs::path root = checkpoint.directory.parent_path() / ".refresh-finished";
+  (void)save_collectively(*executor, checkpoint.step, identity, nullptr, root, {});
+  std::string loaded = "ok";
+  ckpt::TrainingCheckpoint finished;
+  try {
+    finished = load_resume_checkpoint(root, identity);
+    finished.directory = checkpoint.directory;
+  } catch (const std::exception& error) {
+    loaded = std::string("error: ") + error.what();
+  }
+  // Every process has read it (or failed) before rank 0 removes it.
+  std::string errors;
+  for (const auto& outcome : executor->gather_to_root(loaded)) {
+    if (outcome != "ok") errors += (errors.empty() ? "" : "; ") + outcome;
+  }
+  errors = executor->broadcast_from_root(errors);
+  if (executor->is_root()) {
+    std::error_code ignored;
+    fs::remove_all(root, ignored);
+  }
+  if (!errors.empty()) {
+    throw std::runtime_error("--resume: finishing the K-FAC refresh of " +
+                             checkpoint.directory.string() + ": " + errors);
+  }
+  return finished;
+}
+
+template <typename T>
 fs::path run_with_checkpoints(exec::Executor<T>& executor, const TrainOptions& o,
                               std::int64_t first_step, const nlohmann::json& identity,
                               exec::ShardBatches* shards,
@@ -758,6 +835,12 @@ template void restore_local_checkpoint<float>(exec::Executor<float>&,
 template void restore_local_checkpoint<double>(exec::Executor<double>&,
                                                const ckpt::TrainingCheckpoint&);
 template void restore_checkpoint<double>(exec::Executor<double>&, const ckpt::TrainingCheckpoint&);
+template ckpt::TrainingCheckpoint finish_saved_refresh<float>(
+    const ckpt::TrainingCheckpoint&, exec::RunSetup<float>, const nlohmann::json&,
+    const std::function<std::unique_ptr<exec::Executor<float>>(exec::RunSetup<float>)>&);
+template ckpt::TrainingCheckpoint finish_saved_refresh<double>(
+    const ckpt::TrainingCheckpoint&, exec::RunSetup<double>, const nlohmann::json&,
+    const std::function<std::unique_ptr<exec::Executor<double>>(exec::RunSetup<double>)>&);
 template fs::path save_checkpoint<float>(exec::Executor<float>&, std::int64_t,
                                          const nlohmann::json&, exec::ShardBatches*,
                                          const fs::path&, const ckpt::SaveOptions&);

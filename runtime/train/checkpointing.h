@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -51,13 +52,33 @@ bool same_layout(const ckpt::TrainingCheckpoint& checkpoint, const sched::Schedu
 // step. K-FAC state sharded across data-parallel replicas moves the same way (each Linear's
 // state is whole on its owners at a window's end). Throws std::invalid_argument saying how to
 // resume otherwise, or naming a malformed window_origin.
-// Not even at a window's end: a checkpoint of a pipelined refresh whose curvature syncs or
-// inversions (whole or pieces) run on into the next window, after step 0: its sums are not
-// finalized at a window boundary (this run's schedule may run on: its first window, at the
-// checkpoint's step, skips the work of a refresh before it).
+// A pipelined refresh whose curvature syncs or inversions (whole or pieces) run on into the
+// next window is not whole at a window's end: needs_refresh_finished says so, and
+// finish_saved_refresh finishes it on the checkpoint's schedule first (not with K-FAC state
+// offloaded to host memory: refused here after step 0).
 std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
                                   const sched::Schedule& schedule,
                                   const kfac::StatePlacement& placement);
+
+// Whether the checkpoint, resumed on `schedule` with `placement` (check_kfac_resumable passed),
+// holds a refresh whose work its own schedule places in the next window (a pipelined refresh
+// runs on across windows), still to come at its step: not on the checkpoint's own schedule and
+// placement (the refresh in progress resumes as it was), nor at its first window's start.
+bool needs_refresh_finished(const ckpt::TrainingCheckpoint& checkpoint,
+                            const sched::Schedule& schedule, const kfac::StatePlacement& placement);
+
+// The checkpoint with that work done: an executor of the checkpoint's schedule and placement
+// (make_executor of `setup` with them, its windows' origin and warm-up end) restores it, runs
+// the wrapped K-FAC tasks of the window starting at its step (Executor::finish_refresh) and
+// gives its state, whole, in memory (under MPI through a checkpoint on disk beside the
+// checkpoint's, removed once every process has read it). Its schedule is the checkpoint's, its
+// K-FAC state that of a window's end: restore_checkpoint moves it to this run's schedule. The
+// executor is gone on return. Throws what restoring and running throw.
+template <typename T>
+ckpt::TrainingCheckpoint finish_saved_refresh(
+    const ckpt::TrainingCheckpoint& checkpoint, exec::RunSetup<T> setup,
+    const nlohmann::json& identity,
+    const std::function<std::unique_ptr<exec::Executor<T>>(exec::RunSetup<T>)>& make_executor);
 
 // The step at which the K-FAC warm-up the checkpoint was saved in ends (state.json's
 // kfac.warmup_end, ExecutorOptions::kfac_warmup_end); 0 for a checkpoint saved outside one.

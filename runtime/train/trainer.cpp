@@ -104,6 +104,9 @@ struct RunContext {
   // Where the run's refresh windows start (ExecutorOptions::window_origin): 0, or where a
   // resumed run's schedule takes over from the checkpoint's (check_kfac_resumable).
   std::int64_t window_origin = 0;
+  // The checkpoint's schedule finishes its refresh before this run's takes over (a pipelined
+  // refresh whose work runs on into the next window: needs_refresh_finished).
+  bool finish_saved_refresh = false;
 };
 
 device::OptimizerChoice device_optimizer_choice(const TrainOptions& o) {
@@ -255,6 +258,14 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   std::int64_t first_step = context.resume ? context.resume->step : 0;
   const bool warming_up = context.warmup_schedule && first_step < context.warmup_end;
   const std::int64_t record_events_from = setup.options.record_events_before_step;
+  // A refresh the checkpoint's schedule finishes in its next window: finished there first, on an
+  // executor of its own (gone before this run's is made).
+  std::optional<ckpt::TrainingCheckpoint> finished_resume;
+  if (context.resume && context.finish_saved_refresh) {
+    finished_resume = finish_saved_refresh<T>(
+        *context.resume, setup, context.identity,
+        [&launch](exec::RunSetup<T> saved) { return launch.make_executor(std::move(saved)); });
+  }
   std::unique_ptr<exec::Executor<T>> executor_owner;
   if (warming_up) {
     auto warmup_setup = setup;
@@ -264,7 +275,9 @@ int train(const TrainOptions& o, RunContext& context, std::ostream& out, Launch&
   } else {
     executor_owner = launch.make_executor(setup);
   }
-  if (context.resume) restore_checkpoint(*executor_owner, *context.resume);
+  if (context.resume) {
+    restore_checkpoint(*executor_owner, finished_resume ? *finished_resume : *context.resume);
+  }
   const auto& layout = setup.schedule.params;
   const std::int64_t sequences_per_step = static_cast<std::int64_t>(layout.microbatches) *
                                           layout.data_parallel * context.micro_batch_size;
@@ -925,9 +938,17 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
   if (context.resume) {
     // Resumed inside the warm-up: its executor continues the checkpoint.
     const bool in_warmup = context.warmup_schedule && context.resume->step < context.warmup_end;
-    context.window_origin = check_kfac_resumable(
-        *context.resume, in_warmup ? *context.warmup_schedule : context.schedule,
-        context.kfac_placement);
+    const auto& resumed_schedule = in_warmup ? *context.warmup_schedule : context.schedule;
+    context.window_origin =
+        check_kfac_resumable(*context.resume, resumed_schedule, context.kfac_placement);
+    context.finish_saved_refresh =
+        needs_refresh_finished(*context.resume, resumed_schedule, context.kfac_placement);
+    if (context.finish_saved_refresh) {
+      context.kfac_summary +=
+          "K-FAC: the checkpoint's schedule finishes its refresh (the pipelined work it places in "
+          "the next window) before this run's schedule takes over at step " +
+          std::to_string(context.resume->step) + "\n";
+    }
   }
 
   if (o.data == "synthetic") {

@@ -4,8 +4,9 @@
 # with -np 2 and with -np 4 (data-parallel 2, shards, K-FAC sharded across the replicas, saved in
 # the middle of a refresh); the MPI run matches the threaded one; a checkpoint of replicated
 # state moves to another layout; sharded K-FAC state moves to another layout and placement at
-# the end of a refresh window (= threads); inside one, and a corrupt part file, are refused with
-# one error line, every process exiting; K-FAC offload under mpirun resumes
+# the end of a refresh window (= threads); a pipelined refresh running on into the next window
+# is finished on its own schedule before another takes over (= threads); inside a refresh, and
+# a corrupt part file, are refused with one error line, every process exiting; K-FAC offload under mpirun resumes
 # bit-identically and equals threads and the run without offload; a K-FAC warm-up under mpirun
 # equals threads, and resumes inside its first main window.
 #   checkpoint_resume.sh <pipefisher_train> <pipefisher_data> <mpirun and its options...>
@@ -198,6 +199,48 @@ for sharding in replicate shard; do
     fail "sharded state moved to one stage, $sharding: threads and MPI differ"
 done
 echo "-np 4 sharded K-FAC state at a window's end resumed on -np 2 (one stage), replicated and sharded = threads"
+
+# A pipelined refresh whose inversions run on into the next window (fixed times in the profile
+# place some there), saved at a window's end on -np 2, resumes on another schedule
+# (--kfac-replan --kfac-refresh 3): its own schedule finishes the refresh first, through a
+# checkpoint on disk beside the run's (gone afterwards); the losses equal the threaded resume's.
+must "$train" "${base[@]}" --lr-decay-steps 8 --stages 2 --steps 2 --kfac --profile-out pipelined_profile.json
+python3 - pipelined_profile.json << 'PY'
+import json, sys
+path = sys.argv[1]
+profile = json.load(open(path))
+for chunk in profile["chunks"]:
+    chunk["forward_s"], chunk["backward_s"] = 1e-4, 2e-4
+profile["communication"]["bandwidth"] = profile["reduction"]["bandwidth"] = 1e8
+profile["optimizer_step_s"] = 7e-5
+for entry in profile["kfac"]:  # (a self-profile's K-FAC tasks vary from run to run)
+    entry["curvature_a_s"] = entry["curvature_b_s"] = 3e-6
+    entry["precondition_s"] = 1e-6
+    entry["invert_a_s"] = entry["invert_b_s"] = 3e-5
+    entry["bytes"] = 4096.0
+json.dump(profile, open(path, "w"))
+PY
+pipelined=("${base[@]}" --lr-decay-steps 8 --stages 2 --kfac --kfac-pipelined-refresh on
+  --kfac-split off --kfac-profile pipelined_profile.json)
+must "${mpirun[@]}" -np 2 "$train" "${pipelined[@]}" --steps 4 --kfac-refresh 2 --checkpoint-dir pr \
+  --checkpoint-every 2
+python3 -c '
+import json, sys
+schedule = json.load(open("pr/step-00000004/schedule.json"))
+sys.exit(0 if any(i.get("step", 0) < 0 for s in schedule["streams"] for i in s) else 1)' ||
+  fail "no inversion placed in the next window: this check needs one"
+for how in mpi threads; do
+  rm -rf "pr_$how" && cp -r pr "pr_$how"
+  launcher=()
+  [[ $how == mpi ]] && launcher=("${mpirun[@]}" -np 2)
+  must "${launcher[@]}" "$train" "${pipelined[@]}" --steps 8 --kfac-refresh 3 --kfac-replan \
+    --checkpoint-dir "pr_$how" --resume --metrics "pr_$how.jsonl"
+  [[ ! -e "pr_$how/.refresh-finished" ]] || fail "the finishing checkpoint was left in pr_$how"
+done
+[[ "$(losses pr_mpi.jsonl | wc -l)" == 8 ]] || fail "pipelined, finished: not 4 steps of metrics"
+[[ "$(losses pr_mpi.jsonl)" == "$(losses pr_threads.jsonl)" ]] ||
+  fail "pipelined refresh finished before another schedule: threads and MPI differ"
+echo "-np 2 pipelined refresh running on, finished and moved to another schedule = threads"
 
 # Inside a refresh it does not move to another layout: one line, every process exits.
 mkdir m && cp -r k/step-00000003 m/ && echo step-00000003 > m/latest

@@ -636,11 +636,13 @@ TEST(KfacResume, AnotherScheduleStartsItsWindowsAtTheCheckpoint) {
 
 // A pipelined refresh whose chains of inversion pieces run on into the next window (progress
 // records, not the layer-keyed state), or whose whole inversions do (their sums unfinalized at
-// the boundary: another schedule's first window skips them, and its next window's start failed,
-// "the factor sums of two earlier refreshes are both unfinalized", until 2026-11-29), resumes
-// only on the schedule that saved it: another schedule (here the same one without the offload
-// copies) is refused after step 0, in either direction; the checkpoint's own schedule is not.
-TEST(PipelinedCheckpoints, WorkAcrossWindowsResumesOnItsOwnScheduleOnly) {
+// the boundary), moves to another schedule at a window's end only after its own schedule has
+// finished that work (needs_refresh_finished; until 2026-11-29 whole inversions were let
+// through and the run failed at its next window, "the factor sums of two earlier refreshes are
+// both unfinalized"; until 2026-11-30 the move was refused): here from the schedule without the
+// offload copies to the one with them. From the one with the copies it is refused after step 0
+// (not finished with offload); the checkpoint's own schedule continues it as it was.
+TEST(PipelinedCheckpoints, WorkAcrossWindowsIsFinishedBeforeAnotherScheduleTakesOver) {
   const auto config = exec::testing::device_test_config(4);
   auto whole = exec::testing::pipelined_chains_case();
   whole.refresh = exec::testing::Refresh::kPipelinedWhole;
@@ -659,21 +661,136 @@ TEST(PipelinedCheckpoints, WorkAcrossWindowsResumesOnItsOwnScheduleOnly) {
     ckpt::TrainingCheckpoint checkpoint;
     checkpoint.step = plans.with.num_steps;  // a window boundary
     checkpoint.state = {{"kfac", {{"refresh_steps", plans.with.num_steps}}}};
+    checkpoint.kfac.push_back(
+        ckpt::make_i64_record("kfac.layer.0.query.counters", {1}, std::vector<std::int64_t>{0}));
     for (const auto* saved : {&plans.with, &plans.without}) {
       checkpoint.schedule = sched::to_json(*saved);
       const auto* other = saved == &plans.with ? &plans.without : &plans.with;
       EXPECT_NO_THROW(check_kfac_resumable(checkpoint, *saved, {}));
+      EXPECT_FALSE(needs_refresh_finished(checkpoint, *saved, {}));
+      if (saved == &plans.without) {
+        EXPECT_EQ(check_kfac_resumable(checkpoint, *other, {}), checkpoint.step);
+        EXPECT_TRUE(needs_refresh_finished(checkpoint, *other, {}));
+        continue;
+      }
       try {
         check_kfac_resumable(checkpoint, *other, {});
-        ADD_FAILURE() << "resumed on another schedule";
+        ADD_FAILURE() << "resumed on another schedule with the offload copies";
       } catch (const std::invalid_argument& error) {
-        EXPECT_NE(std::string(error.what()).find("run on into the next refresh window"),
+        EXPECT_NE(std::string(error.what()).find("with K-FAC state offloaded to host memory"),
                   std::string::npos)
             << error.what();
       }
     }
     checkpoint.step = 0;
     EXPECT_NO_THROW(check_kfac_resumable(checkpoint, plans.without, {}));
+    checkpoint.schedule = sched::to_json(plans.without);
+    EXPECT_FALSE(needs_refresh_finished(checkpoint, plans.with, {}));  // no refresh before it
+  }
+}
+
+// Executor::finish_refresh runs a pipelined refresh's work placed in the next window and
+// nothing else: restored from a window's end and finished, every rank's K-FAC values and
+// inverses are those of the straight run after the next window's first step (where that work
+// runs, before the window's first preconditioning), bit for bit, on the CPU path and the device
+// path, for whole inversions, chains of pieces and curvature syncs (Chimera) in the next window.
+// Where the straight run has begun the next refresh in that step already, the inverse it
+// replaced (kept for the window's preconditioning) is compared; each case compares factors
+// the call changed.
+TEST(PipelinedCheckpoints, FinishRefreshRunsTheNextWindowsWorkOfTheRefresh) {
+  const auto config = exec::testing::device_test_config(4);
+  auto whole = exec::testing::pipelined_chains_case();
+  whole.refresh = exec::testing::Refresh::kPipelinedWhole;
+  whole.refresh_steps = 2;
+  auto syncs = exec::testing::pipelined_chains_case();
+  syncs.kind = sched::ScheduleKind::kChimera;
+  syncs.refresh = exec::testing::Refresh::kPipelinedSyncs;
+  const nlohmann::json identity = {{"test", "finish refresh"}};
+  for (const auto& run : {exec::testing::pipelined_chains_case(), whole, syncs}) {
+    SCOPED_TRACE(run.refresh == exec::testing::Refresh::kPipelinedWhole    ? "whole inversions"
+                 : run.refresh == exec::testing::Refresh::kPipelinedChains ? "chains of pieces"
+                                                                           : "curvature syncs");
+    const auto schedule = exec::testing::plan_offload_run(run, config).without;
+    const auto wrapped = exec::testing::wrapped_work(schedule);
+    ASSERT_GT(wrapped.instructions, 0);
+    if (run.refresh == exec::testing::Refresh::kPipelinedSyncs) {
+      ASSERT_GT(wrapped.syncs, 0);
+    }
+    const std::int64_t k = schedule.num_steps;
+    auto batches = exec::testing::device_test_batches(config);
+    auto setup =
+        exec::testing::device_test_setup(nullptr, config, schedule, "adamw", batches, false);
+    exec::ThreadedExecutor<float> straight(setup);
+    straight.run(0, k);
+    const auto saved = collect_checkpoint(straight, k, identity, nullptr);
+    straight.run(k, k + 1);
+    for (const bool on_device : {false, true}) {
+      SCOPED_TRACE(on_device ? "device path" : "CPU path");
+      const auto restored = [&](exec::SyntheticBatches& fresh_batches) {
+        auto fresh_setup = setup;
+        fresh_setup.batches = &fresh_batches;
+        if (on_device) fresh_setup.device = std::make_shared<device::HostDeviceRuntime>();
+        auto executor = std::make_unique<exec::ThreadedExecutor<float>>(fresh_setup);
+        restore_checkpoint(*executor, saved);
+        return executor;
+      };
+      auto before_batches = exec::testing::device_test_batches(config);
+      auto finished_batches = exec::testing::device_test_batches(config);
+      auto before = restored(before_batches);
+      auto finished = restored(finished_batches);
+      finished->finish_refresh(k);
+      // Eigen's == reads past the smaller of two matrices of other sizes.
+      const auto equal_matrices = [](const Eigen::MatrixXf& u, const Eigen::MatrixXf& v) {
+        return u.rows() == v.rows() && u.cols() == v.cols() && (u.size() == 0 || u == v);
+      };
+      int compared = 0, changed_and_compared = 0;
+      for (int rank = 0; rank < straight.num_ranks(); ++rank) {
+        for (int p = 0; p < schedule.placement.num_pipelines; ++p) {
+          const auto want = straight.worker(rank).kfac_state(p).layers();
+          const auto got = finished->worker(rank).kfac_state(p).layers();
+          const auto old = before->worker(rank).kfac_state(p).layers();
+          ASSERT_EQ(want.size(), got.size());
+          for (const auto& [key, layer] : want) {
+            for (const bool a : {true, false}) {
+              const auto& x = a ? layer.a : layer.b;
+              const auto& y = a ? got.at(key).a : got.at(key).b;
+              const auto& z = a ? old.at(key).a : old.at(key).b;
+              EXPECT_EQ(y.sum.size(), 0) << "a sum left unfinalized";
+              EXPECT_GE(x.refreshes, y.refreshes);
+              if (x.refreshes != y.refreshes) {
+                // The next refresh's inversion ran in that step too: the inverse it replaced
+                // (kept for the window's preconditioning) is the one the call computed.
+                ASSERT_EQ(x.refreshes, y.refreshes + 1);
+                const auto name = "p.slot." + std::to_string(p) + "." + std::to_string(key.layer) +
+                                  "." + std::string(kfac::linear_name(key.linear)) +
+                                  (a ? ".A_prev_inv" : ".B_prev_inv");
+                const std::vector<std::int64_t> shape = {y.inverse.rows(), y.inverse.cols()};
+                const auto records =
+                    ckpt::to_safetensors_file(straight.worker(rank).kfac_progress_records("p"));
+                if (records.tensors.count(name) == 0) continue;  // not replaced yet
+                const auto replaced = ckpt::read_f32(records, name, shape);
+                const Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> mine =
+                    y.inverse;
+                EXPECT_TRUE(replaced.size() == static_cast<std::size_t>(mine.size()) &&
+                            std::equal(replaced.begin(), replaced.end(), mine.data()))
+                    << "replaced inverse, rank " << rank << " layer " << key.layer << " "
+                    << kfac::linear_name(key.linear) << (a ? " A" : " B");
+                ++compared;
+                changed_and_compared += equal_matrices(y.inverse, z.inverse) ? 0 : 1;
+                continue;
+              }
+              EXPECT_TRUE(equal_matrices(x.value, y.value) && equal_matrices(x.inverse, y.inverse))
+                  << "rank " << rank << " pipeline " << p << " layer " << key.layer << " "
+                  << kfac::linear_name(key.linear) << (a ? " A" : " B");
+              ++compared;
+              changed_and_compared +=
+                  equal_matrices(y.value, z.value) && equal_matrices(y.inverse, z.inverse) ? 0 : 1;
+            }
+          }
+        }
+      }
+      EXPECT_GT(changed_and_compared, 0) << "of " << compared << " factors compared";
+    }
   }
 }
 
@@ -1174,6 +1291,79 @@ TEST_F(CheckpointingTest, PartiallyShardedKfacMovesToShardedAtAWindowEnd) {
       EXPECT_TRUE(read_file(a / file) == read_file(b / file)) << file << " differs";
     }
   }
+}
+
+// pipefisher_train: a pipelined refresh whose inversions run in the next window, saved at a
+// window's end, resumes on another schedule (--kfac-replan --kfac-refresh 3): the checkpoint's
+// schedule finishes its refresh first (the summary says so; until 2026-11-30 this was refused)
+// and the run trains on, on the CPU path and the device path alike, bit for bit.
+TEST_F(CheckpointingTest, PipelinedRefreshRunningOnIsFinishedBeforeAnotherScheduleTakesOver) {
+  auto o = small_run("pipelined-moves");
+  o.model = (dir_ / "config4.json").string();
+  o.steps = 4;
+  o.lr_decay_steps = 8;
+  o.kfac.enabled = true;
+  o.kfac.refresh_steps = 2;
+  o.kfac.pipelined_refresh = "on";
+  o.kfac.split = "off";
+  o.checkpoint_every = 2;
+  // The measured profile's layout with fixed times and sizes (a self-profile's, even its
+  // K-FAC tasks seen at all, vary from run to run): inversions too long for their own window's
+  // bubbles.
+  auto profile = nlohmann::json::parse(read_file(kfac_profile(o)));
+  for (auto& chunk : profile.at("chunks")) {
+    chunk["forward_s"] = 1e-4;
+    chunk["backward_s"] = 2e-4;
+  }
+  profile["communication"]["bandwidth"] = profile["reduction"]["bandwidth"] = 1e8;
+  profile["optimizer_step_s"] = 7e-5;
+  for (auto& entry : profile.at("kfac")) {
+    entry["curvature_a_s"] = entry["curvature_b_s"] = 3e-6;
+    entry["precondition_s"] = 1e-6;
+    entry["invert_a_s"] = entry["invert_b_s"] = 3e-5;
+    entry["bytes"] = 4096.0;
+  }
+  o.kfac_profile = (dir_ / "profile-long-inversions.json").string();
+  std::ofstream(o.kfac_profile) << profile.dump();
+  std::ostringstream out;
+  ASSERT_EQ(run_training(o, out), 0) << out.str();
+  const auto saved = latest(o.checkpoint_dir);
+  ASSERT_EQ(saved.filename(), "step-00000004");
+  const auto schedule = sched::schedule_from_json(
+      nlohmann::json::parse(read_file(saved / "schedule.json")), "schedule.json");
+  int wrapped = 0;
+  for (const auto& stream : schedule.streams) {
+    for (const auto& in : stream) wrapped += sched::is_wrapped(in) ? 1 : 0;
+  }
+  ASSERT_GT(wrapped, 0) << "no inversion placed in the next window: the test needs one";
+  std::vector<std::vector<double>> resumed_losses;
+  for (const bool on_device : {false, true}) {
+    auto resumed = o;
+    resumed.steps = 8;  // into the new schedule's second window (from step 7)
+    resumed.kfac.refresh_steps = 3;
+    resumed.kfac_replan = true;
+    resumed.resume = true;
+    resumed.quiet = false;
+    resumed.checkpoint_dir += on_device ? "-device" : "-cpu";
+    resumed.metrics = resumed.checkpoint_dir + ".jsonl";
+    fs::copy(o.checkpoint_dir, resumed.checkpoint_dir, fs::copy_options::recursive);
+    std::ostringstream resumed_out;
+    testing::HostDeviceLaunch device;
+    Launch threads;
+    ASSERT_EQ(
+        run_training(resumed, resumed_out, on_device ? static_cast<Launch&>(device) : threads), 0)
+        << resumed_out.str();
+    EXPECT_NE(resumed_out.str().find("the checkpoint's schedule finishes its refresh"),
+              std::string::npos)
+        << resumed_out.str();
+    EXPECT_NE(resumed_out.str().find("K-FAC refresh every 3 step(s)"), std::string::npos);
+    resumed_losses.push_back(losses(resumed.metrics));
+    EXPECT_EQ(resumed_losses.back().size(), 8U);  // steps 5-8
+    for (const double value : resumed_losses.back()) EXPECT_TRUE(std::isfinite(value));
+    // No trace of the finishing checkpoint beside the run's.
+    EXPECT_FALSE(fs::exists(fs::path(resumed.checkpoint_dir) / ".refresh-finished"));
+  }
+  EXPECT_EQ(resumed_losses[0], resumed_losses[1]) << "the device path differs from the CPU path";
 }
 
 TEST_F(CheckpointingTest, RefusesMismatchedCorruptAndTruncatedCheckpoints) {
