@@ -242,6 +242,7 @@ std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
   // The checkpoint's own schedule and placement: the refresh in progress resumes as it was.
   if (checkpoint.schedule == sched::to_json(schedule) && saved == placement) return saved_origin;
   if (!schedule_has_kfac(schedule)) return checkpoint.step;
+  bool saved_runs_on = false;
   if (checkpoint.step > 0) {
     std::optional<sched::Schedule> saved_schedule;
     try {
@@ -250,10 +251,10 @@ std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
     } catch (const std::exception&) {
       // not a schedule this build reads: the checks below decide
     }
+    saved_runs_on = saved_schedule && runs_on_across_windows(*saved_schedule);
     // Its refresh's work in the next window is finished on the saved schedule first
     // (finish_saved_refresh), but not with its offload copies around it.
-    if (saved_schedule && runs_on_across_windows(*saved_schedule) &&
-        schedule_has_kfac_transfers(*saved_schedule)) {
+    if (saved_runs_on && schedule_has_kfac_transfers(*saved_schedule)) {
       throw std::invalid_argument(
           "--resume: checkpoint " + checkpoint.directory.string() + " (" +
           layout_string(checkpoint.schedule) +
@@ -262,22 +263,37 @@ std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
           "the schedule that saved it (the same flags, and its schedule.json), or from step 0");
     }
   }
-  // Sharded state (either side's placement not "replicate") moves like replicated state, at
-  // the end of a window: each Linear's state is then whole on the replicas that own it
-  // (restore_checkpoint gathers it from their records).
-  const std::int64_t old_k = checkpoint.state.value("/kfac/refresh_steps"_json_pointer, 1);
-  const std::int64_t step = checkpoint.step;
-  // At the end of one of the checkpoint's refresh windows the K-FAC state is whole and
-  // layer-keyed: this run's schedule starts its own windows there.
-  if (old_k >= 1 && (step - saved_origin) % old_k == 0) return step;
+  // This run's schedule starts its own windows at the checkpoint's step. At the end of one of
+  // the checkpoint's windows the K-FAC state is whole (sharded state on the replicas that own
+  // each Linear: restore_checkpoint gathers it); inside one the refresh in progress is dropped
+  // (drops_refresh_in_progress).
+  if (!inside_refresh_window(checkpoint) || !saved_runs_on) return checkpoint.step;
   throw std::invalid_argument(
       "--resume: checkpoint " + checkpoint.directory.string() + " is at step " +
-      std::to_string(step) + ", inside a K-FAC refresh of its schedule (" +
+      std::to_string(checkpoint.step) + ", inside a K-FAC refresh window of its schedule (" +
       layout_string(checkpoint.schedule) + ", windows from step " + std::to_string(saved_origin) +
-      "), which this run's (" + layout_string(sched::to_json(schedule)) +
-      ") does not continue; a refresh in progress resumes only on the schedule that started it. "
-      "Resume with the checkpoint's layout, or from a checkpoint at the end of one of its refresh "
-      "windows (--checkpoint-every a multiple of its refresh interval)");
+      "), whose pipelined refresh runs work of the previous refresh in this window, which this "
+      "run's (" +
+      layout_string(sched::to_json(schedule)) +
+      ") does not continue. Resume with the checkpoint's layout and flags, or from a checkpoint "
+      "at the end of one of its refresh windows (--checkpoint-every a multiple of its refresh "
+      "interval)");
+}
+
+bool inside_refresh_window(const ckpt::TrainingCheckpoint& checkpoint) {
+  const std::int64_t k = checkpoint.state.value("/kfac/refresh_steps"_json_pointer, 1);
+  return k > 1 && (checkpoint.step - checkpoint_window_origin(checkpoint)) % k != 0;
+}
+
+bool drops_refresh_in_progress(const ckpt::TrainingCheckpoint& checkpoint,
+                               const sched::Schedule& schedule,
+                               const kfac::StatePlacement& placement) {
+  if (checkpoint.kfac.empty() || !schedule_has_kfac(schedule)) return false;
+  if (checkpoint.schedule == sched::to_json(schedule) &&
+      checkpoint_kfac_placement(checkpoint) == placement) {
+    return false;  // the refresh in progress resumes as it was
+  }
+  return inside_refresh_window(checkpoint);
 }
 
 bool needs_refresh_finished(const ckpt::TrainingCheckpoint& checkpoint,
@@ -289,6 +305,7 @@ bool needs_refresh_finished(const ckpt::TrainingCheckpoint& checkpoint,
     return false;  // the refresh in progress resumes as it was
   }
   if (checkpoint.step <= checkpoint_window_origin(checkpoint)) return false;  // no refresh yet
+  if (inside_refresh_window(checkpoint)) return false;  // refused (check_kfac_resumable)
   try {
     return runs_on_across_windows(sched::schedule_from_json(
         checkpoint.schedule, (checkpoint.directory / "schedule.json").string()));
@@ -635,12 +652,28 @@ ckpt::SafetensorsFile with_owners_kfac_records(ckpt::SafetensorsFile file) {
   return file;
 }
 
+// A refresh in progress dropped (drops_refresh_in_progress): no factor sums, and none counted
+// (the micro-batches column of each Linear's counters, KfacState::state_records).
+ckpt::SafetensorsFile without_factor_sums(ckpt::SafetensorsFile file) {
+  std::erase_if(file.tensors, [](const auto& entry) {
+    return entry.first.ends_with(".A_sum") || entry.first.ends_with(".B_sum");
+  });
+  for (auto& [name, record] : file.tensors) {
+    if (!name.ends_with(".counters") || record.shape != std::vector<std::int64_t>{2, 4}) continue;
+    auto counters = ckpt::read_i64(file, name, record.shape);
+    counters[0] = counters[4] = 0;  // rows A and B: micro-batches accumulated
+    record = ckpt::make_i64_record(name, record.shape, counters);
+  }
+  return file;
+}
+
 // restore_checkpoint and restore_local_checkpoint: the K-FAC state from each rank's exact
 // records (`exact_kfac`; else the layer-keyed ones, with each Linear's from its owners where
-// `owners`: state sharded across the replicas), with its refresh in progress (`progress`).
+// `owners`: state sharded across the replicas), with its refresh in progress (`progress`) or
+// without its factor sums (`drop_sums`).
 template <typename T>
 void restore_records(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint& checkpoint,
-                     bool exact_kfac, bool progress, bool owners = false) {
+                     bool exact_kfac, bool progress, bool owners = false, bool drop_sums = false) {
   const auto& schedule = executor.setup().schedule;
   const auto where = [&](const char* file) {
     // A checkpoint in parts names the kind of part files.
@@ -658,6 +691,7 @@ void restore_records(exec::Executor<T>& executor, const ckpt::TrainingCheckpoint
   ckpt::SafetensorsFile kfac;
   if (kfac_on) kfac = ckpt::to_safetensors_file(checkpoint.kfac);
   if (kfac_on && owners && !exact_kfac) kfac = with_owners_kfac_records(std::move(kfac));
+  if (kfac_on && drop_sums) kfac = without_factor_sums(std::move(kfac));
 
   for (auto* worker_pointer : executor.local_workers()) {
     auto& worker = *worker_pointer;
@@ -707,8 +741,11 @@ void restore_checkpoint(exec::Executor<T>& executor, const ckpt::TrainingCheckpo
   // what its placement holds, Worker::load_kfac_state).
   const bool same_shards = !(placement == kfac::StatePlacement{}) && saved == placement &&
                            same_layout(checkpoint, setup.schedule);
+  // Inside one of the checkpoint's refresh windows another schedule drops the refresh in
+  // progress (drops_refresh_in_progress).
   restore_records(executor, checkpoint, same_schedule || same_shards, same_schedule,
-                  !(saved == kfac::StatePlacement{}));
+                  !(saved == kfac::StatePlacement{}),
+                  !same_schedule && inside_refresh_window(checkpoint));
 }
 
 template <typename T>

@@ -44,21 +44,32 @@ ckpt::TrainingCheckpoint load_resume_checkpoint(const std::filesystem::path& dir
 bool same_layout(const ckpt::TrainingCheckpoint& checkpoint, const sched::Schedule& base);
 
 // Whether a K-FAC state can move to `schedule` with `placement`, and the step at which the
-// resumed run's refresh windows start (ExecutorOptions::window_origin): always for the
-// checkpoint's own schedule and placement (the refresh in progress is restored; its windows keep
-// their origin, state.json's kfac.window_origin); for another schedule or placement only at the
-// end of one of the checkpoint's refresh windows, since a refresh in progress is defined by the
-// old schedule's curvature tasks, and the new schedule's windows then start at the checkpoint's
-// step. K-FAC state sharded across data-parallel replicas moves the same way (each Linear's
-// state is whole on its owners at a window's end). Throws std::invalid_argument saying how to
-// resume otherwise, or naming a malformed window_origin.
+// resumed run's refresh windows start (ExecutorOptions::window_origin): the checkpoint's own
+// schedule and placement continue it as it was, its refresh in progress restored (its windows
+// keep their origin, state.json's kfac.window_origin); another schedule or placement starts its
+// own windows at the checkpoint's step. At the end of one of the checkpoint's windows the state
+// moves whole (sharded state gathered from the replicas that own each Linear); inside one, the
+// refresh in progress (its curvature so far, defined by the old schedule's tasks) is dropped
+// (drops_refresh_in_progress) and the inverses held serve until this run's first refresh.
 // A pipelined refresh whose curvature syncs or inversions (whole or pieces) run on into the
 // next window is not whole at a window's end: needs_refresh_finished says so, and
-// finish_saved_refresh finishes it on the checkpoint's schedule first (not with K-FAC state
-// offloaded to host memory: refused here after step 0).
+// finish_saved_refresh finishes it on the checkpoint's schedule first. Throws
+// std::invalid_argument saying how to resume otherwise: such a checkpoint inside one of its
+// windows (the previous refresh's work half done) or, after step 0, with K-FAC state offloaded
+// to host memory; a malformed window_origin is named.
 std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
                                   const sched::Schedule& schedule,
                                   const kfac::StatePlacement& placement);
+
+// Whether the checkpoint is inside one of its K-FAC refresh windows (not at the end of one).
+bool inside_refresh_window(const ckpt::TrainingCheckpoint& checkpoint);
+
+// Whether a resume on `schedule` with `placement` (check_kfac_resumable passed) drops the
+// checkpoint's refresh in progress: another schedule or placement, inside one of its windows.
+// restore_checkpoint then loads no factor sums (each Linear's values and newest inverses only).
+bool drops_refresh_in_progress(const ckpt::TrainingCheckpoint& checkpoint,
+                               const sched::Schedule& schedule,
+                               const kfac::StatePlacement& placement);
 
 // Whether the checkpoint, resumed on `schedule` with `placement` (check_kfac_resumable passed),
 // holds a refresh whose work its own schedule places in the next window (a pipelined refresh

@@ -943,6 +943,13 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
         check_kfac_resumable(*context.resume, resumed_schedule, context.kfac_placement);
     context.finish_saved_refresh =
         needs_refresh_finished(*context.resume, resumed_schedule, context.kfac_placement);
+    if (drops_refresh_in_progress(*context.resume, resumed_schedule, context.kfac_placement)) {
+      context.kfac_summary +=
+          "K-FAC: the checkpoint is inside a refresh window of its schedule (step " +
+          std::to_string(context.resume->step) +
+          "): this run's schedule drops that refresh's curvature so far and starts its own "
+          "windows there; the inverses held serve until its first refresh\n";
+    }
     if (context.finish_saved_refresh) {
       context.kfac_summary +=
           "K-FAC: the checkpoint's schedule finishes its refresh (the pipelined work it places in "

@@ -5,8 +5,9 @@
 # the middle of a refresh); the MPI run matches the threaded one; a checkpoint of replicated
 # state moves to another layout; sharded K-FAC state moves to another layout and placement at
 # the end of a refresh window (= threads); a pipelined refresh running on into the next window
-# is finished on its own schedule before another takes over (= threads); inside a refresh, and
-# a corrupt part file, are refused with one error line, every process exiting; K-FAC offload under mpirun resumes
+# is finished on its own schedule before another takes over (= threads); inside a refresh it
+# moves dropping the refresh in progress (= threads); a corrupt part file is refused with one
+# error line, every process exiting; K-FAC offload under mpirun resumes
 # bit-identically and equals threads and the run without offload; a K-FAC warm-up under mpirun
 # equals threads, and resumes inside its first main window.
 #   checkpoint_resume.sh <pipefisher_train> <pipefisher_data> <mpirun and its options...>
@@ -242,10 +243,20 @@ done
   fail "pipelined refresh finished before another schedule: threads and MPI differ"
 echo "-np 2 pipelined refresh running on, finished and moved to another schedule = threads"
 
-# Inside a refresh it does not move to another layout: one line, every process exits.
+# Inside a refresh (step 3 of a two-step refresh) it moves too, dropping the refresh in
+# progress: on one stage (-np 2), the threaded resume's losses.
 mkdir m && cp -r k/step-00000003 m/ && echo step-00000003 > m/latest
-refused "inside a K-FAC refresh of its schedule" \
-  "${mpirun[@]}" -np 2 "$train" "${kfac[@]}" --stages 1 --steps 6 --checkpoint-dir m --resume
+for how in mpi threads; do
+  rm -rf "m_$how" && cp -r m "m_$how"
+  launcher=()
+  [[ $how == mpi ]] && launcher=("${mpirun[@]}" -np 2)
+  must "${launcher[@]}" "$train" "${kfac[@]}" --stages 1 --steps 6 --checkpoint-dir "m_$how" \
+    --resume --metrics "m_$how.jsonl"
+done
+[[ "$(losses m_mpi.jsonl | wc -l)" == 6 ]] || fail "moved inside a refresh: not 3 steps of metrics"
+[[ "$(losses m_mpi.jsonl)" == "$(losses m_threads.jsonl)" ]] ||
+  fail "sharded state moved inside a refresh: threads and MPI differ"
+echo "-np 4 sharded K-FAC state inside a refresh resumed on -np 2 (one stage), the refresh dropped = threads"
 
 # A corrupt part: one line naming it, every process exits.
 printf 'X' | dd of=m/step-00000003/kfac-00003-of-00004.safetensors bs=1 seek=100 conv=notrunc \
