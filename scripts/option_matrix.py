@@ -165,7 +165,7 @@ def check_replan(command, checkpoints, work, timeout, flag="--kfac-refresh", val
     """Resumes the same checkpoint again with --kfac-replan and `flag value` in place of the
     run's own (another refresh interval and, mostly, another plan; or another placement of the
     K-FAC state): it must succeed or be refused with a message. Returns (message or None,
-    refused)."""
+    the refusal's message or None)."""
     start = saved_steps(checkpoints)[0]
     rewind(checkpoints, start)
     if os.path.exists(os.path.join(work, "replanned.jsonl")):
@@ -181,11 +181,12 @@ def check_replan(command, checkpoints, work, timeout, flag="--kfac-refresh", val
             replanned.append("replanned.jsonl" if word == "straight.jsonl" else word)
     status, text = run(replanned + ["--resume", "--kfac-replan", flag, value], work, timeout)
     if status == 0:
-        return None, False
-    if refusal(status, text):
-        return None, True
+        return None, None
+    reason = refusal(status, text)
+    if reason:
+        return None, reason
     return (f"--kfac-replan {flag} {value} from step {start} exited {status}: "
-            f"{first_error(text)}"), False
+            f"{first_error(text)}"), None
 
 
 def other_placement(command):
@@ -242,12 +243,16 @@ def main():
                     if not problem and "--kfac" in kfac:
                         replans += 1
                         problem, refused = check_replan(command, checkpoints, work, args.timeout)
-                        replans_refused += refused
+                        if refused:
+                            replans_refused += 1
+                            reasons["replan: " + refused[:100]] += 1
                     if not problem and "--kfac" in kfac and replicas > 1:
                         moves += 1
                         problem, refused = check_replan(command, checkpoints, work, args.timeout,
                                                         "--kfac-sharding", other_placement(command))
-                        moves_refused += refused
+                        if refused:
+                            moves_refused += 1
+                            reasons["another placement: " + refused[:100]] += 1
                     if problem:
                         failures += 1
                         print(f"RESUME FAILED: {' '.join(flags)}\n  {problem}", flush=True)
