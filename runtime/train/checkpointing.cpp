@@ -285,25 +285,27 @@ bool inside_refresh_window(const ckpt::TrainingCheckpoint& checkpoint) {
   return k > 1 && (checkpoint.step - checkpoint_window_origin(checkpoint)) % k != 0;
 }
 
+namespace {
+// The checkpoint's K-FAC state goes to a schedule or placement other than its own (on its own,
+// the refresh in progress resumes as it was).
+bool moves_kfac_state(const ckpt::TrainingCheckpoint& checkpoint, const sched::Schedule& schedule,
+                      const kfac::StatePlacement& placement) {
+  return !checkpoint.kfac.empty() && schedule_has_kfac(schedule) &&
+         !(checkpoint.schedule == sched::to_json(schedule) &&
+           checkpoint_kfac_placement(checkpoint) == placement);
+}
+}  // namespace
+
 bool drops_refresh_in_progress(const ckpt::TrainingCheckpoint& checkpoint,
                                const sched::Schedule& schedule,
                                const kfac::StatePlacement& placement) {
-  if (checkpoint.kfac.empty() || !schedule_has_kfac(schedule)) return false;
-  if (checkpoint.schedule == sched::to_json(schedule) &&
-      checkpoint_kfac_placement(checkpoint) == placement) {
-    return false;  // the refresh in progress resumes as it was
-  }
-  return inside_refresh_window(checkpoint);
+  return moves_kfac_state(checkpoint, schedule, placement) && inside_refresh_window(checkpoint);
 }
 
 bool needs_refresh_finished(const ckpt::TrainingCheckpoint& checkpoint,
                             const sched::Schedule& schedule,
                             const kfac::StatePlacement& placement) {
-  if (checkpoint.kfac.empty() || !schedule_has_kfac(schedule)) return false;
-  if (checkpoint.schedule == sched::to_json(schedule) &&
-      checkpoint_kfac_placement(checkpoint) == placement) {
-    return false;  // the refresh in progress resumes as it was
-  }
+  if (!moves_kfac_state(checkpoint, schedule, placement)) return false;
   if (checkpoint.step <= checkpoint_window_origin(checkpoint)) return false;  // no refresh yet
   if (inside_refresh_window(checkpoint)) return false;  // refused (check_kfac_resumable)
   try {
