@@ -574,13 +574,6 @@ ckpt::TrainingCheckpoint collect_local_checkpoint(exec::Executor<T>& executor, s
 }
 
 namespace {
-// K-FAC state sharded across the replicas, moving to another layout or placement at the end of
-// a refresh window (check_kfac_resumable): the layer-keyed records are replica 0's, which lack
-// the factors and inverses of the Linears other replicas own. Each Linear's layer-keyed records
-// are replaced by those of a rank that holds its factors (the owner's group, which inverts, so
-// it holds the inverses too), else of one that holds its inverses; the first such rank, since
-// every holder's copies are the same bits (the sums are all-reduced in one order, inverted
-// alike and broadcast). Before the first refresh no rank holds either: replica 0's stay.
 // A record of a rank's exact K-FAC state, "kfac.rank<r>.pipeline<p>.layer.<i>.<linear>.<field>",
 // cut into its parts; nullopt for any other name.
 struct ExactKfacName {
@@ -617,6 +610,13 @@ std::optional<ExactKfacName> parse_exact_kfac_name(const std::string& name) {
   return parsed;
 }
 
+// K-FAC state sharded across the replicas, moving to another layout or placement
+// (check_kfac_resumable): the layer-keyed records are replica 0's, which lack
+// the factors and inverses of the Linears other replicas own. Each Linear's layer-keyed records
+// are replaced by those of a rank that holds its factors (the owner's group, which inverts, so
+// it holds the inverses too), else of one that holds its inverses; the first such rank, since
+// every holder's copies are the same bits (the sums are all-reduced in one order, inverted
+// alike and broadcast). Before the first refresh no rank holds either: replica 0's stay.
 ckpt::SafetensorsFile with_owners_kfac_records(ckpt::SafetensorsFile file) {
   struct Candidate {
     int score = -1;  // 2: holds the factors, 1: the inverses only, 0: neither
@@ -791,6 +791,9 @@ ckpt::TrainingCheckpoint finish_saved_refresh(
   // MPI: each process holds its ranks only, and another layout may need any rank's state:
   // a checkpoint on disk beside the run's (every process reads it whole), then removed.
   const fs::path root = checkpoint.directory.parent_path() / ".refresh-finished";
+  std::error_code ignored;
+  // One a failed resume left (rank 0 alone writes before the others, save_collectively).
+  if (executor->is_root()) fs::remove_all(root, ignored);
   (void)save_collectively(*executor, checkpoint.step, identity, nullptr, root, {});
   std::string loaded = "ok";
   ckpt::TrainingCheckpoint finished;
@@ -806,10 +809,7 @@ ckpt::TrainingCheckpoint finish_saved_refresh(
     if (outcome != "ok") errors += (errors.empty() ? "" : "; ") + outcome;
   }
   errors = executor->broadcast_from_root(errors);
-  if (executor->is_root()) {
-    std::error_code ignored;
-    fs::remove_all(root, ignored);
-  }
+  if (executor->is_root()) fs::remove_all(root, ignored);
   if (!errors.empty()) {
     throw std::runtime_error("--resume: finishing the K-FAC refresh of " +
                              checkpoint.directory.string() + ": " + errors);
