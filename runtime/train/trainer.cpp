@@ -743,8 +743,8 @@ int run_training(const TrainOptions& o, std::ostream& out, Launch& launch) {
     pipefisher::KfacCommandOptions kfac_command = o.kfac;
     // --kfac-sharding auto on a resume of the same layout keeps the K-FAC state's placement in
     // the checkpoint: each rank then holds the Linears it saved (no state moves between the
-    // replicas; sharded state may also move, at the end of a refresh window), whatever this
-    // machine's profile would choose now.
+    // replicas, though sharded state could: checkpointing.h), whatever this machine's profile
+    // would choose now.
     bool placement_from_checkpoint = false;
     if (context.resume && !context.resume->kfac.empty() &&
         kfac::parse_kfac_sharding(kfac_command.sharding).automatic &&
