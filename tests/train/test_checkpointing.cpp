@@ -905,7 +905,8 @@ TEST(OffloadCheckpointErrors, BadOffloadRecordsAreRefusedNamingTheRecord) {
 // K-FAC state sharded across two data-parallel replicas: each rank saves the state it owns and
 // restores it on the same layout, bit for bit, in the middle of a refresh. On another layout
 // (one stage) there the refresh in progress is dropped (refused until 2026-11-30): the run goes
-// on as the same move from replicated state does, bit for bit, sharded or replicated.
+// on as the same move from replicated state does, bit for bit, sharded or replicated, and as
+// the same move on the device path.
 TEST_F(CheckpointingTest, ShardedKfacResumesMidRefreshOnItsOwnLayoutAndMovesDroppingIt) {
   auto o = small_run("kfac-sharded");
   o.data_parallel = 2;
@@ -929,24 +930,33 @@ TEST_F(CheckpointingTest, ShardedKfacResumesMidRefreshOnItsOwnLayoutAndMovesDrop
   ASSERT_EQ(run_training(replicated, out), 0) << out.str();
   for (const std::string sharding : {"shard", "replicate"}) {
     std::vector<std::vector<double>> moved;
-    for (const auto* from : {&o, &replicated}) {
+    // From sharded and replicated state on the CPU path, and from sharded state on the device
+    // path (its K-FAC layers loaded without the sums).
+    for (const auto* from : {&o, &replicated, &o}) {
+      const bool on_device = moved.size() == 2;
       auto other = o;
       other.stages = 1;
       other.kfac.sharding = sharding;
       other.resume = true;
       other.quiet = false;
-      other.checkpoint_dir = from->checkpoint_dir + "-moved-" + sharding;
+      other.checkpoint_dir =
+          from->checkpoint_dir + "-moved-" + sharding + (on_device ? "-device" : "");
       other.metrics = other.checkpoint_dir + ".jsonl";
       fs::copy(from->checkpoint_dir, other.checkpoint_dir, fs::copy_options::recursive);
       rewind_to(other.checkpoint_dir, 3);
       std::ostringstream moved_out;
-      ASSERT_EQ(run_training(other, moved_out), 0) << moved_out.str();
+      testing::HostDeviceLaunch device;
+      Launch threads;
+      ASSERT_EQ(run_training(other, moved_out, on_device ? static_cast<Launch&>(device) : threads),
+                0)
+          << moved_out.str();
       EXPECT_NE(moved_out.str().find("drops that refresh's curvature so far"), std::string::npos)
           << moved_out.str();
       moved.push_back(losses(other.metrics));
     }
     EXPECT_EQ(moved[0].size(), 6U);  // steps 4-6
     EXPECT_EQ(moved[0], moved[1]) << "moved to one stage, " << sharding;
+    EXPECT_EQ(moved[0], moved[2]) << "moved to one stage on the device path, " << sharding;
   }
 }
 
