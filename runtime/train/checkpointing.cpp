@@ -266,8 +266,15 @@ std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
   // This run's schedule starts its own windows at the checkpoint's step. At the end of one of
   // the checkpoint's windows the K-FAC state is whole (sharded state on the replicas that own
   // each Linear: restore_checkpoint gathers it); inside one the refresh in progress is dropped
-  // (drops_refresh_in_progress).
-  if (!inside_refresh_window(checkpoint) || !saved_runs_on) return checkpoint.step;
+  // (drops_refresh_in_progress). A pipelined refresh's work of the previous refresh in the
+  // window precedes the window's first preconditioning of its Linear (sched::validate), so it
+  // is done after the window's first step; sums still set aside for it say otherwise.
+  const bool previous_refresh_pending =
+      std::any_of(checkpoint.kfac.begin(), checkpoint.kfac.end(),
+                  [](const auto& record) { return record.name.ends_with(".prev_counts"); });
+  if (!inside_refresh_window(checkpoint) || !saved_runs_on || !previous_refresh_pending) {
+    return checkpoint.step;
+  }
   throw std::invalid_argument(
       "--resume: checkpoint " + checkpoint.directory.string() + " is at step " +
       std::to_string(checkpoint.step) + ", inside a K-FAC refresh window of its schedule (" +

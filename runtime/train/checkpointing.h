@@ -53,10 +53,11 @@ bool same_layout(const ckpt::TrainingCheckpoint& checkpoint, const sched::Schedu
 // (drops_refresh_in_progress) and the inverses held serve until this run's first refresh.
 // A pipelined refresh whose curvature syncs or inversions (whole or pieces) run on into the
 // next window is not whole at a window's end: needs_refresh_finished says so, and
-// finish_saved_refresh finishes it on the checkpoint's schedule first. Throws
-// std::invalid_argument saying how to resume otherwise: such a checkpoint inside one of its
-// windows (the previous refresh's work half done) or, after step 0, with K-FAC state offloaded
-// to host memory; a malformed window_origin is named.
+// finish_saved_refresh finishes it on the checkpoint's schedule first (inside one of its
+// windows that work is done: it precedes the window's first preconditioning). Throws
+// std::invalid_argument saying how to resume otherwise: such a checkpoint whose records still
+// hold sums set aside for that work, or, after step 0, with K-FAC state offloaded to host
+// memory; a malformed window_origin is named.
 std::int64_t check_kfac_resumable(const ckpt::TrainingCheckpoint& checkpoint,
                                   const sched::Schedule& schedule,
                                   const kfac::StatePlacement& placement);

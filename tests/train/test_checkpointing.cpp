@@ -690,12 +690,20 @@ TEST(PipelinedCheckpoints, WorkAcrossWindowsIsFinishedBeforeAnotherScheduleTakes
             << error.what();
       }
     }
-    // Inside one of its windows the previous refresh's work is half done: refused.
+    // Inside one of its windows the previous refresh's work is done (it precedes the window's
+    // first preconditioning): the refresh in progress is dropped. Sums still set aside for it
+    // in the records (not from this build's runs) are refused.
     checkpoint.schedule = sched::to_json(plans.without);
     checkpoint.step = plans.with.num_steps + 1;
+    EXPECT_EQ(check_kfac_resumable(checkpoint, plans.with, {}), checkpoint.step);
+    EXPECT_TRUE(drops_refresh_in_progress(checkpoint, plans.with, {}));
+    EXPECT_FALSE(needs_refresh_finished(checkpoint, plans.with, {}));
+    auto pending = checkpoint;
+    pending.kfac.push_back(ckpt::make_i64_record("kfac.rank0.progress.slot.0.0.query.prev_counts",
+                                                 {2}, std::vector<std::int64_t>{1, 1}));
     try {
-      check_kfac_resumable(checkpoint, plans.with, {});
-      ADD_FAILURE() << "moved inside a window of a refresh that runs on";
+      check_kfac_resumable(pending, plans.with, {});
+      ADD_FAILURE() << "moved with the previous refresh's sums set aside";
     } catch (const std::invalid_argument& error) {
       EXPECT_NE(std::string(error.what()).find("runs work of the previous refresh in this window"),
                 std::string::npos)
@@ -1349,7 +1357,8 @@ TEST_F(CheckpointingTest, PartiallyShardedKfacMovesToShardedAtAWindowEnd) {
 // pipefisher_train: a pipelined refresh whose inversions run in the next window, saved at a
 // window's end, resumes on another schedule (--kfac-replan --kfac-refresh 3): the checkpoint's
 // schedule finishes its refresh first (the summary says so; until 2026-11-30 this was refused)
-// and the run trains on, on the CPU path and the device path alike, bit for bit.
+// and the run trains on, on the CPU path and the device path alike, bit for bit. Saved inside
+// a window, it moves dropping the refresh in progress, likewise.
 TEST_F(CheckpointingTest, PipelinedRefreshRunningOnIsFinishedBeforeAnotherScheduleTakesOver) {
   auto o = small_run("pipelined-moves");
   o.model = (dir_ / "config4.json").string();
@@ -1359,7 +1368,7 @@ TEST_F(CheckpointingTest, PipelinedRefreshRunningOnIsFinishedBeforeAnotherSchedu
   o.kfac.refresh_steps = 2;
   o.kfac.pipelined_refresh = "on";
   o.kfac.split = "off";
-  o.checkpoint_every = 2;
+  o.checkpoint_every = 1;  // steps 3 (inside a window) and 4 (its end) kept
   // The measured profile's layout with fixed times and sizes (a self-profile's, even its
   // K-FAC tasks seen at all, vary from run to run): inversions too long for their own window's
   // bubbles.
@@ -1417,6 +1426,35 @@ TEST_F(CheckpointingTest, PipelinedRefreshRunningOnIsFinishedBeforeAnotherSchedu
     EXPECT_FALSE(fs::exists(fs::path(resumed.checkpoint_dir) / ".refresh-finished"));
   }
   EXPECT_EQ(resumed_losses[0], resumed_losses[1]) << "the device path differs from the CPU path";
+
+  // From step 3, inside a window: the previous refresh's work in it is done (before the
+  // window's first preconditioning), and the refresh in progress is dropped.
+  std::vector<std::vector<double>> inside_losses;
+  for (const bool on_device : {false, true}) {
+    auto resumed = o;
+    resumed.steps = 8;
+    resumed.kfac.refresh_steps = 3;
+    resumed.kfac_replan = true;
+    resumed.resume = true;
+    resumed.quiet = false;
+    resumed.checkpoint_dir += on_device ? "-inside-device" : "-inside-cpu";
+    resumed.metrics = resumed.checkpoint_dir + ".jsonl";
+    fs::copy(o.checkpoint_dir, resumed.checkpoint_dir, fs::copy_options::recursive);
+    rewind_to(resumed.checkpoint_dir, 3);
+    std::ostringstream resumed_out;
+    testing::HostDeviceLaunch device;
+    Launch threads;
+    ASSERT_EQ(
+        run_training(resumed, resumed_out, on_device ? static_cast<Launch&>(device) : threads), 0)
+        << resumed_out.str();
+    EXPECT_NE(resumed_out.str().find("drops that refresh's curvature so far"), std::string::npos)
+        << resumed_out.str();
+    EXPECT_EQ(resumed_out.str().find("finishes its refresh"), std::string::npos);
+    inside_losses.push_back(losses(resumed.metrics));
+    EXPECT_EQ(inside_losses.back().size(), 10U);  // steps 4-8
+    for (const double value : inside_losses.back()) EXPECT_TRUE(std::isfinite(value));
+  }
+  EXPECT_EQ(inside_losses[0], inside_losses[1]) << "inside a window: the device path differs";
 }
 
 TEST_F(CheckpointingTest, RefusesMismatchedCorruptAndTruncatedCheckpoints) {
