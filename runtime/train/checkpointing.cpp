@@ -23,22 +23,20 @@ constexpr const char* kKfacPrefix = "kfac";  // layer-keyed, any layout (replica
 // Exact double weights of an fp64 run (model.safetensors holds F32 for transformers).
 constexpr const char* kMasterPrefix = "master";
 
-bool schedule_has_kfac_transfers(const sched::Schedule& schedule) {
+// Whether some instruction of the schedule is of a kind `is_kind` accepts.
+bool schedule_has(const sched::Schedule& schedule, bool (*is_kind)(sched::OpKind)) {
   for (const auto& stream : schedule.streams) {
     for (const auto& in : stream) {
-      if (sched::is_kfac_transfer(in.kind)) return true;
+      if (is_kind(in.kind)) return true;
     }
   }
   return false;
 }
-
+bool schedule_has_kfac_transfers(const sched::Schedule& schedule) {
+  return schedule_has(schedule, sched::is_kfac_transfer);
+}
 bool schedule_has_kfac(const sched::Schedule& schedule) {
-  for (const auto& stream : schedule.streams) {
-    for (const auto& in : stream) {
-      if (sched::is_kfac(in.kind)) return true;
-    }
-  }
-  return false;
+  return schedule_has(schedule, sched::is_kfac);
 }
 
 // Per rank and pipeline, the exact K-FAC state of the checkpoint's own schedule.

@@ -60,6 +60,21 @@ void rewind_to(const fs::path& root, std::int64_t step) {
   std::ofstream(root / "latest") << name << "\n";
 }
 
+// Weights, optimizer and K-FAC files of two checkpoints, byte for byte.
+void expect_same_files(const fs::path& a, const fs::path& b) {
+  EXPECT_EQ(a.filename(), b.filename());
+  for (const char* file : {"model.safetensors", "optimizer.safetensors", "kfac.safetensors"}) {
+    EXPECT_TRUE(read_file(a / file) == read_file(b / file)) << file << " differs";
+  }
+}
+
+// run_training on the CPU path (threads) or the device path over host memory.
+int run_training_on(const TrainOptions& o, std::ostream& out, bool on_device) {
+  testing::HostDeviceLaunch device;
+  Launch threads;
+  return run_training(o, out, on_device ? static_cast<Launch&>(device) : threads);
+}
+
 // Per-step losses of a metrics file (the times differ from run to run, the losses may not).
 std::vector<double> losses(const fs::path& metrics) {
   std::vector<double> result;
@@ -953,11 +968,7 @@ TEST_F(CheckpointingTest, ShardedKfacResumesMidRefreshOnItsOwnLayoutAndMovesDrop
       fs::copy(from->checkpoint_dir, other.checkpoint_dir, fs::copy_options::recursive);
       rewind_to(other.checkpoint_dir, 3);
       std::ostringstream moved_out;
-      testing::HostDeviceLaunch device;
-      Launch threads;
-      ASSERT_EQ(run_training(other, moved_out, on_device ? static_cast<Launch&>(device) : threads),
-                0)
-          << moved_out.str();
+      ASSERT_EQ(run_training_on(other, moved_out, on_device), 0) << moved_out.str();
       EXPECT_NE(moved_out.str().find("drops that refresh's curvature so far"), std::string::npos)
           << moved_out.str();
       moved.push_back(losses(other.metrics));
@@ -1264,12 +1275,8 @@ TEST_F(CheckpointingTest, ShardedKfacMovesToAnotherPlacementOrLayoutAtAWindowEnd
       ASSERT_EQ(run_training(resumed, out), 0) << name << ": " << out.str();
       SCOPED_TRACE(placements[from] + " -> " + placements[to]);
       EXPECT_EQ(losses(resumed.metrics), straight_losses(to));
-      const auto a = latest(resumed.checkpoint_dir);
-      const auto b = latest(dir_ / ("straight-" + std::to_string(to)));
-      EXPECT_EQ(a.filename(), b.filename());
-      for (const char* file : {"model.safetensors", "optimizer.safetensors", "kfac.safetensors"}) {
-        EXPECT_TRUE(read_file(a / file) == read_file(b / file)) << file << " differs";
-      }
+      expect_same_files(latest(resumed.checkpoint_dir),
+                        latest(dir_ / ("straight-" + std::to_string(to))));
     }
   }
   // On the device path (its K-FAC layers loaded from the gathered records): sharded state
@@ -1346,11 +1353,7 @@ TEST_F(CheckpointingTest, PartiallyShardedKfacMovesToShardedAtAWindowEnd) {
     SCOPED_TRACE(placements[from] + " -> " + to);
     auto straight = losses(dir_ / ("straight-" + to + ".jsonl"));
     EXPECT_EQ(losses(resumed.metrics), std::vector<double>(straight.begin() + 4, straight.end()));
-    const auto a = latest(resumed.checkpoint_dir), b = latest(dir_ / ("straight-" + to));
-    EXPECT_EQ(a.filename(), b.filename());
-    for (const char* file : {"model.safetensors", "optimizer.safetensors", "kfac.safetensors"}) {
-      EXPECT_TRUE(read_file(a / file) == read_file(b / file)) << file << " differs";
-    }
+    expect_same_files(latest(resumed.checkpoint_dir), latest(dir_ / ("straight-" + to)));
   }
 }
 
@@ -1398,32 +1401,35 @@ TEST_F(CheckpointingTest, PipelinedRefreshRunningOnIsFinishedBeforeAnotherSchedu
     for (const auto& in : stream) wrapped += sched::is_wrapped(in) ? 1 : 0;
   }
   ASSERT_GT(wrapped, 0) << "no inversion placed in the next window: the test needs one";
-  std::vector<std::vector<double>> resumed_losses;
-  for (const bool on_device : {false, true}) {
+  // Resumed from the checkpoint of `step` with --kfac-replan --kfac-refresh 3 to step 8 (into
+  // the new schedule's second window, from step 7 for step 4): its summary and losses.
+  const auto resume_from = [&](std::int64_t step, bool on_device) {
     auto resumed = o;
-    resumed.steps = 8;  // into the new schedule's second window (from step 7)
+    resumed.steps = 8;
     resumed.kfac.refresh_steps = 3;
     resumed.kfac_replan = true;
     resumed.resume = true;
     resumed.quiet = false;
-    resumed.checkpoint_dir += on_device ? "-device" : "-cpu";
+    resumed.checkpoint_dir += "-" + std::to_string(step) + (on_device ? "-device" : "-cpu");
     resumed.metrics = resumed.checkpoint_dir + ".jsonl";
     fs::copy(o.checkpoint_dir, resumed.checkpoint_dir, fs::copy_options::recursive);
+    rewind_to(resumed.checkpoint_dir, step);
     std::ostringstream resumed_out;
-    testing::HostDeviceLaunch device;
-    Launch threads;
-    ASSERT_EQ(
-        run_training(resumed, resumed_out, on_device ? static_cast<Launch&>(device) : threads), 0)
-        << resumed_out.str();
-    EXPECT_NE(resumed_out.str().find("the checkpoint's schedule finishes its refresh"),
-              std::string::npos)
-        << resumed_out.str();
-    EXPECT_NE(resumed_out.str().find("K-FAC refresh every 3 step(s)"), std::string::npos);
-    resumed_losses.push_back(losses(resumed.metrics));
-    EXPECT_EQ(resumed_losses.back().size(), 8U);  // steps 5-8
-    for (const double value : resumed_losses.back()) EXPECT_TRUE(std::isfinite(value));
+    EXPECT_EQ(run_training_on(resumed, resumed_out, on_device), 0) << resumed_out.str();
     // No trace of the finishing checkpoint beside the run's.
     EXPECT_FALSE(fs::exists(fs::path(resumed.checkpoint_dir) / ".refresh-finished"));
+    const auto steps = losses(resumed.metrics);
+    for (const double value : steps) EXPECT_TRUE(std::isfinite(value));
+    return std::pair{resumed_out.str(), steps};
+  };
+  std::vector<std::vector<double>> resumed_losses;
+  for (const bool on_device : {false, true}) {
+    const auto [summary, steps] = resume_from(4, on_device);
+    EXPECT_NE(summary.find("the checkpoint's schedule finishes its refresh"), std::string::npos)
+        << summary;
+    EXPECT_NE(summary.find("K-FAC refresh every 3 step(s)"), std::string::npos);
+    EXPECT_EQ(steps.size(), 8U);  // steps 5-8
+    resumed_losses.push_back(steps);
   }
   EXPECT_EQ(resumed_losses[0], resumed_losses[1]) << "the device path differs from the CPU path";
 
@@ -1431,28 +1437,11 @@ TEST_F(CheckpointingTest, PipelinedRefreshRunningOnIsFinishedBeforeAnotherSchedu
   // window's first preconditioning), and the refresh in progress is dropped.
   std::vector<std::vector<double>> inside_losses;
   for (const bool on_device : {false, true}) {
-    auto resumed = o;
-    resumed.steps = 8;
-    resumed.kfac.refresh_steps = 3;
-    resumed.kfac_replan = true;
-    resumed.resume = true;
-    resumed.quiet = false;
-    resumed.checkpoint_dir += on_device ? "-inside-device" : "-inside-cpu";
-    resumed.metrics = resumed.checkpoint_dir + ".jsonl";
-    fs::copy(o.checkpoint_dir, resumed.checkpoint_dir, fs::copy_options::recursive);
-    rewind_to(resumed.checkpoint_dir, 3);
-    std::ostringstream resumed_out;
-    testing::HostDeviceLaunch device;
-    Launch threads;
-    ASSERT_EQ(
-        run_training(resumed, resumed_out, on_device ? static_cast<Launch&>(device) : threads), 0)
-        << resumed_out.str();
-    EXPECT_NE(resumed_out.str().find("drops that refresh's curvature so far"), std::string::npos)
-        << resumed_out.str();
-    EXPECT_EQ(resumed_out.str().find("finishes its refresh"), std::string::npos);
-    inside_losses.push_back(losses(resumed.metrics));
-    EXPECT_EQ(inside_losses.back().size(), 10U);  // steps 4-8
-    for (const double value : inside_losses.back()) EXPECT_TRUE(std::isfinite(value));
+    const auto [summary, steps] = resume_from(3, on_device);
+    EXPECT_NE(summary.find("drops that refresh's curvature so far"), std::string::npos) << summary;
+    EXPECT_EQ(summary.find("finishes its refresh"), std::string::npos);
+    EXPECT_EQ(steps.size(), 10U);  // steps 4-8
+    inside_losses.push_back(steps);
   }
   EXPECT_EQ(inside_losses[0], inside_losses[1]) << "inside a window: the device path differs";
 }
